@@ -1,0 +1,30 @@
+# The two commands of the README. Both create .venv from scratch when it is missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Set up and run the main job: the runnable example.
+demo: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python examples/produce_acks_all.py
+
+# Set up and run the tests: lint, types, then pytest.
+test: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest
+
+bench: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,36 @@
+"""purgatory: park async requests until a condition holds or a deadline passes.
+
+An asyncio-native port of Apache Kafka's ``DelayedOperationPurgatory``: a hierarchical timing
+wheel driven by one reaper coroutine, keyed watcher lists, and `DelayedOperation` subclasses
+that are awaitable. See the README for an example and ``shared/API.md`` for the contract.
+"""
+
+from __future__ import annotations
+
+from ._clock import Clock as Clock
+from ._clock import DrivenClock as DrivenClock
+from ._errors import OperationCancelled as OperationCancelled
+from ._errors import PurgatoryClosed as PurgatoryClosed
+from ._errors import PurgatoryError as PurgatoryError
+from ._errors import PurgatoryFull as PurgatoryFull
+from ._operation import DelayedOperation as DelayedOperation
+from ._purgatory import DelayedOperationPurgatory as DelayedOperationPurgatory
+from ._purgatory import PurgatoryStatistics as PurgatoryStatistics
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "Clock",
+    "DelayedOperation",
+    "DelayedOperationPurgatory",
+    "DrivenClock",
+    "OperationCancelled",
+    "PurgatoryClosed",
+    "PurgatoryError",
+    "PurgatoryFull",
+    "PurgatoryStatistics",
+)
+
+for _name in __all__:
+    globals()[_name].__module__ = __name__
+del _name

@@ -1,0 +1,295 @@
+"""`DelayedOperation`: the one class users subclass.
+
+An operation is a single slotted object that is at the same time the timing wheel's entry, the
+watcher lists' element and, once somebody awaits it, the owner of a lazily created future. That is
+the whole per-operation cost: no Task, no coroutine, no loop handle (see WORKLOAD.md, "what the
+probe taught").
+
+State is one small int of bit flags, so the hot loops test a single attribute: zero means
+"pending, synchronous try_complete", anything else needs a closer look.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Coroutine, Generator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from ._asyncio import new_future, report_exception, spawn_continuation, wait_shielded
+from ._errors import OperationCancelled, PurgatoryClosed
+
+if TYPE_CHECKING:
+    from ._purgatory import DelayedOperationPurgatory
+    from ._wheel import Bucket
+
+__all__ = ("DelayedOperation",)
+
+T = TypeVar("T")
+
+# Bit flags of DelayedOperation._state.
+ASYNC = 1  # try_complete is a coroutine function (set at construction, never cleared)
+DONE = 2  # completed: by its condition, by force_complete, or by its deadline
+EXPIRED = 4  # completed because its deadline passed
+CANCELLED = 8  # cancelled: will never complete
+FAILED = 16  # on_complete raised; _result holds the exception
+CLOSED = 32  # cancelled by the purgatory's shutdown
+RUNNING = 64  # an async attempt is in flight
+RERUN = 128  # a trigger arrived while an attempt was in flight: run one more after it
+FINISHED = DONE | CANCELLED
+
+
+class DelayedOperation(ABC, Generic[T]):
+    """A request parked until its condition holds (`try_complete`) or its deadline passes.
+
+    Subclass it and implement `try_complete`, `on_complete` and `on_expiration`; hand instances
+    to `DelayedOperationPurgatory.watch` (or `try_complete_else_watch`). Kafka:
+    ``DelayedOperation``.
+
+    Operations are hashed and compared by identity: subclasses must not define ``__eq__`` or
+    ``__hash__`` (a ``@dataclass`` needs ``eq=False``); the purgatory refuses such a class.
+
+    Args:
+        timeout: Seconds from the moment the operation is first watched to its deadline; >= 0
+            and finite.
+
+    Raises:
+        ValueError: `timeout` is negative, NaN or infinite.
+        TypeError: `timeout` is not a real number.
+    """
+
+    __slots__ = ("_bucket", "_deadline", "_future", "_keys", "_purgatory", "_result", "_state",
+                 "_timeout")
+
+    _is_async: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._is_async = inspect.iscoroutinefunction(cls.try_complete)
+
+    def __init__(self, timeout: float) -> None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+        if not timeout >= 0 or math.isinf(timeout):
+            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+        self._timeout = float(timeout)
+        self._state = ASYNC if self._is_async else 0
+        self._deadline = 0
+        self._bucket: Bucket | None = None
+        self._purgatory: DelayedOperationPurgatory[Any] | None = None
+        self._keys: tuple[Any, ...] | None = None
+        self._future: Any = None
+        self._result: Any = None
+
+    # -- the three methods to implement -------------------------------------------------------
+
+    @abstractmethod
+    def try_complete(self) -> bool | Coroutine[Any, Any, bool]:
+        """Check the condition; if it holds, ``return self.force_complete()``, else ``False``.
+
+        May be ``async def``: then at most one attempt runs at a time, and a trigger that arrives
+        during an attempt causes exactly one more attempt after it. Kafka: ``tryComplete``.
+        """
+
+    @abstractmethod
+    def on_complete(self) -> T:
+        """Produce the operation's result; runs exactly once, on completion or on expiry.
+
+        What it returns is what ``await op`` returns; what it raises, ``await op`` raises.
+        Kafka: ``onComplete``.
+        """
+
+    @abstractmethod
+    def on_expiration(self) -> None:
+        """React to the deadline passing; runs once, right after `on_complete`, only on expiry.
+
+        Kafka: ``onExpiration``.
+        """
+
+    # -- completion ---------------------------------------------------------------------------
+
+    def force_complete(self) -> bool:
+        """Complete the operation now, unless something already did; ``True`` if this call did.
+
+        The first caller takes the operation out of the timer (O(1)), runs `on_complete` and
+        wakes the awaiters; every later call returns ``False`` and runs nothing. A cancelled
+        operation cannot be completed. Kafka: ``forceComplete``.
+
+        Runtime complexity: O(1) plus `on_complete`.
+        """
+        state = self._state
+        if state & FINISHED:
+            return False
+        self._state = state | DONE
+        bucket = self._bucket
+        if bucket is not None:
+            del bucket[self]
+            self._bucket = None
+            bucket.wheel._size -= 1
+        purgatory = self._purgatory
+        if purgatory is not None:
+            purgatory._completed += 1
+            if self._keys is not None:
+                purgatory._finished(self)
+        self._run_on_complete()
+        self._wake_awaiters()
+        return True
+
+    @property
+    def is_completed(self) -> bool:
+        """``True`` once the operation completed, by its condition or by its deadline."""
+        return bool(self._state & DONE)
+
+    @property
+    def is_expired(self) -> bool:
+        """``True`` if the operation completed because its deadline passed."""
+        return bool(self._state & EXPIRED)
+
+    @property
+    def is_cancelled(self) -> bool:
+        """``True`` if the operation was cancelled; its callbacks never run."""
+        return bool(self._state & CANCELLED)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds from the first watch to the deadline, as given."""
+        return self._timeout
+
+    def __await__(self) -> Generator[Any, None, T]:
+        """Wait for the outcome: `on_complete`'s value, its exception, or `OperationCancelled`."""
+        if not self._state & FINISHED:
+            future = self._future
+            if future is None:
+                future = self._future = new_future()
+            yield from wait_shielded(future)
+        return self._outcome()
+
+    def __repr__(self) -> str:
+        state = self._state
+        if state & CANCELLED:
+            status = "cancelled"
+        elif state & EXPIRED:
+            status = "expired"
+        elif state & DONE:
+            status = "completed"
+        elif self._purgatory is not None:
+            status = "watched"
+        else:
+            status = "new"
+        return f"<{type(self).__qualname__} {status} timeout={self._timeout!r}>"
+
+    # -- internals used by the purgatory -----------------------------------------------------
+
+    def _outcome(self) -> T:
+        state = self._state
+        if state & CANCELLED:
+            if state & CLOSED:
+                raise PurgatoryClosed("the purgatory was shut down before the operation completed")
+            raise OperationCancelled("the operation was cancelled")
+        if state & FAILED:
+            raise self._result
+        result: T = self._result
+        return result
+
+    def _run_on_complete(self) -> None:
+        try:
+            self._result = self.on_complete()
+        except Exception as exc:  # noqa: BLE001 - delivered to the awaiters
+            self._state |= FAILED
+            self._result = exc
+            if self._future is None:
+                # Nobody waits yet: say so now rather than lose the error if nobody ever will.
+                report_exception(f"{type(self).__qualname__}.on_complete raised", exc, operation=self)
+
+    def _wake_awaiters(self) -> None:
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def _expire(self) -> bool:
+        """Complete on the deadline (the timer already let go of it); ``False`` if finished."""
+        state = self._state
+        if state & FINISHED:
+            return False
+        self._state = state | DONE | EXPIRED
+        if self._keys is not None and self._purgatory is not None:
+            self._purgatory._finished(self)
+        self._run_on_complete()
+        try:
+            self.on_expiration()
+        except Exception as exc:  # noqa: BLE001 - reported; the reaper must go on
+            report_exception(f"{type(self).__qualname__}.on_expiration raised", exc, operation=self)
+        self._wake_awaiters()
+        return True
+
+    def _cancel(self, closed: bool = False) -> bool:
+        """Cancel unless finished: out of the timer at once, awaiters get the error."""
+        state = self._state
+        if state & FINISHED:
+            return False
+        self._state = state | (CANCELLED | CLOSED if closed else CANCELLED)
+        bucket = self._bucket
+        if bucket is not None:
+            del bucket[self]
+            self._bucket = None
+            bucket.wheel._size -= 1
+        purgatory = self._purgatory
+        if purgatory is not None:
+            purgatory._cancelled += 1
+            if self._keys is not None:
+                purgatory._finished(self)
+        self._wake_awaiters()
+        return True
+
+    def _attempt_async(self) -> bool:
+        """Run an async `try_complete` (or queue one more); ``True`` if it completed us here.
+
+        The coroutine is stepped synchronously first: one that never suspends completes within
+        this call, exactly like a synchronous one. One that suspends is finished by a Task;
+        triggers that arrive meanwhile set RERUN, and the attempt that ends runs one more.
+        """
+        state = self._state
+        if state & FINISHED:
+            return False
+        if state & RUNNING:
+            self._state = state | RERUN
+            return False
+        while True:
+            self._state = (self._state | RUNNING) & ~RERUN
+            coro = self.try_complete()
+            assert isinstance(coro, Awaitable)
+            try:
+                first = coro.send(None)  # type: ignore[union-attr]
+            except StopIteration:
+                pass
+            except Exception as exc:  # noqa: BLE001 - reported; other operations go on
+                report_exception(f"{type(self).__qualname__}.try_complete raised", exc, operation=self)
+            else:
+                purgatory = self._purgatory
+                assert purgatory is not None
+                try:
+                    spawn_continuation(
+                        coro,  # type: ignore[arg-type]
+                        first,
+                        self._attempt_done,
+                        purgatory._attempts,
+                    )
+                except RuntimeError:
+                    self._end_attempt()
+                    raise
+                return False
+            if not self._end_attempt():
+                return bool(self._state & DONE)
+
+    def _attempt_done(self, error: BaseException | None) -> None:
+        if error is not None:
+            report_exception(f"{type(self).__qualname__}.try_complete raised", error, operation=self)
+        if self._end_attempt():
+            self._attempt_async()
+
+    def _end_attempt(self) -> bool:
+        """Mark the attempt over; ``True`` if one more must run."""
+        state = self._state & ~RUNNING
+        self._state = state & ~RERUN
+        return bool(state & RERUN) and not state & FINISHED

@@ -1,0 +1,563 @@
+"""`DelayedOperationPurgatory`: keyed watcher lists in front of a timing wheel.
+
+Kafka's design, kept: an operation is tried once, registered on each of its keys, tried again
+(which closes the race with a trigger that arrived in between) and only then put in the timer.
+A trigger on a key (`check_and_complete`) re-tries every operation on that key's list. Completed
+operations are left on the lists of their other keys and removed in bulk by a *purge*, run on a
+timer pass once enough have piled up (``purge_interval``), because removing them eagerly from
+every list would cost more than the rare purge.
+
+Ours, added: the purge visits only the operations that finished since the last one, not every
+watched entry, so its cost follows the garbage, not the number of pending operations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
+
+from ._asyncio import LoopClock, Reaper, report_exception, running_loop
+from ._clock import Clock, DrivenClock
+from ._errors import PurgatoryClosed, PurgatoryFull
+from ._operation import DONE, FINISHED, DelayedOperation
+from ._wheel import TimingWheel
+
+if TYPE_CHECKING:
+    import asyncio
+
+__all__ = ("DEFAULT_WHEEL_SIZE", "DelayedOperationPurgatory", "PurgatoryStatistics")
+
+T = TypeVar("T")
+Op = TypeVar("Op", bound=DelayedOperation[Any])
+
+#: Slots per wheel level. Kafka uses 20; 1024 one-millisecond ticks put every timeout under a
+#: second straight into level 0, so such operations never cascade (see benchmarks/RESULTS.md).
+DEFAULT_WHEEL_SIZE = 1024
+
+# Deadlines are rounded up and the current time down, each with this slack in ticks, so that
+# float noise on a tick boundary neither delays an expiry by a tick nor fires one early.
+_TICK_SLACK = 1e-6
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class PurgatoryStatistics:
+    """A snapshot of a purgatory's gauges and counters (counters count since creation)."""
+
+    watched: int
+    """Entries over all watcher lists, completed ones not yet purged included."""
+    delayed: int
+    """Operations in the timer."""
+    keys: int
+    """Keys with a watcher list."""
+    completed: int
+    """Operations completed by their condition or `force_complete` (expiries not included)."""
+    expired: int
+    """Operations completed by their deadline."""
+    cancelled: int
+    """Operations cancelled (`cancel_for_key`, `shutdown`, a cancelled `watch`)."""
+    purged: int
+    """Watcher-list entries removed by purges."""
+    next_deadline_in: float
+    """Seconds until the timer next has work (``math.inf`` when nothing is timed)."""
+
+
+def _check_identity_semantics(cls: type) -> None:
+    if cls.__hash__ is not object.__hash__ or cls.__eq__ is not object.__eq__:  # type: ignore[comparison-overlap]
+        raise TypeError(
+            f"{cls.__qualname__} defines __eq__ or __hash__; operations are tracked by identity, "
+            "so remove them (for a dataclass, use @dataclass(eq=False))"
+        )
+
+
+@final
+class DelayedOperationPurgatory(Generic[Op]):
+    """Holds delayed operations until their condition holds or their deadline passes.
+
+    Kafka: ``DelayedOperationPurgatory``. Times are in seconds; the wheel counts integer ticks.
+
+    Args:
+        name: A label for reprs, the reaper task's name and error messages.
+        purge_interval: Purge the watcher lists once more than this many watched operations have
+            finished since the last purge (Kafka ``purgeInterval``).
+        tick: Length of a timer tick in seconds. Deadlines are rounded up to a tick.
+        wheel_size: Slots per timing-wheel level.
+        max_pending: Refuse (`PurgatoryFull`) to delay more operations than this; ``None``: no cap.
+        clock: ``None`` to follow the running event loop's clock with a reaper coroutine, or a
+            `DrivenClock` such as `purgatory.testing.ManualClock` that runs the expirations itself.
+
+    Raises:
+        ValueError: An argument is out of range.
+        TypeError: An argument has the wrong type.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_attempts",
+        "_cancelled",
+        "_checked_types",
+        "_clock",
+        "_closed",
+        "_completed",
+        "_driven",
+        "_estimated",
+        "_expired",
+        "_garbage",
+        "_loop",
+        "_max_pending",
+        "_name",
+        "_purge_interval",
+        "_purged",
+        "_reaper",
+        "_tick",
+        "_watchers",
+        "_wheel",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        purge_interval: int = 1000,
+        tick: float = 0.001,
+        wheel_size: int = DEFAULT_WHEEL_SIZE,
+        max_pending: int | None = None,
+        clock: DrivenClock | None = None,
+    ) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {name!r}")
+        if isinstance(purge_interval, bool) or not isinstance(purge_interval, int):
+            raise TypeError(f"purge_interval must be an int, got {purge_interval!r}")
+        if purge_interval < 0:
+            raise ValueError(f"purge_interval must be >= 0, got {purge_interval!r}")
+        if isinstance(tick, bool) or not isinstance(tick, int | float):
+            raise TypeError(f"tick must be a number of seconds, got {tick!r}")
+        if not (tick > 0 and math.isfinite(tick)):
+            raise ValueError(f"tick must be a finite number of seconds > 0, got {tick!r}")
+        if max_pending is not None:
+            if isinstance(max_pending, bool) or not isinstance(max_pending, int):
+                raise TypeError(f"max_pending must be an int or None, got {max_pending!r}")
+            if max_pending < 1:
+                raise ValueError(f"max_pending must be >= 1 (or None for no cap), got {max_pending!r}")
+        if clock is not None and not isinstance(clock, DrivenClock):
+            raise TypeError(
+                f"clock must be None (the event loop's clock) or a driven clock such as "
+                f"purgatory.testing.ManualClock, got {clock!r}"
+            )
+        self._name = name
+        self._purge_interval = purge_interval
+        self._tick = float(tick)
+        self._max_pending = max_pending
+        self._watchers: dict[Hashable, dict[Op, None]] = {}
+        self._garbage: list[Op] = []
+        self._estimated = 0
+        self._completed = 0
+        self._expired = 0
+        self._cancelled = 0
+        self._purged = 0
+        self._closed = False
+        self._checked_types: set[type] = set()
+        self._attempts: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reaper: Reaper | None = None
+        self._driven = clock is not None
+        self._clock: Clock | None = clock
+        start = 0 if clock is None else self._now_tick(clock.current_time())
+        self._wheel = TimingWheel(wheel_size, start)
+        if clock is not None:
+            clock.attach(self)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (
+            f"<DelayedOperationPurgatory {self._name!r} {state} delayed={len(self._wheel)} "
+            f"keys={len(self._watchers)}>"
+        )
+
+    @property
+    def name(self) -> str:
+        """The label given at construction."""
+        return self._name
+
+    # -- the Kafka API ------------------------------------------------------------------------
+
+    def try_complete_else_watch(self, op: Op, keys: Iterable[Hashable]) -> bool:
+        """Complete `op` now if it can; otherwise watch it on every key and start its timer.
+
+        Kafka: ``tryCompleteElseWatch``. Tries once; if not complete, registers `op` on every
+        key, tries again (a trigger may have come in between), and if still not complete adds it
+        to the timer, its deadline being now + ``op.timeout``.
+
+        Args:
+            op: An operation never watched before.
+            keys: The keys whose `check_and_complete` should re-try `op` (any hashables; a
+                collection, not one key: ``["topic-0"]``, not ``"topic-0"``).
+
+        Returns:
+            ``True`` iff `op` completed inside this call.
+
+        Raises:
+            PurgatoryClosed: The purgatory was shut down.
+            PurgatoryFull: ``max_pending`` operations are delayed already; nothing registered.
+            ValueError: `keys` is empty, or `op` was already watched or finished.
+            TypeError: `op` is not a set-up `DelayedOperation`, or `keys` is a string.
+            Exception: Whatever a synchronous `try_complete` raised; nothing stays registered.
+
+        Runtime complexity: O(len(keys)) plus two `try_complete` calls.
+        """
+        if self._closed:
+            raise PurgatoryClosed(f"purgatory {self._name!r} is shut down")
+        try:
+            state = op._state
+            owner = op._purgatory
+        except AttributeError:
+            raise TypeError(
+                f"{op!r} is not a set-up DelayedOperation (did its __init__ call "
+                "super().__init__(timeout)?)"
+            ) from None
+        if owner is not None or state & FINISHED:
+            raise ValueError(f"{op!r} was already watched or finished; watch an operation once")
+        cls = type(op)
+        if cls not in self._checked_types:
+            _check_identity_semantics(cls)
+            self._checked_types.add(cls)
+        if type(keys) is not tuple:
+            if isinstance(keys, str | bytes):
+                raise TypeError(f"keys must be a collection of keys, not the string {keys!r}")
+            keys = tuple(keys)
+        if not keys:
+            raise ValueError("keys is empty: an operation must watch at least one key")
+        if self._loop is None:
+            self._bind_loop()
+        op._purgatory = self
+        if state:  # async try_complete
+            return self._watch_async(op, keys)
+        try:
+            op.try_complete()
+        except BaseException:
+            op._purgatory = None
+            raise
+        if op._state & FINISHED:
+            return True
+        if self._max_pending is not None and len(self._wheel) >= self._max_pending:
+            op._purgatory = None
+            raise PurgatoryFull(
+                f"purgatory {self._name!r} already delays max_pending={self._max_pending} "
+                "operations"
+            )
+        self._register(op, keys)
+        try:
+            op.try_complete()
+        except BaseException:
+            self._unregister(op, keys)
+            raise
+        if op._state & FINISHED:
+            return True
+        self._start_timer(op)
+        return False
+
+    async def watch(self, op: DelayedOperation[T], keys: Iterable[Hashable]) -> T:
+        """`try_complete_else_watch`, then wait for the outcome: the call a handler awaits.
+
+        Returns:
+            `on_complete`'s value, on completion and on expiry alike (see ``op.is_expired``).
+
+        Raises:
+            OperationCancelled: The operation was cancelled (`PurgatoryClosed` by a shutdown).
+            asyncio.CancelledError: This task was cancelled; the operation is cancelled with it.
+            Exception: What `on_complete` raised, or what `try_complete_else_watch` raises.
+        """
+        if self.try_complete_else_watch(op, keys):  # type: ignore[arg-type]
+            return op._outcome()
+        try:
+            return await op
+        except BaseException:
+            op._cancel()  # no-op unless this task was interrupted while the operation pends
+            raise
+
+    def check_and_complete(self, key: Hashable) -> int:
+        """Re-try every operation watching `key`; return how many completed in this call.
+
+        Kafka: ``checkAndComplete``. Operations found already finished are dropped from the list
+        and not counted; an unknown key creates nothing. A `try_complete` that raises is reported
+        to the loop's exception handler and the others are still tried. Async attempts start (or
+        are marked to run once more) and finish later.
+
+        Runtime complexity: O(operations on the key's list) plus their `try_complete` calls.
+        """
+        watchers = self._watchers
+        ops = watchers.get(key)
+        if ops is None:
+            return 0
+        if self._loop is None:
+            self._bind_loop()
+        completed = 0
+        for op in list(ops):
+            state = op._state
+            if not state:
+                try:
+                    claimed = op.try_complete()
+                except Exception as exc:  # noqa: BLE001 - reported; the other operations go on
+                    report_exception(
+                        f"{type(op).__qualname__}.try_complete raised", exc, operation=op, key=key
+                    )
+                    continue
+                state = op._state
+                if state & FINISHED:
+                    ops.pop(op, None)
+                    if state & DONE:
+                        completed += 1
+                elif claimed:
+                    report_exception(
+                        f"{type(op).__qualname__}.try_complete returned {claimed!r} without "
+                        "completing; it must return self.force_complete()",
+                        TypeError("try_complete claimed a completion that did not happen"),
+                        operation=op,
+                    )
+            elif state & FINISHED:
+                ops.pop(op, None)
+            elif op._attempt_async():
+                ops.pop(op, None)
+                completed += 1
+        if not ops and watchers.get(key) is ops:
+            del watchers[key]
+        return completed
+
+    def check_and_complete_threadsafe(self, key: Hashable) -> None:
+        """`check_and_complete` from any thread: scheduled on the loop this purgatory is bound to.
+
+        Raises:
+            RuntimeError: The purgatory was never used inside a running event loop.
+        """
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError(
+                f"purgatory {self._name!r} is not bound to an event loop yet: it binds to the "
+                "running loop on first use (watch, try_complete_else_watch, check_and_complete)"
+            )
+        loop.call_soon_threadsafe(self.check_and_complete, key)
+
+    def cancel_for_key(self, key: Hashable) -> list[Op]:
+        """Drop `key`'s watcher list and cancel its pending operations; return those.
+
+        Kafka: ``cancelForKey``. Cancelled operations leave the timer at once, never complete nor
+        expire, and their awaiters get `OperationCancelled`. Unknown key: ``[]``.
+
+        Runtime complexity: O(operations on the key's list).
+        """
+        ops = self._watchers.pop(key, None)
+        if ops is None:
+            return []
+        return [op for op in ops if op._cancel()]
+
+    def watched(self) -> int:
+        """Entries over all watcher lists (an operation on 3 keys counts 3), unpurged included.
+
+        Kafka: ``watched`` / gauge ``PurgatorySize``. Runtime complexity: O(keys).
+        """
+        return sum(map(len, self._watchers.values()))
+
+    def num_delayed(self) -> int:
+        """Operations in the timer. Kafka: ``numDelayed`` / ``NumDelayedOperations``. O(1)."""
+        return len(self._wheel)
+
+    def statistics(self) -> PurgatoryStatistics:
+        """A snapshot of the gauges and counters."""
+        next_tick = self._wheel.next_deadline()
+        if next_tick == math.inf:
+            next_in = math.inf
+        else:
+            now = self._current_time()
+            next_in = max(0.0, next_tick * self._tick - now) if now is not None else 0.0
+        return PurgatoryStatistics(
+            watched=self.watched(),
+            delayed=len(self._wheel),
+            keys=len(self._watchers),
+            completed=self._completed,
+            expired=self._expired,
+            cancelled=self._cancelled,
+            purged=self._purged,
+            next_deadline_in=next_in,
+        )
+
+    @property
+    def closed(self) -> bool:
+        """``True`` once `shutdown` has begun."""
+        return self._closed
+
+    async def shutdown(self) -> None:
+        """Stop the reaper and cancel every pending operation; idempotent.
+
+        Awaiters of the pending operations get `PurgatoryClosed`; no callback runs. Later
+        watches raise `PurgatoryClosed`.
+        """
+        if not self._closed:
+            self._closed = True
+            pending = list(self._wheel)
+            for ops in self._watchers.values():
+                pending.extend(ops)
+            self._watchers.clear()
+            self._garbage.clear()
+            for op in pending:
+                op._cancel(closed=True)
+            self._garbage.clear()
+            for task in list(self._attempts):
+                task.cancel()
+        if self._reaper is not None:
+            await self._reaper.stop()
+
+    async def __aenter__(self) -> DelayedOperationPurgatory[Op]:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.shutdown()
+
+    # -- driver interface ---------------------------------------------------------------------
+
+    def _run_timer_pass(self, now: float) -> int:
+        """Expire what is due at `now` (seconds), then purge if due; return how many expired.
+
+        This is what the reaper runs on the loop's clock and what ``ManualClock.advance`` runs.
+        """
+        if self._closed:
+            return 0
+        due = self._wheel.advance(self._now_tick(now))
+        expired = 0
+        index = 0
+        try:
+            for index, op in enumerate(due):  # noqa: B007 - read in the handler
+                if op._expire():
+                    expired += 1
+        except BaseException:
+            # Something like KeyboardInterrupt: whatever was not expired stays due.
+            for op in due[index + 1 :]:
+                self._wheel.add(op, op._deadline)
+            raise
+        finally:
+            self._expired += expired
+        if self._estimated - len(self._wheel) > self._purge_interval:
+            self._purge()
+        return expired
+
+    def _next_timer_pass(self) -> float:
+        """The tick at which a timer pass next has work; ``math.inf`` if none."""
+        if self._estimated - len(self._wheel) > self._purge_interval:
+            return self._wheel.current_tick
+        return self._wheel.next_deadline()
+
+    def _finished(self, op: Op) -> None:
+        """Note a watched operation that finished, for the next purge."""
+        self._garbage.append(op)
+        reaper = self._reaper
+        if reaper is not None and self._estimated - len(self._wheel) > self._purge_interval:
+            reaper.wake_by(self._wheel.current_tick)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _now_tick(self, now: float) -> int:
+        return math.floor(now / self._tick + _TICK_SLACK)
+
+    def _current_time(self) -> float | None:
+        clock = self._clock
+        return None if clock is None else clock.current_time()
+
+    def _bind_loop(self) -> None:
+        loop = running_loop()
+        if loop is None:
+            if self._driven:
+                return
+            raise RuntimeError(
+                f"purgatory {self._name!r} follows the event loop's clock, so it must first be "
+                "used inside a running loop (or pass clock=purgatory.testing.ManualClock())"
+            )
+        self._loop = loop
+        if not self._driven:
+            self._clock = LoopClock(loop)
+            self._wheel.advance(self._now_tick(loop.time()))
+            self._reaper = Reaper(self, loop, self._tick, self._name)
+
+    def _register(self, op: Op, keys: tuple[Hashable, ...]) -> None:
+        watchers = self._watchers
+        for key in keys:
+            ops = watchers.get(key)
+            if ops is None:
+                watchers[key] = {op: None}
+            else:
+                ops[op] = None
+        op._keys = keys
+        self._estimated += 1
+
+    def _unregister(self, op: Op, keys: tuple[Hashable, ...]) -> None:
+        watchers = self._watchers
+        for key in keys:
+            ops = watchers.get(key)
+            if ops is not None:
+                ops.pop(op, None)
+                if not ops:
+                    del watchers[key]
+        op._keys = None
+        op._purgatory = None
+        self._estimated -= 1
+
+    def _start_timer(self, op: Op) -> None:
+        clock = self._clock
+        assert clock is not None
+        deadline = math.ceil((clock.current_time() + op._timeout) / self._tick - _TICK_SLACK)
+        self._wheel.add(op, deadline)
+        reaper = self._reaper
+        if reaper is not None and deadline < reaper.wake_tick:
+            reaper.wake_by(self._wheel.next_deadline())
+
+    def _watch_async(self, op: Op, keys: tuple[Hashable, ...]) -> bool:
+        """The watch of an operation whose `try_complete` is async.
+
+        Its attempt is started before the registration, as with a sync one; if it completes
+        without suspending, nothing is registered. If it suspends, the operation is registered
+        and timed at once (the attempt's outcome cannot be waited for here), so `max_pending` is
+        checked before the attempt; a trigger arriving during the attempt runs one more after it,
+        which is what Kafka's second try is for.
+        """
+        if self._max_pending is not None and len(self._wheel) >= self._max_pending:
+            op._purgatory = None
+            raise PurgatoryFull(
+                f"purgatory {self._name!r} already delays max_pending={self._max_pending} "
+                "operations"
+            )
+        try:
+            if op._attempt_async():
+                return True
+        except BaseException:
+            op._purgatory = None
+            raise
+        if op._state & FINISHED:
+            return True
+        self._register(op, keys)
+        self._start_timer(op)
+        return False
+
+    def _purge(self) -> None:
+        """Drop finished operations from the watcher lists (Kafka ``purgeCompleted``)."""
+        self._estimated = len(self._wheel)
+        garbage, self._garbage = self._garbage, []
+        watchers = self._watchers
+        purged = 0
+        for op in garbage:
+            keys = op._keys
+            if keys is None:
+                continue
+            for key in keys:
+                ops = watchers.get(key)
+                if ops is not None and op in ops:
+                    del ops[op]
+                    purged += 1
+                    if not ops:
+                        del watchers[key]
+        self._purged += purged

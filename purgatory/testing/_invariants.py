@@ -1,0 +1,48 @@
+"""`check_invariants`: what must hold inside a purgatory between any two calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._operation import DONE, EXPIRED, FINISHED
+from .._purgatory import DelayedOperationPurgatory
+
+__all__ = ("check_invariants",)
+
+
+def check_invariants(purgatory: DelayedOperationPurgatory[Any]) -> None:
+    """Raise ``AssertionError`` if `purgatory`'s wheel or watcher lists are inconsistent.
+
+    Checked: every timed entry sits in the bucket it points to, inside that bucket's span, and is
+    pending; the size counter matches; bucket heap entries agree with bucket expirations; no
+    watcher list is empty; every pending watched operation is timed.
+    """
+    wheel = purgatory._wheel
+    held = 0
+    current = wheel.current_tick
+    for bucket in wheel.buckets():
+        for op in bucket:
+            held += 1
+            assert op._bucket is bucket, f"{op!r} is in a bucket it does not point to"
+            assert not op._state & FINISHED, f"finished {op!r} is still timed"
+            if bucket.level < 0:
+                assert op._deadline <= current, f"overdue {op!r} is not due"
+            else:
+                span = wheel.span(bucket.level)
+                assert bucket.expiration <= op._deadline < bucket.expiration + span, (
+                    f"{op!r} deadline {op._deadline} outside {bucket!r}"
+                )
+                assert op._deadline > current, f"{op!r} is due but still held"
+        if bucket and bucket.level >= 0:
+            assert bucket.expiration > current, f"{bucket!r} is due but not flushed"
+            assert any(entry[3] is bucket for entry in wheel._heap), f"{bucket!r} not in the heap"
+    assert held == len(wheel), f"size counter {len(wheel)} != {held} entries held"
+    for key, ops in purgatory._watchers.items():
+        assert ops, f"empty watcher list for {key!r}"
+        for op in ops:
+            assert op._purgatory is purgatory, f"{op!r} watched by another purgatory"
+            assert op._keys is not None and key in op._keys, f"{op!r} not watching {key!r}"
+            if not op._state & FINISHED:
+                assert op._bucket is not None, f"pending watched {op!r} is not timed"
+            assert not (op._state & EXPIRED and not op._state & DONE)
+    assert purgatory._estimated >= len(wheel) or purgatory._closed
