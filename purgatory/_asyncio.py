@@ -15,6 +15,8 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Protocol, final
 
 __all__ = (
+    "AttemptTasks",
+    "EventLoop",
     "LoopClock",
     "Reaper",
     "new_future",
@@ -25,6 +27,9 @@ __all__ = (
 )
 
 logger = logging.getLogger("purgatory")
+
+EventLoop = asyncio.AbstractEventLoop
+AttemptTasks = set[asyncio.Task[None]]
 
 running_loop: Callable[[], asyncio.AbstractEventLoop | None] = asyncio._get_running_loop
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Coroutine, Generator
+from collections.abc import Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._asyncio import new_future, report_exception, spawn_continuation, wait_shielded
@@ -59,8 +59,16 @@ class DelayedOperation(ABC, Generic[T]):
         TypeError: `timeout` is not a real number.
     """
 
-    __slots__ = ("_bucket", "_deadline", "_future", "_keys", "_purgatory", "_result", "_state",
-                 "_timeout")
+    __slots__ = (
+        "_bucket",
+        "_deadline",
+        "_future",
+        "_keys",
+        "_purgatory",
+        "_result",
+        "_state",
+        "_timeout",
+    )
 
     _is_async: bool = False
 
@@ -200,7 +208,9 @@ class DelayedOperation(ABC, Generic[T]):
             self._result = exc
             if self._future is None:
                 # Nobody waits yet: say so now rather than lose the error if nobody ever will.
-                report_exception(f"{type(self).__qualname__}.on_complete raised", exc, operation=self)
+                report_exception(
+                    f"{type(self).__qualname__}.on_complete raised", exc, operation=self
+                )
 
     def _wake_awaiters(self) -> None:
         future = self._future
@@ -258,19 +268,21 @@ class DelayedOperation(ABC, Generic[T]):
         while True:
             self._state = (self._state | RUNNING) & ~RERUN
             coro = self.try_complete()
-            assert isinstance(coro, Awaitable)
+            assert isinstance(coro, Coroutine)
             try:
-                first = coro.send(None)  # type: ignore[union-attr]
+                first = coro.send(None)
             except StopIteration:
                 pass
             except Exception as exc:  # noqa: BLE001 - reported; other operations go on
-                report_exception(f"{type(self).__qualname__}.try_complete raised", exc, operation=self)
+                report_exception(
+                    f"{type(self).__qualname__}.try_complete raised", exc, operation=self
+                )
             else:
                 purgatory = self._purgatory
                 assert purgatory is not None
                 try:
                     spawn_continuation(
-                        coro,  # type: ignore[arg-type]
+                        coro,
                         first,
                         self._attempt_done,
                         purgatory._attempts,
@@ -284,7 +296,9 @@ class DelayedOperation(ABC, Generic[T]):
 
     def _attempt_done(self, error: BaseException | None) -> None:
         if error is not None:
-            report_exception(f"{type(self).__qualname__}.try_complete raised", error, operation=self)
+            report_exception(
+                f"{type(self).__qualname__}.try_complete raised", error, operation=self
+            )
         if self._end_attempt():
             self._attempt_async()
 

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
-from ._asyncio import LoopClock, Reaper, report_exception, running_loop
+from ._asyncio import LoopClock, Reaper, new_future, report_exception, running_loop
 from ._clock import Clock, DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
 from ._operation import DONE, FINISHED, DelayedOperation
 from ._wheel import TimingWheel
 
 if TYPE_CHECKING:
-    import asyncio
+    from ._asyncio import AttemptTasks, EventLoop
 
 __all__ = ("DEFAULT_WHEEL_SIZE", "DelayedOperationPurgatory", "PurgatoryStatistics")
 
@@ -141,7 +141,9 @@ class DelayedOperationPurgatory(Generic[Op]):
             if isinstance(max_pending, bool) or not isinstance(max_pending, int):
                 raise TypeError(f"max_pending must be an int or None, got {max_pending!r}")
             if max_pending < 1:
-                raise ValueError(f"max_pending must be >= 1 (or None for no cap), got {max_pending!r}")
+                raise ValueError(
+                    f"max_pending must be >= 1 (or None for no cap), got {max_pending!r}"
+                )
         if clock is not None and not isinstance(clock, DrivenClock):
             raise TypeError(
                 f"clock must be None (the event loop's clock) or a driven clock such as "
@@ -160,8 +162,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._purged = 0
         self._closed = False
         self._checked_types: set[type] = set()
-        self._attempts: set[asyncio.Task[None]] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._attempts: AttemptTasks = set()
+        self._loop: EventLoop | None = None
         self._reaper: Reaper | None = None
         self._driven = clock is not None
         self._clock: Clock | None = clock
@@ -215,8 +217,8 @@ class DelayedOperationPurgatory(Generic[Op]):
             owner = op._purgatory
         except AttributeError:
             raise TypeError(
-                f"{op!r} is not a set-up DelayedOperation (did its __init__ call "
-                "super().__init__(timeout)?)"
+                f"{type(op).__qualname__} object is not a set-up DelayedOperation (did its "
+                "__init__ call super().__init__(timeout)?)"
             ) from None
         if owner is not None or state & FINISHED:
             raise ValueError(f"{op!r} was already watched or finished; watch an operation once")
@@ -270,6 +272,10 @@ class DelayedOperationPurgatory(Generic[Op]):
             asyncio.CancelledError: This task was cancelled; the operation is cancelled with it.
             Exception: What `on_complete` raised, or what `try_complete_else_watch` raises.
         """
+        if getattr(op, "_future", True) is None:
+            # Created before the first attempt so that an on_complete error raised inside it has
+            # an awaiter (this call) and is not also reported as unretrieved.
+            op._future = new_future()
         if self.try_complete_else_watch(op, keys):  # type: ignore[arg-type]
             return op._outcome()
         try:

@@ -41,7 +41,8 @@ def check_invariants(purgatory: DelayedOperationPurgatory[Any]) -> None:
         assert ops, f"empty watcher list for {key!r}"
         for op in ops:
             assert op._purgatory is purgatory, f"{op!r} watched by another purgatory"
-            assert op._keys is not None and key in op._keys, f"{op!r} not watching {key!r}"
+            assert op._keys is not None, f"{op!r} has no keys"
+            assert key in op._keys, f"{op!r} not watching {key!r}"
             if not op._state & FINISHED:
                 assert op._bucket is not None, f"pending watched {op!r} is not timed"
             assert not (op._state & EXPIRED and not op._state & DONE)
