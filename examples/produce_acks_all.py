@@ -62,6 +62,7 @@ class DelayedProduce(DelayedOperation[str]):
 
 async def follower(
     name: str,
+    *,
     partitions: list[Partition],
     purgatory: DelayedOperationPurgatory[DelayedProduce],
     delay: tuple[float, float],
@@ -103,10 +104,24 @@ async def main(requests: int, seed: int) -> dict[str, int]:
         fetchers = [
             asyncio.create_task(leader_self_fetch()),
             asyncio.create_task(
-                follower("fast", partitions, purgatory, (0.001, 0.005), rng, stop)
+                follower(
+                    "fast",
+                    partitions=partitions,
+                    purgatory=purgatory,
+                    delay=(0.001, 0.005),
+                    rng=rng,
+                    stop=stop,
+                )
             ),
             asyncio.create_task(
-                follower("slow", partitions, purgatory, (0.02, 0.15), rng, stop)
+                follower(
+                    "slow",
+                    partitions=partitions,
+                    purgatory=purgatory,
+                    delay=(0.02, 0.15),
+                    rng=rng,
+                    stop=stop,
+                )
             ),
         ]
         outcomes: dict[str, int] = {}
