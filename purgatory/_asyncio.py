@@ -16,15 +16,18 @@ from typing import Any, Protocol, final
 
 __all__ = (
     "AttemptTasks",
+    "CancelledError",
     "EventLoop",
     "LoopClock",
     "Reaper",
+    "cancelled_here",
     "new_future",
     "report_exception",
     "running_loop",
     "spawn_continuation",
-    "wait_shielded",
 )
+
+CancelledError = asyncio.CancelledError
 
 logger = logging.getLogger("purgatory")
 
@@ -55,14 +58,17 @@ def new_future() -> asyncio.Future[None]:
     return loop.create_future()
 
 
-def wait_shielded(future: asyncio.Future[None]) -> Generator[Any, None, None]:
-    """Wait for `future` without letting the cancellation of this one waiter cancel it.
+def cancelled_here(future: asyncio.Future[None]) -> bool:
+    """Whether the `CancelledError` just raised by awaiting `future` is meant for this task.
 
-    Several tasks may await one operation; each waits on a shield of the shared future, so
-    cancelling one of them ends only that wait.
+    Several tasks await one shared future. Cancelling one of them cancels the future itself, so
+    the others wake with `CancelledError` too; for them it is spurious (their task was not
+    cancelled: ``cancelling()`` is 0) and they should wait again.
     """
-    if not future.done():
-        yield from asyncio.shield(future).__await__()
+    if not future.cancelled():
+        return True
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 @final

@@ -17,7 +17,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ._asyncio import new_future, report_exception, spawn_continuation, wait_shielded
+from ._asyncio import (
+    CancelledError,
+    cancelled_here,
+    new_future,
+    report_exception,
+    spawn_continuation,
+)
 from ._errors import OperationCancelled, PurgatoryClosed
 
 if TYPE_CHECKING:
@@ -25,6 +31,15 @@ if TYPE_CHECKING:
     from ._wheel import Bucket
 
 __all__ = ("DelayedOperation",)
+
+
+def _checked_timeout(timeout: object) -> float:
+    """The slow path of the timeout check: anything but a finite float >= 0."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+    if not 0 <= timeout < math.inf:
+        raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+    return float(timeout)
 
 T = TypeVar("T")
 
@@ -70,25 +85,25 @@ class DelayedOperation(ABC, Generic[T]):
         "_timeout",
     )
 
-    _is_async: bool = False
+    # ASYNC when the subclass's try_complete is a coroutine function, else 0.
+    _initial_state: int = 0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls._is_async = inspect.iscoroutinefunction(cls.try_complete)
+        cls._initial_state = ASYNC if inspect.iscoroutinefunction(cls.try_complete) else 0
 
     def __init__(self, timeout: float) -> None:
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-            raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
-        if not timeout >= 0 or math.isinf(timeout):
-            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
-        self._timeout = float(timeout)
-        self._state = ASYNC if self._is_async else 0
-        self._deadline = 0
+        if not (type(timeout) is float and 0.0 <= timeout < math.inf):
+            timeout = _checked_timeout(timeout)
+        self._timeout = timeout
+        self._state = self._initial_state
         self._bucket: Bucket | None = None
         self._purgatory: DelayedOperationPurgatory[Any] | None = None
         self._keys: tuple[Any, ...] | None = None
         self._future: Any = None
-        self._result: Any = None
+        # _deadline is written by the timing wheel and _result by completion, before any read.
+        self._deadline: int
+        self._result: Any
 
     # -- the three methods to implement -------------------------------------------------------
 
@@ -140,8 +155,13 @@ class DelayedOperation(ABC, Generic[T]):
             purgatory._completed += 1
             if self._keys is not None:
                 purgatory._finished(self)
-        self._run_on_complete()
-        self._wake_awaiters()
+        try:
+            self._result = self.on_complete()
+        except Exception as exc:  # noqa: BLE001 - delivered to the awaiters
+            self._fail(exc)
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
         return True
 
     @property
@@ -166,11 +186,18 @@ class DelayedOperation(ABC, Generic[T]):
 
     def __await__(self) -> Generator[Any, None, T]:
         """Wait for the outcome: `on_complete`'s value, its exception, or `OperationCancelled`."""
-        if not self._state & FINISHED:
+        # All awaiters share one future, created by the first. No shield per awaiter: a
+        # cancelled awaiter cancels the shared future, and the others, not cancelled
+        # themselves, simply wait again on a fresh one.
+        while not self._state & FINISHED:
             future = self._future
-            if future is None:
+            if future is None or future.done():
                 future = self._future = new_future()
-            yield from wait_shielded(future)
+            try:
+                yield from future
+            except CancelledError:
+                if cancelled_here(future):
+                    raise
         return self._outcome()
 
     def __repr__(self) -> str:
@@ -200,38 +227,18 @@ class DelayedOperation(ABC, Generic[T]):
         result: T = self._result
         return result
 
-    def _run_on_complete(self) -> None:
-        try:
-            self._result = self.on_complete()
-        except Exception as exc:  # noqa: BLE001 - delivered to the awaiters
-            self._state |= FAILED
-            self._result = exc
-            if self._future is None:
-                # Nobody waits yet: say so now rather than lose the error if nobody ever will.
-                report_exception(
-                    f"{type(self).__qualname__}.on_complete raised", exc, operation=self
-                )
+    def _fail(self, exc: Exception) -> None:
+        """Keep what `on_complete` raised for the awaiters; report it if there are none yet."""
+        self._state |= FAILED
+        self._result = exc
+        if self._future is None:
+            # Nobody waits yet: say so now rather than lose the error if nobody ever will.
+            report_exception(f"{type(self).__qualname__}.on_complete raised", exc, operation=self)
 
     def _wake_awaiters(self) -> None:
         future = self._future
         if future is not None and not future.done():
             future.set_result(None)
-
-    def _expire(self) -> bool:
-        """Complete on the deadline (the timer already let go of it); ``False`` if finished."""
-        state = self._state
-        if state & FINISHED:
-            return False
-        self._state = state | DONE | EXPIRED
-        if self._keys is not None and self._purgatory is not None:
-            self._purgatory._finished(self)
-        self._run_on_complete()
-        try:
-            self.on_expiration()
-        except Exception as exc:  # noqa: BLE001 - reported; the reaper must go on
-            report_exception(f"{type(self).__qualname__}.on_expiration raised", exc, operation=self)
-        self._wake_awaiters()
-        return True
 
     def _cancel(self, closed: bool = False) -> bool:
         """Cancel unless finished: out of the timer at once, awaiters get the error."""

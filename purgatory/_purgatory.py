@@ -14,15 +14,23 @@ watched entry, so its cost follows the garbage, not the number of pending operat
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
-from ._asyncio import LoopClock, Reaper, new_future, report_exception, running_loop
+from ._asyncio import (
+    CancelledError,
+    LoopClock,
+    Reaper,
+    cancelled_here,
+    new_future,
+    report_exception,
+    running_loop,
+)
 from ._clock import Clock, DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
-from ._operation import DONE, FINISHED, DelayedOperation
+from ._operation import DONE, EXPIRED, FINISHED, DelayedOperation
 from ._wheel import TimingWheel
 
 if TYPE_CHECKING:
@@ -40,6 +48,9 @@ DEFAULT_WHEEL_SIZE = 1024
 # Deadlines are rounded up and the current time down, each with this slack in ticks, so that
 # float noise on a tick boundary neither delays an expiry by a tick nor fires one early.
 _TICK_SLACK = 1e-6
+_ceil = math.ceil
+_floor = math.floor
+EXPIRED_NOW = DONE | EXPIRED
 
 
 @final
@@ -113,6 +124,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_purged",
         "_reaper",
         "_tick",
+        "_time",
         "_watchers",
         "_wheel",
     )
@@ -167,6 +179,10 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._reaper: Reaper | None = None
         self._driven = clock is not None
         self._clock: Clock | None = clock
+        # The clock's reading, as a bound method: one call on the hot path.
+        self._time: Callable[[], float] = (
+            self._unbound_time if clock is None else clock.current_time
+        )
         start = 0 if clock is None else self._now_tick(clock.current_time())
         self._wheel = TimingWheel(wheel_size, start)
         if clock is not None:
@@ -244,13 +260,22 @@ class DelayedOperationPurgatory(Generic[Op]):
             raise
         if op._state & FINISHED:
             return True
-        if self._max_pending is not None and len(self._wheel) >= self._max_pending:
+        wheel = self._wheel
+        if self._max_pending is not None and wheel._size >= self._max_pending:
             op._purgatory = None
             raise PurgatoryFull(
                 f"purgatory {self._name!r} already delays max_pending={self._max_pending} "
                 "operations"
             )
-        self._register(op, keys)
+        watchers = self._watchers
+        for key in keys:
+            ops = watchers.get(key)
+            if ops is None:
+                watchers[key] = {op: None}
+            else:
+                ops[op] = None
+        op._keys = keys
+        self._estimated += 1
         try:
             op.try_complete()
         except BaseException:
@@ -258,7 +283,11 @@ class DelayedOperationPurgatory(Generic[Op]):
             raise
         if op._state & FINISHED:
             return True
-        self._start_timer(op)
+        deadline = _ceil((self._time() + op._timeout) / self._tick - _TICK_SLACK)
+        wheel.add(op, deadline)
+        reaper = self._reaper
+        if reaper is not None and deadline < reaper.wake_tick:
+            reaper.wake_by(wheel.next_deadline())
         return False
 
     async def watch(self, op: DelayedOperation[T], keys: Iterable[Hashable]) -> T:
@@ -278,11 +307,21 @@ class DelayedOperationPurgatory(Generic[Op]):
             op._future = new_future()
         if self.try_complete_else_watch(op, keys):  # type: ignore[arg-type]
             return op._outcome()
-        try:
-            return await op
-        except BaseException:
-            op._cancel()  # no-op unless this task was interrupted while the operation pends
-            raise
+        # `await op`, unrolled: this is the hot path of every parked request.
+        while not op._state & FINISHED:
+            future = op._future
+            if future.done():
+                future = op._future = new_future()
+            try:
+                await future
+            except CancelledError:
+                if cancelled_here(future):
+                    op._cancel()
+                    raise
+            except BaseException:
+                op._cancel()
+                raise
+        return op._outcome()
 
     def check_and_complete(self, key: Hashable) -> int:
         """Re-try every operation watching `key`; return how many completed in this call.
@@ -432,16 +471,36 @@ class DelayedOperationPurgatory(Generic[Op]):
         """Expire what is due at `now` (seconds), then purge if due; return how many expired.
 
         This is what the reaper runs on the loop's clock and what ``ManualClock.advance`` runs.
+        The expiry of one operation is inlined here (state, then `on_complete`, `on_expiration`,
+        then the awaiters) because it is the loop that runs once per expired operation.
         """
         if self._closed:
             return 0
-        due = self._wheel.advance(self._now_tick(now))
+        due = self._wheel.advance(_floor(now / self._tick + _TICK_SLACK))
         expired = 0
-        index = 0
+        finished = self._garbage.append
+        index = -1
         try:
             for index, op in enumerate(due):  # noqa: B007 - read in the handler
-                if op._expire():
-                    expired += 1
+                state = op._state
+                if state & FINISHED:
+                    continue
+                op._state = state | EXPIRED_NOW
+                finished(op)
+                expired += 1
+                try:
+                    op._result = op.on_complete()
+                except Exception as exc:  # noqa: BLE001 - delivered to the awaiters
+                    op._fail(exc)
+                try:
+                    op.on_expiration()
+                except Exception as exc:  # noqa: BLE001 - reported; the reaper must go on
+                    report_exception(
+                        f"{type(op).__qualname__}.on_expiration raised", exc, operation=op
+                    )
+                future = op._future
+                if future is not None and not future.done():
+                    future.set_result(None)
         except BaseException:
             # Something like KeyboardInterrupt: whatever was not expired stays due.
             for op in due[index + 1 :]:
@@ -460,20 +519,27 @@ class DelayedOperationPurgatory(Generic[Op]):
         return self._wheel.next_deadline()
 
     def _finished(self, op: Op) -> None:
-        """Note a watched operation that finished, for the next purge."""
-        self._garbage.append(op)
-        reaper = self._reaper
-        if reaper is not None and self._estimated - len(self._wheel) > self._purge_interval:
-            reaper.wake_by(self._wheel.current_tick)
+        """Note a watched operation that finished, for the next purge.
+
+        The garbage list holds exactly the operations Kafka's rule counts as
+        ``estimated - num_delayed()``, so its length says when a purge is due.
+        """
+        garbage = self._garbage
+        garbage.append(op)
+        if len(garbage) > self._purge_interval and self._reaper is not None:
+            self._reaper.wake_by(self._wheel.current_tick)
 
     # -- internals ----------------------------------------------------------------------------
 
     def _now_tick(self, now: float) -> int:
-        return math.floor(now / self._tick + _TICK_SLACK)
+        return _floor(now / self._tick + _TICK_SLACK)
 
     def _current_time(self) -> float | None:
         clock = self._clock
         return None if clock is None else clock.current_time()
+
+    def _unbound_time(self) -> float:
+        raise RuntimeError(f"purgatory {self._name!r} is not bound to an event loop yet")
 
     def _bind_loop(self) -> None:
         loop = running_loop()
@@ -487,6 +553,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._loop = loop
         if not self._driven:
             self._clock = LoopClock(loop)
+            self._time = loop.time
             self._wheel.advance(self._now_tick(loop.time()))
             self._reaper = Reaper(self, loop, self._tick, self._name)
 
@@ -514,9 +581,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._estimated -= 1
 
     def _start_timer(self, op: Op) -> None:
-        clock = self._clock
-        assert clock is not None
-        deadline = math.ceil((clock.current_time() + op._timeout) / self._tick - _TICK_SLACK)
+        deadline = _ceil((self._time() + op._timeout) / self._tick - _TICK_SLACK)
         self._wheel.add(op, deadline)
         reaper = self._reaper
         if reaper is not None and deadline < reaper.wake_tick:

@@ -174,7 +174,7 @@ def test_value_equality_is_refused() -> None:
         def on_expiration(self) -> None:
             return None
 
-    _, p = make()
+    p = DelayedOperationPurgatory[ByValue]("eq", clock=ManualClock())
     with pytest.raises(TypeError, match="eq=False"):
         p.try_complete_else_watch(ByValue("x"), ["a"])
 
