@@ -41,7 +41,7 @@ def _checked_timeout(timeout: object) -> float:
         raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
     return float(timeout)
 
-T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 # Bit flags of DelayedOperation._state.
 ASYNC = 1  # try_complete is a coroutine function (set at construction, never cleared)
@@ -55,7 +55,7 @@ RERUN = 128  # a trigger arrived while an attempt was in flight: run one more af
 FINISHED = DONE | CANCELLED
 
 
-class DelayedOperation(ABC, Generic[T]):
+class DelayedOperation(ABC, Generic[T_co]):
     """A request parked until its condition holds (`try_complete`) or its deadline passes.
 
     Subclass it and implement `try_complete`, `on_complete` and `on_expiration`; hand instances
@@ -116,7 +116,7 @@ class DelayedOperation(ABC, Generic[T]):
         """
 
     @abstractmethod
-    def on_complete(self) -> T:
+    def on_complete(self) -> T_co:
         """Produce the operation's result; runs exactly once, on completion or on expiry.
 
         What it returns is what ``await op`` returns; what it raises, ``await op`` raises.
@@ -184,7 +184,7 @@ class DelayedOperation(ABC, Generic[T]):
         """Seconds from the first watch to the deadline, as given."""
         return self._timeout
 
-    def __await__(self) -> Generator[Any, None, T]:
+    def __await__(self) -> Generator[Any, None, T_co]:
         """Wait for the outcome: `on_complete`'s value, its exception, or `OperationCancelled`."""
         # All awaiters share one future, created by the first. No shield per awaiter: a
         # cancelled awaiter cancels the shared future, and the others, not cancelled
@@ -216,7 +216,7 @@ class DelayedOperation(ABC, Generic[T]):
 
     # -- internals used by the purgatory -----------------------------------------------------
 
-    def _outcome(self) -> T:
+    def _outcome(self) -> T_co:
         state = self._state
         if state & CANCELLED:
             if state & CLOSED:
@@ -224,7 +224,7 @@ class DelayedOperation(ABC, Generic[T]):
             raise OperationCancelled("the operation was cancelled")
         if state & FAILED:
             raise self._result
-        result: T = self._result
+        result: T_co = self._result
         return result
 
     def _fail(self, exc: Exception) -> None:
