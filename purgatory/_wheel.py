@@ -22,11 +22,11 @@ new current tick, which drops each into a finer level (or returns it, if its own
 come). A wide level 0 keeps cascades rare and small: with the default 1024 one-millisecond ticks,
 every timeout under a second is inserted once and never moves.
 
-Order. Due entries come back in deadline order and, within one tick, in insertion order. Two
-details keep the second promise across cascades: when a cascade pours entries into a bucket that
-already holds directly inserted ones, the cascaded ones (inserted earlier, when the deadline was
-farther away) are put first; and when a higher-level bucket and a level-0 bucket fall due on the
-same tick, the higher level is popped first.
+Order. Due entries come back in deadline order and, within one tick, in insertion order. For
+one deadline, an entry inserted later sits in the same or a lower level (its deadline was
+closer), so two details keep that promise across cascades: buckets falling due on the same tick
+are popped highest level first, and entries inserted directly into a bucket before the cascades
+of its tick arrive are set aside and put back behind the cascaded (older) ones.
 
 Cancel is O(1): every bucket is an insertion-ordered ``dict`` used as a set, and every entry
 knows its bucket, so removing one is a single ``del`` and a cancelled entry never pins memory
@@ -51,7 +51,7 @@ class Bucket(dict[Any, None]):
     without a Python-level method call.
     """
 
-    __slots__ = ("cascade_mark", "expiration", "level", "wheel")
+    __slots__ = ("cascade_mark", "displaced", "expiration", "level", "wheel")
 
     # A dict subclass may be hashed by identity: buckets are keys nowhere but it documents intent.
     __hash__ = object.__hash__  # type: ignore[assignment]
@@ -61,7 +61,10 @@ class Bucket(dict[Any, None]):
         self.wheel: Final = wheel
         self.level: Final = level
         self.expiration = -1
-        self.cascade_mark = 0
+        # The tick of the last cascade into this bucket, and the entries that cascade set aside
+        # until the cascades of that tick are over (see TimingWheel._cascade).
+        self.cascade_mark: int | None = None
+        self.displaced: list[Any] | None = None
 
     def __repr__(self) -> str:
         return f"<Bucket level={self.level} expiration={self.expiration} size={len(self)}>"
@@ -85,7 +88,6 @@ class TimingWheel:
     """
 
     __slots__ = (
-        "_cascade_count",
         "_current",
         "_heap",
         "_levels",
@@ -108,7 +110,6 @@ class TimingWheel:
         self._overdue = Bucket(self, -1)
         self._size = 0
         self._push_count = 0
-        self._cascade_count = 0
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -209,21 +210,31 @@ class TimingWheel:
         due: list[Any] = []
         overdue = self._overdue
         if overdue:
-            due.extend(overdue)
+            due.extend(sorted(overdue, key=_deadline_of))  # stable: insertion order per tick
             overdue.clear()
         heap = self._heap
         while heap and heap[0][0] <= now:
-            expiration, _, _, bucket = heapq.heappop(heap)
-            bucket.expiration = -1
-            if not bucket:
-                continue
-            self._advance_clock(expiration)
-            entries = list(bucket)
-            bucket.clear()
-            if bucket.level == 0:
-                due.extend(entries)
-            else:
-                self._cascade(entries, due)
+            # All buckets of one expiration tick form a group: the higher levels cascade first,
+            # and the entries their cascades displaced go back only once the group is done.
+            expiration = heap[0][0]
+            displaced: list[Bucket] = []
+            while heap and heap[0][0] == expiration:
+                bucket = heapq.heappop(heap)[3]
+                bucket.expiration = -1
+                if bucket.displaced is not None:
+                    _restore(bucket)
+                if not bucket:
+                    continue
+                self._advance_clock(expiration)
+                entries = list(bucket)
+                bucket.clear()
+                if bucket.level == 0:
+                    due.extend(entries)
+                else:
+                    self._cascade(entries, due, expiration, displaced)
+            for bucket in displaced:
+                if bucket.displaced is not None:
+                    _restore(bucket)
         self._advance_clock(now)
         for entry in due:
             entry._bucket = None
@@ -268,14 +279,18 @@ class TimingWheel:
             current[level] = now - now % span
             span *= self._wheel_size
 
-    def _cascade(self, entries: list[Any], due: list[Any]) -> None:
-        """Reinsert the entries of a higher-level bucket whose span has started."""
-        self._cascade_count += 1
-        mark = self._cascade_count
+    def _cascade(
+        self, entries: list[Any], due: list[Any], tick: int, displaced: list[Bucket]
+    ) -> None:
+        """Reinsert the entries of a higher-level bucket whose span starts at `tick`.
+
+        For one deadline, an entry inserted later lands in the same or a lower level, so the
+        cascades of one tick (highest level first) bring entries in insertion order. Entries
+        inserted directly into a target bucket before this tick are younger than all of them:
+        the first cascade of the tick into that bucket sets them aside (`Bucket.displaced`), and
+        `advance` appends them again once the tick's cascades are over.
+        """
         current = self._current[0]
-        # Buckets that held direct insertions before this cascade: their old entries go after the
-        # cascaded ones, which were inserted earlier.
-        displaced: list[tuple[Bucket, list[Any]]] = []
         add = self.add
         for entry in entries:
             deadline = entry._deadline
@@ -286,14 +301,26 @@ class TimingWheel:
             add(entry, deadline)
             bucket = entry._bucket
             assert bucket is not None
-            if bucket.cascade_mark != mark:
-                bucket.cascade_mark = mark
+            if bucket.cascade_mark != tick:
+                bucket.cascade_mark = tick
                 if len(bucket) > 1:
-                    old = list(bucket)
-                    old.pop()
-                    displaced.append((bucket, old))
+                    older = list(bucket)
+                    older.pop()
+                    bucket.displaced = older
+                    displaced.append(bucket)
                     bucket.clear()
                     bucket[entry] = None
-        for bucket, old in displaced:
-            bucket.update(dict.fromkeys(old))
         # Entries returned as due are no longer held; advance() subtracts them from the size.
+
+
+def _deadline_of(entry: Any) -> int:
+    deadline: int = entry._deadline
+    return deadline
+
+
+def _restore(bucket: Bucket) -> None:
+    """Append the entries a cascade set aside behind the cascaded ones."""
+    displaced = bucket.displaced
+    assert displaced is not None
+    bucket.displaced = None
+    bucket.update(dict.fromkeys(displaced))

@@ -1,0 +1,445 @@
+"""Kafka's ``TimerTaskListTest`` and ``TimingWheelTest``, ported to the internal wheel.
+
+Kafka's wheel works in milliseconds with a ``tickMs``; ours works in integer ticks (the purgatory
+converts seconds), so Kafka's ``startMs = 1000, tickMs = 10, wheelSize = 5`` becomes
+``TimingWheel(5, start_tick=100)``. Kafka's ``TimerTaskList`` (one bucket) has no public
+counterpart: a bucket is reached through ``entry._bucket``, and Kafka's shared task counter is
+``len(wheel)``. Kafka's "adding a task to another list removes it from the first" is, in ours,
+an explicit O(1) ``remove`` followed by ``add``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable
+
+import pytest
+
+from purgatory._wheel import Bucket, TimingWheel
+
+
+class Entry:
+    """The smallest thing the wheel can hold: the two attributes it owns, and a label."""
+
+    __slots__ = ("_bucket", "_deadline", "name")
+
+    def __init__(self, name: object) -> None:
+        self._bucket: Bucket | None = None
+        self._deadline = 0
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Entry({self.name!r}, deadline={self._deadline})"
+
+
+def names(entries: Iterable[Entry]) -> list[object]:
+    return [entry.name for entry in entries]
+
+
+def bucket_size(bucket: Bucket | None) -> int:
+    """Kafka's ``size(list)``: the entries of one bucket (0 for "no bucket")."""
+    return 0 if bucket is None else len(bucket)
+
+
+# -- TimerTaskListTest -----------------------------------------------------------------------
+
+
+def test_timer_task_list_all() -> None:
+    """Kafka ``TimerTaskListTest.testAll``: moving entries between buckets keeps the count."""
+    wheel = TimingWheel(16, start_tick=0)
+    entries = [Entry(i) for i in range(1, 11)]
+    for count, entry in enumerate(entries, start=1):
+        wheel.add(entry, 10)
+        assert len(wheel) == count  # Kafka's shared counter goes up by one per add
+    list1 = entries[0]._bucket
+    assert list1 is not None
+    assert all(entry._bucket is list1 for entry in entries)
+    assert bucket_size(list1) == 10
+
+    # Moving an entry to another bucket (Kafka: re-adding its task) does not change the count.
+    for entry in entries[:4]:
+        before = len(wheel)
+        assert wheel.remove(entry)
+        wheel.add(entry, 11)
+        assert len(wheel) == before
+    list2 = entries[0]._bucket
+    assert list2 is not None
+    assert list2 is not list1
+    assert (bucket_size(list1), bucket_size(list2)) == (6, 4)
+    assert len(wheel) == 10
+
+    for entry in entries[4:]:
+        before = len(wheel)
+        assert wheel.remove(entry)
+        wheel.add(entry, 12)
+        assert len(wheel) == before
+    list3 = entries[4]._bucket
+    assert list3 is not None
+    assert (bucket_size(list1), bucket_size(list2), bucket_size(list3)) == (0, 4, 6)
+    assert len(wheel) == 10
+
+    # Cancelling the tasks of one list empties that list only (Kafka: task.cancel()).
+    for entry in list(list2):
+        assert wheel.remove(entry)
+    assert (bucket_size(list1), bucket_size(list2), bucket_size(list3)) == (0, 0, 6)
+    assert len(wheel) == 6
+    for entry in list(list3):
+        assert wheel.remove(entry)
+    assert (bucket_size(list1), bucket_size(list2), bucket_size(list3)) == (0, 0, 0)
+    assert len(wheel) == 0
+    assert all(entry._bucket is None for entry in entries)
+    # Nothing cancelled ever comes back.
+    assert wheel.advance(100) == []
+    assert wheel.next_deadline() == math.inf
+
+
+def test_bucket_delay() -> None:
+    """Kafka ``TimerTaskListTest.testGetDelay``: a bucket's delay shrinks as time passes."""
+    wheel = TimingWheel(16, start_tick=0)
+    entry = Entry("a")
+    wheel.add(entry, 10)
+    assert wheel.next_deadline() - wheel.current_tick == 10
+    assert wheel.advance(5) == []
+    assert wheel.current_tick == 5
+    assert wheel.next_deadline() - wheel.current_tick == 5
+
+
+# -- TimingWheelTest (startMs = 1000, tickMs = 10, wheelSize = 5) ----------------------------
+
+START = 100
+SIZE = 5
+
+
+@pytest.fixture
+def wheel() -> TimingWheel:
+    return TimingWheel(SIZE, start_tick=START)
+
+
+def test_add_valid_entry(wheel: TimingWheel) -> None:
+    """Kafka ``testAddValidTask``: an entry two ticks out is held in level 0."""
+    entry = Entry("a")
+    wheel.add(entry, START + 2)
+    assert len(wheel) == 1
+    assert list(wheel) == [entry]
+    assert wheel.levels == 1
+    assert wheel.next_deadline() == START + 2
+    assert entry._bucket is not None
+    assert wheel.advance(START + 1) == []
+    assert wheel.advance(START + 2) == [entry]
+    assert entry._bucket is None
+    assert len(wheel) == 0
+    assert wheel.next_deadline() == math.inf
+
+
+def test_add_expired_entry(wheel: TimingWheel) -> None:
+    """Kafka ``testAddExpiredTask`` and ``testAddTaskInCurrentBucket``.
+
+    Kafka's wheel refuses such a task and the caller runs it at once; ours holds it and returns
+    it from the very next advance, even one that does not move time.
+    """
+    past = Entry("past")
+    current = Entry("current")
+    wheel.add(past, START - 1)
+    wheel.add(current, START)
+    assert len(wheel) == 2
+    assert set(wheel) == {past, current}
+    assert wheel.next_deadline() == START  # due now
+    assert wheel.advance(START) == [past, current]
+    assert wheel.current_tick == START
+    assert len(wheel) == 0
+    assert wheel.next_deadline() == math.inf
+
+
+def test_already_due_entries_come_back_in_deadline_order(wheel: TimingWheel) -> None:
+    """Already-due entries added latest deadline first still come back in deadline order."""
+    late = Entry("late")
+    early = Entry("early")
+    wheel.add(late, START - 1)
+    wheel.add(early, START - 5)
+    assert names(wheel.advance(START)) == ["early", "late"]
+
+
+def test_removed_entry_is_not_returned(wheel: TimingWheel) -> None:
+    """Kafka ``testAddCancelledTask``: a cancelled task never runs (ours: remove before due)."""
+    entry = Entry("a")
+    wheel.add(entry, START + 2)
+    assert wheel.remove(entry)
+    assert not wheel.remove(entry)
+    assert len(wheel) == 0
+    assert wheel.advance(START + 10) == []
+
+
+def test_advance_within_current_tick_keeps_the_clock(wheel: TimingWheel) -> None:
+    """Kafka ``testAdvanceClockWithinTick``: time never goes back, nor moves without a tick."""
+    assert wheel.advance(START) == []
+    assert wheel.current_tick == START
+    assert wheel.advance(START - 5) == []
+    assert wheel.current_tick == START
+
+
+def test_advance_to_next_tick(wheel: TimingWheel) -> None:
+    """Kafka ``testAdvanceClockToNextTick``."""
+    assert wheel.advance(START + 1) == []
+    assert wheel.current_tick == START + 1
+
+
+def test_overflow_wheel_creation(wheel: TimingWheel) -> None:
+    """Kafka ``testOverflowWheelCreation``: the first far deadline creates one level, once."""
+    assert wheel.levels == 1
+    wheel.add(Entry("near"), START + SIZE - 1)  # last tick of level 0
+    assert wheel.levels == 1
+    wheel.add(Entry("first"), START + SIZE + 1)
+    assert wheel.levels == 2
+    wheel.add(Entry("second"), START + SIZE + 2)
+    assert wheel.levels == 2
+    wheel.add(Entry("edge"), START + SIZE)  # just past level 0
+    assert wheel.levels == 2
+    # Level 1 covers SIZE ** 2 ticks from START (a multiple of SIZE): beyond it, level 2.
+    wheel.add(Entry("farther"), START + SIZE**2 + 1)
+    assert wheel.levels == 3
+    assert len(wheel) == 5
+
+
+def test_advance_with_overflow_wheel(wheel: TimingWheel) -> None:
+    """Kafka ``testAdvanceClockWithOverflowWheel``: an overflow entry fires on its own tick."""
+    entry = Entry("far")
+    deadline = START + SIZE + 1
+    wheel.add(entry, deadline)
+    assert wheel.levels == 2
+    # The overflow bucket is due when its span starts; that cascades, but fires nothing early.
+    assert wheel.next_deadline() <= deadline
+    assert wheel.advance(START + SIZE) == []
+    assert wheel.current_tick == START + SIZE
+    assert len(wheel) == 1
+    assert wheel.next_deadline() == deadline
+    assert wheel.advance(deadline) == [entry]
+    assert wheel.current_tick == deadline
+    assert len(wheel) == 0
+
+
+# -- cascades, removal, order ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [2, 3, 5, 20, 1024])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tick_by_tick_every_entry_fires_on_its_deadline(size: int, seed: int) -> None:
+    """Advancing one tick at a time returns each entry exactly on its deadline, in add order."""
+    rng = random.Random(seed)
+    wheel = TimingWheel(size, start_tick=0)
+    entries = [Entry(i) for i in range(600)]
+    deadlines = {entry.name: rng.randrange(0, 1500) for entry in entries}
+    for entry in entries:
+        wheel.add(entry, deadlines[entry.name])
+    assert len(wheel) == len(entries)
+    pending = len(entries)
+    for now in range(0, 1501):
+        due = wheel.advance(now)
+        expected = [entry.name for entry in entries if deadlines[entry.name] == now]
+        assert names(due) == expected, now
+        pending -= len(due)
+        assert len(wheel) == pending
+        assert wheel.current_tick == now
+    assert pending == 0
+    assert wheel.next_deadline() == math.inf
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 20, 1024])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_jumps_return_exactly_what_is_due_in_order(size: int, seed: int) -> None:
+    """Big advances return every due entry once, by (deadline, insertion); nothing early."""
+    rng = random.Random(seed)
+    wheel = TimingWheel(size, start_tick=7)
+    order: dict[Entry, int] = {}
+    held: set[Entry] = set()
+    now = 7
+    for step in range(300):
+        for _ in range(rng.randrange(4)):
+            entry = Entry((step, len(order)))
+            deadline = now + rng.choice([0, 1, rng.randrange(50), rng.randrange(5000)])
+            wheel.add(entry, deadline)
+            order[entry] = len(order)
+            held.add(entry)
+        if held and rng.random() < 0.2:
+            victim = rng.choice(sorted(held, key=order.__getitem__))
+            assert wheel.remove(victim)
+            assert not wheel.remove(victim)
+            held.discard(victim)
+        now += rng.choice([0, 1, 2, rng.randrange(100), rng.randrange(3000)])
+        due = wheel.advance(now)
+        expected = sorted(
+            (entry for entry in held if entry._deadline <= now),
+            key=lambda entry: (entry._deadline, order[entry]),
+        )
+        assert due == expected
+        held.difference_update(due)
+        assert all(entry._bucket is None for entry in due)
+        assert all(entry._deadline > now for entry in held)
+        assert set(wheel) == held
+        assert len(wheel) == len(held)
+        if held:
+            assert wheel.next_deadline() <= min(entry._deadline for entry in held)
+            assert wheel.next_deadline() > now
+        else:
+            assert wheel.next_deadline() == math.inf
+
+
+@pytest.mark.parametrize("size", [2, 3, 8, 1024])
+def test_jumping_to_next_deadline_fires_each_entry_exactly_on_time(size: int) -> None:
+    """The reaper's way of driving the wheel: sleep to next_deadline(), advance, repeat."""
+    rng = random.Random(size)
+    wheel = TimingWheel(size, start_tick=0)
+    deadlines = sorted({rng.randrange(1, 100_000) for _ in range(300)} | {1, 2**20})
+    entries = [Entry(d) for d in deadlines]
+    for entry, deadline in zip(reversed(entries), reversed(deadlines), strict=True):
+        wheel.add(entry, deadline)
+    fired: list[Entry] = []
+    steps = 0
+    while len(wheel):
+        target = wheel.next_deadline()
+        assert isinstance(target, int)
+        assert target > wheel.current_tick
+        due = wheel.advance(target)
+        assert all(entry._deadline == target for entry in due)
+        fired.extend(due)
+        steps += 1
+    assert fired == entries
+    # One step per distinct deadline, plus the cascades of the overflow levels.
+    assert steps <= len(deadlines) * (wheel.levels + 1)
+
+
+def test_huge_deadline_with_a_tiny_wheel() -> None:
+    wheel = TimingWheel(2, start_tick=0)
+    entry = Entry("far")
+    wheel.add(entry, 2**40)
+    assert wheel.levels == 41
+    assert wheel.advance(2**40 - 1) == []
+    assert len(wheel) == 1
+    assert wheel.advance(2**40) == [entry]
+    assert len(wheel) == 0
+
+
+def test_cascaded_entry_precedes_a_later_direct_insert_on_the_same_tick() -> None:
+    """An entry inserted first, while its deadline was in an overflow level, fires first."""
+    wheel = TimingWheel(4, start_tick=0)
+    first = Entry("first")
+    second = Entry("second")
+    wheel.add(first, 9)  # level 1: bucket spanning ticks 8..11
+    assert wheel.levels == 2
+    assert wheel.advance(6) == []
+    wheel.add(second, 9)  # 9 < 6 + 4: straight into level 0
+    assert names(wheel.advance(9)) == ["first", "second"]
+
+
+def test_cascade_and_level0_due_on_the_same_tick_keep_insertion_order() -> None:
+    wheel = TimingWheel(4, start_tick=0)
+    first = Entry("first")
+    second = Entry("second")
+    wheel.add(first, 8)  # level 1, span starts at 8: the cascade itself is due on tick 8
+    assert wheel.advance(5) == []
+    wheel.add(second, 8)  # level 0, also due on tick 8
+    assert names(wheel.advance(8)) == ["first", "second"]
+
+
+def test_cascades_from_two_levels_into_one_tick_keep_insertion_order() -> None:
+    """Two overflow buckets of different levels, both starting on tick 27, pour into one bucket.
+
+    ``first`` is added while its deadline (30) is in level 3; after time moves to 23, ``second``
+    with the same deadline lands in level 2. Both spans start on tick 27; the cascades must not
+    put the later-added entry first.
+    """
+    wheel = TimingWheel(3, start_tick=0)
+    first = Entry("first")
+    second = Entry("second")
+    wheel.add(first, 30)
+    assert wheel.levels == 4
+    assert wheel.advance(23) == []
+    wheel.add(second, 30)
+    assert names(wheel.advance(38)) == ["first", "second"]
+
+
+def test_direct_inserts_after_a_cascade_go_after_it() -> None:
+    wheel = TimingWheel(4, start_tick=0)
+    a, b, c = Entry("a"), Entry("b"), Entry("c")
+    wheel.add(a, 10)  # level 1
+    wheel.add(b, 10)  # level 1
+    assert wheel.advance(8) == []  # cascade: a and b move to level 0
+    wheel.add(c, 10)
+    assert names(wheel.advance(10)) == ["a", "b", "c"]
+
+
+def test_remove_from_each_kind_of_bucket_is_immediate() -> None:
+    """O(1) removal works wherever the entry is: overdue, level 0, overflow, after a cascade."""
+    wheel = TimingWheel(4, start_tick=10)
+    overdue, near, far, cascaded = Entry("overdue"), Entry("near"), Entry("far"), Entry("c")
+    wheel.add(overdue, 10)
+    wheel.add(near, 12)
+    wheel.add(far, 1000)
+    wheel.add(cascaded, 18)
+    assert len(wheel) == 4
+    assert wheel.remove(overdue)
+    assert wheel.remove(far)
+    assert len(wheel) == 2
+    assert wheel.advance(16) == [near]  # cascades `cascaded` down to level 0
+    assert cascaded._bucket is not None
+    assert wheel.remove(cascaded)
+    assert len(wheel) == 0
+    assert wheel.next_deadline() == math.inf
+    assert wheel.advance(2000) == []
+    for entry in (overdue, near, far, cascaded):
+        assert entry._bucket is None
+        assert not wheel.remove(entry)
+
+
+def test_remove_and_re_add_moves_the_entry() -> None:
+    """Kafka re-adds a task to move it; ours removes it (O(1)) and adds it again."""
+    wheel = TimingWheel(4, start_tick=0)
+    entry = Entry("moved")
+    other = Entry("other")
+    wheel.add(entry, 3)
+    wheel.add(other, 3)
+    assert wheel.remove(entry)
+    wheel.add(entry, 50)
+    assert len(wheel) == 2
+    assert wheel.advance(3) == [other]
+    assert wheel.advance(49) == []
+    assert wheel.advance(50) == [entry]
+    # An entry returned by advance can be added again (a periodic task).
+    wheel.add(entry, 60)
+    assert wheel.advance(59) == []
+    assert wheel.advance(60) == [entry]
+
+
+def test_next_deadline_ignores_buckets_emptied_by_removal() -> None:
+    wheel = TimingWheel(8, start_tick=0)
+    early, late = Entry("early"), Entry("late")
+    wheel.add(early, 2)
+    wheel.add(late, 5)
+    assert wheel.next_deadline() == 2
+    assert wheel.remove(early)
+    assert wheel.next_deadline() == 5
+    assert wheel.remove(late)
+    assert wheel.next_deadline() == math.inf
+
+
+def test_iteration_and_len_cover_every_level() -> None:
+    wheel = TimingWheel(3, start_tick=0)
+    deadlines = (0, 1, 2, 3, 9, 27, 100, 5000)
+    entries = [Entry(deadline) for deadline in deadlines]
+    for entry, deadline in zip(entries, deadlines, strict=True):
+        wheel.add(entry, deadline)
+    assert wheel.levels == 8
+    assert len(wheel) == len(entries)
+    assert sorted(wheel, key=entries.index) == entries
+
+
+@pytest.mark.parametrize(("size", "error"), [(1, ValueError), (0, ValueError), (-3, ValueError)])
+def test_wheel_size_must_be_at_least_two(size: int, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        TimingWheel(size)
+
+
+@pytest.mark.parametrize("size", [2.0, True, "8"])
+def test_wheel_size_must_be_an_int(size: object) -> None:
+    with pytest.raises(TypeError):
+        TimingWheel(size)  # type: ignore[arg-type]
