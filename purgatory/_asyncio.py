@@ -196,7 +196,10 @@ class Reaper:
         purgatory = self._purgatory
         while True:
             self.wake_tick = -math.inf
-            purgatory._run_timer_pass(loop.time())
+            try:
+                purgatory._run_timer_pass(loop.time())
+            except Exception as exc:  # noqa: BLE001 - a bug, reported; expiries must go on
+                report_exception("purgatory timer pass failed", exc)
             waiter = self._waiter = loop.create_future()
             self.wake_tick = math.inf
             next_tick = purgatory._next_timer_pass()

@@ -248,7 +248,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             keys = tuple(keys)
         if not keys:
             raise ValueError("keys is empty: an operation must watch at least one key")
-        if self._loop is None:
+        if self._loop is not running_loop() or (self._reaper is None and not self._driven):
             self._bind_loop()
         op._purgatory = self
         if state:  # async try_complete
@@ -542,20 +542,30 @@ class DelayedOperationPurgatory(Generic[Op]):
         raise RuntimeError(f"purgatory {self._name!r} is not bound to an event loop yet")
 
     def _bind_loop(self) -> None:
+        """Bind to the running loop on first use; refuse another loop when a reaper runs."""
         loop = running_loop()
+        if loop is self._loop and (loop is not None or self._driven):
+            return
+        if self._driven:
+            # No reaper: the loop only serves threadsafe triggers and async attempts.
+            if loop is not None:
+                self._loop = loop
+            return
         if loop is None:
-            if self._driven:
-                return
             raise RuntimeError(
-                f"purgatory {self._name!r} follows the event loop's clock, so it must first be "
-                "used inside a running loop (or pass clock=purgatory.testing.ManualClock())"
+                f"purgatory {self._name!r} follows the event loop's clock, so it must be used "
+                "inside a running loop (or pass clock=purgatory.testing.ManualClock())"
+            )
+        if self._loop is not None:
+            raise RuntimeError(
+                f"purgatory {self._name!r} is bound to another event loop (its reaper runs "
+                "there); create one purgatory per loop"
             )
         self._loop = loop
-        if not self._driven:
-            self._clock = LoopClock(loop)
-            self._time = loop.time
-            self._wheel.advance(self._now_tick(loop.time()))
-            self._reaper = Reaper(self, loop, self._tick, self._name)
+        self._clock = LoopClock(loop)
+        self._time = loop.time
+        self._wheel.advance(self._now_tick(loop.time()))
+        self._reaper = Reaper(self, loop, self._tick, self._name)
 
     def _register(self, op: Op, keys: tuple[Hashable, ...]) -> None:
         watchers = self._watchers

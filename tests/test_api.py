@@ -203,7 +203,7 @@ def test_unbound_purgatory_refuses_threadsafe_triggers() -> None:
 
 def test_loop_clock_purgatory_needs_a_running_loop() -> None:
     p = DelayedOperationPurgatory[FlagOperation]("loopless")
-    with pytest.raises(RuntimeError, match="running loop"):
+    with pytest.raises(RuntimeError, match="inside a running loop"):
         p.try_complete_else_watch(FlagOperation(1), ["a"])
     assert p.watched() == 0
 
@@ -252,3 +252,15 @@ def test_force_complete_outside_a_purgatory_runs_on_complete_once() -> None:
     assert op.is_completed
     assert not op.is_expired
     assert not op.is_cancelled
+
+
+def test_a_loop_clock_purgatory_refuses_a_second_loop() -> None:
+    p = DelayedOperationPurgatory[FlagOperation]("one-loop")
+
+    async def use() -> None:
+        p.try_complete_else_watch(FlagOperation(30), ["a"])
+
+    asyncio.run(use())
+    with pytest.raises(RuntimeError, match="another event loop"):
+        asyncio.run(use())
+    assert p.num_delayed() == 1
