@@ -41,6 +41,7 @@ def _checked_timeout(timeout: object) -> float:
         raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
     return float(timeout)
 
+
 T_co = TypeVar("T_co", covariant=True)
 
 # Bit flags of DelayedOperation._state.

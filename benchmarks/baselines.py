@@ -1,0 +1,348 @@
+"""The baselines of WORKLOAD.md, written the way a careful asyncio user would write them.
+
+- **A** (`FutureTimer`): one ``asyncio.Future`` per request, ``loop.call_later`` for its timeout and
+  ``dict[key, list[waiter]]``; completion cancels the timer handle and sets the result. A finished
+  waiter is removed from each of its keys' lists at once (``list.remove``, C speed), so nothing
+  stays reachable after it is done; a trigger tests the condition inline (an attribute, no method
+  call) in one list comprehension.
+- **B**: the same class on uvloop (the loop is the only difference; see `loops.py`).
+- **C** (`TaskPerRequest`): the idiom, a Task per request doing
+  ``await asyncio.wait_for(event.wait(), timeout)``; a trigger sets the events of the ready ones.
+- **Floor** (`Floor`): the irreducible work, create the operation object and insert it into one
+  dict per key; completion pops the key's dict. It has no timer, so no expiry figures.
+
+All of them share the drivers' interface with `ours.OursTarget` (``submit``/``force``/``trigger``
+for W1, ``schedule``/``complete``/``settle`` for W2), with the same per-request harness work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+__all__ = ("Floor", "FloorOp", "FutureTimer", "TaskPerRequest", "Waiter")
+
+_monotonic = time.monotonic
+
+
+def _unlink(watchers: dict[Hashable, list[Any]], item: Any, keys: tuple[Hashable, ...]) -> None:
+    """Remove a finished waiter from each of its keys' lists; drop lists that become empty."""
+    for key in keys:
+        waiters = watchers[key]
+        if len(waiters) == 1:
+            del watchers[key]
+        else:
+            waiters.remove(item)
+
+
+# -- A and B ------------------------------------------------------------------------------------
+
+
+class Waiter:
+    """Baseline A's per-request record."""
+
+    __slots__ = ("deadline", "future", "handle", "keys", "ready")
+
+    def __init__(
+        self, keys: tuple[Hashable, ...], deadline: float, future: asyncio.Future[bool]
+    ) -> None:
+        self.keys = keys
+        self.deadline = deadline
+        self.future = future
+        self.ready = False
+        self.handle: asyncio.TimerHandle | None = None
+
+
+class FutureTimer:
+    """Baseline A (and B on uvloop): Future + ``call_later`` + ``dict[key, list[waiter]]``."""
+
+    has_timer = True
+
+    def __init__(self, name: str = "A") -> None:
+        self.name = name
+        self._loop = asyncio.get_running_loop()
+        self._watchers: dict[Hashable, list[Waiter]] = {}
+        self._pending = 0
+        self.expiry_lateness: list[float] = []
+
+    # -- what the user writes -------------------------------------------------------------------
+
+    def watch(self, keys: tuple[Hashable, ...], timeout: float, deadline: float) -> Waiter:
+        """Park a request on `keys` with a timeout; its future resolves True (done) or False."""
+        loop = self._loop
+        waiter = Waiter(keys, deadline, loop.create_future())
+        waiter.handle = loop.call_later(timeout, self._expire, waiter)
+        watchers = self._watchers
+        for key in keys:
+            waiters = watchers.get(key)
+            if waiters is None:
+                watchers[key] = [waiter]
+            else:
+                waiters.append(waiter)
+        self._pending += 1
+        return waiter
+
+    def check(self, key: Hashable) -> int:
+        """Complete every waiter on `key` whose condition holds; return how many."""
+        waiters = self._watchers.get(key)
+        if waiters is None:
+            return 0
+        ready = [waiter for waiter in waiters if waiter.ready]
+        for waiter in ready:
+            self._complete(waiter)
+        return len(ready)
+
+    def force(self, waiter: Waiter) -> bool:
+        """Complete `waiter` now unless it is done already."""
+        if waiter.future.done():
+            return False
+        self._complete(waiter)
+        return True
+
+    def _complete(self, waiter: Waiter) -> None:
+        assert waiter.handle is not None
+        waiter.handle.cancel()
+        waiter.future.set_result(True)
+        _unlink(self._watchers, waiter, waiter.keys)
+        self._pending -= 1
+
+    def _expire(self, waiter: Waiter) -> None:
+        self.expiry_lateness.append(_monotonic() - waiter.deadline)
+        waiter.future.set_result(False)
+        _unlink(self._watchers, waiter, waiter.keys)
+        self._pending -= 1
+
+    # -- the drivers' interface -----------------------------------------------------------------
+
+    def submit(self, keys: tuple[Hashable, ...], timeout: float, deadline: float) -> Waiter:
+        return self.watch(keys, timeout, deadline)
+
+    def trigger(self, waiter: Waiter, key: Hashable) -> bool:
+        waiter.ready = True
+        return self.check(key) > 0
+
+    def schedule(
+        self,
+        keysets: Sequence[tuple[Hashable, ...]],
+        deadlines: Sequence[float],
+        out: list[Any],
+    ) -> None:
+        monotonic = _monotonic
+        watch = self.watch
+        for i, keys in enumerate(keysets):
+            due = deadlines[i]
+            timeout = due - monotonic()
+            if timeout < 0.0:  # noqa: PLR1730 - cheaper than max() in the timed loop
+                timeout = 0.0
+            out[i] = watch(keys, timeout, due)
+
+    def complete(self, waiters: Sequence[Waiter], keysets: Sequence[tuple[Hashable, ...]]) -> int:
+        check = self.check
+        done = 0
+        for waiter, keys in zip(waiters, keysets, strict=True):
+            waiter.ready = True
+            done += check(keys[0])
+        return done
+
+    async def settle(self) -> None:
+        """Nothing runs later: completion and watching are synchronous."""
+
+    def pending(self) -> int:
+        return self._pending
+
+    def watched(self) -> int:
+        return sum(map(len, self._watchers.values()))
+
+    async def close(self) -> None:
+        for waiters in self._watchers.values():
+            for waiter in waiters:
+                if waiter.handle is not None:
+                    waiter.handle.cancel()
+                waiter.future.cancel()
+        self._watchers.clear()
+        self._pending = 0
+
+
+# -- C ------------------------------------------------------------------------------------------
+
+
+class TaskRequest:
+    """Baseline C's per-request record; its Task waits on `event` with a timeout."""
+
+    __slots__ = ("deadline", "event", "keys", "ready", "signalled", "task")
+
+    def __init__(self, keys: tuple[Hashable, ...], deadline: float) -> None:
+        self.keys = keys
+        self.deadline = deadline
+        self.event = asyncio.Event()
+        self.ready = False
+        self.signalled = False
+        self.task: asyncio.Task[None] | None = None
+
+
+class TaskPerRequest:
+    """Baseline C: a Task per request doing ``await asyncio.wait_for(event.wait(), timeout)``."""
+
+    name = "C"
+    has_timer = True
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._watchers: dict[Hashable, list[TaskRequest]] = {}
+        self.expiry_lateness: list[float] = []
+        self.created = 0
+        self.started = 0
+        self.signalled = 0
+        self.signalled_finished = 0
+        self.completed = 0
+
+    async def _serve(self, request: TaskRequest) -> None:
+        self.started += 1
+        try:
+            await asyncio.wait_for(request.event.wait(), request.deadline - _monotonic())
+        except TimeoutError:
+            self.expiry_lateness.append(_monotonic() - request.deadline)
+        else:
+            self.completed += 1
+        finally:
+            _unlink(self._watchers, request, request.keys)
+            if request.signalled:
+                self.signalled_finished += 1
+
+    def watch(self, keys: tuple[Hashable, ...], deadline: float) -> TaskRequest:
+        request = TaskRequest(keys, deadline)
+        request.task = self._loop.create_task(self._serve(request))
+        watchers = self._watchers
+        for key in keys:
+            requests = watchers.get(key)
+            if requests is None:
+                watchers[key] = [request]
+            else:
+                requests.append(request)
+        self.created += 1
+        return request
+
+    def check(self, key: Hashable) -> int:
+        requests = self._watchers.get(key)
+        if requests is None:
+            return 0
+        ready = [r for r in requests if r.ready and not r.signalled]
+        for request in ready:
+            request.signalled = True
+            request.event.set()
+        self.signalled += len(ready)
+        return len(ready)
+
+    def schedule(
+        self,
+        keysets: Sequence[tuple[Hashable, ...]],
+        deadlines: Sequence[float],
+        out: list[Any],
+    ) -> None:
+        # The Task computes its timeout from the deadline when it starts, one loop pass later.
+        watch = self.watch
+        for i, keys in enumerate(keysets):
+            out[i] = watch(keys, deadlines[i])
+
+    def complete(
+        self, requests: Sequence[TaskRequest], keysets: Sequence[tuple[Hashable, ...]]
+    ) -> int:
+        check = self.check
+        done = 0
+        for request, keys in zip(requests, keysets, strict=True):
+            request.ready = True
+            done += check(keys[0])
+        return done
+
+    async def settle(self) -> None:
+        """Let the loop run until every Task has started and every signalled one has finished.
+
+        (A signalled Task may still end by its timeout if both fall in the same loop pass.)
+        """
+        while self.started < self.created or self.signalled_finished < self.signalled:
+            await asyncio.sleep(0)
+
+    def pending(self) -> int:
+        return self.created - self.completed - len(self.expiry_lateness)
+
+    def watched(self) -> int:
+        return sum(map(len, self._watchers.values()))
+
+    async def close(self) -> None:
+        tasks = [r.task for rs in self._watchers.values() for r in rs if r.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._watchers.clear()
+
+
+# -- Floor --------------------------------------------------------------------------------------
+
+
+class FloorOp:
+    """The smallest operation object: its timeout, deadline and condition flag."""
+
+    __slots__ = ("deadline", "ready", "timeout")
+
+    def __init__(self, timeout: float, deadline: float) -> None:
+        self.timeout = timeout
+        self.deadline = deadline
+        self.ready = False
+
+
+class Floor:
+    """The irreducible work: create the operation, insert it into one dict per key. No timer."""
+
+    name = "Floor"
+    has_timer = False
+
+    def __init__(self) -> None:
+        self._watchers: dict[Hashable, dict[FloorOp, None]] = {}
+        self.expiry_lateness: list[float] = []
+
+    def schedule(
+        self,
+        keysets: Sequence[tuple[Hashable, ...]],
+        deadlines: Sequence[float],
+        out: list[Any],
+    ) -> None:
+        monotonic = _monotonic
+        new = FloorOp
+        watchers = self._watchers
+        for i, keys in enumerate(keysets):
+            due = deadlines[i]
+            timeout = due - monotonic()
+            if timeout < 0.0:  # noqa: PLR1730 - cheaper than max() in the timed loop
+                timeout = 0.0
+            op = new(timeout, due)
+            for key in keys:
+                ops = watchers.get(key)
+                if ops is None:
+                    watchers[key] = {op: None}
+                else:
+                    ops[op] = None
+            out[i] = op
+
+    def complete(self, ops: Sequence[FloorOp], keysets: Sequence[tuple[Hashable, ...]]) -> int:
+        pop = self._watchers.pop
+        done = 0
+        for op, keys in zip(ops, keysets, strict=True):
+            op.ready = True
+            watching = pop(keys[0], None)
+            if watching is not None:
+                done += len(watching)
+        return done
+
+    async def settle(self) -> None:
+        """Nothing runs later."""
+
+    def pending(self) -> int:
+        return sum(map(len, self._watchers.values()))
+
+    def watched(self) -> int:
+        return self.pending()
+
+    async def close(self) -> None:
+        self._watchers.clear()

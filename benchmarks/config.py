@@ -1,0 +1,70 @@
+"""Run parameters: the full run and the `--quick` smoke run, overridable from the command line."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+__all__ = ("FULL", "QUICK", "Config")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything that decides how long a run takes and how precise it is."""
+
+    quick: bool
+    seed: int
+    repeat: int
+    """Measured repetitions after the warm-up (W1: confirmation probes at the found rate)."""
+    warmup: int
+    """Unmeasured W2 repetitions first (W1 always runs one warm-up probe per contender)."""
+    # W1
+    probe_seconds: float
+    """Length of the arrival schedule of one W1 probe (the drain after it is extra)."""
+    search_precision: float
+    """The W1 rate search stops once the failing rate is within this factor of the passing one."""
+    max_search_probes: int
+    start_rate: float
+    """First rate probed for the first contender of each setting; later ones start at its result."""
+    # W2
+    sizes: tuple[int, ...]
+    big_repeat: int
+    """Repetitions at N >= 1e6: 3 in the full run, where one repetition costs 10-20 s per
+    contender and the memory pass about 25 s (tracemalloc), to keep the run under 15 minutes."""
+    c_max_n: int
+    """Baseline C (a Task per request) is skipped above this N."""
+
+    def with_overrides(self, **changes: Any) -> Config:
+        """A copy with the given fields replaced (``None`` values are ignored)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+FULL = Config(
+    quick=False,
+    seed=1,
+    repeat=5,
+    warmup=1,
+    probe_seconds=1.0,
+    search_precision=1.1,
+    max_search_probes=9,
+    start_rate=50_000.0,
+    sizes=(1_000, 10_000, 100_000, 1_000_000),
+    big_repeat=3,
+    c_max_n=100_000,
+)
+
+QUICK = replace(
+    FULL,
+    quick=True,
+    repeat=1,
+    warmup=0,
+    probe_seconds=0.25,
+    search_precision=2.0,
+    max_search_probes=3,
+    sizes=(1_000, 10_000, 100_000),
+    big_repeat=1,
+    c_max_n=10_000,
+)

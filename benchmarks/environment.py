@@ -1,0 +1,81 @@
+"""Where and with what a run happened: Python, machine, load, library version, git commit."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = ("describe_environment", "load_average")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages, or "n/a"."""
+    try:
+        return "/".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _git() -> str:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "purgatory"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown commit"
+    return f"commit {commit}" + (" + uncommitted changes to purgatory/" if dirty else "")
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def describe_environment() -> dict[str, Any]:
+    """The provenance block of the results JSON (the run fills in timing and config)."""
+    import purgatory
+
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "load_before": load_average(),
+        "purgatory_version": purgatory.__version__,
+        "git": _git(),
+        "uvloop": _version("uvloop"),
+        "command": " ".join(["python -m benchmarks", *sys.argv[1:]]),
+    }

@@ -1,0 +1,112 @@
+"""Our side of every comparison: `purgatory` through its public API only.
+
+A `DelayedOperation` subclass whose synchronous `try_complete` checks a flag, watched by a
+`DelayedOperationPurgatory` on the running loop with its own reaper: exactly what an application
+writes. Nobody awaits the operations (neither does anybody await baseline A's futures), so the
+lazily created future of an operation is never built here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Sequence
+from typing import Any, ClassVar
+
+from purgatory import DelayedOperation, DelayedOperationPurgatory
+
+__all__ = ("BenchOp", "OursTarget")
+
+_monotonic = time.monotonic
+
+
+class BenchOp(DelayedOperation[None]):
+    """A request that completes once the harness sets `ready`; records how late it expired."""
+
+    __slots__ = ("deadline", "ready")
+
+    #: Where expiry lateness (seconds) goes; the target of the current run installs its list.
+    expiry_sink: ClassVar[list[float]] = []
+
+    def __init__(self, timeout: float, deadline: float) -> None:
+        super().__init__(timeout)
+        self.deadline = deadline
+        self.ready = False
+
+    def try_complete(self) -> bool:
+        if self.ready:
+            return self.force_complete()
+        return False
+
+    def on_complete(self) -> None:
+        return None
+
+    def on_expiration(self) -> None:
+        BenchOp.expiry_sink.append(_monotonic() - self.deadline)
+
+
+class OursTarget:
+    """Adapter the W1 and W2 drivers call; one per probe or repetition, on a running loop."""
+
+    name = "ours"
+    has_timer = True
+
+    def __init__(self) -> None:
+        self.expiry_lateness: list[float] = []
+        BenchOp.expiry_sink = self.expiry_lateness
+        self.purgatory: DelayedOperationPurgatory[BenchOp] = DelayedOperationPurgatory("bench")
+
+    # -- one request at a time (W1) -------------------------------------------------------------
+
+    def submit(self, keys: tuple[Hashable, ...], timeout: float, deadline: float) -> BenchOp:
+        op = BenchOp(timeout, deadline)
+        self.purgatory.try_complete_else_watch(op, keys)
+        return op
+
+    def force(self, op: BenchOp) -> bool:
+        return op.force_complete()
+
+    def trigger(self, op: BenchOp, key: Hashable) -> bool:
+        op.ready = True
+        return self.purgatory.check_and_complete(key) > 0
+
+    # -- batches (W2) ---------------------------------------------------------------------------
+
+    def schedule(
+        self,
+        keysets: Sequence[tuple[Hashable, ...]],
+        deadlines: Sequence[float],
+        out: list[Any],
+    ) -> None:
+        monotonic = _monotonic
+        new = BenchOp
+        watch = self.purgatory.try_complete_else_watch
+        for i, keys in enumerate(keysets):
+            due = deadlines[i]
+            timeout = due - monotonic()
+            if timeout < 0.0:  # noqa: PLR1730 - cheaper than max() in the timed loop
+                timeout = 0.0
+            op = new(timeout, due)
+            watch(op, keys)
+            out[i] = op
+
+    def complete(self, ops: Sequence[BenchOp], keysets: Sequence[tuple[Hashable, ...]]) -> int:
+        check = self.purgatory.check_and_complete
+        done = 0
+        for op, keys in zip(ops, keysets, strict=True):
+            op.ready = True
+            done += check(keys[0])
+        return done
+
+    async def settle(self) -> None:
+        """Nothing runs later: completion and watching are synchronous."""
+
+    # -- gauges and teardown --------------------------------------------------------------------
+
+    def pending(self) -> int:
+        return self.purgatory.num_delayed()
+
+    def watched(self) -> int:
+        return self.purgatory.watched()
+
+    async def close(self) -> None:
+        await self.purgatory.shutdown()

@@ -1,0 +1,246 @@
+"""Render the results JSON as Markdown: the tables printed at the end of a run and RESULTS.md.
+
+Pure formatting: it reads only the results dict, so ``python -m benchmarks --report-only``
+regenerates RESULTS.md from a saved JSON without measuring anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .contenders import DESCRIPTIONS
+
+__all__ = ("render_markdown", "render_tables")
+
+
+def _num(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, int) or (isinstance(value, float) and abs(value) >= 10_000):
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def _ratio(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _triple(summary: dict[str, Any] | None, digits: int = 1) -> str:
+    if not summary:
+        return "-"
+    return " / ".join(_num(summary.get(q), digits) for q in ("p50", "p99", "max"))
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines.extend("| " + " | ".join(row) + " |" for row in rows)
+    return lines
+
+
+def _w1(w1: dict[str, Any]) -> list[str]:
+    criteria = w1["criteria"]
+    out = [
+        "## W1: Kafka's TestPurgatoryPerformance, asyncio edition",
+        "",
+        f"Open-loop Poisson arrivals, timeout {w1['timeout_s'] * 1e3:.0f} ms, "
+        f"{w1['keys_per_request']} keys per request, log-normal completion latency "
+        "(p50/p75 in ms). *max rate*: highest rate sustained (generator achieved >= "
+        f"{criteria['min_achieved']:.0%} of the target rate, p99 lag < "
+        f"{criteria['max_lag_p99_ms']:.0f} ms) found by a search of single probes, then "
+        "confirmed by the repetitions (*passes*; the rate is lowered by 10 % when most fail). "
+        "All other figures are medians over those repetitions at each contender's own max rate. "
+        "CPU = `time.process_time` per million requests (driver included, same for all). "
+        "Lateness in ms: p50 / p99 / max.",
+        "",
+    ]
+    rows = []
+    for entry in w1["settings"]:
+        for name, c in entry["contenders"].items():
+            rows.append(
+                [
+                    entry["setting"]["name"],
+                    name,
+                    _num(c["max_rate"]),
+                    f"{c['passes']}/{c['repetitions']}",
+                    _num(c["cpu_s_per_million"], 2),
+                    _num(c["peak_watched"]),
+                    _num(c["peak_delayed"]),
+                    _triple(c["completion_lateness_ms"]),
+                    _triple(c["expiry_lateness_ms"]),
+                    _num(c["gc_s"], 3),
+                ]
+            )
+    out += _table(
+        [
+            "setting",
+            "who",
+            "max rate /s",
+            "passes",
+            "CPU s / M req",
+            "peak watched",
+            "peak delayed",
+            "completion late ms",
+            "expiry late ms",
+            "GC s / probe",
+        ],
+        rows,
+    )
+    out += ["", "Ratios (> 1 means ours is better):", ""]
+    names = [n for n in ("A", "B") if any(n in e["contenders"] for e in w1["settings"])]
+    header = ["setting"]
+    header += [f"rate ours/{n}" for n in names] + [f"CPU {n}/ours" for n in names]
+    ratio_rows = []
+    for entry in w1["settings"]:
+        r = entry["ratios"]
+        ratio_rows.append(
+            [entry["setting"]["name"]]
+            + [_ratio(r.get(f"rate ours/{n}")) for n in names]
+            + [_ratio(r.get(f"cpu {n}/ours")) for n in names]
+        )
+    out += _table(header, ratio_rows)
+    return out
+
+
+def _in_order(contenders: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Contenders in the order of DESCRIPTIONS (ours, A, B, C, Floor), unknown ones last."""
+    order = list(DESCRIPTIONS)
+    return sorted(
+        contenders.items(),
+        key=lambda item: order.index(item[0]) if item[0] in order else len(order),
+    )
+
+
+def _w2(w2: dict[str, Any]) -> list[str]:
+    low, high = w2["timeouts_s"]
+    out = [
+        "## W2: pending-count scaling",
+        "",
+        f"N operations pending at once, timeouts uniform in [{low * 1e3:.0f} ms, {high:.0f} s] "
+        f"after all N are pending; {w2['keys']}; a seeded random half completed early by key, "
+        "the other half left to expire. Costs are CPU microseconds per operation of the phase "
+        "(medians over the repetitions after one warm-up; the expire phase includes the loop's "
+        f"wake-ups). Memory: {w2['memory_method']}. Lateness of expirations in ms: "
+        "p50 / p99 / max (negative = early). GC: seconds of cyclic GC in the schedule phase. "
+        "The margin (the wait from the first watch to the moment the [10 ms, 1 s] window "
+        "opens, sized to cover phases 1-2) adds to every timeout as seen at its watch call: "
+        "at large N the deadlines are seconds away, beyond a 1024 ms first wheel level.",
+        "",
+    ]
+    for block in w2["sizes"]:
+        margins = [r["margin_ms"] for c in block["contenders"].values() for r in c.get("reps", [])]
+        margin = f"; margin {min(margins) / 1e3:.2g}-{max(margins) / 1e3:.2g} s" if margins else ""
+        out += [f"### N = {block['n']:,} ({block['repetitions']} repetitions{margin})", ""]
+        rows = []
+        for name, c in _in_order(block["contenders"]):
+            if "skipped" in c:
+                rows.append([name, c["skipped"], "", "", "", "", ""])
+                continue
+            m = c["median"]
+            rows.append(
+                [
+                    name,
+                    _num(m["schedule_us"], 2),
+                    _num(m["complete_us"], 2),
+                    _num(m["expire_us"], 2),
+                    _num(c["memory"]["bytes_per_op"], 0),
+                    _triple(m["lateness_ms"]) if m["expire_us"] is not None else "-",
+                    _num(m["gc_s"]["schedule"], 3),
+                ]
+            )
+        out += _table(
+            [
+                "who",
+                "schedule us",
+                "complete us",
+                "expire us",
+                "bytes / op",
+                "expiry late ms",
+                "GC s",
+            ],
+            rows,
+        )
+        overruns = [
+            f"{name} {c['median']['max_overrun_ms']:.0f} ms"
+            for name, c in block["contenders"].items()
+            if "median" in c and c["median"]["max_overrun_ms"] > 0
+        ]
+        if overruns:
+            out += [
+                "",
+                "Phases 1-2 overran the margin in some repetition (some deadlines passed before "
+                "the completions ended): " + ", ".join(overruns) + ".",
+            ]
+        out.append("")
+    columns: list[str] = []
+    for block in w2["sizes"]:
+        for row in block["ratios"].values():
+            columns += [label for label in row if label not in columns]
+    if not columns:  # ours not run (--only floor)
+        return [*out, *_notes(w2["notes"])]
+    columns.sort(key=lambda label: label.startswith("ours/"))
+    out += [
+        "Ratios: baseline / ours (> 1 means ours is cheaper) and ours / Floor (how many times "
+        "the irreducible work ours costs):",
+        "",
+    ]
+    labels = {
+        "schedule_us": "schedule",
+        "complete_us": "complete",
+        "expire_us": "expire",
+        "bytes_per_op": "bytes",
+    }
+    ratio_rows = [
+        [f"{block['n']:,}", labels.get(metric, metric)]
+        + [_ratio(row.get(label)) for label in columns]
+        for block in w2["sizes"]
+        for metric, row in block["ratios"].items()
+    ]
+    out += _table(["N", "per op", *columns], ratio_rows)
+    return [*out, *_notes(w2["notes"])]
+
+
+def _notes(notes: list[str]) -> list[str]:
+    return ["", "Notes:", "", *(f"- {note}" for note in notes)] if notes else []
+
+
+def render_tables(results: dict[str, Any]) -> str:
+    """The W1 and W2 sections (what a run prints at its end)."""
+    parts: list[str] = []
+    if "w1" in results:
+        parts += [*_w1(results["w1"]), ""]
+    if "w2" in results:
+        parts += [*_w2(results["w2"]), ""]
+    return "\n".join(parts)
+
+
+def render_markdown(results: dict[str, Any], plot_name: str | None) -> str:
+    """The whole RESULTS.md: provenance, contenders, tables, plot."""
+    meta = results["meta"]
+    config = meta["config"]
+    lines = [
+        "# purgatory benchmark results",
+        "",
+        "Generated by `python -m benchmarks` from the JSON of the same run; do not edit by hand "
+        "(see `benchmarks/__init__.py` and WORKLOAD.md for what is measured).",
+        "",
+        f"- Date: {meta['date']} (run took {meta['elapsed_s'] / 60:.1f} min)",
+        f"- Python: {meta['python']} ({meta['implementation']})",
+        f"- Machine: {meta['platform']}, {meta['cpu_count']} CPUs ({meta['cpu_model']}), "
+        f"load average {meta['load_before']} before, {meta['load_after']} after "
+        "(the machine is shared: trust the ratios more than the absolute figures)",
+        f"- purgatory {meta['purgatory_version']} at {meta['git']}; uvloop {meta['uvloop']}",
+        f"- Mode: {'quick (smoke run)' if config['quick'] else 'full'}, seed {config['seed']}, "
+        f"{config['repeat']} repetitions (W2 at N >= 1e6: {config['big_repeat']}) after "
+        f"{config['warmup']} W2 warm-up repetition(s) and one W1 warm-up probe per contender; "
+        f"W1 probes of {config['probe_seconds']} s; GC enabled",
+        f"- Command: `{meta['command']}`",
+        "",
+        "Contenders:",
+        "",
+    ]
+    lines += [f"- **{name}**: {text}" for name, text in DESCRIPTIONS.items()]
+    lines += ["", render_tables(results)]
+    if plot_name and "w2" in results:
+        lines += [f"![W2 cost and lateness against N]({plot_name})", ""]
+    return "\n".join(lines)
