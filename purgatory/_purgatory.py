@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, final
 
 from ._asyncio import (
     CancelledError,
@@ -262,11 +262,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             return True
         wheel = self._wheel
         if self._max_pending is not None and wheel._size >= self._max_pending:
-            op._purgatory = None
-            raise PurgatoryFull(
-                f"purgatory {self._name!r} already delays max_pending={self._max_pending} "
-                "operations"
-            )
+            self._refuse(op)
         watchers = self._watchers
         for key in keys:
             ops = watchers.get(key)
@@ -567,6 +563,13 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._wheel.advance(self._now_tick(loop.time()))
         self._reaper = Reaper(self, loop, self._tick, self._name)
 
+    def _refuse(self, op: Op) -> NoReturn:
+        """Leave `op` unwatched and raise `PurgatoryFull` (the `max_pending` cap)."""
+        op._purgatory = None
+        raise PurgatoryFull(
+            f"purgatory {self._name!r} already delays max_pending={self._max_pending} operations"
+        )
+
     def _register(self, op: Op, keys: tuple[Hashable, ...]) -> None:
         watchers = self._watchers
         for key in keys:
@@ -607,11 +610,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         which is what Kafka's second try is for.
         """
         if self._max_pending is not None and len(self._wheel) >= self._max_pending:
-            op._purgatory = None
-            raise PurgatoryFull(
-                f"purgatory {self._name!r} already delays max_pending={self._max_pending} "
-                "operations"
-            )
+            self._refuse(op)
         try:
             if op._attempt_async():
                 return True
