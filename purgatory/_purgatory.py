@@ -8,7 +8,11 @@ timer pass once enough have piled up (``purge_interval``), because removing them
 every list would cost more than the rare purge.
 
 Ours, added: the purge visits only the operations that finished since the last one, not every
-watched entry, so its cost follows the garbage, not the number of pending operations.
+watched entry, so its cost follows the garbage, not the number of pending operations; on the
+event loop it runs in bounded slices, so a burst of garbage never stalls the expirations. A key
+watched by a single operation maps to that operation itself, not to a one-entry list: most keys
+of a server with many partitions or sessions are like that, and a ``dict`` per key would cost
+more memory (about 250 bytes) than the operation.
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ _TICK_SLACK = 1e-6
 _ceil = math.ceil
 _floor = math.floor
 EXPIRED_NOW = DONE | EXPIRED
+
+# Garbage entries one purge slice removes on the event loop (about a millisecond of work); more
+# garbage waits for the next pass, which the reaper runs as soon as the loop has had a turn.
+PURGE_SLICE = 4096
 
 
 @final
@@ -114,7 +122,6 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_closed",
         "_completed",
         "_driven",
-        "_estimated",
         "_expired",
         "_garbage",
         "_loop",
@@ -165,9 +172,9 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._purge_interval = purge_interval
         self._tick = float(tick)
         self._max_pending = max_pending
-        self._watchers: dict[Hashable, dict[Op, None]] = {}
+        # A key's watchers: the operation itself if it is the only one, else an ordered set.
+        self._watchers: dict[Hashable, Op | dict[Op, None]] = {}
         self._garbage: list[Op] = []
-        self._estimated = 0
         self._completed = 0
         self._expired = 0
         self._cancelled = 0
@@ -267,11 +274,12 @@ class DelayedOperationPurgatory(Generic[Op]):
         for key in keys:
             ops = watchers.get(key)
             if ops is None:
-                watchers[key] = {op: None}
-            else:
+                watchers[key] = op
+            elif isinstance(ops, dict):
                 ops[op] = None
+            else:
+                watchers[key] = {ops: None, op: None}
         op._keys = keys
-        self._estimated += 1
         try:
             op.try_complete()
         except BaseException:
@@ -336,7 +344,16 @@ class DelayedOperationPurgatory(Generic[Op]):
         if self._loop is None:
             self._bind_loop()
         completed = 0
-        for op in list(ops):
+        single: Op | None
+        if isinstance(ops, dict):
+            single = None
+            candidates = list(ops)
+        else:
+            # The key's only watcher: the pops below go to a scratch dict, the entry goes after.
+            single = ops
+            candidates = [single]
+            ops = {}
+        for op in candidates:
             state = op._state
             if not state:
                 try:
@@ -363,7 +380,10 @@ class DelayedOperationPurgatory(Generic[Op]):
             elif op._attempt_async():
                 ops.pop(op, None)
                 completed += 1
-        if not ops and watchers.get(key) is ops:
+        if single is not None:
+            if single._state & FINISHED:
+                self._discard(key, single)
+        elif not ops and watchers.get(key) is ops:
             del watchers[key]
         return completed
 
@@ -392,14 +412,14 @@ class DelayedOperationPurgatory(Generic[Op]):
         ops = self._watchers.pop(key, None)
         if ops is None:
             return []
-        return [op for op in ops if op._cancel()]
+        return [op for op in _members(ops) if op._cancel()]
 
     def watched(self) -> int:
         """Entries over all watcher lists (an operation on 3 keys counts 3), unpurged included.
 
         Kafka: ``watched`` / gauge ``PurgatorySize``. Runtime complexity: O(keys).
         """
-        return sum(map(len, self._watchers.values()))
+        return sum(len(ops) if isinstance(ops, dict) else 1 for ops in self._watchers.values())
 
     def num_delayed(self) -> int:
         """Operations in the timer. Kafka: ``numDelayed`` / ``NumDelayedOperations``. O(1)."""
@@ -439,7 +459,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._closed = True
             pending = list(self._wheel)
             for ops in self._watchers.values():
-                pending.extend(ops)
+                pending.extend(_members(ops))
             self._watchers.clear()
             self._garbage.clear()
             for op in pending:
@@ -504,13 +524,14 @@ class DelayedOperationPurgatory(Generic[Op]):
             raise
         finally:
             self._expired += expired
-        if self._estimated - len(self._wheel) > self._purge_interval:
-            self._purge()
+        if len(self._garbage) > self._purge_interval:
+            # A driven clock has no loop to yield to, so it purges everything at once.
+            self._purge(PURGE_SLICE if self._reaper is not None else None)
         return expired
 
     def _next_timer_pass(self) -> float:
         """The tick at which a timer pass next has work; ``math.inf`` if none."""
-        if self._estimated - len(self._wheel) > self._purge_interval:
+        if len(self._garbage) > self._purge_interval:
             return self._wheel.current_tick
         return self._wheel.next_deadline()
 
@@ -518,7 +539,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         """Note a watched operation that finished, for the next purge.
 
         The garbage list holds exactly the operations Kafka's rule counts as
-        ``estimated - num_delayed()``, so its length says when a purge is due.
+        ``estimatedTotalOperations - numDelayed``, so its length says when a purge is due.
         """
         garbage = self._garbage
         garbage.append(op)
@@ -575,23 +596,32 @@ class DelayedOperationPurgatory(Generic[Op]):
         for key in keys:
             ops = watchers.get(key)
             if ops is None:
-                watchers[key] = {op: None}
-            else:
+                watchers[key] = op
+            elif isinstance(ops, dict):
                 ops[op] = None
+            else:
+                watchers[key] = {ops: None, op: None}
         op._keys = keys
-        self._estimated += 1
 
     def _unregister(self, op: Op, keys: tuple[Hashable, ...]) -> None:
-        watchers = self._watchers
         for key in keys:
-            ops = watchers.get(key)
-            if ops is not None:
-                ops.pop(op, None)
-                if not ops:
-                    del watchers[key]
+            self._discard(key, op)
         op._keys = None
         op._purgatory = None
-        self._estimated -= 1
+
+    def _discard(self, key: Hashable, op: Op) -> bool:
+        """Take `op` off `key`'s watchers; ``False`` if it was not on them."""
+        watchers = self._watchers
+        ops = watchers.get(key)
+        if ops is op:
+            del watchers[key]
+            return True
+        if isinstance(ops, dict) and op in ops:
+            del ops[op]
+            if not ops:
+                del watchers[key]
+            return True
+        return False
 
     def _start_timer(self, op: Op) -> None:
         deadline = _ceil((self._time() + op._timeout) / self._tick - _TICK_SLACK)
@@ -623,10 +653,18 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._start_timer(op)
         return False
 
-    def _purge(self) -> None:
-        """Drop finished operations from the watcher lists (Kafka ``purgeCompleted``)."""
-        self._estimated = len(self._wheel)
-        garbage, self._garbage = self._garbage, []
+    def _purge(self, limit: int | None) -> None:
+        """Drop finished operations from the watcher lists (Kafka ``purgeCompleted``).
+
+        At most `limit` of them (``None``: all): the rest wait for the next timer pass.
+        """
+        garbage = self._garbage
+        if limit is None or limit >= len(garbage):
+            self._garbage = []
+        else:
+            rest = garbage
+            garbage = rest[-limit:]
+            del rest[-limit:]
         watchers = self._watchers
         purged = 0
         for op in garbage:
@@ -635,9 +673,17 @@ class DelayedOperationPurgatory(Generic[Op]):
                 continue
             for key in keys:
                 ops = watchers.get(key)
-                if ops is not None and op in ops:
+                if ops is op:
+                    del watchers[key]
+                    purged += 1
+                elif isinstance(ops, dict) and op in ops:
                     del ops[op]
                     purged += 1
                     if not ops:
                         del watchers[key]
         self._purged += purged
+
+
+def _members(ops: T | dict[T, None]) -> Iterable[T]:
+    """The operations of one watcher-map value (a lone operation or an ordered set of them)."""
+    return ops if isinstance(ops, dict) else (ops,)

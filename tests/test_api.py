@@ -264,3 +264,43 @@ def test_a_loop_clock_purgatory_refuses_a_second_loop() -> None:
     with pytest.raises(RuntimeError, match="another event loop"):
         asyncio.run(use())
     assert p.num_delayed() == 1
+
+
+class Joiner(FlagOperation):
+    """Completes on its trigger after watching a newcomer on the same key (a re-entrant watch)."""
+
+    def __init__(self, purgatory: DelayedOperationPurgatory[FlagOperation], key: str) -> None:
+        super().__init__(10, "joiner")
+        self.purgatory = purgatory
+        self.key = key
+        self.newcomer = FlagOperation(10, "newcomer")
+
+    def try_complete(self) -> bool:
+        if self.ready:
+            self.purgatory.try_complete_else_watch(self.newcomer, [self.key])
+        return super().try_complete()
+
+
+def test_a_lone_watcher_completing_while_a_newcomer_joins_its_key() -> None:
+    """The lone operation of a key leaves it; one that joined during its attempt stays."""
+    _, p = make()
+    joiner = Joiner(p, "k")
+    p.try_complete_else_watch(joiner, ["k"])
+    assert (p.watched(), p.statistics().keys) == (1, 1)
+    joiner.ready = True
+    assert p.check_and_complete("k") == 1
+    assert p.watched() == 1
+    check_invariants(p)
+    joiner.newcomer.ready = True
+    assert p.check_and_complete("k") == 1
+    assert (p.watched(), p.statistics().keys) == (0, 0)
+
+
+def test_a_key_listed_twice_is_watched_once_per_listing() -> None:
+    _, p = make()
+    op = FlagOperation(1)
+    p.try_complete_else_watch(op, ["a", "a", "b"])
+    check_invariants(p)
+    assert p.cancel_for_key("a") == [op]
+    assert op.is_cancelled
+    check_invariants(p)

@@ -22,6 +22,7 @@ from purgatory import (
     OperationCancelled,
     PurgatoryClosed,
 )
+from purgatory._purgatory import PURGE_SLICE
 from purgatory.testing import ManualClock
 
 TICK = 0.001  # the default tick
@@ -247,6 +248,33 @@ async def test_purge_runs_promptly_with_a_reaper() -> None:
         stats = p.statistics()
         assert (stats.watched, stats.keys, stats.purged, stats.delayed) == (1, 1, 40, 1)
         assert not long.is_completed
+
+
+@pytest.mark.asyncio
+async def test_a_big_purge_runs_in_slices_that_let_the_loop_run() -> None:
+    """A burst of garbage is purged a slice per reaper pass, other callbacks running between."""
+    loop = asyncio.get_running_loop()
+    async with DelayedOperationPurgatory[Op]("slices", purge_interval=0) as p:
+        n = 3 * PURGE_SLICE + 7
+        ops = [Op(30.0) for _ in range(n)]
+        for i, op in enumerate(ops):
+            p.try_complete_else_watch(op, ["shared", i])
+        assert p.watched() == 2 * n
+        for op in ops:
+            op.force_complete()
+        seen: list[int] = []
+
+        def observe() -> None:
+            seen.append(p.watched())
+            if seen[-1]:
+                loop.call_soon(observe)
+
+        loop.call_soon(observe)
+        await until(lambda: p.watched() == 0)
+        assert p.statistics().purged == 2 * n
+        between = sorted({w for w in seen if 0 < w < 2 * n}, reverse=True)
+        # Each slice removes PURGE_SLICE operations (two entries each); we saw the states between.
+        assert between[:3] == [2 * (n - k * PURGE_SLICE) for k in (1, 2, 3)]
 
 
 # -- shutdown ----------------------------------------------------------------------------------

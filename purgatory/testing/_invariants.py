@@ -37,8 +37,12 @@ def check_invariants(purgatory: DelayedOperationPurgatory[Any]) -> None:
             assert bucket.expiration > current, f"{bucket!r} is due but not flushed"
             assert any(entry[3] is bucket for entry in wheel._heap), f"{bucket!r} not in the heap"
     assert held == len(wheel), f"size counter {len(wheel)} != {held} entries held"
-    for key, ops in purgatory._watchers.items():
-        assert ops, f"empty watcher list for {key!r}"
+    for key, watching in purgatory._watchers.items():
+        if type(watching) is dict:
+            assert watching, f"empty watcher list for {key!r}"
+            ops = list(watching)
+        else:
+            ops = [watching]
         for op in ops:
             assert op._purgatory is purgatory, f"{op!r} watched by another purgatory"
             assert op._keys is not None, f"{op!r} has no keys"
@@ -46,4 +50,5 @@ def check_invariants(purgatory: DelayedOperationPurgatory[Any]) -> None:
             if not op._state & FINISHED:
                 assert op._bucket is not None, f"pending watched {op!r} is not timed"
             assert not (op._state & EXPIRED and not op._state & DONE)
-    assert purgatory._estimated >= len(wheel) or purgatory._closed
+    for op in purgatory._garbage:
+        assert op._state & FINISHED, f"{op!r} queued for the purge but not finished"
