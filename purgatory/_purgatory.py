@@ -59,6 +59,8 @@ EXPIRED_NOW = DONE | EXPIRED
 # Garbage entries one purge slice removes on the event loop (about a millisecond of work); more
 # garbage waits for the next pass, which the reaper runs as soon as the loop has had a turn.
 PURGE_SLICE = 4096
+# Entries a timer pass on the event loop cascades (moves down a wheel level) before it yields.
+CASCADE_SLICE = 4096
 
 
 @final
@@ -287,11 +289,10 @@ class DelayedOperationPurgatory(Generic[Op]):
             raise
         if op._state & FINISHED:
             return True
-        deadline = _ceil((self._time() + op._timeout) / self._tick - _TICK_SLACK)
-        wheel.add(op, deadline)
+        due = wheel.add(op, _ceil((self._time() + op._timeout) / self._tick - _TICK_SLACK))
         reaper = self._reaper
-        if reaper is not None and deadline < reaper.wake_tick:
-            reaper.wake_by(wheel.next_deadline())
+        if reaper is not None and due < reaper.wake_tick:
+            reaper.wake_by(due)
         return False
 
     async def watch(self, op: DelayedOperation[T], keys: Iterable[Hashable]) -> T:
@@ -492,7 +493,9 @@ class DelayedOperationPurgatory(Generic[Op]):
         """
         if self._closed:
             return 0
-        due = self._wheel.advance(_floor(now / self._tick + _TICK_SLACK))
+        # On the loop, a cascade moves a slice per pass; a driven clock wants it all at once.
+        budget = CASCADE_SLICE if self._reaper is not None else None
+        due = self._wheel.advance(_floor(now / self._tick + _TICK_SLACK), budget)
         expired = 0
         finished = self._garbage.append
         index = -1
@@ -624,11 +627,10 @@ class DelayedOperationPurgatory(Generic[Op]):
         return False
 
     def _start_timer(self, op: Op) -> None:
-        deadline = _ceil((self._time() + op._timeout) / self._tick - _TICK_SLACK)
-        self._wheel.add(op, deadline)
+        due = self._wheel.add(op, _ceil((self._time() + op._timeout) / self._tick - _TICK_SLACK))
         reaper = self._reaper
-        if reaper is not None and deadline < reaper.wake_tick:
-            reaper.wake_by(self._wheel.next_deadline())
+        if reaper is not None and due < reaper.wake_tick:
+            reaper.wake_by(due)
 
     def _watch_async(self, op: Op, keys: tuple[Hashable, ...]) -> bool:
         """The watch of an operation whose `try_complete` is async.

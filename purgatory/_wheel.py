@@ -9,28 +9,35 @@ itself never reads a clock.
 Level 0 has ``wheel_size`` buckets of one tick each and covers the ticks
 ``[current, current + wheel_size)``. An entry whose deadline falls there goes straight into the
 bucket of its tick, so every entry of a level-0 bucket has the same deadline. A later deadline
-goes to an *overflow* wheel (level 1) whose buckets span ``wheel_size`` ticks each and which covers
-``wheel_size ** 2`` ticks; levels are created on demand, so the structure grows with the longest
-timeout, not with the number of entries (Kafka's ``TimingWheel``).
+goes to an *overflow* level, created on demand (Kafka's ``TimingWheel``), so the structure grows
+with the longest timeout, not with the number of entries.
 
-Buckets are not scanned tick by tick. A bucket enters a small heap, keyed by its expiration tick,
-when it goes from unused to used; `advance` pops due buckets in order, which is why an idle wheel
-costs nothing and a sparse one costs one pop per non-empty bucket (Kafka's ``DelayQueue`` of
-``TimerTaskList``). A due level-0 bucket is returned whole. A due higher-level bucket is due only
-in the sense that its *span* has started: its entries are *cascaded*, reinserted relative to the
-new current tick, which drops each into a finer level (or returns it, if its own deadline has
-come). A wide level 0 keeps cascades rare and small: with the default 1024 one-millisecond ticks,
-every timeout under a second is inserted once and never moves.
+Buckets are not scanned tick by tick. A bucket enters a small heap when it goes from unused to
+used; `advance` pops due buckets in order, which is why an idle wheel costs nothing and a sparse
+one costs one pop per non-empty bucket (Kafka's ``DelayQueue`` of ``TimerTaskList``). A due
+level-0 bucket is returned whole.
 
-Order. Due entries come back in deadline order and, within one tick, in insertion order. For
-one deadline, an entry inserted later sits in the same or a lower level (its deadline was
-closer), so two details keep that promise across cascades: buckets falling due on the same tick
-are popped highest level first, and entries inserted directly into a bucket before the cascades
-of its tick arrive are set aside and put back behind the cascaded (older) ones.
+Cascades, in slices. The entries of a higher-level bucket must be *cascaded* (reinserted one
+level down) before the first of them is due. Kafka does it at the start of the bucket's span, all
+at once: with a million pending operations that is a stall of a quarter of a second, and every
+expiry due meanwhile is late by as much. Here the buckets of level ``k >= 1`` span ``f ** k``
+ticks with ``f = wheel_size // 2`` (for sizes >= 4), half of what level ``k - 1`` covers, so the
+level below can take a bucket's whole span one span *before* it starts. The cascade becomes due
+then, and a driver that passes a *budget* to `advance` moves that many entries per call and gets
+the rest on its next calls (`next_deadline` says "now" until it is done): the work is spread over
+a whole span of ticks. A cascade still unfinished when its span starts, or when another cascade
+falls due, is finished at once; without a budget every cascade runs whole. Sizes 2 and 3 cannot
+spare the room and cascade the classic way, at the start of the span.
 
-Cancel is O(1): every bucket is an insertion-ordered ``dict`` used as a set, and every entry
-knows its bucket, so removing one is a single ``del`` and a cancelled entry never pins memory
-until its deadline (the classic purgatory leak).
+Order. Due entries come back in deadline order and, within one tick, in insertion order. For one
+deadline, an entry in a higher level was inserted before every entry of a lower level (its
+deadline was farther away when it came), so cascaded entries go to a bucket's *older* part,
+which is returned (or cascaded) before the entries inserted into the bucket directly; cascades
+run one at a time, oldest first.
+
+Cancel is O(1): every bucket (and older part) is an insertion-ordered ``dict`` used as a set, and
+every entry knows which one holds it, so removing one is a single ``del`` and a cancelled entry
+never pins memory until its deadline (the classic purgatory leak).
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ class Bucket(dict[Any, None]):
     without a Python-level method call.
     """
 
-    __slots__ = ("cascade_mark", "displaced", "expiration", "level", "wheel")
+    __slots__ = ("expiration", "level", "older", "wheel")
 
     # A dict subclass may be hashed by identity: buckets are keys nowhere but it documents intent.
     __hash__ = object.__hash__  # type: ignore[assignment]
@@ -60,11 +67,10 @@ class Bucket(dict[Any, None]):
         super().__init__()
         self.wheel: Final = wheel
         self.level: Final = level
+        # The first tick of the bucket's span while it is in use, else -1.
         self.expiration = -1
-        # The tick of the last cascade into this bucket, and the entries that cascade set aside
-        # until the cascades of that tick are over (see TimingWheel._cascade).
-        self.cascade_mark: int | None = None
-        self.displaced: list[Any] | None = None
+        # Entries cascaded into this slot, all older than the ones added to it directly.
+        self.older: Bucket | None = None
 
     def __repr__(self) -> str:
         return f"<Bucket level={self.level} expiration={self.expiration} size={len(self)}>"
@@ -88,12 +94,17 @@ class TimingWheel:
     """
 
     __slots__ = (
+        "_active",
         "_current",
         "_heap",
+        "_leads",
         "_levels",
         "_overdue",
         "_push_count",
         "_size",
+        "_spans",
+        "_todo",
+        "_todo_done",
         "_wheel_size",
     )
 
@@ -103,13 +114,21 @@ class TimingWheel:
         if wheel_size < 2:
             raise ValueError(f"wheel_size must be at least 2, got {wheel_size!r}")
         self._wheel_size = wheel_size
+        # Per level: ticks per bucket, and how long before its span a bucket's cascade is due.
+        self._spans: list[int] = [1]
+        self._leads: list[int] = [0]
         # _current[i] is the current tick truncated to level i's bucket span.
         self._current: list[int] = [start_tick]
         self._levels: list[list[Bucket]] = [[Bucket(self, 0) for _ in range(wheel_size)]]
+        # (due tick, -level, push count, bucket): ties pop the older (higher-level) bucket first.
         self._heap: list[tuple[int, int, int, Bucket]] = []
         self._overdue = Bucket(self, -1)
         self._size = 0
         self._push_count = 0
+        # The cascade in progress: its bucket, its entries as they were, how many are done.
+        self._active: Bucket | None = None
+        self._todo: list[Any] = []
+        self._todo_done = 0
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -128,40 +147,51 @@ class TimingWheel:
         """How many levels exist (overflow wheels are created on demand)."""
         return len(self._levels)
 
+    @property
+    def cascading(self) -> Bucket | None:
+        """The bucket whose cascade is under way, if one is."""
+        return self._active
+
     def __len__(self) -> int:
         """Entries held, overdue ones included. Runtime complexity: O(1)."""
         return self._size
 
     def __iter__(self) -> Iterator[Any]:
         """Every entry held, in no particular order (for shutdown and invariant checks)."""
-        yield from self._overdue
-        for level in self._levels:
-            for bucket in level:
-                yield from bucket
+        for bucket in self.buckets():
+            yield from bucket
 
     def buckets(self) -> Iterator[Bucket]:
-        """Every bucket, the overdue one first (for invariant checks)."""
+        """Every bucket and older part, the overdue bucket first (for invariant checks)."""
         yield self._overdue
         for level in self._levels:
-            yield from level
+            for bucket in level:
+                if bucket.older is not None:
+                    yield bucket.older
+                yield bucket
 
     def span(self, level: int) -> int:
         """Ticks covered by one bucket of `level`."""
-        return int(self._wheel_size**level)
+        return self._spans[level]
+
+    def due_tick(self, bucket: Bucket) -> int:
+        """The tick at which `advance` takes `bucket` up: its own tick, or its cascade's."""
+        return bucket.expiration - self._leads[bucket.level]
 
     def next_deadline(self) -> float:
         """The tick at which `advance` next has work, or ``math.inf`` if nothing is held.
 
-        This is the earliest non-empty bucket's expiration, which for a higher level is the start
-        of its span (a cascade is due then), so it is never later than the earliest deadline.
-        Runtime complexity: O(1) amortised (buckets emptied by cancels are dropped here).
+        This is the earliest non-empty bucket's tick, which for a higher level is when its
+        cascade is due, so it is never later than the earliest deadline; the current tick while
+        a cascade is under way. Runtime complexity: O(1) amortised (buckets emptied by cancels
+        are dropped here).
         """
-        if self._overdue:
+        if self._overdue or self._active is not None:
             return self._current[0]
         heap = self._heap
         while heap:
             bucket = heap[0][3]
-            if bucket:
+            if bucket or bucket.older:
                 return heap[0][0]
             heapq.heappop(heap)
             bucket.expiration = -1
@@ -169,8 +199,12 @@ class TimingWheel:
 
     # -- mutation -----------------------------------------------------------------------------
 
-    def add(self, entry: TimerEntry, deadline: int) -> None:
+    def add(self, entry: TimerEntry, deadline: int) -> int:
         """Hold `entry` until `deadline` (a tick). A deadline already reached is due next advance.
+
+        Returns:
+            The tick by which `advance` must next be called for the entry (its deadline, or when
+            its bucket's cascade is due); a driver that sleeps compares it with its alarm.
 
         Runtime complexity: O(1) (O(levels) for deadlines beyond level 0, and a heap push of
         O(log buckets) when the bucket was unused).
@@ -180,15 +214,18 @@ class TimingWheel:
         current = self._current[0]
         if deadline <= current:
             bucket = self._overdue
+            due = current
         elif deadline < current + self._wheel_size:
             bucket = self._levels[0][deadline % self._wheel_size]
             if bucket.expiration != deadline:
                 bucket.expiration = deadline
                 self._push(bucket, deadline)
+            due = deadline
         else:
-            bucket = self._overflow_bucket(deadline)
+            bucket, due = self._overflow_bucket(deadline)
         bucket[entry] = None
         entry._bucket = bucket
+        return due
 
     def remove(self, entry: TimerEntry) -> bool:
         """Stop holding `entry`; ``False`` if it was not held. Runtime complexity: O(1)."""
@@ -200,11 +237,17 @@ class TimingWheel:
         self._size -= 1
         return True
 
-    def advance(self, now: int) -> list[Any]:
+    def advance(self, now: int, budget: int | None = None) -> list[Any]:
         """Move to tick `now` and return the entries due by then, no longer held.
 
         Entries come in deadline order, and in insertion order within a tick. Time never goes
         back: a `now` before the current tick only returns the overdue entries.
+
+        Args:
+            now: The current tick.
+            budget: At most this many entries of a cascade that is not yet urgent are moved in
+                this call (the rest on later calls); ``None`` runs every cascade whole.
+
         Runtime complexity: O(due entries + due buckets * log buckets), plus O(entries cascaded).
         """
         due: list[Any] = []
@@ -212,30 +255,37 @@ class TimingWheel:
         if overdue:
             due.extend(sorted(overdue, key=_deadline_of))  # stable: insertion order per tick
             overdue.clear()
+        active = self._active
+        if active is not None and (budget is None or now >= active.expiration):
+            self._cascade(None, due)
         heap = self._heap
         while heap and heap[0][0] <= now:
-            # All buckets of one expiration tick form a group: the higher levels cascade first,
-            # and the entries their cascades displaced go back only once the group is done.
-            expiration = heap[0][0]
-            displaced: list[Bucket] = []
-            while heap and heap[0][0] == expiration:
-                bucket = heapq.heappop(heap)[3]
+            tick, _, _, bucket = heap[0]
+            active = self._active
+            if active is not None and (bucket.level or tick >= active.expiration):
+                # A cascade is due, or a tick the one under way pours into: finish it first.
+                self._cascade(None, due)
+                continue
+            heapq.heappop(heap)
+            older = bucket.older
+            if not bucket and not older:
                 bucket.expiration = -1
-                if bucket.displaced is not None:
-                    _restore(bucket)
-                if not bucket:
-                    continue
-                self._advance_clock(expiration)
-                entries = list(bucket)
-                bucket.clear()
-                if bucket.level == 0:
-                    due.extend(entries)
-                else:
-                    self._cascade(entries, due, expiration, displaced)
-            for bucket in displaced:
-                if bucket.displaced is not None:
-                    _restore(bucket)
+                continue
+            self._advance_clock(tick)
+            if bucket.level:
+                self._start_cascade(bucket)
+                if budget is None or now >= bucket.expiration:
+                    self._cascade(None, due)
+                continue
+            bucket.expiration = -1
+            if older:
+                due.extend(older)
+                older.clear()
+            due.extend(bucket)
+            bucket.clear()
         self._advance_clock(now)
+        if self._active is not None and budget is not None:
+            self._cascade(budget, due)
         for entry in due:
             entry._bucket = None
         self._size -= len(due)
@@ -243,84 +293,107 @@ class TimingWheel:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _push(self, bucket: Bucket, expiration: int) -> None:
-        # Ties on expiration pop the higher level first: its cascade may return entries due on
-        # that very tick, inserted before anything in the level-0 bucket of the same tick.
+    def _push(self, bucket: Bucket, tick: int) -> None:
         self._push_count += 1
-        heapq.heappush(self._heap, (expiration, -bucket.level, self._push_count, bucket))
+        heapq.heappush(self._heap, (tick, -bucket.level, self._push_count, bucket))
 
-    def _overflow_bucket(self, deadline: int) -> Bucket:
+    def _add_level(self) -> None:
+        size = self._wheel_size
+        level = len(self._levels)
+        # Half-span levels (see the module docstring) need room: sizes 2 and 3 go classic.
+        factor = size // 2 if size >= 4 else size
+        span = self._spans[-1] * factor
+        self._spans.append(span)
+        self._leads.append(span if size >= 4 else 0)
+        self._levels.append([Bucket(self, level) for _ in range(size)])
+        previous = self._current[-1]
+        self._current.append(previous - previous % span)
+
+    def _overflow_bucket(self, deadline: int) -> tuple[Bucket, int]:
+        """The bucket of the lowest overflow level that covers `deadline`, and its due tick."""
         size = self._wheel_size
         level = 1
-        span = size
         while True:
             if level == len(self._levels):
-                self._levels.append([Bucket(self, level) for _ in range(size)])
-                previous = self._current[level - 1]
-                self._current.append(previous - previous % span)
+                self._add_level()
+            span = self._spans[level]
             if deadline < self._current[level] + span * size:
                 slot = deadline // span
                 bucket = self._levels[level][slot % size]
-                expiration = slot * span
-                if bucket.expiration != expiration:
-                    bucket.expiration = expiration
-                    self._push(bucket, expiration)
-                return bucket
+                start = slot * span
+                due = start - self._leads[level]
+                if bucket.expiration != start:
+                    bucket.expiration = start
+                    self._push(bucket, due)
+                return bucket, due
             level += 1
-            span *= size
 
     def _advance_clock(self, now: int) -> None:
         current = self._current
         if now <= current[0]:
             return
         current[0] = now
-        span = self._wheel_size
+        spans = self._spans
         for level in range(1, len(current)):
-            current[level] = now - now % span
-            span *= self._wheel_size
+            current[level] = now - now % spans[level]
 
-    def _cascade(
-        self, entries: list[Any], due: list[Any], tick: int, displaced: list[Bucket]
-    ) -> None:
-        """Reinsert the entries of a higher-level bucket whose span starts at `tick`.
+    def _start_cascade(self, bucket: Bucket) -> None:
+        """Make `bucket` the cascade under way; what it holds now is what the cascade moves."""
+        older = bucket.older
+        todo = list(older) if older else []
+        todo.extend(bucket)
+        self._active = bucket
+        self._todo = todo
+        self._todo_done = 0
 
-        For one deadline, an entry inserted later lands in the same or a lower level, so the
-        cascades of one tick (highest level first) bring entries in insertion order. Entries
-        inserted directly into a target bucket before this tick are younger than all of them:
-        the first cascade of the tick into that bucket sets them aside (`Bucket.displaced`), and
-        `advance` appends them again once the tick's cascades are over.
+    def _cascade(self, limit: int | None, due: list[Any]) -> None:
+        """Move up to `limit` (``None``: all) entries of the cascade under way one level down.
+
+        Every entry goes to the older part of its bucket one level down, whose span the level
+        covers while the cascade runs (see the module docstring); doing it by one rule for the
+        whole cascade keeps the entries of one deadline together whenever it is interrupted.
+        Entries removed since the cascade started are skipped.
         """
+        bucket = self._active
+        assert bucket is not None
+        older = bucket.older
+        todo = self._todo
+        begin = self._todo_done
+        end = len(todo) if limit is None else min(len(todo), begin + limit)
+        level = bucket.level - 1
+        slots = self._levels[level]
+        span = self._spans[level]
+        lead = self._leads[level]
+        size = self._wheel_size
         current = self._current[0]
-        add = self.add
-        for entry in entries:
+        for index in range(begin, end):
+            entry = todo[index]
+            source: Bucket | None = entry._bucket
+            if source is None or (source is not bucket and source is not older):
+                continue  # removed (and maybe added elsewhere) since the cascade started
+            del source[entry]
             deadline = entry._deadline
             if deadline <= current:
-                due.append(entry)
+                due.append(entry)  # a late classic cascade (sizes 2 and 3)
                 continue
-            self._size -= 1  # add() counts it again
-            add(entry, deadline)
-            bucket = entry._bucket
-            assert bucket is not None
-            if bucket.cascade_mark != tick:
-                bucket.cascade_mark = tick
-                if len(bucket) > 1:
-                    older = list(bucket)
-                    older.pop()
-                    bucket.displaced = older
-                    displaced.append(bucket)
-                    bucket.clear()
-                    bucket[entry] = None
-        # Entries returned as due are no longer held; advance() subtracts them from the size.
+            slot = deadline // span
+            target = slots[slot % size]
+            start = slot * span
+            if target.expiration != start:
+                target.expiration = start
+                self._push(target, start - lead)
+            part = target.older
+            if part is None:
+                part = target.older = Bucket(self, level)
+            part[entry] = None
+            entry._bucket = part
+        self._todo_done = end
+        if end == len(todo):
+            self._active = None
+            self._todo = []
+            bucket.expiration = -1
 
 
 def _deadline_of(entry: Any) -> int:
     deadline: int = entry._deadline
     return deadline
-
-
-def _restore(bucket: Bucket) -> None:
-    """Append the entries a cascade set aside behind the cascaded ones."""
-    displaced = bucket.displaced
-    assert displaced is not None
-    bucket.displaced = None
-    bucket.update(dict.fromkeys(displaced))

@@ -22,7 +22,7 @@ from purgatory import (
     OperationCancelled,
     PurgatoryClosed,
 )
-from purgatory._purgatory import PURGE_SLICE
+from purgatory._purgatory import CASCADE_SLICE, PURGE_SLICE
 from purgatory.testing import ManualClock
 
 TICK = 0.001  # the default tick
@@ -275,6 +275,35 @@ async def test_a_big_purge_runs_in_slices_that_let_the_loop_run() -> None:
         between = sorted({w for w in seen if 0 < w < 2 * n}, reverse=True)
         # Each slice removes PURGE_SLICE operations (two entries each); we saw the states between.
         assert between[:3] == [2 * (n - k * PURGE_SLICE) for k in (1, 2, 3)]
+
+
+@pytest.mark.asyncio
+async def test_a_big_cascade_runs_in_slices_that_let_the_loop_run() -> None:
+    """Thousands of deadlines in one overflow bucket move down a slice per reaper pass.
+
+    With 64 slots of 1 ms, level-1 buckets span 32 ms; a 0.2 s timeout lands there and its
+    cascade falls due 32 ms before its span starts. The loop runs between the slices, and still
+    nothing expires early.
+    """
+    loop = asyncio.get_running_loop()
+    async with DelayedOperationPurgatory[Op]("cascade", wheel_size=64) as p:
+        ops = [Op(0.2) for _ in range(3 * CASCADE_SLICE)]
+        watched_at = loop.time()
+        for i, op in enumerate(ops):
+            p.try_complete_else_watch(op, [i])
+        assert p._wheel.levels == 2
+        seen: list[bool] = []
+
+        def observe() -> None:
+            seen.append(p._wheel.cascading is not None)
+            if p.num_delayed():
+                loop.call_soon(observe)
+
+        loop.call_soon(observe)
+        await until(lambda: p.num_delayed() == 0)
+        assert all(op.expirations == 1 for op in ops)
+        assert min(op.expired_at or 0.0 for op in ops) >= watched_at + 0.2 - SLACK
+        assert any(seen), "the loop never ran while a cascade was under way"
 
 
 # -- shutdown ----------------------------------------------------------------------------------

@@ -20,22 +20,31 @@ def check_invariants(purgatory: DelayedOperationPurgatory[Any]) -> None:
     wheel = purgatory._wheel
     held = 0
     current = wheel.current_tick
-    for bucket in wheel.buckets():
-        for op in bucket:
-            held += 1
-            assert op._bucket is bucket, f"{op!r} is in a bucket it does not point to"
-            assert not op._state & FINISHED, f"finished {op!r} is still timed"
-            if bucket.level < 0:
-                assert op._deadline <= current, f"overdue {op!r} is not due"
-            else:
-                span = wheel.span(bucket.level)
-                assert bucket.expiration <= op._deadline < bucket.expiration + span, (
-                    f"{op!r} deadline {op._deadline} outside {bucket!r}"
-                )
-                assert op._deadline > current, f"{op!r} is due but still held"
-        if bucket and bucket.level >= 0:
-            assert bucket.expiration > current, f"{bucket!r} is due but not flushed"
-            assert any(entry[3] is bucket for entry in wheel._heap), f"{bucket!r} not in the heap"
+    for level, slots in enumerate(wheel._levels):
+        for bucket in slots:
+            parts = [bucket] if bucket.older is None else [bucket.older, bucket]
+            for part in parts:
+                assert part.level == level
+                assert part.wheel is wheel
+                for op in part:
+                    held += 1
+                    assert op._bucket is part, f"{op!r} is in a bucket it does not point to"
+                    assert not op._state & FINISHED, f"finished {op!r} is still timed"
+                    span = wheel.span(level)
+                    assert bucket.expiration <= op._deadline < bucket.expiration + span, (
+                        f"{op!r} deadline {op._deadline} outside {bucket!r}"
+                    )
+                    assert op._deadline > current, f"{op!r} is due but still held"
+            if bucket or bucket.older:
+                assert bucket.expiration > current, f"{bucket!r} is due but not flushed"
+                assert bucket is wheel.cascading or any(
+                    entry[3] is bucket and entry[0] == wheel.due_tick(bucket)
+                    for entry in wheel._heap
+                ), f"{bucket!r} not in the heap"
+    for op in wheel._overdue:
+        held += 1
+        assert op._bucket is wheel._overdue
+        assert op._deadline <= current, f"overdue {op!r} is not due"
     assert held == len(wheel), f"size counter {len(wheel)} != {held} entries held"
     for key, watching in purgatory._watchers.items():
         if type(watching) is dict:
