@@ -1,4 +1,4 @@
-"""``python -m benchmarks``: run W1 and W2, print the tables, write JSON, RESULTS.md and w2.png.
+"""``python -m benchmarks``: run W1, W2 and idle; print the tables, write JSON, RESULTS.md, w2.png.
 
 Examples::
 
@@ -21,6 +21,7 @@ from typing import Any
 from .config import FULL, QUICK, Config
 from .contenders import w1_contenders, w2_contenders
 from .environment import describe_environment, load_average
+from .idle import run_idle
 from .loops import uvloop_available
 from .plot import plot_w2
 from .report import render_markdown, render_tables
@@ -28,7 +29,7 @@ from .w1 import default_log, run_w1
 from .w2 import run_w2
 
 HERE = Path(__file__).resolve().parent
-WORKLOADS = ("w1", "w2", "floor")
+WORKLOADS = ("w1", "w2", "floor", "idle")
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -61,8 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         type=_only,
-        default=("w1", "w2"),
-        help="comma-separated subset of w1, w2, floor (floor = W2 for the Floor alone)",
+        default=("w1", "w2", "idle"),
+        help="comma-separated subset of w1, w2, floor, idle (floor = W2 for the Floor alone)",
     )
     parser.add_argument("--repeat", type=int, help="repetitions after the warm-up (default 5)")
     parser.add_argument("--seed", type=int, help="seed of every random draw (default 1)")
@@ -123,6 +124,9 @@ def _measure(config: Config, only: Sequence[str]) -> dict[str, Any]:
             contenders = [c for c in contenders if c.name == "Floor"]
         log(f"W2: N in {', '.join(f'{n:,}' for n in config.sizes)}")
         results["w2"] = run_w2(contenders, config, log)
+    if "idle" in only:
+        log("idle: reaper wake-ups with nothing or little due")
+        results["idle"] = run_idle(config.seed)
     meta["elapsed_s"] = time.perf_counter() - started
     meta["load_after"] = load_average()
     return results

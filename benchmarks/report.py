@@ -200,17 +200,51 @@ def _w2(w2: dict[str, Any]) -> list[str]:
     return [*out, *_notes(w2["notes"])]
 
 
+def _idle(idle: dict[str, Any]) -> list[str]:
+    empty, far, sparse = idle["empty"], idle["one_far_deadline"], idle["sparse"]
+    return [
+        "## Idle cost: reaper wake-ups",
+        "",
+        "Timer passes (one per reaper wake-up of the loop, `statistics().timer_passes`), "
+        "asyncio loop, real time. Target: nothing due, at most one wake-up per "
+        "max(1 s, next deadline); sparse operations, one wake-up per due bucket, not per tick.",
+        "",
+        *_table(
+            ["scenario", "seconds watched", "wake-ups", "for comparison"],
+            [
+                ["nothing pending", _num(empty["seconds"], 2), str(empty["timer_passes"]), "-"],
+                [
+                    "one operation, 30 s timeout",
+                    _num(far["seconds"], 2),
+                    str(far["timer_passes"]),
+                    "-",
+                ],
+                [
+                    f"{sparse['operations']} operations, deadlines over 0.1-2 s",
+                    _num(sparse["seconds"], 2),
+                    str(sparse["timer_passes"]),
+                    f"{sparse['distinct_deadline_ticks']} distinct deadline ticks, "
+                    f"{sparse['ticks_elapsed']:,} ticks elapsed; max lateness "
+                    f"{_num(sparse['max_lateness_ms'], 1)} ms",
+                ],
+            ],
+        ),
+    ]
+
+
 def _notes(notes: list[str]) -> list[str]:
     return ["", "Notes:", "", *(f"- {note}" for note in notes)] if notes else []
 
 
 def render_tables(results: dict[str, Any]) -> str:
-    """The W1 and W2 sections (what a run prints at its end)."""
+    """The W1, W2 and idle sections (what a run prints at its end)."""
     parts: list[str] = []
     if "w1" in results:
         parts += [*_w1(results["w1"]), ""]
     if "w2" in results:
         parts += [*_w2(results["w2"]), ""]
+    if "idle" in results:
+        parts += [*_idle(results["idle"]), ""]
     return "\n".join(parts)
 
 

@@ -82,6 +82,8 @@ class PurgatoryStatistics:
     """Operations cancelled (`cancel_for_key`, `shutdown`, a cancelled `watch`)."""
     purged: int
     """Watcher-list entries removed by purges."""
+    timer_passes: int
+    """Timer passes run: reaper wake-ups on the loop, ``advance`` calls of a driven clock."""
     next_deadline_in: float
     """Seconds until the timer next has work (``math.inf`` when nothing is timed)."""
 
@@ -129,6 +131,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_loop",
         "_max_pending",
         "_name",
+        "_passes",
         "_purge_interval",
         "_purged",
         "_reaper",
@@ -181,6 +184,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._expired = 0
         self._cancelled = 0
         self._purged = 0
+        self._passes = 0
         self._closed = False
         self._checked_types: set[type] = set()
         self._attempts: AttemptTasks = set()
@@ -442,6 +446,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             expired=self._expired,
             cancelled=self._cancelled,
             purged=self._purged,
+            timer_passes=self._passes,
             next_deadline_in=next_in,
         )
 
@@ -493,6 +498,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         """
         if self._closed:
             return 0
+        self._passes += 1
         # On the loop, a cascade moves a slice per pass; a driven clock wants it all at once.
         budget = CASCADE_SLICE if self._reaper is not None else None
         due = self._wheel.advance(_floor(now / self._tick + _TICK_SLACK), budget)

@@ -306,6 +306,39 @@ async def test_a_big_cascade_runs_in_slices_that_let_the_loop_run() -> None:
         assert any(seen), "the loop never ran while a cascade was under way"
 
 
+@pytest.mark.asyncio
+async def test_the_reaper_sleeps_while_nothing_is_due() -> None:
+    """Nothing pending, or one far deadline: no timer pass at all while the loop idles."""
+    async with DelayedOperationPurgatory[Op]("idle") as p:
+        done = Op(1.0)
+        done.ready = True
+        assert p.try_complete_else_watch(done, ["bind"]) is True
+        await spin()
+        idle_from = p.statistics().timer_passes
+        await asyncio.sleep(0.1)
+        assert p.statistics().timer_passes == idle_from
+        p.try_complete_else_watch(Op(30.0), ["far"])
+        await spin()
+        far_from = p.statistics().timer_passes
+        await asyncio.sleep(0.1)
+        assert p.statistics().timer_passes == far_from
+
+
+@pytest.mark.asyncio
+async def test_sparse_deadlines_cost_a_pass_per_deadline_not_per_tick() -> None:
+    """Ten deadlines over 0.2 s (200 ticks): about ten passes, never one per tick."""
+    async with DelayedOperationPurgatory[Op]("sparse") as p:
+        ops = [Op(0.02 * (i + 1)) for i in range(10)]
+        before = p.statistics().timer_passes
+        for i, op in enumerate(ops):
+            p.try_complete_else_watch(op, [i])
+        await until(lambda: p.num_delayed() == 0)
+        passes = p.statistics().timer_passes - before
+        # A wake-up a hair before a tick boundary finds nothing due and sleeps again: 2 per op.
+        assert passes <= 2 * len(ops) + 1
+        assert all(op.expirations == 1 for op in ops)
+
+
 # -- shutdown ----------------------------------------------------------------------------------
 
 
