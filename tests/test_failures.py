@@ -307,3 +307,24 @@ def test_try_complete_claiming_success_without_completing_is_reported(
     assert "must return self.force_complete()" in caplog.text
     assert not op.is_completed
     assert p.num_delayed() == 1
+
+
+def test_a_completion_counts_by_what_try_complete_returns() -> None:
+    """Kafka's rule: completing but returning False is not counted; the entry goes later."""
+
+    class Quiet(FlagOperation):
+        def try_complete(self) -> bool:
+            if self.ready:
+                self.force_complete()
+            return False
+
+    _, p = manual()
+    op, other = Quiet(1), FlagOperation(1)
+    p.try_complete_else_watch(op, ["k"])
+    p.try_complete_else_watch(other, ["k"])
+    op.ready = True
+    assert p.check_and_complete("k") == 0
+    assert op.is_completed
+    assert p.check_and_complete("k") == 0
+    assert p.watched() == 1  # only `other` is left
+    check_invariants(p)
