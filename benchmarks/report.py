@@ -131,19 +131,29 @@ def _w2(w2: dict[str, Any]) -> list[str]:
         margins = [r["margin_ms"] for c in block["contenders"].values() for r in c.get("reps", [])]
         margin = f"; margin {min(margins) / 1e3:.2g}-{max(margins) / 1e3:.2g} s" if margins else ""
         out += [f"### N = {block['n']:,} ({block['repetitions']} repetitions{margin})", ""]
+        if block.get("user_object_bytes") is not None:
+            out += [
+                f"The user's own object (a slotted request with its timeout, deadline and flag) "
+                f"takes {block['user_object_bytes']:.0f} bytes; *beyond the user's object* "
+                "subtracts it.",
+                "",
+            ]
         rows = []
         for name, c in _in_order(block["contenders"]):
             if "skipped" in c:
-                rows.append([name, c["skipped"], "", "", "", "", ""])
+                rows.append([name, c["skipped"], "", "", "", "", "", ""])
                 continue
             m = c["median"]
+            user = block.get("user_object_bytes")
+            bytes_per_op = c["memory"]["bytes_per_op"]
             rows.append(
                 [
                     name,
                     _num(m["schedule_us"], 2),
                     _num(m["complete_us"], 2),
                     _num(m["expire_us"], 2),
-                    _num(c["memory"]["bytes_per_op"], 0),
+                    _num(bytes_per_op, 0),
+                    _num(None if user is None else bytes_per_op - user, 0),
                     _triple(m["lateness_ms"]) if m["expire_us"] is not None else "-",
                     _num(m["gc_s"]["schedule"], 3),
                 ]
@@ -155,6 +165,7 @@ def _w2(w2: dict[str, Any]) -> list[str]:
                 "complete us",
                 "expire us",
                 "bytes / op",
+                "beyond the user's object",
                 "expiry late ms",
                 "GC s",
             ],
@@ -232,6 +243,180 @@ def _idle(idle: dict[str, Any]) -> list[str]:
     ]
 
 
+def _w2_block(results: dict[str, Any], n: int) -> dict[str, Any] | None:
+    for block in results.get("w2", {}).get("sizes", []):
+        if block["n"] == n:
+            found: dict[str, Any] = block
+            return found
+    return None
+
+
+def _per_op(block: dict[str, Any], who: str, phases: Sequence[str]) -> float | None:
+    c = block["contenders"].get(who, {})
+    if "median" not in c:
+        return None
+    values = [c["median"][phase] for phase in phases]
+    return None if any(v is None for v in values) else float(sum(values))
+
+
+def _verdict(ok: bool | None) -> str:
+    return "-" if ok is None else ("met" if ok else "**not met**")
+
+
+def _w2_targets(results: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for n in (100_000, 1_000_000):
+        block = _w2_block(results, n)
+        if block is None or "median" not in block["contenders"].get("ours", {}):
+            continue
+        for label, phases in (
+            ("schedule+complete", ("schedule_us", "complete_us")),
+            ("schedule+expire", ("schedule_us", "expire_us")),
+        ):
+            ours = _per_op(block, "ours", phases)
+            for base in ("A", "B"):
+                theirs = _per_op(block, base, phases)
+                if ours is None or theirs is None:
+                    continue
+                ratio = theirs / ours
+                rows.append(
+                    [
+                        f"W2 N={n:,}: {label} throughput vs {base}",
+                        ">= 3x",
+                        f"{ratio:.2f}x ({ours:.2f} vs {theirs:.2f} us/op)",
+                        _verdict(ratio >= 3),
+                    ]
+                )
+        user = block.get("user_object_bytes")
+        if user is not None:
+            beyond = block["contenders"]["ours"]["memory"]["bytes_per_op"] - user
+            rows.append(
+                [
+                    f"W2 N={n:,}: memory beyond the user's object",
+                    "<= 300 B",
+                    f"{beyond:.0f} B",
+                    _verdict(beyond <= 300),
+                ]
+            )
+        if n == 1_000_000:
+            p99 = block["contenders"]["ours"]["median"]["lateness_ms"]["p99"]
+            if p99 is not None:
+                rows.append(
+                    [
+                        "W2 N=1,000,000: expiry lateness p99",
+                        "<= 5 ms",
+                        f"{p99:.1f} ms",
+                        _verdict(p99 <= 5),
+                    ]
+                )
+    for block in results.get("w2", {}).get("sizes", []):
+        ours = _per_op(block, "ours", ("schedule_us", "complete_us"))
+        floor = _per_op(block, "Floor", ("schedule_us", "complete_us"))
+        if ours is not None and floor is not None:
+            ratio = ours / floor
+            rows.append(
+                [
+                    f"Floor N={block['n']:,}: watch+complete vs the Floor",
+                    "<= 3x",
+                    f"{ratio:.2f}x",
+                    _verdict(ratio <= 3),
+                ]
+            )
+    return rows
+
+
+def _w1_targets(results: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for entry in results.get("w1", {}).get("settings", []):
+        ours = entry["contenders"].get("ours")
+        if ours is None:
+            continue
+        a = entry["contenders"].get("A", {})
+        cpu = f"; CPU {ours['cpu_s_per_million']:.2f} s/M req"
+        if a.get("cpu_s_per_million") is not None:
+            cpu += f" (A: {a['cpu_s_per_million']:.2f})"
+        rows.append(
+            [
+                f"{entry['setting']['name']}: rate sustained",
+                ">= 100,000/s",
+                f"{ours['max_rate']:,.0f}/s{cpu}",
+                _verdict(ours["max_rate"] >= 100_000),
+            ]
+        )
+    return rows
+
+
+def _idle_targets(results: dict[str, Any]) -> list[list[str]]:
+    idle = results.get("idle")
+    if idle is None:
+        return []
+    rows = []
+    for key, label in (("empty", "nothing pending"), ("one_far_deadline", "one 30 s deadline")):
+        scenario = idle[key]
+        allowed = max(1, int(scenario["seconds"]))
+        rows.append(
+            [
+                f"Idle, {label}: wake-ups in {scenario['seconds']:.1f} s",
+                f"<= {allowed} (one per max(1 s, next deadline))",
+                str(scenario["timer_passes"]),
+                _verdict(scenario["timer_passes"] <= allowed),
+            ]
+        )
+    sparse = idle["sparse"]
+    buckets = sparse["distinct_deadline_ticks"]
+    rows.append(
+        [
+            "Idle, sparse: wake-ups per due bucket",
+            f"~1 per due bucket ({buckets} deadline ticks; {sparse['ticks_elapsed']:,} ticks)",
+            str(sparse["timer_passes"]),
+            _verdict(sparse["timer_passes"] <= 1.1 * buckets + 5),
+        ]
+    )
+    return rows
+
+
+def _flatness(results: dict[str, Any]) -> list[list[str]]:
+    sizes = [
+        b
+        for b in results.get("w2", {}).get("sizes", [])
+        if "median" in b["contenders"].get("ours", {})
+    ]
+    if len(sizes) < 2:
+        return []
+    rows = []
+    for phase in ("schedule_us", "complete_us", "expire_us"):
+        values = [b["contenders"]["ours"]["median"][phase] for b in sizes]
+        if any(v is None for v in values):
+            continue
+        spread = max(values) / min(values)
+        rows.append(
+            [
+                f"Flat cost, {phase.removesuffix('_us')}: max / min over N "
+                f"{sizes[0]['n']:,}-{sizes[-1]['n']:,}",
+                "flat (<= 2x)",
+                f"{spread:.2f}x ({' / '.join(f'{v:.2f}' for v in values)} us)",
+                _verdict(spread <= 2),
+            ]
+        )
+    return rows
+
+
+def _targets(results: dict[str, Any]) -> list[str]:
+    rows = _w1_targets(results) + _w2_targets(results) + _idle_targets(results)
+    rows += _flatness(results)
+    if not rows:
+        return []
+    return [
+        "## Targets (issue 3) against this run",
+        "",
+        "Computed from the tables below. Where a target is not met, `benchmarks/ANALYSIS.md` "
+        "explains the gap with the profile behind it.",
+        "",
+        *_table(["target", "wanted", "measured", "verdict"], rows),
+        "",
+    ]
+
+
 def _notes(notes: list[str]) -> list[str]:
     return ["", "Notes:", "", *(f"- {note}" for note in notes)] if notes else []
 
@@ -274,7 +459,7 @@ def render_markdown(results: dict[str, Any], plot_name: str | None) -> str:
         "",
     ]
     lines += [f"- **{name}**: {text}" for name, text in DESCRIPTIONS.items()]
-    lines += ["", render_tables(results)]
+    lines += ["", *_targets(results), render_tables(results)]
     if plot_name and "w2" in results:
         lines += [f"![W2 cost and lateness against N]({plot_name})", ""]
     return "\n".join(lines)

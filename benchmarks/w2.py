@@ -37,6 +37,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .baselines import FloorOp
 from .config import Config
 from .contenders import Contender
 from .loops import run_on
@@ -188,6 +189,27 @@ async def _memory(target: W2Target, work: Workload, margin: float) -> dict[str, 
     }
 
 
+def user_object_bytes(work: Workload) -> float:
+    """Traced bytes per operation of the user's own object alone: what any contender's caller
+    allocates anyway (a slotted request with its timeout, deadline and flag, like the Floor's).
+
+    The memory target counts what a purgatory adds beyond this.
+    """
+    n = work.n
+    deadlines = [1.0 + u for u in work.offsets]
+    out: list[Any] = [None] * n
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(n):
+            out[i] = FloorOp(deadlines[i] - 0.5, deadlines[i])
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    return (after - before) / n
+
+
 def run_once(
     contender: Contender[Any], work: Workload, margin: float, memory: bool
 ) -> dict[str, Any]:
@@ -298,7 +320,13 @@ def run_w2(
                 "reps": reps[contender.name],
             }
         by_n.append(
-            {"n": n, "repetitions": repeat, "contenders": results, "ratios": _ratios(results)}
+            {
+                "n": n,
+                "repetitions": repeat,
+                "contenders": results,
+                "ratios": _ratios(results),
+                "user_object_bytes": user_object_bytes(work),
+            }
         )
         for contender in active:  # the next N starts from a scaled-up guess
             estimate[contender.name] *= GROWTH_GUESS
