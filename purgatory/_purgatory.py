@@ -477,6 +477,8 @@ class DelayedOperationPurgatory(Generic[Op]):
             for op in pending:
                 op._cancel(closed=True)
             self._garbage.clear()
+            # A fresh wheel: a cascade under way would otherwise keep its entries referenced.
+            self._wheel = TimingWheel(self._wheel.wheel_size, self._wheel.current_tick)
             for task in list(self._attempts):
                 task.cancel()
         if self._reaper is not None:

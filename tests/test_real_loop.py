@@ -10,7 +10,9 @@ loop times are floats of a large magnitude whose differences carry rounding nois
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -304,6 +306,25 @@ async def test_a_big_cascade_runs_in_slices_that_let_the_loop_run() -> None:
         assert all(op.expirations == 1 for op in ops)
         assert min(op.expired_at or 0.0 for op in ops) >= watched_at + 0.2 - SLACK
         assert any(seen), "the loop never ran while a cascade was under way"
+
+
+@pytest.mark.asyncio
+async def test_shutdown_during_a_cascade_releases_every_operation() -> None:
+    loop = asyncio.get_running_loop()
+    p = DelayedOperationPurgatory[Op]("cascade-shutdown", wheel_size=64)
+    ops = [Op(0.2) for _ in range(3 * CASCADE_SLICE)]
+    for i, op in enumerate(ops):
+        p.try_complete_else_watch(op, [i])
+    end = loop.time() + 5.0
+    while p._wheel.cascading is None:
+        assert loop.time() < end, "the cascade never started"
+        await asyncio.sleep(0)
+    await p.shutdown()
+    assert all(op.is_cancelled for op in ops)
+    refs = [weakref.ref(op) for op in ops]
+    del ops, op
+    gc.collect()
+    assert all(ref() is None for ref in refs), "the closed purgatory still holds operations"
 
 
 @pytest.mark.asyncio
