@@ -101,28 +101,21 @@ async def main(requests: int, seed: int) -> dict[str, int]:
                 for partition in partitions:
                     partition.fetched["leader"] = partition.log_end
 
-        fetchers = [
-            asyncio.create_task(leader_self_fetch()),
+        # Each follower fetches after a random delay in its range (seconds).
+        follower_delays = {"fast": (0.001, 0.005), "slow": (0.02, 0.15)}
+        fetchers = [asyncio.create_task(leader_self_fetch())]
+        fetchers += [
             asyncio.create_task(
                 follower(
-                    "fast",
+                    name,
                     partitions=partitions,
                     purgatory=purgatory,
-                    delay=(0.001, 0.005),
+                    delay=delay,
                     rng=rng,
                     stop=stop,
                 )
-            ),
-            asyncio.create_task(
-                follower(
-                    "slow",
-                    partitions=partitions,
-                    purgatory=purgatory,
-                    delay=(0.02, 0.15),
-                    rng=rng,
-                    stop=stop,
-                )
-            ),
+            )
+            for name, delay in follower_delays.items()
         ]
         outcomes: dict[str, int] = {}
         handlers = []

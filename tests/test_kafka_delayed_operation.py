@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from helpers import FlagOperation
 
 from purgatory import (
     DelayedOperation,
@@ -30,28 +31,11 @@ from purgatory.testing import ManualClock, check_invariants
 AnyPurgatory = DelayedOperationPurgatory[Any]
 
 
-class MockOp(DelayedOperation[str]):
-    """Kafka's ``MockDelayedOperation``: completes once `completable` is set."""
+class MockOp(FlagOperation):
+    """Kafka's ``MockDelayedOperation``: completes once `ready` is set (Kafka: ``completable``)."""
 
     def __init__(self, timeout: float = 100.0, name: str = "op") -> None:
-        super().__init__(timeout)
-        self.name = name
-        self.completable = False
-        self.attempts = 0
-        self.calls: list[str] = []
-
-    def try_complete(self) -> bool:
-        self.attempts += 1
-        if self.completable:
-            return self.force_complete()
-        return False
-
-    def on_complete(self) -> str:
-        self.calls.append("complete")
-        return f"{self.name} done"
-
-    def on_expiration(self) -> None:
-        self.calls.append("expire")
+        super().__init__(timeout, name)
 
 
 @pytest.fixture
@@ -96,11 +80,11 @@ def test_request_satisfaction(purgatory: AnyPurgatory) -> None:
     assert not purgatory.try_complete_else_watch(r2, ["test2"]), "r2 not satisfied, watched"
     assert purgatory.check_and_complete("test2") == 0
     check_invariants(purgatory)
-    r1.completable = True
+    r1.ready = True
     assert purgatory.check_and_complete("test1") == 1, "r1 satisfied"
     assert purgatory.check_and_complete("test1") == 0
     check_invariants(purgatory)
-    r2.completable = True
+    r2.ready = True
     assert purgatory.check_and_complete("test2") == 1, "r2 satisfied"
     assert purgatory.check_and_complete("test2") == 0
     check_invariants(purgatory)
@@ -141,10 +125,10 @@ def test_request_purge(purgatory: AnyPurgatory) -> None:
     assert purgatory.watched() == 6
 
     # Completing an operation takes it out of the timer immediately.
-    r2.completable = True
+    r2.ready = True
     assert r2.try_complete()
     assert purgatory.num_delayed() == 2
-    r3.completable = True
+    r3.ready = True
     assert r3.try_complete()
     assert purgatory.num_delayed() == 1
     assert purgatory.watched() == 6  # the watcher lists are cleaned lazily
@@ -243,7 +227,7 @@ def test_cancel_for_key_returns_the_cancelled_operations(
         assert op.is_cancelled
         assert not op.is_completed
         assert not op.force_complete()  # a cancelled operation cannot complete
-    first.completable = True
+    first.ready = True
     assert purgatory.check_and_complete("key") == 0
     assert clock.advance(10.0) == 1
     assert other.is_expired
@@ -278,7 +262,7 @@ def test_cancelled_operations_on_other_keys_are_dropped_uncounted(
     op = MockOp()
     purgatory.try_complete_else_watch(op, ["a", "b"])
     assert purgatory.cancel_for_key("a") == [op]
-    op.completable = True
+    op.ready = True
     assert purgatory.check_and_complete("b") == 0
     assert op.attempts == 2  # the two tries of the watch call, none from the check
     assert (purgatory.watched(), purgatory.statistics().keys) == (0, 0)
@@ -321,7 +305,7 @@ class ProbeOp(MockOp):
 
     def try_complete(self) -> bool:
         self.seen.append((self.purgatory.watched(), self.purgatory.num_delayed()))
-        self.completable = self.complete_on is not None and len(self.seen) >= self.complete_on
+        self.ready = self.complete_on is not None and len(self.seen) >= self.complete_on
         return super().try_complete()
 
 
@@ -380,7 +364,7 @@ class TriggerDuringSecondTryOp(MockOp):
     def try_complete(self) -> bool:
         if self.attempts == 1 and not self.nested:
             self.attempts += 1
-            self.completable = True
+            self.ready = True
             self.nested.append(self.purgatory.check_and_complete(self.key))
             return self.force_complete()  # somebody else won: False
         return super().try_complete()
@@ -448,12 +432,12 @@ def test_completable_operations_on_one_key_all_complete(purgatory: AnyPurgatory)
     for op in ops:
         assert not purgatory.try_complete_else_watch(op, ["key"])
     for op in ops:
-        op.completable = True
+        op.ready = True
     assert purgatory.check_and_complete("key") == 2
     assert all(op.calls == ["complete"] for op in ops)
     # "Immediately completable operations should complete without locking."
     for op in (MockOp(name="now1"), MockOp(name="now2")):
-        op.completable = True
+        op.ready = True
         assert purgatory.try_complete_else_watch(op, ["key"])
         assert op.is_completed
     check_invariants(purgatory)
@@ -480,7 +464,7 @@ def test_check_and_complete_reentered_from_on_complete(purgatory: AnyPurgatory) 
     second = MockOp(name="second")
     purgatory.try_complete_else_watch(first, ["key"])
     purgatory.try_complete_else_watch(second, ["key"])
-    first.completable = second.completable = True
+    first.ready = second.ready = True
     # `first` completes in the outer call; its on_complete re-enters and completes `second`,
     # which the outer call then finds completed and does not count again.
     assert purgatory.check_and_complete("key") == 1
@@ -492,12 +476,12 @@ def test_check_and_complete_reentered_from_on_complete(purgatory: AnyPurgatory) 
 
 
 class AsyncFlagOp(DelayedOperation[str]):
-    """An ``async def try_complete`` that reads `completable`, then waits on `gate`."""
+    """An ``async def try_complete`` that reads `ready`, then waits on `gate`."""
 
     def __init__(self, gate: asyncio.Event, timeout: float = 100.0) -> None:
         super().__init__(timeout)
         self.gate = gate
-        self.completable = False
+        self.ready = False
         self.attempts = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -507,7 +491,7 @@ class AsyncFlagOp(DelayedOperation[str]):
         self.attempts += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        should_complete = self.completable
+        should_complete = self.ready
         try:
             await self.gate.wait()
         finally:
@@ -542,7 +526,7 @@ async def test_try_complete_lock_contention() -> None:
     gate.clear()
     assert purgatory.check_and_complete("key") == 0  # attempt 2 starts, sees "not yet", waits
     assert op.attempts == 2
-    op.completable = True
+    op.ready = True
     for _ in range(3):  # these must not block, and must not pile up
         assert purgatory.check_and_complete("key") == 0
     assert op.attempts == 2
@@ -575,7 +559,7 @@ async def test_an_attempt_in_flight_does_not_hold_up_the_other_operations() -> N
     assert not purgatory.try_complete_else_watch(busy, ["key"])  # suspended on the gate
     assert not purgatory.try_complete_else_watch(free, ["key"])
     assert busy.attempts == 1
-    busy.completable = free.completable = True
+    busy.ready = free.ready = True
     assert purgatory.check_and_complete("key") == 1
     assert free.calls == ["complete"]
     assert not busy.is_completed
@@ -598,7 +582,7 @@ TRIGGERS = 20  # Kafka's completionAttempts: 100 x 20 = 2000 triggers
 class StressOp(DelayedOperation[int]):
     """Kafka's ``TestDelayOperation`` as an async attempt, instrumented against the contract.
 
-    Each attempt reads `completable`, then yields a random number of times (Kafka sleeps a random
+    Each attempt reads `ready`, then yields a random number of times (Kafka sleeps a random
     0-10 ms), then completes if it had read True. `note_trigger` is called right before each
     trigger and keeps the count of attempts the contract calls for: one for the watch, one per
     trigger that finds no attempt in flight, and one per attempt that saw a trigger arrive while
@@ -612,7 +596,7 @@ class StressOp(DelayedOperation[int]):
         self.rng = rng
         self.max_yields = max_yields
         self.remaining = TRIGGERS
-        self.completable = False
+        self.ready = False
         self.in_flight = False
         self.owed = False  # an attempt ended with a trigger pending; its re-run has not started
         self.triggered_during = False
@@ -633,7 +617,7 @@ class StressOp(DelayedOperation[int]):
         self.attempts += 1
         if self.attempts > self.expected_attempts:
             self.unexpected += 1
-        should_complete = self.completable
+        should_complete = self.ready
         for _ in range(self.rng.randrange(self.max_yields + 1)):
             await asyncio.sleep(0)
         self.in_flight = False
@@ -682,7 +666,7 @@ async def test_try_complete_with_many_concurrent_triggers(seed: int) -> None:
             await asyncio.sleep(0)
         op.remaining -= 1
         if op.remaining == 0:
-            op.completable = True
+            op.ready = True
         op.note_trigger()
         purgatory.check_and_complete(op.key)
 
@@ -721,7 +705,7 @@ class ThreadedOp(DelayedOperation[int]):
         self.rng = rng  # used on the loop thread only
         self.remaining = TRIGGERS
         self.lock = threading.Lock()
-        self.completable = False
+        self.ready = False
         self.in_flight = False
         self.overlaps = 0
         self.attempts = 0
@@ -732,7 +716,7 @@ class ThreadedOp(DelayedOperation[int]):
             self.overlaps += 1
         self.in_flight = True
         self.attempts += 1
-        should_complete = self.completable
+        should_complete = self.ready
         for _ in range(self.rng.randrange(6)):
             await asyncio.sleep(0)
         self.in_flight = False
@@ -764,7 +748,7 @@ async def test_try_complete_with_triggers_from_other_threads() -> None:
             op.remaining -= 1
             last = op.remaining == 0
         if last:
-            op.completable = True
+            op.ready = True
         purgatory.check_and_complete_threadsafe(op.key)
 
     delays = [0.0, 0.0, 0.0005, 0.001]
