@@ -336,12 +336,10 @@ class DelayedOperationPurgatory(Generic[Op]):
     def check_and_complete(self, key: Hashable) -> int:
         """Re-try every operation watching `key`; return how many completed in this call.
 
-        Kafka: ``checkAndComplete``. As in Kafka, a completion counts when `try_complete`
-        returns true (an operation that completes itself but returns false is not counted, and
-        may stay on the list until the next trigger or purge); operations found already
-        finished are dropped from the list and not counted; an unknown key creates nothing. A
-        `try_complete` that raises is reported to the loop's exception handler and the others
-        are still tried. Async attempts start (or are marked to run once more) and finish later.
+        Kafka: ``checkAndComplete``. Operations found already finished are dropped from the list
+        and not counted; an unknown key creates nothing. A `try_complete` that raises is reported
+        to the loop's exception handler and the others are still tried. Async attempts start (or
+        are marked to run once more) and finish later.
 
         Runtime complexity: O(operations on the key's list) plus their `try_complete` calls.
         """
@@ -364,11 +362,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         for op in candidates:
             state = op._state
             if not state:
-                # The common case, once per operation on the list: one call and one test.
                 try:
                     claimed = op.try_complete()
-                    if not claimed:
-                        continue
                 except Exception as exc:  # noqa: BLE001 - reported; the other operations go on
                     report_exception(
                         f"{type(op).__qualname__}.try_complete raised", exc, operation=op, key=key
@@ -379,7 +374,7 @@ class DelayedOperationPurgatory(Generic[Op]):
                     ops.pop(op, None)
                     if state & DONE:
                         completed += 1
-                else:
+                elif claimed:
                     report_exception(
                         f"{type(op).__qualname__}.try_complete returned {claimed!r} without "
                         "completing; it must return self.force_complete()",
