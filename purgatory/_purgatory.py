@@ -372,7 +372,7 @@ class DelayedOperationPurgatory(Generic[Op]):
                 state = op._state
                 if state & FINISHED:
                     ops.pop(op, None)
-                    if state & DONE:
+                    if state & EXPIRED_NOW == DONE:  # completed, not expired meanwhile
                         completed += 1
                 elif claimed:
                     report_exception(
@@ -530,9 +530,11 @@ class DelayedOperationPurgatory(Generic[Op]):
                 if future is not None and not future.done():
                     future.set_result(None)
         except BaseException:
-            # Something like KeyboardInterrupt: whatever was not expired stays due.
+            # Something like KeyboardInterrupt: whatever was not expired stays due (unless a
+            # callback finished it meanwhile).
             for op in due[index + 1 :]:
-                self._wheel.add(op, op._deadline)
+                if not op._state & FINISHED:
+                    self._wheel.add(op, op._deadline)
             raise
         finally:
             self._expired += expired
@@ -669,13 +671,11 @@ class DelayedOperationPurgatory(Generic[Op]):
 
         At most `limit` of them (``None``: all): the rest wait for the next timer pass.
         """
-        garbage = self._garbage
-        if limit is None or limit >= len(garbage):
-            self._garbage = []
-        else:
-            rest = garbage
-            garbage = rest[-limit:]
-            del rest[-limit:]
+        # In place: a timer pass holds the list's append while a nested pass may purge.
+        pending = self._garbage
+        take = len(pending) if limit is None else min(limit, len(pending))
+        garbage = pending[-take:] if take else []
+        del pending[len(pending) - take :]
         watchers = self._watchers
         purged = 0
         for op in garbage:

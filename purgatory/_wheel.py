@@ -186,8 +186,12 @@ class TimingWheel:
         a cascade is under way. Runtime complexity: O(1) amortised (buckets emptied by cancels
         are dropped here).
         """
-        if self._overdue or self._active is not None:
+        if self._overdue:
             return self._current[0]
+        if self._active is not None:
+            if self._size:
+                return self._current[0]
+            self._end_cascade()  # everything it had left was removed meanwhile
         heap = self._heap
         while heap:
             bucket = heap[0][3]
@@ -389,9 +393,14 @@ class TimingWheel:
             entry._bucket = part
         self._todo_done = end
         if end == len(todo):
-            self._active = None
-            self._todo = []
-            bucket.expiration = -1
+            self._end_cascade()
+
+    def _end_cascade(self) -> None:
+        bucket = self._active
+        assert bucket is not None
+        self._active = None
+        self._todo = []
+        bucket.expiration = -1
 
 
 def _deadline_of(entry: Any) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 
 import pytest
 from helpers import FlagOperation, Recorder
@@ -327,3 +328,82 @@ def test_a_completion_counts_even_if_try_complete_returns_false() -> None:
     assert op.is_completed
     assert p.watched() == 1  # only `other` is left
     check_invariants(p)
+
+
+class HookOp(FlagOperation):
+    """Runs `hook` from on_expiration, and `try_hook` (if set) after each attempt."""
+
+    def __init__(
+        self,
+        timeout: float,
+        hook: Callable[[HookOp], object] | None = None,
+        try_hook: Callable[[HookOp], None] | None = None,
+    ) -> None:
+        super().__init__(timeout)
+        self.hook = hook
+        self.try_hook = try_hook
+
+    def try_complete(self) -> bool:
+        done = super().try_complete()
+        if self.try_hook is not None:
+            self.try_hook(self)
+        return done
+
+    def on_expiration(self) -> None:
+        super().on_expiration()
+        if self.hook is not None:
+            self.hook(self)
+
+
+def test_a_timer_pass_nested_in_an_expiry_callback_loses_no_purge() -> None:
+    """The outer pass keeps queueing what it expires for the purge a nested pass ran."""
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("nested", purge_interval=0, clock=clock)
+    first = HookOp(1, hook=lambda _: clock.advance(0))
+    second = FlagOperation(1)
+    p.try_complete_else_watch(first, ["a"])
+    p.try_complete_else_watch(second, ["b"])
+    clock.advance(1)
+    assert first.is_expired
+    assert second.is_expired
+    check_invariants(p)
+    clock.advance(1)
+    assert p.watched() == 0
+
+
+def test_an_expiry_during_try_complete_is_not_counted_as_a_completion() -> None:
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("expiring", clock=clock)
+
+    def let_time_pass(op: HookOp) -> None:
+        if op.attempts == 3:  # the trigger's attempt (the watch made two)
+            clock.advance(5)
+
+    op = HookOp(1, try_hook=let_time_pass)
+    p.try_complete_else_watch(op, ["k"])
+    assert p.check_and_complete("k") == 0
+    assert op.is_expired
+    check_invariants(p)
+
+
+def test_an_interrupted_timer_pass_does_not_re_time_what_a_callback_finished() -> None:
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("interrupted", clock=clock)
+    later = FlagOperation(1)
+    late_too = FlagOperation(1)
+
+    def finish_one_then_interrupt(_: HookOp) -> None:
+        later.force_complete()
+        raise KeyboardInterrupt
+
+    first = HookOp(1, hook=finish_one_then_interrupt)
+    for op in (first, later, late_too):
+        p.try_complete_else_watch(op, ["k"])
+    with pytest.raises(KeyboardInterrupt):
+        clock.advance(1)
+    assert later.is_completed
+    assert not later.is_expired
+    assert p.num_delayed() == 1  # late_too, still due
+    check_invariants(p)
+    assert clock.advance(0) == 1
+    assert late_too.is_expired

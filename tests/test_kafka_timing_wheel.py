@@ -459,3 +459,18 @@ def test_wheel_size_must_be_at_least_two(size: int, error: type[Exception]) -> N
 def test_wheel_size_must_be_an_int(size: object) -> None:
     with pytest.raises(TypeError):
         TimingWheel(size)  # type: ignore[arg-type]
+
+
+def test_a_cascade_whose_entries_were_all_removed_leaves_nothing_due() -> None:
+    """Removing everything mid-cascade: the wheel is empty, and says so."""
+    wheel = TimingWheel(4, start_tick=0)
+    entries = [Entry(i) for i in range(3)]
+    for entry in entries:
+        wheel.add(entry, 9)
+    assert wheel.advance(6, budget=1) == []  # the cascade of ticks 8..11 is under way
+    assert wheel.cascading is not None
+    for entry in entries:
+        assert wheel.remove(entry)
+    assert len(wheel) == 0
+    assert wheel.next_deadline() == math.inf
+    assert wheel.cascading is None

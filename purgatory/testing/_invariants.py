@@ -15,7 +15,8 @@ def check_invariants(purgatory: DelayedOperationPurgatory[Any]) -> None:
 
     Checked: every timed entry sits in the bucket it points to, inside that bucket's span, and is
     pending; the size counter matches; bucket heap entries agree with bucket expirations; no
-    watcher list is empty; every pending watched operation is timed.
+    watcher list is empty; every pending watched operation is timed; every finished operation
+    still on a watcher list is queued for the purge.
     """
     wheel = purgatory._wheel
     held = 0
@@ -46,6 +47,7 @@ def check_invariants(purgatory: DelayedOperationPurgatory[Any]) -> None:
         assert op._bucket is wheel._overdue
         assert op._deadline <= current, f"overdue {op!r} is not due"
     assert held == len(wheel), f"size counter {len(wheel)} != {held} entries held"
+    garbage = set(purgatory._garbage)
     for key, watching in purgatory._watchers.items():
         if type(watching) is dict:
             assert watching, f"empty watcher list for {key!r}"
@@ -53,6 +55,8 @@ def check_invariants(purgatory: DelayedOperationPurgatory[Any]) -> None:
         else:
             ops = [watching]
         for op in ops:
+            if op._state & FINISHED:
+                assert op in garbage, f"finished {op!r} on {key!r}'s list, but no purge will see it"
             assert op._purgatory is purgatory, f"{op!r} watched by another purgatory"
             assert op._keys is not None, f"{op!r} has no keys"
             assert key in op._keys, f"{op!r} not watching {key!r}"
