@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from helpers import FlagOperation
+from helpers import DelayedFuture, FlagOperation
 
 from purgatory import (
     DelayedOperation,
@@ -770,31 +770,6 @@ async def test_try_complete_with_triggers_from_other_threads() -> None:
 
 
 # -- testDelayedFuture -----------------------------------------------------------------------
-
-
-class DelayedFuture(DelayedOperation[int]):
-    """Kafka's ``DelayedFuture``: done when every future is; on expiry the rest time out.
-
-    The result is the sum of the futures that succeeded (Kafka's ``updateResult`` callback).
-    """
-
-    def __init__(self, timeout: float, futures: list[asyncio.Future[int]]) -> None:
-        super().__init__(timeout)
-        self.futures = futures
-
-    def try_complete(self) -> bool:
-        if all(future.done() for future in self.futures):
-            return self.force_complete()
-        return False
-
-    def on_complete(self) -> int:
-        for future in self.futures:
-            if not future.done():
-                future.set_exception(TimeoutError("the delayed future timed out"))
-        return sum(future.result() for future in self.futures if future.exception() is None)
-
-    def on_expiration(self) -> None:
-        pass
 
 
 def watch_futures(

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+from helpers import DelayedFuture
 
 from purgatory import (
     DelayedOperation,
@@ -269,28 +270,14 @@ async def test_purge_runs_without_waiting_for_an_expiry() -> None:
         assert (stats.purged, stats.keys, stats.delayed) == (3, 0, 0)
 
 
-class DelayedFuture(DelayedOperation[int]):
-    """Kafka's ``DelayedFuture``: done when every future is; on expiry the rest time out."""
+class TimedDelayedFuture(DelayedFuture):
+    """Kafka's ``DelayedFuture``, noting when it completed."""
 
-    def __init__(self, timeout: float, futures: list[asyncio.Future[int]]) -> None:
-        super().__init__(timeout)
-        self.futures = futures
-        self.completed_at: float | None = None
-
-    def try_complete(self) -> bool:
-        if all(future.done() for future in self.futures):
-            return self.force_complete()
-        return False
+    completed_at: float | None = None
 
     def on_complete(self) -> int:
         self.completed_at = now()
-        for future in self.futures:
-            if not future.done():
-                future.set_exception(TimeoutError("the delayed future timed out"))
-        return sum(future.result() for future in self.futures if future.exception() is None)
-
-    def on_expiration(self) -> None:
-        pass
+        return super().on_complete()
 
 
 @pytest.mark.asyncio
@@ -299,7 +286,7 @@ async def test_delayed_future_expires_on_the_reaper() -> None:
     loop = asyncio.get_running_loop()
     async with DelayedOperationPurgatory[DelayedFuture]("testDelayedFuture") as purgatory:
         futures: list[asyncio.Future[int]] = [loop.create_future(), loop.create_future()]
-        op = DelayedFuture(0.05, futures)
+        op = TimedDelayedFuture(0.05, futures)
         start = now()
         assert not purgatory.try_complete_else_watch(op, ["futures"])
         for future in futures:
