@@ -60,6 +60,9 @@ EXPIRED_NOW = DONE | EXPIRED
 # Garbage entries one purge slice removes on the event loop (about a millisecond of work); more
 # garbage waits for the next pass, which the reaper runs as soon as the loop has had a turn.
 PURGE_SLICE = 4096
+
+# Stands in for a key's list when the key has a lone watcher: only ever popped from, never filled.
+_NOTHING_TO_POP: dict[Any, None] = {}
 # Entries a timer pass on the event loop cascades (moves down a wheel level) before it yields.
 CASCADE_SLICE = 4096
 
@@ -351,14 +354,15 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._bind_loop()
         completed = 0
         single: Op | None
+        candidates: Iterable[Op]
         if isinstance(ops, dict):
             single = None
             candidates = list(ops)
         else:
-            # The key's only watcher: the pops below go to a scratch dict, the entry goes after.
+            # The key's only watcher: the pops below find nothing, its entry goes after the loop.
             single = ops
-            candidates = [single]
-            ops = {}
+            candidates = (single,)
+            ops = _NOTHING_TO_POP
         for op in candidates:
             state = op._state
             if not state:
