@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, final
 
 from ._asyncio import (
     CancelledError,
@@ -56,6 +56,18 @@ __all__ = ("DEFAULT_WHEEL_SIZE", "DelayedOperationPurgatory", "PurgatoryStatisti
 
 T = TypeVar("T")
 Op = TypeVar("Op", bound=DelayedOperation[Any])
+_D = TypeVar("_D", bound=DelayedOperation[Any])
+_D_contra = TypeVar("_D_contra", contravariant=True)
+_R_co = TypeVar("_R_co", covariant=True)
+
+
+class _Accepting(Protocol[_D_contra, _R_co]):
+    """What `watch` asks of its purgatory, for the type checker only: to take `_D_contra`, an
+    operation type that is a `DelayedOperation[T]` (`_R_co`), so that ``await watch(op)`` is a
+    ``T`` and only the purgatory's own operation type is accepted."""
+
+    def _accept(self, op: _D_contra, /) -> _R_co: ...
+
 
 #: Slots per wheel level. Kafka uses 20; 1024 one-millisecond ticks put every timeout under a
 #: second straight into level 0, so such operations never cascade (see benchmarks/RESULTS.md).
@@ -393,7 +405,15 @@ class DelayedOperationPurgatory(Generic[Op]):
             reaper.wake_by(due)
         return False
 
-    async def watch(self, op: Op, keys: Iterable[Hashable] | Mapping[Hashable, Any]) -> Any:
+    if TYPE_CHECKING:
+
+        def _accept(self, op: Op, /) -> Op: ...
+
+    async def watch(
+        self: _Accepting[_D, DelayedOperation[T]],
+        op: _D,
+        keys: Iterable[Hashable] | Mapping[Hashable, Any],
+    ) -> T:
         """`try_complete_else_watch`, then wait for the outcome: the call a handler awaits.
 
         Returns:
@@ -408,8 +428,10 @@ class DelayedOperationPurgatory(Generic[Op]):
             # Created before the first attempt so that an on_complete error raised inside it has
             # an awaiter (this call) and is not also reported as unretrieved.
             op._future = new_future()
+        if TYPE_CHECKING:
+            assert isinstance(self, DelayedOperationPurgatory)
         if self.try_complete_else_watch(op, keys):
-            return op._outcome()
+            return op._outcome()  # type: ignore[no-any-return]
         # `await op`, unrolled: this is the hot path of every parked request.
         while not op._state & FINISHED:
             future = op._future
@@ -424,7 +446,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             except BaseException:
                 op._cancel()
                 raise
-        return op._outcome()
+        return op._outcome()  # type: ignore[no-any-return]
 
     def check_and_complete(self, key: Hashable, reached: Any = None) -> int:
         """Re-try the operations watching `key`; return how many completed in this call.
