@@ -61,7 +61,7 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 def test_an_operation_that_left_every_list_is_not_kept_alive() -> None:
-    clock, p = manual()
+    _clock, p = manual()
     refs = []
     for index in range(200):
         op = Big()
@@ -135,7 +135,7 @@ class AsyncFlag(DelayedOperation[str]):
 @pytest.mark.asyncio
 async def test_a_bad_key_registers_nothing(keys: Any) -> None:
     for make in (FlagOperation, AsyncFlag):
-        clock, p = manual()
+        _clock, p = manual()
         first = make(30)
         assert not p.try_complete_else_watch(first, {"bad": 1, "orders": 2})
         op = make(30)
@@ -222,7 +222,8 @@ async def test_a_reaper_cancelled_from_outside_comes_back() -> None:
                 task.cancel()
         assert await asyncio.wait_for(waiter, 5.0) == "op done"
         assert op.is_expired
-        assert p._reaper is not None and p._reaper.restarts == 1
+        assert p._reaper is not None
+        assert p._reaper.restarts == 1
         # Idle when cancelled: it comes back with the next watch.
         for task in asyncio.all_tasks():
             if task is not me:
@@ -279,9 +280,9 @@ async def test_a_base_exception_in_an_expiry_callback_is_that_operations_failure
             assert isinstance(outcome[0], RuntimeError)
             assert outcome[0].__cause__ is error
         elif where == "on_complete":
-            assert outcome == [error]
+            assert list(outcome) == [error]
         else:
-            assert outcome == ["fine"]
+            assert list(outcome) == ["fine"]
             assert recorder.exceptions == [error]
         later = FlagOperation(0.01)
         assert await asyncio.wait_for(p.watch(later, ["k"]), 5.0) == "op done"
@@ -328,7 +329,7 @@ def test_a_keyboard_interrupt_in_an_expiry_propagates_and_the_reaper_goes_on(
             assert isinstance(gathered[0], RuntimeError)
             assert isinstance(gathered[0].__cause__, KeyboardInterrupt)
         else:
-            assert gathered == ["fine"]
+            assert list(gathered) == ["fine"]
     finally:
         loop.close()
 
@@ -358,7 +359,7 @@ async def test_a_base_exception_in_on_complete_reaches_every_awaiter(path: str) 
         elif path == "force":
             assert op.force_complete() is True
         results = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 5)
-        assert results == [error, error]
+        assert list(results) == [error, error]
         with pytest.raises(Custom):
             await op
 
@@ -438,7 +439,7 @@ class ShutsDown(FlagOperation):
 @pytest.mark.asyncio
 @pytest.mark.parametrize("when", ["try", "second try"])
 async def test_a_shutdown_inside_the_watch_leaves_no_awaiter_hanging(when: str) -> None:
-    clock, p = manual()
+    _clock, p = manual()
     op = ShutsDown(30, p, when)
     with pytest.raises(PurgatoryClosed):
         await asyncio.wait_for(p.watch(op, ["k", "j"]), 5.0)
@@ -530,7 +531,7 @@ def test_a_patched_loop_time_is_the_one_clock() -> None:
     loop = asyncio.new_event_loop()
     virtual = [time.monotonic() + 1000.0]
     try:
-        with mock.patch.object(loop, "time", lambda: virtual[0]):
+        with mock.patch.object(loop, "time", side_effect=lambda: virtual[0]):
 
             async def scenario() -> bool:
                 async with DelayedOperationPurgatory[FlagOperation]("virtual") as p:
@@ -556,7 +557,7 @@ def test_a_patched_loop_time_is_the_one_clock() -> None:
 
 @pytest.mark.parametrize("timeout", [1e300, 1.8e306, 2.0**53 * 0.001 * 1.001])
 def test_an_absurd_timeout_is_refused_and_registers_nothing(timeout: float) -> None:
-    clock, p = manual()
+    _clock, p = manual()
     op = FlagOperation(timeout)
     with pytest.raises(ValueError, match="horizon"):
         p.try_complete_else_watch(op, ["k"])
@@ -565,7 +566,7 @@ def test_an_absurd_timeout_is_refused_and_registers_nothing(timeout: float) -> N
 
 
 def test_the_largest_timeout_works() -> None:
-    clock, p = manual(tick=1.0)
+    _clock, p = manual(tick=1.0)
     op = FlagOperation(2.0**53 - 1)
     p.try_complete_else_watch(op, ["k"])
     assert p._wheel.levels <= 7
@@ -579,9 +580,12 @@ async def test_check_and_complete_on_an_unknown_key_binds_the_purgatory() -> Non
     assert p.check_and_complete("nothing") == 0
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
-    thread = threading.Thread(
-        target=lambda: (p.check_and_complete_threadsafe("x"), loop.call_soon_threadsafe(done.set))
-    )
+
+    def from_thread() -> None:
+        p.check_and_complete_threadsafe("x")
+        loop.call_soon_threadsafe(done.set)
+
+    thread = threading.Thread(target=from_thread)
     thread.start()
     thread.join()
     await asyncio.wait_for(done.wait(), 5.0)
@@ -626,7 +630,7 @@ class AsyncClaims(AsyncFlag):
 async def test_a_false_claim_is_reported_on_every_path() -> None:
     recorder = Recorder()
     asyncio.get_running_loop().set_exception_handler(recorder)
-    clock, p = manual()
+    _clock, p = manual()
     p.try_complete_else_watch(Claims(30), ["k"])
     assert len(recorder.contexts) == 2  # both tries of the watch
     p.check_and_complete("k")
