@@ -10,7 +10,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, assert_type
 from unittest import mock
 
 import anyio
@@ -646,3 +646,31 @@ async def test_awaiting_an_operation_never_watched_raises() -> None:
     op = FlagOperation(1)
     with pytest.raises(RuntimeError, match="never watched"):
         await asyncio.wait_for(outcome_of(op), 5.0)
+
+
+# -- 10. watch() takes the purgatory's own operation type ----------------------------------
+
+
+class Other(DelayedOperation[int]):
+    def try_complete(self) -> bool:
+        return self.force_complete()
+
+    def on_complete(self) -> int:
+        return 7
+
+    def on_expiration(self) -> None:
+        pass
+
+
+@pytest.mark.asyncio
+async def test_watch_is_typed_by_the_purgatorys_operation_type() -> None:
+    """Checked by mypy (``make test`` runs it on the tests): an unused ignore is an error."""
+    clock, p = manual()
+    flags = DelayedOperationPurgatory[FlagOperation]("typed", clock=clock)
+    ready = FlagOperation(1)
+    ready.ready = True
+    assert_type(await flags.watch(ready, ["k"]), str)
+    with pytest.raises(ValueError, match="keys is empty"):  # at run time: not checked
+        await flags.watch(Other(1), [])  # type: ignore[arg-type]
+    others = DelayedOperationPurgatory[Other]("typed-other", clock=clock)
+    assert_type(await others.watch(Other(1), ["k"]), int)
