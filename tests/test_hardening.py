@@ -665,7 +665,7 @@ class Other(DelayedOperation[int]):
 @pytest.mark.asyncio
 async def test_watch_is_typed_by_the_purgatorys_operation_type() -> None:
     """Checked by mypy (``make test`` runs it on the tests): an unused ignore is an error."""
-    clock, p = manual()
+    clock = ManualClock()
     flags = DelayedOperationPurgatory[FlagOperation]("typed", clock=clock)
     ready = FlagOperation(1)
     ready.ready = True
