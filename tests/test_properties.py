@@ -402,8 +402,9 @@ class PurgatoryMachine(RuleBasedStateMachine):
     def a_bad_key_registers_nothing(self, good: list[object], units: int) -> None:
         op = Op(float(seconds(units, self.model.tick)), -1, self.log, self.clock)
         before = self.p.statistics()
+        keys: list[Any] = [*good, ["orders", 1]]  # a JSON-decoded tuple: unhashable
         with pytest.raises(TypeError, match="unhashable"):
-            self.p.try_complete_else_watch(op, [*good, ["orders", 1]])
+            self.p.try_complete_else_watch(op, keys)
         assert self.p.statistics() == before
         assert op.events == []
 
