@@ -219,6 +219,45 @@ def seconds(units: int | Fraction, tick: Fraction) -> Fraction:
     return Fraction(units) * tick / UNITS_PER_TICK
 
 
+class RecordingLog:
+    """An `EventLog` that keeps every call, to check the hook against the model."""
+
+    def __init__(self) -> None:
+        self.watches: list[tuple[Any, ...]] = []
+        self.ends: dict[DelayedOperation[Any], list[str]] = {}
+
+    def record_watch(  # noqa: PLR0917 - the protocol's signature
+        self,
+        purgatory: str,
+        op: DelayedOperation[Any],
+        keys: tuple[object, ...],
+        thresholds: tuple[Any, ...] | None,
+        watched_at: float,
+        deadline: float,
+    ) -> None:
+        self.watches.append((op, keys, thresholds, watched_at, deadline))
+        self.ends.setdefault(op, [])
+
+    def record_end(
+        self, purgatory: str, op: DelayedOperation[Any], outcome: str, ended_at: float
+    ) -> None:
+        assert op in self.ends, f"{op!r} ended ({outcome}) without a watch"
+        self.ends[op].append(outcome)
+
+    def flush(self) -> None:
+        pass
+
+
+EXPECTED_OUTCOMES = {
+    "pending": [],
+    "completed": ["completed"],
+    "expired": ["expired"],
+    "cancelled": ["cancelled"],
+    "rejected": ["refused"],
+    "orphan": ["refused"],
+}
+
+
 class PurgatoryMachine(RuleBasedStateMachine):
     """Random watch / trigger / force / cancel / advance sequences against the model."""
 
@@ -230,6 +269,7 @@ class PurgatoryMachine(RuleBasedStateMachine):
         self.model = Model(Fraction(1, 1000), 1000, None, Fraction(0))
         self.tick = 0.001
         self.started = False
+        self.events = RecordingLog()
 
     @initialize(
         tick=st.sampled_from(TICKS),
@@ -257,6 +297,7 @@ class PurgatoryMachine(RuleBasedStateMachine):
                 purge_interval=purge_interval,
                 max_pending=max_pending,
                 clock=self.clock,
+                event_log=self.events,
             )
         else:
             self.p = DelayedOperationPurgatory[Op](
@@ -266,6 +307,7 @@ class PurgatoryMachine(RuleBasedStateMachine):
                 purge_interval=purge_interval,
                 max_pending=max_pending,
                 clock=self.clock,
+                event_log=self.events,
             )
         self.model = Model(exact_tick, purge_interval, max_pending, start)
         self.started = True
@@ -523,6 +565,7 @@ class PurgatoryMachine(RuleBasedStateMachine):
             assert stats.next_deadline_in == math.inf
         for m in model.ops:
             op = m.op
+            assert self.events.ends.get(op) == EXPECTED_OUTCOMES[m.status], m.status
             assert op.attempts == m.attempts, f"{op!r}: tried {op.attempts}, not {m.attempts}"
             if m.status == "pending":
                 assert (op.is_completed, op.is_expired, op.is_cancelled) == (False, False, False)

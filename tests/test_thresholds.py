@@ -49,7 +49,7 @@ def manual() -> tuple[ManualClock, DelayedOperationPurgatory[Any]]:
 
 
 def test_acks_all_tries_only_the_produces_the_high_watermark_passed() -> None:
-    clock, p = manual()
+    _clock, p = manual()
     partition = Partition()
     produces = [DelayedProduce(partition, offset) for offset in range(0, 1000, 10)]
     for op in produces:
@@ -87,7 +87,7 @@ class Picky(DelayedOperation[int]):
 
 
 def test_an_operation_reached_but_not_ready_is_never_lost() -> None:
-    clock, p = manual()
+    _clock, p = manual()
     log: list[int] = []
     op = Picky(1, log)
     p.try_complete_else_watch(op, {"k": 10})
@@ -105,7 +105,7 @@ def test_an_operation_reached_but_not_ready_is_never_lost() -> None:
 
 
 def test_order_plain_then_reached_in_threshold_order_then_watch_order() -> None:
-    clock, p = manual()
+    _clock, p = manual()
     log: list[int] = []
     ops = {name: Picky(name, log) for name in range(6)}
     p.try_complete_else_watch(ops[0], ["k"])
@@ -124,7 +124,7 @@ def test_order_plain_then_reached_in_threshold_order_then_watch_order() -> None:
 
 
 def test_a_key_can_mix_plain_and_threshold_watchers_of_many_keys() -> None:
-    clock, p = manual()
+    _clock, p = manual()
     log: list[int] = []
     op = Picky(1, log)
     p.try_complete_else_watch(op, {"a": 5, "b": None, "c": 2})
@@ -144,7 +144,7 @@ def test_a_key_can_mix_plain_and_threshold_watchers_of_many_keys() -> None:
 
 
 def test_finished_watchers_leave_the_heap_without_a_scan_and_are_not_kept_alive() -> None:
-    clock, p = manual()
+    _clock, p = manual()
     ops = [Picky(index, []) for index in range(1000)]
     for op in ops:
         p.try_complete_else_watch(op, {"k": op.name, "j": op.name})
@@ -161,7 +161,7 @@ def test_finished_watchers_leave_the_heap_without_a_scan_and_are_not_kept_alive(
 
 
 def test_a_value_that_does_not_compare_raises_and_leaves_everything_consistent() -> None:
-    clock, p = manual()
+    _clock, p = manual()
     log: list[int] = []
     p.try_complete_else_watch(Picky(1, log), {"k": 5})
     with pytest.raises(TypeError):
@@ -171,7 +171,7 @@ def test_a_value_that_does_not_compare_raises_and_leaves_everything_consistent()
 
 
 def test_expiry_and_cancellation_of_threshold_watchers() -> None:
-    clock, p = manual()
+    _clock, p = manual()
     log: list[int] = []
     early = Picky(1, log, timeout=0.01)
     late = Picky(2, log, timeout=10)
