@@ -171,7 +171,7 @@ def test_a_value_that_does_not_compare_raises_and_leaves_everything_consistent()
 
 
 def test_expiry_and_cancellation_of_threshold_watchers() -> None:
-    _clock, p = manual()
+    clock, p = manual()
     log: list[int] = []
     early = Picky(1, log, timeout=0.01)
     late = Picky(2, log, timeout=10)
