@@ -14,11 +14,6 @@ garbage, not the number of pending operations; on the event loop it runs in boun
 burst of garbage never stalls the expirations. The purgatory holds an operation only while a
 list or the timer does: one that has left them all is forgotten at once, whatever its result.
 
-What a callback may do. ``try_complete``, ``on_complete`` and ``on_expiration`` may call anything
-on their own purgatory: `check_and_complete` (re-entrantly, on any key), ``force_complete`` of any
-operation, `try_complete_else_watch` / `watch` of another operation, `cancel_for_key`, `purge`,
-`statistics`, `shutdown` (which cancels whatever is still pending, the operation being watched
-or expired included) and ``ManualClock.advance``. Each leaves the lists and the timer consistent.
 """
 
 from __future__ import annotations
@@ -162,6 +157,15 @@ class DelayedOperationPurgatory(Generic[Op]):
     """Holds delayed operations until their condition holds or their deadline passes.
 
     Kafka: ``DelayedOperationPurgatory``. Times are in seconds; the wheel counts integer ticks.
+
+    Callbacks may use their own purgatory: ``try_complete``, ``on_complete`` and
+    ``on_expiration`` may call `check_and_complete` (re-entrantly, on any key),
+    ``force_complete`` of any operation, `try_complete_else_watch` / `watch` of another
+    operation, `cancel_for_key`, `purge`, `statistics`, `shutdown` (which cancels whatever is
+    still pending, the operation being watched or expired included) and
+    ``ManualClock.advance``; each leaves the lists and the timer consistent. A purgatory on the
+    loop's clock belongs to that loop and its thread: from another thread, only
+    `check_and_complete_threadsafe`.
 
     Args:
         name: A label for reprs, the reaper task's name and error messages.
