@@ -42,10 +42,12 @@ from ._errors import PurgatoryClosed, PurgatoryFull
 from ._events import EventLog, Outcome
 from ._operation import ASYNC, DONE, EXPIRED, FINISHED, DelayedOperation, report_false_claim
 from ._watchers import (
+    LoneMark,
     ThresholdWatchers,
     WatcherMap,
     count_entries,
     discard,
+    join_plain,
     members,
     unregister,
     watch_at,
@@ -87,6 +89,7 @@ EXPIRED_NOW = DONE | EXPIRED
 # garbage waits for the next pass, which the reaper runs as soon as the loop has had a turn.
 PURGE_SLICE = 4096
 
+_SHAPES_WITH_THRESHOLDS = (ThresholdWatchers, LoneMark)
 # Stands in for a key's list when the key has a lone watcher: only ever popped from, never filled.
 _NOTHING_TO_POP: dict[Any, None] = {}
 # Deadlines at most this many ticks ahead: 2**53 one-millisecond ticks are 285,000 years, and a
@@ -258,7 +261,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._max_timeout = MAX_TIMEOUT_TICKS * self._tick
         self._max_pending = max_pending
         self._log = event_log
-        # A key's watchers: the operation itself, an ordered set, or a ThresholdWatchers.
+        # A key's watchers: the operation, an ordered set, a LoneMark or a ThresholdWatchers.
         self._watchers: WatcherMap = {}
         # Operations that finished while still on some list: what the next purge visits.
         self._garbage: dict[Op, None] = {}
@@ -401,8 +404,8 @@ class DelayedOperationPurgatory(Generic[Op]):
                     watchers[key] = op
                 elif type(ops) is dict:
                     ops[op] = None
-                elif type(ops) is ThresholdWatchers:
-                    ops.plain[op] = None
+                elif type(ops) in _SHAPES_WITH_THRESHOLDS:
+                    join_plain(watchers, key, op, ops)
                 else:
                     watchers[key] = {ops: None, op: None}
             if thresholds is not None:
@@ -526,6 +529,13 @@ class DelayedOperationPurgatory(Generic[Op]):
                 candidates = list(ops.plain)
             drop = ops.pop
         else:
+            if type(ops) is LoneMark:
+                if reached is not None:
+                    if not ops.threshold <= reached:
+                        return 0
+                    ops = watchers[key] = ops.op  # released: a plain watcher from now on
+                else:
+                    ops = ops.op  # tried, but still waiting for its threshold
             # The key's only watcher: the pops below find nothing, its entry goes after the loop.
             single = ops
             candidates = (ops,)
