@@ -8,9 +8,9 @@ the rendered page does not show):
   same namespace (a tutorial that builds up step by step; the page's prose says so).
 - ``<!-- not-run: reason -->``: the block is deliberately partial; it is only compiled.
 
-A block that only includes a file (``--8<-- "examples/x.py"``) shows code that has tests of its
-own; the file must exist. A ``text`` block with ``title="Output"`` right after a Python block is
-what that block prints, compared exactly.
+A ``<!-- example: examples/NAME.py -->`` line is replaced by that file's source when the site is
+built (``docs/hooks.py``); the example has tests of its own. A ``text`` block with
+``title="Output"`` right after a Python block is what that block prints, compared exactly.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import re
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)(?P<info>.*)$")
 CONTINUES = "<!-- continues -->"
 NOT_RUN = re.compile(r"^<!-- not-run: (?P<reason>.+\S) -->$")
-INCLUDE = re.compile(r'^--8<-- "(?P<path>[^"]+)"$')
+EXAMPLE = re.compile(r"^<!-- example: (?P<path>\S+) -->$")
 
 
 @dataclass
@@ -39,7 +39,6 @@ class Block:
     code: str
     continues: bool = False
     not_run: str | None = None
-    includes: list[str] = field(default_factory=list)
     output: str | None = None
 
     @property
@@ -81,14 +80,12 @@ def parse(path: Path) -> list[Block]:
         text = textwrap.dedent("\n".join(body)) + "\n"
         if lang in ("python", "py"):
             not_run = NOT_RUN.match(previous)
-            includes = [m["path"] for m in map(INCLUDE.match, body) if m]
             block = Block(
                 path,
                 first_line,
                 text,
                 continues=previous == CONTINUES,
                 not_run=not_run["reason"] if not_run else None,
-                includes=includes,
             )
             blocks.append(block)
             after_python = block
@@ -105,7 +102,7 @@ def chains(path: Path) -> list[list[Block]]:
     """The runnable blocks of `path`, grouped: a block and the blocks that continue it."""
     grouped: list[list[Block]] = []
     for block in parse(path):
-        if block.not_run is not None or block.includes:
+        if block.not_run is not None:
             continue
         if block.continues:
             assert grouped, f"{block.where}: nothing before it to continue"
@@ -113,6 +110,12 @@ def chains(path: Path) -> list[list[Block]]:
         else:
             grouped.append([block])
     return grouped
+
+
+def examples(path: Path) -> list[str]:
+    """The example files whose source `path` shows (``<!-- example: ... -->`` lines)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [match["path"] for match in map(EXAMPLE.match, lines) if match]
 
 
 # Runs in the child interpreter: executes the blocks in one namespace and reports what each

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from markdown_blocks import ROOT, Block, chains, doc_files, parse, run_chain
+from markdown_blocks import ROOT, Block, chains, doc_files, examples, parse, run_chain
 
 import purgatory
 import purgatory.testing
@@ -25,7 +25,7 @@ import purgatory.testing
 CHAINS = [chain for path in doc_files() for chain in chains(path)]
 BLOCKS = [block for path in doc_files() for block in parse(path)]
 NOT_RUN = [block for block in BLOCKS if block.not_run is not None]
-INCLUDES = [block for block in BLOCKS if block.includes]
+EXAMPLES = [(path, example) for path in doc_files() for example in examples(path)]
 # What users never see: the project's internal notes live outside the repository.
 OUTSIDE = re.compile(r"shared/|\bAPI\.md|\bSTYLE\.md|\bWORKLOAD\.md")
 
@@ -45,18 +45,18 @@ def test_code_block_runs(chain: list[Block], tmp_path: Path) -> None:
             assert out == block.output, f"{block.where} printed something else"
 
 
-@pytest.mark.parametrize("block", NOT_RUN, ids=[block.where for block in NOT_RUN])
-def test_partial_block_compiles(block: Block) -> None:
-    compile(block.code, block.where, "exec")
+def test_partial_blocks_compile() -> None:
+    """Blocks marked not-run are still valid Python."""
+    for block in NOT_RUN:
+        compile(block.code, block.where, "exec")
 
 
-@pytest.mark.parametrize("block", INCLUDES, ids=[block.where for block in INCLUDES])
-def test_included_file_exists_and_is_tested(block: Block) -> None:
+def test_shown_examples_exist_and_are_tested() -> None:
     tested = (ROOT / "tests" / "test_examples.py").read_text(encoding="utf-8")
-    for path in block.includes:
-        assert (ROOT / path).is_file(), f"{block.where}: {path} does not exist"
-        assert path.startswith("examples/"), f"{block.where}: only examples/ is included"
-        assert Path(path).stem in tested, f"{path} has no test in tests/test_examples.py"
+    assert EXAMPLES
+    for page, example in EXAMPLES:
+        assert (ROOT / example).is_file(), f"{page.name} shows {example}, which does not exist"
+        assert Path(example).stem in tested, f"{example} has no test in tests/test_examples.py"
 
 
 def test_readme_blocks_stand_alone() -> None:
@@ -130,6 +130,13 @@ def test_site_has_every_page(site: Path) -> None:
     benchmarks = (site / "benchmarks.html").read_text(encoding="utf-8")
     assert "Targets" in benchmarks
     assert "<!-- benchmark-results -->" not in benchmarks
+    for page, example in EXAMPLES:
+        html = (site / page.with_suffix(".html").name).read_text(encoding="utf-8")
+        assert f"<!-- example: {example} -->" not in html
+        source = (ROOT / example).read_text(encoding="utf-8")
+        classes = re.findall(r"^class (\w+)", source, re.MULTILINE)
+        assert classes, example
+        assert all(name in html for name in classes), f"{example} not shown in {page.name}"
 
 
 def test_nothing_outside_the_repository_is_referenced(site: Path) -> None:
