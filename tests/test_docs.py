@@ -45,6 +45,27 @@ def test_code_block_runs(chain: list[Block], tmp_path: Path) -> None:
             assert out == block.output, f"{block.where} printed something else"
 
 
+def test_code_blocks_type_check(tmp_path: Path) -> None:
+    """The docs' code is typed as the project's own: mypy --strict, each chain as one module."""
+    for index, chain in enumerate(CHAINS):
+        module = tmp_path / f"block_{index:02d}.py"
+        module.write_text(
+            f"# {chain[0].where}\n" + "".join(block.code for block in chain), encoding="utf-8"
+        )
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "mypy", "--strict", "--python-version", "3.11"),
+            *("--cache-dir", os.devnull, "--config-file", os.devnull, str(tmp_path)),
+        ],
+        cwd=ROOT,  # where `purgatory` is found as source, whatever the install mode
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_partial_blocks_compile() -> None:
     """Blocks marked not-run are still valid Python."""
     for block in NOT_RUN:
@@ -151,6 +172,11 @@ def test_nothing_outside_the_repository_is_referenced(site: Path) -> None:
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.where for block in BLOCKS])
 def test_code_lines_fit_the_page(block: Block) -> None:
-    """The project's line length (100) also keeps code blocks free of horizontal scrolling."""
-    long = [line for line in block.code.splitlines() if len(line) > 100]
+    """Code on a page fits its column without scrolling: 80 columns (``docs/ruff.toml``).
+
+    ``ruff format`` wraps the code; this catches what it leaves long (comments, docstrings). The
+    README, read on a wider page, keeps the project's 100.
+    """
+    limit = 100 if block.path.name == "README.md" else 80
+    long = [line for line in block.code.splitlines() if len(line) > limit]
     assert not long, f"{block.where}: {long}"
