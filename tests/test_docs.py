@@ -32,7 +32,7 @@ OUTSIDE = re.compile(r"shared/|\bAPI\.md|\bSTYLE\.md|\bWORKLOAD\.md")
 
 def test_every_page_has_runnable_code_and_few_exceptions() -> None:
     """Guards the extraction itself: a parser that finds nothing would pass every test below."""
-    assert len(CHAINS) >= 10
+    assert len(CHAINS) >= 8
     assert any(chain[0].path.name == "README.md" for chain in CHAINS)
     assert len(NOT_RUN) <= 3, [block.where for block in NOT_RUN]
 
