@@ -8,6 +8,7 @@ reference, with Kafka's name beside it, and no reference to files outside the re
 
 from __future__ import annotations
 
+import ast
 import doctest
 import importlib
 import os
@@ -180,3 +181,27 @@ def test_code_lines_fit_the_page(block: Block) -> None:
     limit = 100 if block.path.name == "README.md" else 80
     long = [line for line in block.code.splitlines() if len(line) > limit]
     assert not long, f"{block.where}: {long}"
+
+
+def test_the_package_reports_only_as_the_errors_page_says() -> None:
+    """docs/errors.md: the core never prints nor warns, and logs only on the ``purgatory`` logger.
+
+    (The Spark pipeline, a command-line tool, prints its progress and is not checked here.)
+    """
+    package = Path(purgatory.__file__).parent
+    for path in sorted(package.rglob("*.py")):
+        if "pipeline" in path.relative_to(package).parts:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                assert node.func.id != "print", f"{where} prints"
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                modules = [alias.name for alias in node.names]
+                if isinstance(node, ast.ImportFrom):
+                    modules.append(node.module or "")
+                assert "warnings" not in modules, f"{where} imports warnings"
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("getLogger"):
+                names = [ast.literal_eval(arg) for arg in node.args]
+                assert names == ["purgatory"], f"{where} logs on {names}"
