@@ -161,11 +161,23 @@ def test_site_has_every_page(site: Path) -> None:
         assert all(name in html for name in classes), f"{example} not shown in {page.name}"
 
 
+# Files that still name a file outside the repository, to be reworded by their owner; each
+# must still do so (delete its entry once it no longer does).
+STILL_REFERS_OUTSIDE = {"purgatory/_operation.py"}
+
+
 def test_nothing_outside_the_repository_is_referenced(site: Path) -> None:
-    sources = [*doc_files(), ROOT / "CHANGELOG.md", ROOT / "purgatory" / "__init__.py"]
+    """What users read (README, docs, changelog, the package, the examples) is self-contained."""
+    sources = [*doc_files(), ROOT / "CHANGELOG.md"]
+    for directory in ("purgatory", "examples"):
+        sources += sorted((ROOT / directory).rglob("*.py"))
     for path in sources:
         found = OUTSIDE.findall(path.read_text(encoding="utf-8"))
-        assert not found, f"{path.relative_to(ROOT)} refers to {found}"
+        name = path.relative_to(ROOT).as_posix()
+        if name in STILL_REFERS_OUTSIDE:
+            assert found, f"{name} is clean now: remove it from STILL_REFERS_OUTSIDE"
+            continue
+        assert not found, f"{name} refers to {found}"
     for page in site.rglob("*.html"):
         found = OUTSIDE.findall(page.read_text(encoding="utf-8"))
         assert not found, f"built {page.relative_to(site)} refers to {found}"
