@@ -2,7 +2,8 @@
 
 An asyncio-native port of Apache Kafka's ``DelayedOperationPurgatory``: a hierarchical timing
 wheel driven by one reaper coroutine, keyed watcher lists, and `DelayedOperation` subclasses
-that are awaitable. See the README for an example and ``shared/API.md`` for the contract.
+that are awaitable. The README has an example; the documentation (the repository's ``docs/``,
+a site that ``make docs`` builds) has the contract, in ``docs/contract.md``.
 """
 
 from __future__ import annotations
