@@ -36,7 +36,7 @@ from purgatory import DelayedOperation, DelayedOperationPurgatory, OperationCanc
 T = TypeVar("T")
 Log = dict[str, list[bytes]]
 
-#: nginx's status for "client closed request": logged by the server, read by nobody.
+#: nginx's status for "client closed request"; uvicorn drops it, as the client is gone.
 CLIENT_CLOSED_REQUEST = 499
 
 
@@ -90,6 +90,7 @@ async def cancel_on_disconnect(receive: Receive, awaitable: Awaitable[T]) -> T:
     if not watching.done():
         # Let the watch see its cancellation now, so the operation is gone on return.
         await asyncio.wait((watching,))
+        listening.result()  # re-raises if receive() itself failed
         raise ClientDisconnected
     return watching.result()
 

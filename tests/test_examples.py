@@ -8,8 +8,11 @@ client (httpx) over TCP: no ASGI transport shortcut, so disconnects are real soc
 from __future__ import annotations
 
 import asyncio
+import functools
+import ssl
 import subprocess
 import sys
+from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,12 +20,14 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from starlette.types import Message
 
 from examples import long_poll_fetch, produce_acks_all
+from purgatory import DelayedOperationPurgatory
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 #: Every wait in these tests is bounded by this, so a broken server fails instead of hanging.
-BOUND = 10.0
+BOUND = 10
 #: Concurrent long-polls that disconnect; issue 7 saw the leak with 300, 50 shows it as well.
 CLIENTS = 50
 
@@ -36,7 +41,7 @@ async def test_produce_acks_all_answers_every_request() -> None:
 
 
 def test_minimal_example_runs() -> None:
-    """``python examples/minimal.py`` as a reader runs it: a trigger completes, a timeout expires."""
+    """``python examples/minimal.py`` as a reader runs it: a trigger completes, a timer expires."""
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / "minimal.py")],
         capture_output=True,
@@ -91,9 +96,15 @@ async def serving(
     assert service.purgatory.closed  # the lifespan shut it down with the app
 
 
+@functools.cache
+def tls() -> ssl.SSLContext:
+    """One TLS context for every client: building one costs 30 ms, and these URLs are http."""
+    return ssl.create_default_context()
+
+
 def client() -> httpx.AsyncClient:
     """A client whose own timeout is longer than any long-poll here."""
-    return httpx.AsyncClient(timeout=httpx.Timeout(BOUND * 3))
+    return httpx.AsyncClient(timeout=httpx.Timeout(BOUND * 3), verify=tls())
 
 
 @pytest.mark.asyncio
@@ -139,7 +150,7 @@ async def park_then_disconnect(
     makes httpx close the socket mid-response, as a browser tab closed or a client-side timeout
     would. Returns once uvicorn has seen every connection close.
     """
-    params = {"topic": "quiet", "min_bytes": 1, "max_wait_ms": 60_000}
+    params: dict[str, str | int] = {"topic": "quiet", "min_bytes": 1, "max_wait_ms": 60_000}
     clients = [client() for _ in range(CLIENTS)]
     polls = [asyncio.create_task(c.get(f"{base}/fetch", params=params)) for c in clients]
     await until(lambda: service.purgatory.num_delayed() == CLIENTS, "all parked")
@@ -203,3 +214,41 @@ async def test_naive_handler_leaks_disconnected_long_polls() -> None:
         assert len(purgatory.cancel_for_key("quiet")) == CLIENTS
         await until(lambda: not server.server_state.tasks, "handlers finished")
         assert (purgatory.watched(), purgatory.num_delayed()) == (0, 0)
+
+
+@pytest.mark.asyncio
+async def test_cancel_on_disconnect_when_the_handler_itself_is_cancelled() -> None:
+    """A server that does cancel its handler: both helper tasks go, and the operation with them."""
+    gone = asyncio.Event()
+
+    async def receive() -> Message:
+        await gone.wait()  # the client never leaves: only the handler's cancellation ends this
+        return {"type": "http.disconnect"}
+
+    async with DelayedOperationPurgatory[long_poll_fetch.DelayedFetch]("fetch") as purgatory:
+        fetch = long_poll_fetch.DelayedFetch(defaultdict(list), "t", 0, 1, 60)
+        handler = asyncio.create_task(
+            long_poll_fetch.cancel_on_disconnect(receive, purgatory.watch(fetch, ["t"]))
+        )
+        await until(lambda: purgatory.num_delayed() == 1, "parked")
+        handler.cancel()
+        await asyncio.wait((handler,), timeout=BOUND)
+        assert handler.cancelled()
+        await until(lambda: fetch.is_cancelled, "cancelled")
+        assert purgatory.num_delayed() == 0
+        assert purgatory.statistics().cancelled == 1
+
+
+@pytest.mark.asyncio
+async def test_cancel_on_disconnect_reraises_a_failing_receive() -> None:
+    """An error from ``receive()`` is not a disconnect: it propagates; the watch is cancelled."""
+
+    async def receive() -> Message:
+        raise ConnectionResetError("receive failed")
+
+    async with DelayedOperationPurgatory[long_poll_fetch.DelayedFetch]("fetch") as purgatory:
+        fetch = long_poll_fetch.DelayedFetch(defaultdict(list), "t", 0, 1, 60)
+        with pytest.raises(ConnectionResetError, match="receive failed"):
+            await long_poll_fetch.cancel_on_disconnect(receive, purgatory.watch(fetch, ["t"]))
+        assert fetch.is_cancelled
+        assert purgatory.num_delayed() == 0
