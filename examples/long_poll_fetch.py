@@ -3,7 +3,7 @@
 ``GET /fetch?topic=T&offset=N&min_bytes=B&max_wait_ms=W`` answers as soon as the topic holds at
 least ``min_bytes`` bytes from ``offset`` on, or after ``max_wait_ms`` with whatever is there.
 ``POST /produce?topic=T`` appends the request body as one record and wakes the fetches parked on
-that topic with ``check_and_complete``.
+that topic with ``check_and_complete``. ``GET /stats`` shows the purgatory's gauges and counters.
 
 A parked fetch is tied to its client's connection (`cancel_on_disconnect`): Starlette on uvicorn
 does not cancel a handler whose client went away, so without the tie an abandoned fetch would stay
@@ -162,6 +162,19 @@ class FetchService:
         woken = self.purgatory.check_and_complete(topic)
         return JSONResponse({"offset": len(self.log[topic]) - 1, "woken": woken})
 
+    async def stats(self, request: Request) -> Response:
+        """The purgatory's gauges and counters, to watch abandoned fetches come and go."""
+        stats = self.purgatory.statistics()
+        return JSONResponse(
+            {
+                "watched": stats.watched,
+                "delayed": stats.delayed,
+                "completed": stats.completed,
+                "expired": stats.expired,
+                "cancelled": stats.cancelled,
+            }
+        )
+
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         """Shut the purgatory down with the application: its reaper stops, waiters get 503."""
@@ -181,6 +194,7 @@ def make_app(service: FetchService | None = None) -> Starlette:
         routes=[
             Route("/fetch", service.fetch, methods=["GET"]),
             Route("/produce", service.produce, methods=["POST"]),
+            Route("/stats", service.stats, methods=["GET"]),
         ],
         exception_handlers={KeyError: bad_request, ValueError: bad_request},
         lifespan=service.lifespan,

@@ -185,6 +185,14 @@ async def test_disconnected_long_polls_leave_nothing_behind() -> None:
         assert stats.keys == 0
         await until(lambda: not server.server_state.tasks, "handlers finished")
         async with client() as http:  # the server is as good as new
+            seen = (await http.get(f"{base}/stats")).json()
+            assert seen == {
+                "watched": 0,
+                "delayed": 0,
+                "completed": 0,
+                "expired": 0,
+                "cancelled": CLIENTS,
+            }
             await round_trip(http, base)
             produced = await http.post(f"{base}/produce", params={"topic": "quiet"}, content=b"x")
             assert produced.json() == {"offset": 0, "woken": 0}  # nobody was left waiting
