@@ -3,7 +3,9 @@
 ``GET /fetch?topic=T&offset=N&min_bytes=B&max_wait_ms=W`` answers as soon as the topic holds at
 least ``min_bytes`` bytes from ``offset`` on, or after ``max_wait_ms`` with whatever is there.
 ``POST /produce?topic=T`` appends the request body as one record and wakes the fetches parked on
-that topic with ``check_and_complete``. ``GET /stats`` shows the purgatory's gauges and counters.
+that topic with ``check_and_complete(topic, size)``: each fetch watches its topic at the size
+the topic must reach to satisfy it, so a produce re-tries only those it may satisfy.
+``GET /stats`` shows the purgatory's gauges and counters.
 
 A parked fetch is tied to its client's connection (`cancel_on_disconnect`): Starlette on uvicorn
 does not cancel a handler whose client went away, so without the tie an abandoned fetch would stay
@@ -34,7 +36,6 @@ from starlette.types import Receive
 from purgatory import DelayedOperation, DelayedOperationPurgatory, OperationCancelled
 
 T = TypeVar("T")
-Log = dict[str, list[bytes]]
 
 #: nginx's status for "client closed request"; uvicorn drops it, as the client is gone.
 CLIENT_CLOSED_REQUEST = 499
@@ -95,23 +96,54 @@ async def cancel_on_disconnect(receive: Receive, awaitable: Awaitable[T]) -> T:
     return watching.result()
 
 
-class DelayedFetch(DelayedOperation[dict[str, object]]):
-    """Completes once ``min_bytes`` are available past ``offset``."""
+class TopicLog:
+    """One topic's records, and where each starts in bytes (a fetch's threshold is in bytes)."""
 
-    def __init__(self, log: Log, topic: str, offset: int, min_bytes: int, max_wait: float) -> None:
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+        self.starts = [0]  # starts[i]: bytes before record i; starts[-1]: the topic's size
+
+    def append(self, record: bytes) -> int:
+        """Append `record`; return its offset."""
+        self.records.append(record)
+        self.starts.append(self.starts[-1] + len(record))
+        return len(self.records) - 1
+
+    @property
+    def size(self) -> int:
+        """Bytes in the topic: what ``check_and_complete(topic, reached)`` reports."""
+        return self.starts[-1]
+
+    def position(self, offset: int) -> int:
+        """Bytes before `offset` (the size, for an offset not written yet)."""
+        return self.starts[min(offset, len(self.records))]
+
+
+class DelayedFetch(DelayedOperation[dict[str, object]]):
+    """Completes once ``min_bytes`` are available past ``offset`` (Kafka's ``DelayedFetch``)."""
+
+    def __init__(
+        self, log: TopicLog, topic: str, offset: int, min_bytes: int, max_wait: float
+    ) -> None:
         super().__init__(max_wait)
         self.log, self.topic, self.offset, self.min_bytes = log, topic, offset, min_bytes
 
-    def available(self) -> list[bytes]:
-        return self.log[self.topic][self.offset :]
+    @property
+    def threshold(self) -> int:
+        """The topic size at which this fetch may complete: it is re-tried no earlier.
+
+        Exact for an offset already written; for a later one a lower bound (the records up to
+        it may still be empty), which only costs a re-try that says no.
+        """
+        return self.log.position(self.offset) + self.min_bytes
 
     def try_complete(self) -> bool:
-        if sum(map(len, self.available())) >= self.min_bytes:
+        if self.log.size - self.log.position(self.offset) >= self.min_bytes:
             return self.force_complete()
         return False
 
     def on_complete(self) -> dict[str, object]:
-        records = [record.decode() for record in self.available()]
+        records = [record.decode() for record in self.log.records[self.offset :]]
         return {"records": records, "next_offset": self.offset + len(records)}
 
     def on_expiration(self) -> None:
@@ -129,7 +161,7 @@ class FetchService:
     """
 
     def __init__(self, *, tie_to_connection: bool = True, purge_interval: int = 1000) -> None:
-        self.log: Log = defaultdict(list)
+        self.logs: defaultdict[str, TopicLog] = defaultdict(TopicLog)
         self.purgatory = DelayedOperationPurgatory[DelayedFetch](
             "fetch", purge_interval=purge_interval
         )
@@ -137,14 +169,16 @@ class FetchService:
 
     async def fetch(self, request: Request) -> Response:
         query = request.query_params
+        topic = query["topic"]
         fetch = DelayedFetch(
-            self.log,
-            query["topic"],
+            self.logs[topic],
+            topic,
             offset=int(query.get("offset", "0")),
             min_bytes=int(query.get("min_bytes", "1")),
             max_wait=int(query.get("max_wait_ms", "500")) / 1000,
         )
-        watching = self.purgatory.watch(fetch, [fetch.topic])
+        # A threshold watch: a produce re-tries only the fetches its bytes may satisfy.
+        watching = self.purgatory.watch(fetch, {topic: fetch.threshold})
         try:
             if self.tie_to_connection:
                 result = await cancel_on_disconnect(request.receive, watching)
@@ -158,9 +192,10 @@ class FetchService:
 
     async def produce(self, request: Request) -> Response:
         topic = request.query_params["topic"]
-        self.log[topic].append(await request.body())
-        woken = self.purgatory.check_and_complete(topic)
-        return JSONResponse({"offset": len(self.log[topic]) - 1, "woken": woken})
+        log = self.logs[topic]
+        offset = log.append(await request.body())
+        woken = self.purgatory.check_and_complete(topic, log.size)
+        return JSONResponse({"offset": offset, "woken": woken})
 
     async def stats(self, request: Request) -> Response:
         """The purgatory's gauges and counters, to watch abandoned fetches come and go."""

@@ -12,7 +12,6 @@ import functools
 import ssl
 import subprocess
 import sys
-from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -234,7 +233,7 @@ async def test_cancel_on_disconnect_when_the_handler_itself_is_cancelled() -> No
         return {"type": "http.disconnect"}
 
     async with DelayedOperationPurgatory[long_poll_fetch.DelayedFetch]("fetch") as purgatory:
-        fetch = long_poll_fetch.DelayedFetch(defaultdict(list), "t", 0, 1, 60)
+        fetch = long_poll_fetch.DelayedFetch(long_poll_fetch.TopicLog(), "t", 0, 1, 60)
         handler = asyncio.create_task(
             long_poll_fetch.cancel_on_disconnect(receive, purgatory.watch(fetch, ["t"]))
         )
@@ -255,8 +254,50 @@ async def test_cancel_on_disconnect_reraises_a_failing_receive() -> None:
         raise ConnectionResetError("receive failed")
 
     async with DelayedOperationPurgatory[long_poll_fetch.DelayedFetch]("fetch") as purgatory:
-        fetch = long_poll_fetch.DelayedFetch(defaultdict(list), "t", 0, 1, 60)
+        fetch = long_poll_fetch.DelayedFetch(long_poll_fetch.TopicLog(), "t", 0, 1, 60)
         with pytest.raises(ConnectionResetError, match="receive failed"):
             await long_poll_fetch.cancel_on_disconnect(receive, purgatory.watch(fetch, ["t"]))
         assert fetch.is_cancelled
         assert purgatory.num_delayed() == 0
+
+
+class CountingFetch(long_poll_fetch.DelayedFetch):
+    """A fetch that counts its `try_complete` calls."""
+
+    def __init__(self, log: long_poll_fetch.TopicLog, offset: int, min_bytes: int) -> None:
+        super().__init__(log, "t", offset, min_bytes, max_wait=60)
+        self.tries = 0
+
+    def try_complete(self) -> bool:
+        self.tries += 1
+        return super().try_complete()
+
+
+@pytest.mark.asyncio
+async def test_a_produce_retries_only_the_fetches_its_bytes_may_satisfy() -> None:
+    """The fetch's threshold is the topic size it needs; `produce` reports the size reached."""
+    service = long_poll_fetch.FetchService()
+    log = service.logs["t"]
+    log.append(b"abc")  # offset 0: the topic holds 3 bytes
+    near = CountingFetch(log, offset=1, min_bytes=2)  # needs the topic at 3 + 2 = 5 bytes
+    far = CountingFetch(log, offset=0, min_bytes=100)  # needs 0 + 100
+    ahead = CountingFetch(log, offset=3, min_bytes=1)  # offset not written: 3 + 1, a lower bound
+    fetches = (near, far, ahead)
+    assert [fetch.threshold for fetch in fetches] == [5, 100, 4]
+    async with service.purgatory as purgatory:
+        for fetch in fetches:
+            assert not purgatory.try_complete_else_watch(fetch, {"t": fetch.threshold})
+        before = [fetch.tries for fetch in fetches]
+        for record in (b"d", b"e", b"fg"):  # offsets 1, 2, 3; the topic at 4, 5, 7 bytes
+            log.append(record)
+            purgatory.check_and_complete("t", log.size)
+        # near: re-tried at 5 only, and completes (from offset 1, "d" + "e" are 2 bytes).
+        # ahead: re-tried at 4 and 5 (offset 3 not written yet: no), then at 7 (yes).
+        # far: never re-tried, 7 < 100.
+        retries = [fetch.tries - tries for fetch, tries in zip(fetches, before, strict=True)]
+        assert retries == [1, 0, 3]
+        assert near.is_completed
+        assert ahead.is_completed
+        assert not far.is_completed
+        assert await near == {"records": ["d", "e"], "next_offset": 3}
+        assert await ahead == {"records": ["fg"], "next_offset": 4}
