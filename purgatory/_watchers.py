@@ -46,7 +46,8 @@ __all__ = (
     "count_entries",
     "discard",
     "members",
-    "register",
+    "unregister",
+    "watch_at",
 )
 
 Op = TypeVar("Op", bound="DelayedOperation[Any]")
@@ -137,53 +138,34 @@ class ThresholdWatchers(Generic[Op]):
 WatcherMap = dict[Hashable, Any]
 
 
-def register(
-    lists: WatcherMap, op: Op, keys: tuple[Hashable, ...], thresholds: tuple[Any, ...] | None
-) -> None:
-    """Put `op` on the list of every key (at its threshold): all of them, or none.
+def watch_at(lists: WatcherMap, key: Hashable, op: Any, threshold: Any) -> None:
+    """Put `op` on `key`'s list at `threshold` (not ``None``); the key's shape grows to fit.
 
-    A key that cannot be hashed or a threshold that cannot be compared raises after some keys
-    were registered; they are taken back before the error propagates, so nothing stays half
-    registered.
+    The plain watches of an operation are registered inline by the purgatory, on its hot path;
+    this is the one place a key becomes a `ThresholdWatchers`.
 
-    Runtime complexity: O(len(keys)), O(log n) more per key watched at a threshold.
+    Raises:
+        TypeError: `key` is not hashable, or `threshold` does not compare with the key's others.
+
+    Runtime complexity: O(log n).
     """
-    try:
-        if thresholds is None:
-            for key in keys:
-                ops = lists.get(key)
-                if ops is None:
-                    lists[key] = op
-                elif type(ops) is dict:
-                    ops[op] = None
-                elif type(ops) is ThresholdWatchers:
-                    ops.plain[op] = None
-                else:
-                    lists[key] = {ops: None, op: None}
-        else:
-            for key, threshold in zip(keys, thresholds, strict=True):
-                ops = lists.get(key)
-                if threshold is None and ops is None:
-                    lists[key] = op
-                    continue
-                if type(ops) is not ThresholdWatchers:
-                    if threshold is None:
-                        if type(ops) is dict:
-                            ops[op] = None
-                        else:
-                            lists[key] = {ops: None, op: None}
-                        continue
-                    plain = {} if ops is None else ops if type(ops) is dict else {ops: None}
-                    ops = lists[key] = ThresholdWatchers(plain)
-                ops.add(op, threshold)
-    except BaseException:
-        for key in keys:
-            try:
-                discard(lists, key, op)
-            except Exception:  # noqa: BLE001 - the key that failed to hash fails again
-                continue
-        raise
-    op._listed = len(keys)
+    ops = lists.get(key)
+    if type(ops) is not ThresholdWatchers:
+        plain = {} if ops is None else ops if type(ops) is dict else {ops: None}
+        ops = ThresholdWatchers(plain)
+        ops.add(op, threshold)
+        lists[key] = ops
+        return
+    ops.add(op, threshold)
+
+
+def unregister(lists: WatcherMap, op: Any, keys: tuple[Hashable, ...]) -> None:
+    """Take `op` off every list of `keys` it is on: the undo of a registration that failed."""
+    for key in keys:
+        try:
+            discard(lists, key, op)
+        except Exception:  # noqa: BLE001 - the key that failed to hash fails again
+            continue
 
 
 def discard(lists: WatcherMap, key: Hashable, op: Any) -> bool:
