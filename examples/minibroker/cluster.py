@@ -119,13 +119,15 @@ class Cluster:
             stderr=self._stderr(),
         )
 
-    def pause(self, broker_id: int) -> None:
-        """SIGSTOP a follower: it stops fetching, and falls out of the ISR after the lag time."""
-        os.kill(self.followers[broker_id].pid, signal.SIGSTOP)
+    def pause(self, *broker_ids: int) -> None:
+        """SIGSTOP followers: they stop fetching, and fall out of the ISR after the lag time."""
+        for broker_id in broker_ids:
+            os.kill(self.followers[broker_id].pid, signal.SIGSTOP)
 
-    def resume(self, broker_id: int) -> None:
-        """SIGCONT a paused follower."""
-        os.kill(self.followers[broker_id].pid, signal.SIGCONT)
+    def resume(self, *broker_ids: int) -> None:
+        """SIGCONT paused followers."""
+        for broker_id in broker_ids:
+            os.kill(self.followers[broker_id].pid, signal.SIGCONT)
 
     async def kill(self, broker_id: int) -> None:
         """SIGKILL a follower and reap it."""
@@ -136,7 +138,9 @@ class Cluster:
     async def stats(self) -> dict[str, Any]:
         """The leader's statistics (its ``stats`` admin command): gauges, peaks, counters, ISR."""
         leader = self.leader
-        assert leader is not None and leader.stdin is not None and leader.stdout is not None
+        assert leader is not None
+        assert leader.stdin is not None
+        assert leader.stdout is not None
         async with self._stats_lock:
             leader.stdin.write(b"stats\n")
             await leader.stdin.drain()

@@ -1,4 +1,4 @@
-"""A follower: a separate process that replicates the leader's partitions by fetching, as Kafka's do.
+"""A follower: a separate process that replicates the leader's partitions by fetching, as Kafka's.
 
 Kafka's ``ReplicaFetcherThread`` loop, in small: one Fetch request for all partitions, carrying
 this broker's replica id and, per partition, the follower's log end offset as the fetch offset;

@@ -63,7 +63,7 @@ def parse_batches(records: Any, max_batch_bytes: int) -> list[bytearray]:
             batches.append(bytearray(batch._buffer))
     except BatchError:
         raise
-    except Exception as exc:  # noqa: BLE001 - whatever kafka.record rejects is corrupt
+    except Exception as exc:  # whatever kafka.record rejects is corrupt
         raise BatchError(Errors.CORRUPT_MESSAGE, f"unreadable record batch: {exc!r}") from exc
     if memory.valid_bytes() != len(data) or not batches:
         raise BatchError(Errors.CORRUPT_MESSAGE, "truncated record batch")

@@ -94,8 +94,9 @@ SERVED: dict[int, tuple[int, int]] = {
 }
 
 
-def _subclasses(cls: type) -> list[type]:
-    found = []
+def _subclasses(cls: Any) -> list[Any]:
+    found: list[Any] = []
+    sub: Any
     for sub in cls.__subclasses__():
         found.append(sub)
         found.extend(_subclasses(sub))
@@ -143,14 +144,14 @@ def decode_request(frame: bytes) -> Request:
         api_version = int(header.request_api_version)
         correlation_id = int(header.correlation_id)
         client_id = header.client_id
-    except Exception as exc:  # noqa: BLE001 - any decoding failure means a bad frame
+    except Exception as exc:  # any decoding failure: a bad frame
         raise BadFrame(f"unreadable request header: {exc!r}") from exc
     cls = _REQUEST_CLASSES.get(api_key)
     if cls is None or not 0 <= api_version <= cls.max_version:
         return Request(api_key, api_version, correlation_id, client_id, None)
     try:
         body = cls[api_version].decode(frame, header=True)
-    except Exception as exc:  # noqa: BLE001 - any decoding failure means a bad frame
+    except Exception as exc:  # any decoding failure: a bad frame
         raise BadFrame(f"unreadable {cls.__name__} v{api_version}: {exc!r}") from exc
     return Request(api_key, api_version, correlation_id, client_id, body)
 

@@ -33,7 +33,9 @@ __all__ = (
 T = TypeVar("T")
 
 #: Whether this purgatory re-tries only the operations whose threshold a trigger reached.
-HAS_THRESHOLDS = "reached" in inspect.signature(DelayedOperationPurgatory.check_and_complete).parameters
+HAS_THRESHOLDS = (
+    "reached" in inspect.signature(DelayedOperationPurgatory.check_and_complete).parameters
+)
 
 
 async def watch(

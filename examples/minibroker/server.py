@@ -190,6 +190,20 @@ class Leader:
                 if value > peaks.get(name, 0):
                     peaks[name] = value
 
+    def _drop_finished(self, purgatory: DelayedOperationPurgatory[Any]) -> None:
+        """Take finished operations off the watcher lists now, instead of at the next purge.
+
+        ``purge()`` does exactly that where the purgatory has it; otherwise a trigger on every
+        partition key does it too (a trigger drops the finished entries of its key's list, and
+        re-trying the pending ones is harmless: their conditions are simply checked again).
+        """
+        purge_now: Callable[[], int] | None = getattr(purgatory, "purge", None)
+        if purge_now is not None:
+            purge_now()
+            return
+        for key in self.partitions:
+            purgatory.check_and_complete(key)
+
     def statistics(self, *, purge: bool = True) -> dict[str, Any]:
         """Gauges, counters and peaks, as one JSON-able dict (the ``stats`` admin command).
 
@@ -199,9 +213,8 @@ class Leader:
         self._sample_peaks()
         purgatories: dict[str, Any] = {}
         for purgatory in self._purgatories():
-            purge_now: Callable[[], int] | None = getattr(purgatory, "purge", None)
-            if purge and purge_now is not None:
-                purge_now()
+            if purge:
+                self._drop_finished(purgatory)
             stats = purgatory.statistics()
             purgatories[purgatory.name] = {
                 "watched": purgatory.watched(),
@@ -302,8 +315,7 @@ class Leader:
     async def _dispatch(self, request: Request) -> bytes | None:
         key, version = request.api_key, request.api_version
         if key == _API_VERSIONS_KEY:
-            low, high = SERVED[key]
-            if request.body is None or version > high:
+            if request.body is None or version > SERVED[key][1]:
                 self.counters["unsupported"] += 1
                 return encode_response(
                     request, api_versions_response(0, Errors.UNSUPPORTED_VERSION), version=0
@@ -504,7 +516,9 @@ class Leader:
             for asked in topic.partitions:
                 key = (topic.topic, asked.partition)
                 partition = self.partitions.get(key)
-                fetch = FetchPartition(key, partition, asked.fetch_offset, asked.partition_max_bytes)
+                fetch = FetchPartition(
+                    key, partition, asked.fetch_offset, asked.partition_max_bytes
+                )
                 fetches.append(fetch)
                 if partition is None:
                     fetch.error_code = Errors.UNKNOWN_TOPIC_OR_PARTITION
@@ -517,7 +531,8 @@ class Leader:
         limit = _log_end if follower else _high_watermark
         purgatory = self.follower_purgatory if follower else self.fetch_purgatory
         op = DelayedFetch(max(0, body.max_wait_ms) / 1000, fetches, body.min_bytes, limit)
-        self.counters["fetch follower" if follower else "fetch consumer"] += 1
+        kind = "follower" if follower else "consumer"
+        self.counters[f"fetch {kind}"] += 1
         immediate = (
             body.max_wait_ms <= 0
             or not fetches
@@ -527,7 +542,7 @@ class Leader:
         if not immediate:
             thresholds = {fetch.key: fetch.offset + 1 for fetch in fetches}
             await watch(purgatory, op, thresholds)
-            self.counters["fetch waited expired" if op.is_expired else "fetch waited data"] += 1
+            self.counters[f"fetch {kind} parked {'expired' if op.is_expired else 'data'}"] += 1
         return self._fetch_response(fetches, limit, body.max_bytes)
 
     def _fetch_response(
