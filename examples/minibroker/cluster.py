@@ -43,8 +43,15 @@ class ClusterConfig:
 class Cluster:
     """A running leader and followers; use ``async with Cluster(config) as cluster``."""
 
-    def __init__(self, config: ClusterConfig | None = None, *, log: IO[bytes] | None = None):
+    def __init__(
+        self,
+        config: ClusterConfig | None = None,
+        *,
+        log: IO[bytes] | None = None,
+        start_followers: bool = True,
+    ) -> None:
         self.config = config or ClusterConfig()
+        self.start_followers = start_followers
         self.port = 0
         self.leader: asyncio.subprocess.Process | None = None
         self.followers: dict[int, asyncio.subprocess.Process] = {}
@@ -97,8 +104,9 @@ class Cluster:
             await self.stop()
             raise RuntimeError(f"the leader did not start: {line!r}")
         self.port = int(line.split(b":")[-1])
-        for broker_id in c.follower_ids:
-            await self.start_follower(broker_id)
+        if self.start_followers:  # else: replicas the leader waits for, that never come
+            for broker_id in c.follower_ids:
+                await self.start_follower(broker_id)
 
     async def start_follower(self, broker_id: int) -> None:
         """Start (or restart) follower `broker_id`."""
