@@ -21,10 +21,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
 from kafka.protocol.consumer import FetchResponse
+from minibroker_support import FETCH_VERSION, RawClient, batch, fetch_request, produce, run
 
 from examples.minibroker.cluster import REPO_ROOT, Cluster, ClusterConfig
-
-from minibroker_support import FETCH_VERSION, RawClient, batch, fetch_request, produce, run
 
 TOPIC = "demo"
 PARTITIONS = 4
@@ -36,7 +35,9 @@ async def aiokafka_produce(bootstrap: str, acks: Any, count: int) -> dict[tuple[
     await producer.start()
     try:
         values = [f"aiokafka-{acks}-{i}".encode() for i in range(count)]
-        futures = [await producer.send(TOPIC, v, partition=i % PARTITIONS) for i, v in enumerate(values)]
+        futures = [
+            await producer.send(TOPIC, v, partition=i % PARTITIONS) for i, v in enumerate(values)
+        ]
         results = await asyncio.gather(*futures)
     finally:
         await producer.stop()

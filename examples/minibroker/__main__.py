@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     leader.add_argument("--min-insync-replicas", type=int, default=2)
     leader.add_argument("--replica-lag-time-max-ms", type=int, default=1000)
     leader.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024)
+    leader.add_argument("--max-message-bytes", type=int, default=1024 * 1024)
 
     follower = commands.add_parser("follower", help="one follower process (serve starts it)")
     follower.add_argument("--broker-id", type=int, required=True)
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                 min_insync_replicas=args.min_insync_replicas,
                 replica_lag_time_max_ms=args.replica_lag_time_max_ms,
                 max_request_bytes=args.max_request_bytes,
+                max_message_bytes=args.max_message_bytes,
             )
             asyncio.run(run_leader(config))
         else:

@@ -34,6 +34,7 @@ class ClusterConfig:
     replica_lag_time_max_ms: int = 1000
     replica_fetch_wait_max_ms: int = 200
     max_request_bytes: int = 8 * 1024 * 1024
+    max_message_bytes: int = 1024 * 1024
 
     @property
     def follower_ids(self) -> tuple[int, ...]:
@@ -93,6 +94,8 @@ class Cluster:
             str(c.replica_lag_time_max_ms),
             "--max-request-bytes",
             str(c.max_request_bytes),
+            "--max-message-bytes",
+            str(c.max_message_bytes),
             cwd=REPO_ROOT,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,

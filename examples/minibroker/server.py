@@ -246,7 +246,8 @@ class Leader:
         task = asyncio.current_task()
         assert task is not None
         self._connections[task] = writer
-        answers: asyncio.Queue[asyncio.Task[bytes | None]] = asyncio.Queue(_MAX_IN_FLIGHT)
+        answers: asyncio.Queue[tuple[asyncio.Task[bytes | None], str]]
+        answers = asyncio.Queue(_MAX_IN_FLIGHT)
         sender = asyncio.create_task(self._send_in_order(answers, writer))
         try:
             while not sender.done():
@@ -265,13 +266,17 @@ class Leader:
                     self.counters["closed: bad frame"] += 1
                     log.warning("closing a connection: %s", exc)
                     break
-                self.counters["requests"] += 1
+                # Counted apart, so that "every client request answered once" can be checked
+                # while the followers' own fetches are still in flight.
+                replica = getattr(request.body, "replica_id", -1) if request.api_key == 1 else -1
+                origin = "follower" if isinstance(replica, int) and replica >= 0 else "client"
+                self.counters[f"requests from {origin}"] += 1
                 self._sample_peaks()
-                await answers.put(asyncio.create_task(self._answer(request)))
+                await answers.put((asyncio.create_task(self._answer(request)), origin))
         finally:
             # Whatever is still waiting is cancelled, and with it its purgatory operation.
             while not answers.empty():
-                answers.get_nowait().cancel()
+                answers.get_nowait()[0].cancel()
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
@@ -281,12 +286,14 @@ class Leader:
             self._connections.pop(task, None)
 
     async def _send_in_order(
-        self, answers: asyncio.Queue[asyncio.Task[bytes | None]], writer: asyncio.StreamWriter
+        self,
+        answers: asyncio.Queue[tuple[asyncio.Task[bytes | None], str]],
+        writer: asyncio.StreamWriter,
     ) -> None:
         """Write each answer once it is ready, in request order; stop at a closing answer."""
         try:
             while True:
-                pending = answers.get_nowait() if not answers.empty() else await answers.get()
+                pending, origin = await answers.get()
                 try:
                     data = await pending
                 except _CloseConnection:
@@ -294,7 +301,7 @@ class Leader:
                 if data is not None:
                     writer.write(data)
                     await writer.drain()
-                    self.counters["responses"] += 1
+                    self.counters[f"responses to {origin}"] += 1
         except ConnectionError:
             pass
         finally:
