@@ -29,6 +29,7 @@ from minibroker_support import (
     fetch_request,
     produce,
     produce_errors,
+    produce_request,
     run,
 )
 
@@ -222,6 +223,9 @@ def test_negative_timeouts_and_bad_acks() -> None:
         assert not data.records
         response = await produce(client, TOPIC, 0, batch(b"x"), acks=2)
         assert produce_errors(response) == [Errors.INVALID_REQUIRED_ACKS]
+        # acks=0 has no answer: an error (here an unknown topic) closes the connection.
+        client.send(produce_request("nope", 0, batch(b"x"), acks=0), None, 9)
+        assert await client.is_closed_by_peer()
 
     with_leader(body)
 

@@ -127,6 +127,10 @@ def kafka_python_round_trip(bootstrap: str) -> tuple[dict[Any, bytes], dict[Any,
         ends = consumer.end_offsets(partitions)
         assert sum(ends.values()) == sent  # ListOffsets latest = the high watermark
         assert set(consumer.beginning_offsets(partitions).values()) == {0}
+        # ListOffsets by timestamp: the first record at or after it, none after the last one.
+        by_time = consumer.offsets_for_times({partitions[0]: 0, partitions[1]: 2**62})
+        assert by_time[partitions[0]].offset == 0
+        assert by_time[partitions[1]] is None
     finally:
         consumer.close()
     return acked, seen, sent

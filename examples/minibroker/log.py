@@ -147,7 +147,10 @@ class PartitionLog:
             parsed = DefaultRecordBatch(batch)
             if parsed.max_timestamp < timestamp:
                 continue
-            for record in parsed:
-                if record.timestamp >= timestamp:
-                    return int(record.offset)
+            try:
+                for record in parsed:
+                    if record.timestamp >= timestamp:
+                        return int(record.offset)
+            except Exception:  # noqa: BLE001 - a codec kafka-python lacks: answer by batch
+                return int(parsed.base_offset)
         return None

@@ -461,7 +461,10 @@ class Leader:
                 statuses[key] = self._append(key, data.records, acks)
         self.counters[f"produce acks={acks}"] += 1
         if acks == 0:
-            return None  # acks=0: no answer at all, as Kafka
+            # No answer at all, as Kafka; an error can only be told by closing the connection.
+            if any(status.error_code != Errors.NONE for status in statuses.values()):
+                raise _CloseConnection
+            return None
         waiting = {
             key: status.required_offset
             for key, status in statuses.items()
