@@ -5,12 +5,13 @@ reach before re-trying the operation is worth anything. A produce with ``acks=al
 partition at its last offset + 1 and is triggered with the new high watermark; a consumer fetch
 at offset ``o`` watches at ``o + 1`` against the high watermark; a follower fetch at ``o`` watches
 at ``o + 1`` against the log end offset. `watch` and `trigger` below are the only two places that
-talk to the purgatory: they use its threshold watchers when it has them, plain keys otherwise.
+talk to the purgatory. With thresholds, a trigger re-tries only the operations it can complete:
+a high watermark moving from 10 to 11 wakes the produces waiting for 11, not those waiting for
+500, and no fetch parked at offset 20 (Kafka re-tries every operation on the key).
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -21,7 +22,6 @@ from .protocol import Errors
 from .replication import Partition, TopicPartition
 
 __all__ = (
-    "HAS_THRESHOLDS",
     "DelayedFetch",
     "DelayedProduce",
     "FetchPartition",
@@ -32,11 +32,6 @@ __all__ = (
 
 T = TypeVar("T")
 
-#: Whether this purgatory re-tries only the operations whose threshold a trigger reached.
-HAS_THRESHOLDS = (
-    "reached" in inspect.signature(DelayedOperationPurgatory.check_and_complete).parameters
-)
-
 
 async def watch(
     purgatory: DelayedOperationPurgatory[Any],
@@ -44,16 +39,13 @@ async def watch(
     thresholds: Mapping[TopicPartition, int],
 ) -> T:
     """Park `op` on its partitions, each at its threshold offset, and wait for the outcome."""
-    keys: Any = dict(thresholds) if HAS_THRESHOLDS else list(thresholds)
-    return await purgatory.watch(op, keys)
+    outcome: T = await purgatory.watch(op, thresholds)
+    return outcome
 
 
 def trigger(purgatory: DelayedOperationPurgatory[Any], key: Hashable, reached: int) -> int:
     """Tell `purgatory` that partition `key` reached offset `reached`; re-try who waits for it."""
-    if HAS_THRESHOLDS:
-        done: int = purgatory.check_and_complete(key, reached)  # type: ignore[call-arg,unused-ignore]
-        return done
-    return purgatory.check_and_complete(key)
+    return purgatory.check_and_complete(key, reached)
 
 
 @dataclass(eq=False, slots=True)

@@ -190,31 +190,17 @@ class Leader:
                 if value > peaks.get(name, 0):
                     peaks[name] = value
 
-    def _drop_finished(self, purgatory: DelayedOperationPurgatory[Any]) -> None:
-        """Take finished operations off the watcher lists now, instead of at the next purge.
-
-        ``purge()`` does exactly that where the purgatory has it; otherwise a trigger on every
-        partition key does it too (a trigger drops the finished entries of its key's list, and
-        re-trying the pending ones is harmless: their conditions are simply checked again).
-        """
-        purge_now: Callable[[], int] | None = getattr(purgatory, "purge", None)
-        if purge_now is not None:
-            purge_now()
-            return
-        for key in self.partitions:
-            purgatory.check_and_complete(key)
-
     def statistics(self, *, purge: bool = True) -> dict[str, Any]:
         """Gauges, counters and peaks, as one JSON-able dict (the ``stats`` admin command).
 
-        With `purge`, finished entries are purged first (when the purgatory can), so the gauges
-        say what is really still waiting.
+        With `purge`, finished entries are purged first (``purge()``), so that ``watched()``
+        counts only what really still waits, not what Kafka's lazy purge has yet to remove.
         """
         self._sample_peaks()
         purgatories: dict[str, Any] = {}
         for purgatory in self._purgatories():
             if purge:
-                self._drop_finished(purgatory)
+                purgatory.purge()
             stats = purgatory.statistics()
             purgatories[purgatory.name] = {
                 "watched": purgatory.watched(),
