@@ -46,7 +46,11 @@ def with_leader(body: Callable[[Cluster, RawClient], Awaitable[None]]) -> None:
 
     async def main() -> None:
         config = ClusterConfig(
-            min_insync_replicas=1, max_request_bytes=MAX_REQUEST, max_message_bytes=MAX_MESSAGE
+            min_insync_replicas=1,
+            max_request_bytes=MAX_REQUEST,
+            max_message_bytes=MAX_MESSAGE,
+            # The followers are never started and must stay in the ISR for the whole test.
+            replica_lag_time_max_ms=600_000,
         )
         async with Cluster(config, start_followers=False, log=log) as cluster:
             client = await RawClient.connect(cluster.port)

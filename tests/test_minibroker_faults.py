@@ -28,7 +28,7 @@ from examples.minibroker.cluster import Cluster, ClusterConfig
 from examples.minibroker.protocol import Errors
 
 TOPIC = "demo"
-CONFIG = ClusterConfig(min_insync_replicas=2, replica_lag_time_max_ms=600)
+CONFIG = ClusterConfig(min_insync_replicas=2, replica_lag_time_max_ms=1000)
 
 
 async def read_back(client: RawClient, acked: dict[tuple[int, int], bytes]) -> None:

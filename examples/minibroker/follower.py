@@ -103,6 +103,7 @@ async def _replicate(
                 rack_id="",
             )
             response = await conn.call(request, FetchResponse, _FETCH_VERSION, client_id)
+            refused = False
             for topic in response.responses:
                 for data in topic.partitions:
                     key = (topic.topic, data.partition_index)
@@ -112,6 +113,9 @@ async def _replicate(
                         logs[key] = PartitionLog()
                     elif data.error_code == Errors.NONE and data.records:
                         partition_log.append_replicated(bytes(data.records))
+                    refused = refused or data.error_code != Errors.NONE
+            if refused:
+                await asyncio.sleep(0.1)  # an error is answered at once: do not spin on it
     finally:
         await conn.close()
 

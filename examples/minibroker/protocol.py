@@ -4,8 +4,8 @@ kafka-python 3 generates a message class per Kafka API from Kafka's own JSON sch
 version, requests and responses alike. A broker needs the other direction from a client's:
 decode requests, encode responses. This module picks the class for a frame's API key, says which
 versions the broker serves (what ApiVersions advertises), and builds the protocol's own error
-answer for what it does not serve. The only bytes read by hand are none: even the request
-header's API key and version come from kafka-python's ``RequestHeader``.
+answer for what it does not serve. No bytes of a request are read by hand: even the frame size
+and the header's API key and version come from kafka-python's ``Int32`` and ``RequestHeader``.
 """
 
 from __future__ import annotations

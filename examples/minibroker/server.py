@@ -22,6 +22,7 @@ import io
 import json
 import logging
 import math
+import signal
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -596,8 +597,6 @@ async def run_leader(config: BrokerConfig, *, admin: bool = True) -> None:
 
     With `admin`, read commands from stdin: ``stats`` prints one line ``stats {json}``.
     """
-    import signal
-
     leader = Leader(config)
     await leader.start()
     stop = asyncio.Event()
