@@ -36,6 +36,9 @@ from examples.minibroker.protocol import Errors
 
 TOPIC = "demo"
 PARTITIONS = 4
+# Kafka's default lag time: on a loaded machine a follower may be slow, and these tests are not
+# about the ISR shrinking (test_minibroker_faults is).
+STEADY = ClusterConfig(replica_lag_time_max_ms=30_000)
 
 
 async def aiokafka_produce(bootstrap: str, acks: Any, count: int) -> dict[tuple[int, int], bytes]:
@@ -80,7 +83,7 @@ async def aiokafka_read_all(bootstrap: str, expected: int) -> dict[tuple[int, in
 
 def test_aiokafka_produces_with_acks_0_1_all_and_reads_back_what_was_acknowledged() -> None:
     async def main() -> None:
-        async with Cluster() as cluster:
+        async with Cluster(STEADY) as cluster:
             acked: dict[tuple[int, int], bytes] = {}
             sent = 0
             for acks in (0, 1, "all"):
@@ -147,7 +150,7 @@ def kafka_python_round_trip(bootstrap: str) -> tuple[dict[Any, bytes], dict[Any,
 
 def test_kafka_python_produces_with_acks_0_1_all_and_reads_back_what_was_acknowledged() -> None:
     async def main() -> None:
-        async with Cluster() as cluster:
+        async with Cluster(STEADY) as cluster:
             acked, seen, sent = await asyncio.to_thread(kafka_python_round_trip, cluster.bootstrap)
             assert len(acked) == 60
             assert len(seen) == sent == 90
@@ -161,7 +164,7 @@ def test_kafka_python_produces_with_acks_0_1_all_and_reads_back_what_was_acknowl
 
 def test_a_long_poll_returns_early_when_data_arrives_and_at_max_wait_when_none() -> None:
     async def main() -> None:
-        async with Cluster() as cluster:
+        async with Cluster(STEADY) as cluster:
             # A real consumer parked with a 20 s max wait gets a record produced meanwhile.
             consumer = AIOKafkaConsumer(
                 bootstrap_servers=cluster.bootstrap,

@@ -37,7 +37,9 @@ def test_hundreds_of_acks_all_producers_and_long_polls_all_answered_once_gauges_
     None
 ):
     async def main() -> None:
-        config = ClusterConfig(topics={TOPIC: PARTITIONS}, min_insync_replicas=2)
+        config = ClusterConfig(
+            topics={TOPIC: PARTITIONS}, min_insync_replicas=2, replica_lag_time_max_ms=30_000
+        )
         async with Cluster(config) as cluster:
             rng = random.Random(10)
             acked: dict[tuple[int, int], bytes] = {}

@@ -110,6 +110,19 @@ class Cluster:
         if self.start_followers:  # else: replicas the leader waits for, that never come
             for broker_id in c.follower_ids:
                 await self.start_follower(broker_id)
+            await self.wait_for_followers()
+
+    async def wait_for_followers(self, timeout: float = 30) -> None:
+        """Return once every follower has fetched from the leader (so acks=all can complete).
+
+        A follower process takes a moment to start; until its first fetch the leader counts it
+        in sync but has no news from it, and a produce with acks=all would wait for it.
+        """
+        deadline = asyncio.get_running_loop().time() + timeout
+        while (await self.stats())["followers_seen"] != list(self.config.follower_ids):
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"the followers did not start within {timeout} s")
+            await asyncio.sleep(0.02)
 
     async def start_follower(self, broker_id: int) -> None:
         """Start (or restart) follower `broker_id`."""

@@ -104,6 +104,7 @@ class Leader:
         self.partitions: dict[TopicPartition, Partition] = {}
         self.port = config.port
         self.isr_changes: list[str] = []
+        self.followers_seen: set[int] = set()
         self.counters: Counter[str] = Counter()
         self.peaks: dict[str, int] = {}
         self._next_producer_id = 1000
@@ -215,6 +216,7 @@ class Leader:
             "peaks": dict(self.peaks),
             "counters": dict(self.counters),
             "isr_changes": list(self.isr_changes),
+            "followers_seen": sorted(self.followers_seen),
             "partitions": {
                 f"{topic}-{index}": {
                     "log_end_offset": p.log_end_offset,
@@ -525,6 +527,7 @@ class Leader:
                     fetch.error_code = Errors.OFFSET_OUT_OF_RANGE
                 elif follower:
                     partition.follower_fetch(replica, asked.fetch_offset, now)
+                    self.followers_seen.add(replica)
         limit = _log_end if follower else _high_watermark
         purgatory = self.follower_purgatory if follower else self.fetch_purgatory
         op = DelayedFetch(max(0, body.max_wait_ms) / 1000, fetches, body.min_bytes, limit)
