@@ -39,9 +39,9 @@ __all__ = ("run_demo",)
 
 TOPIC = "orders"
 PARTITIONS = 4
-PRODUCERS = 4
-CONSUMERS = 2
-RATE = 120.0  # records per second, per producer
+PRODUCERS = 16
+CONSUMERS = 4
+RATE = 30.0  # records per second, per producer
 REQUEST_TIMEOUT_MS = 1000
 
 ERROR_NAMES = {
