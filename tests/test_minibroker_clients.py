@@ -247,3 +247,19 @@ def test_followers_that_never_fetch_hold_acks_all_until_they_leave_the_isr() -> 
             await client.close()
 
     run(main)
+
+
+def test_leader_and_followers_stop_cleanly_when_their_parent_goes() -> None:
+    async def main() -> None:
+        async with Cluster(STEADY) as cluster:
+            # The end of stdin is what a dead parent leaves them: each stops, exit status 0.
+            processes = [cluster.leader, *cluster.followers.values()]
+            for process in processes:
+                assert process is not None
+                assert process.stdin is not None
+                process.stdin.close()
+            for process in processes:
+                assert process is not None
+                assert await asyncio.wait_for(process.wait(), 15) == 0
+
+    run(main)

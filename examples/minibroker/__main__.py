@@ -72,11 +72,15 @@ def main(argv: list[str] | None = None) -> None:
     leader.add_argument("--replica-lag-time-max-ms", type=int, default=1000)
     leader.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024)
     leader.add_argument("--max-message-bytes", type=int, default=1024 * 1024)
+    leader.add_argument(
+        "--control-stdin", action="store_true", help="commands on stdin; stop at its end"
+    )
 
     follower = commands.add_parser("follower", help="one follower process (serve starts it)")
     follower.add_argument("--broker-id", type=int, required=True)
     follower.add_argument("--leader", required=True, help="HOST:PORT")
     follower.add_argument("--fetch-wait-max-ms", type=int, default=200)
+    follower.add_argument("--control-stdin", action="store_true", help="stop when stdin ends")
 
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -102,13 +106,19 @@ def main(argv: list[str] | None = None) -> None:
                 max_request_bytes=args.max_request_bytes,
                 max_message_bytes=args.max_message_bytes,
             )
-            asyncio.run(run_leader(config))
+            asyncio.run(run_leader(config, control_stdin=args.control_stdin))
         else:
             from .follower import run_follower
 
             host, _, port = args.leader.rpartition(":")
             asyncio.run(
-                run_follower(args.broker_id, host, int(port), max_wait_ms=args.fetch_wait_max_ms)
+                run_follower(
+                    args.broker_id,
+                    host,
+                    int(port),
+                    max_wait_ms=args.fetch_wait_max_ms,
+                    control_stdin=args.control_stdin,
+                )
             )
 
 

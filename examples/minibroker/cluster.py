@@ -96,6 +96,7 @@ class Cluster:
             str(c.max_request_bytes),
             "--max-message-bytes",
             str(c.max_message_bytes),
+            "--control-stdin",
             cwd=REPO_ROOT,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -137,8 +138,9 @@ class Cluster:
             self.bootstrap,
             "--fetch-wait-max-ms",
             str(self.config.replica_fetch_wait_max_ms),
+            "--control-stdin",
             cwd=REPO_ROOT,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE,  # its end, if we die, ends the follower too
             stdout=asyncio.subprocess.DEVNULL,
             stderr=self._stderr(),
         )

@@ -18,6 +18,7 @@ from typing import Any
 
 from kafka.protocol.schemas.fields.codecs import Int32
 
+from .control import read_commands
 from .log import PartitionLog
 from .protocol import Errors, FetchRequest, FetchResponse, MetadataRequest, MetadataResponse
 
@@ -120,12 +121,24 @@ async def _replicate(
         await conn.close()
 
 
-async def run_follower(broker_id: int, host: str, port: int, *, max_wait_ms: int = 200) -> None:
-    """Replicate from the leader at `host`:`port` until SIGINT/SIGTERM; reconnect on failure."""
+async def run_follower(
+    broker_id: int,
+    host: str,
+    port: int,
+    *,
+    max_wait_ms: int = 200,
+    control_stdin: bool = False,
+) -> None:
+    """Replicate from the leader at `host`:`port` until SIGINT/SIGTERM; reconnect on failure.
+
+    With `control_stdin`, also stop when stdin ends (the parent is gone; see `control`).
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    if control_stdin:
+        control = asyncio.create_task(read_commands(lambda line: None, stop))
     logs: dict[tuple[str, int], PartitionLog] = {}
     while not stop.is_set():
         task = asyncio.create_task(_replicate(broker_id, host, port, logs, max_wait_ms))
@@ -142,3 +155,7 @@ async def run_follower(broker_id: int, host: str, port: int, *, max_wait_ms: int
             log.info("follower %d: connection to the leader lost (%r); retrying", broker_id, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.2)
+    if control_stdin:
+        control.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await control

@@ -23,7 +23,6 @@ import json
 import logging
 import math
 import signal
-import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from kafka.protocol.schemas.fields.codecs import Int32
 
 from purgatory import DelayedOperationPurgatory, PurgatoryError
 
+from .control import read_commands
 from .log import BatchError, parse_batches
 from .protocol import (
     SERVED,
@@ -595,10 +595,11 @@ def _high_watermark(partition: Partition) -> int:
     return partition.high_watermark
 
 
-async def run_leader(config: BrokerConfig, *, admin: bool = True) -> None:
+async def run_leader(config: BrokerConfig, *, control_stdin: bool = False) -> None:
     """Run a leader until SIGINT/SIGTERM; print ``bootstrap HOST:PORT`` once it listens.
 
-    With `admin`, read commands from stdin: ``stats`` prints one line ``stats {json}``.
+    With `control_stdin`, read commands from stdin (``stats`` prints one line ``stats {json}``,
+    ``stop`` stops) and stop when stdin ends (see `control`).
     """
     leader = Leader(config)
     await leader.start()
@@ -607,30 +608,21 @@ async def run_leader(config: BrokerConfig, *, admin: bool = True) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     print(f"bootstrap {config.host}:{leader.port}", flush=True)
-    admin_task = asyncio.create_task(_admin(leader, stop)) if admin else None
-    await stop.wait()
-    if admin_task is not None:
-        admin_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await admin_task
-    await leader.stop()
 
-
-async def _admin(leader: Leader, stop: asyncio.Event) -> None:
-    """Line commands on stdin: ``stats`` (one JSON line back), ``stop``."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while True:
-        line = await reader.readline()
-        if not line:
-            return  # stdin closed: no admin, keep serving
-        command = line.decode().strip()
-        if command == "stats":
+    def command(line: str) -> None:
+        if line == "stats":
             stats = leader.statistics()
             print("stats " + json.dumps(stats, default=_finite), flush=True)
-        elif command == "stop":
+        elif line == "stop":
             stop.set()
+
+    control = asyncio.create_task(read_commands(command, stop)) if control_stdin else None
+    await stop.wait()
+    if control is not None:
+        control.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await control
+    await leader.stop()
 
 
 def _finite(value: object) -> object:
