@@ -20,6 +20,7 @@ from kafka.protocol.metadata import (
     MetadataRequest,
     MetadataResponse,
 )
+from kafka.protocol.producer import ProduceResponse
 from kafka.record.memory_records import MemoryRecordsBuilder
 from minibroker_support import (
     FETCH_VERSION,
@@ -71,6 +72,17 @@ def with_leader(body: Callable[[Cluster, RawClient], Awaitable[None]]) -> None:
         assert b"Traceback" not in log.read()  # refused, not crashed
 
 
+def list_offsets_request(topic: str) -> ListOffsetsRequest:
+    partition = ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
+        partition_index=0, timestamp=-1
+    )
+    return ListOffsetsRequest(
+        replica_id=-1,
+        isolation_level=0,
+        topics=[ListOffsetsRequest.ListOffsetsTopic(name=topic, partitions=[partition])],
+    )
+
+
 def frame(payload: bytes) -> bytes:
     return struct.pack(">i", len(payload)) + payload
 
@@ -120,13 +132,32 @@ def test_unknown_api_key_closes_and_unserved_api_or_version_gets_unsupported_ver
         high = SERVED[1][1] + 1
         response = await client.call(fetch_request({(TOPIC, 0): 0}), FetchResponse, high)
         assert response.error_code == Errors.UNSUPPORTED_VERSION
+        # Produce, Fetch and ListOffsets outside the served ranges: the error on each partition.
+        low, high = SERVED[0]
+        for version in (low - 1, high + 1):
+            request = produce_request(TOPIC, 0, batch(b"x"), acks=1)
+            response = await client.call(request, ProduceResponse, version)
+            assert produce_errors(response) == [Errors.UNSUPPORTED_VERSION]
+        response = await client.call(fetch_request({(TOPIC, 0): 0}), FetchResponse, 3)
+        assert response.responses[0].partitions[0].error_code == Errors.UNSUPPORTED_VERSION
+        offsets = await client.call(list_offsets_request(TOPIC), ListOffsetsResponse, 0)
+        assert offsets.topics[0].partitions[0].error_code == Errors.UNSUPPORTED_VERSION
         # ApiVersions above ours: the v0 answer with the error and our ranges (KIP-511).
         client.send(ApiVersionsRequest(), ApiVersionsResponse, 4)
         await client.writer.drain()
         response = await client.receive()
         assert response.error_code == Errors.UNSUPPORTED_VERSION
         assert {k.api_key: (k.min_version, k.max_version) for k in response.api_keys} == SERVED
-        # An API key nobody knows: no answer could be matched, so the connection is closed.
+        # An acks=0 produce at a version not served: it expects no answer, so a closed connection.
+        client.send(produce_request(TOPIC, 0, batch(b"x"), acks=0), ProduceResponse, 2)
+        assert await client.is_closed_by_peer()
+
+    with_leader(body)
+
+
+def test_an_api_key_nobody_knows_closes_the_connection() -> None:
+    async def body(cluster: Cluster, client: RawClient) -> None:
+        # No response format exists for it, so no answer could be matched: closed, as Kafka.
         client.send_bytes(frame(struct.pack(">hhih", 999, 0, 77, -1)))
         assert await client.is_closed_by_peer()
 
@@ -146,24 +177,7 @@ def test_unknown_topics_get_unknown_topic_or_partition() -> None:
         assert produce_errors(await produce(client, TOPIC, 99, batch(b"x"))) == [unknown]
         response = await fetch(client, {("nope", 0): 0}, max_wait_ms=5000)
         assert [p.error_code for t in response.responses for p in t.partitions] == [unknown]
-        offsets = await client.call(
-            ListOffsetsRequest(
-                replica_id=-1,
-                isolation_level=0,
-                topics=[
-                    ListOffsetsRequest.ListOffsetsTopic(
-                        name="nope",
-                        partitions=[
-                            ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
-                                partition_index=0, timestamp=-1
-                            )
-                        ],
-                    )
-                ],
-            ),
-            ListOffsetsResponse,
-            5,
-        )
+        offsets = await client.call(list_offsets_request("nope"), ListOffsetsResponse, 5)
         assert [p.error_code for t in offsets.topics for p in t.partitions] == [unknown]
 
     with_leader(body)

@@ -183,13 +183,18 @@ def api_versions_response(version: int, error_code: int = Errors.NONE) -> Any:
 def error_response(request: Request, error_code: int) -> Any | None:
     """The protocol's answer to a request the broker does not serve, or ``None`` if none exists.
 
-    For an API kafka-python knows, that is the API's own response with `error_code` in its
-    top-level error field. An API whose response has no such field, or one kafka-python cannot
-    decode at all, has no answer that a client could match: ``None`` (close the connection, as
-    Kafka does).
+    Produce, Fetch and ListOffsets at a version outside `SERVED` get their own response with
+    `error_code` on every partition asked for. Another API kafka-python knows gets its response
+    with `error_code` in the top-level error field. An API whose response has no such field, one
+    kafka-python cannot decode at all, and an ``acks=0`` produce (it expects no answer) have no
+    answer a client could match: ``None`` (close the connection, as Kafka does).
     """
-    if request.body is None:
+    body = request.body
+    if body is None:
         return None
+    per_partition = _PER_PARTITION_ERRORS.get(request.api_key)
+    if per_partition is not None:
+        return per_partition(body, error_code)
     response_cls = ResponseClassRegistry.get_response_class(request.body.header)
     if response_cls is None:
         return None
@@ -197,3 +202,73 @@ def error_response(request: Request, error_code: int) -> Any | None:
     if "ErrorCode" not in fields:
         return None
     return response_cls(error_code=error_code)
+
+
+def _produce_errors(body: Any, code: int) -> Any | None:
+    if body.acks == 0:
+        return None
+    return ProduceResponse(
+        responses=[
+            ProduceResponse.TopicProduceResponse(
+                name=topic.name,
+                topic_id=topic.topic_id,
+                partition_responses=[
+                    ProduceResponse.TopicProduceResponse.PartitionProduceResponse(
+                        index=data.index, error_code=code, base_offset=-1
+                    )
+                    for data in topic.partition_data
+                ],
+            )
+            for topic in body.topic_data
+        ]
+    )
+
+
+def _fetch_errors(body: Any, code: int) -> Any:
+    return FetchResponse(
+        error_code=code,
+        responses=[
+            FetchResponse.FetchableTopicResponse(
+                topic=topic.topic,
+                topic_id=topic.topic_id,
+                partitions=[
+                    FetchResponse.FetchableTopicResponse.PartitionData(
+                        partition_index=asked.partition,
+                        error_code=code,
+                        high_watermark=-1,
+                        last_stable_offset=-1,
+                        records=b"",
+                    )
+                    for asked in topic.partitions
+                ],
+            )
+            for topic in body.topics
+        ],
+    )
+
+
+def _list_offsets_errors(body: Any, code: int) -> Any:
+    return ListOffsetsResponse(
+        topics=[
+            ListOffsetsResponse.ListOffsetsTopicResponse(
+                name=topic.name,
+                partitions=[
+                    ListOffsetsResponse.ListOffsetsTopicResponse.ListOffsetsPartitionResponse(
+                        partition_index=asked.partition_index,
+                        error_code=code,
+                        timestamp=-1,
+                        offset=-1,
+                    )
+                    for asked in topic.partitions
+                ],
+            )
+            for topic in body.topics
+        ]
+    )
+
+
+_PER_PARTITION_ERRORS: dict[int, Any] = {
+    ProduceRequest.API_KEY: _produce_errors,
+    FetchRequest.API_KEY: _fetch_errors,
+    ListOffsetsRequest.API_KEY: _list_offsets_errors,
+}
