@@ -115,7 +115,7 @@ def test_a_truncated_frame_then_a_disconnect_leaves_the_leader_serving() -> None
     with_leader(body)
 
 
-def test_unknown_api_key_closes_and_unserved_api_or_version_gets_unsupported_version() -> None:
+def test_unserved_apis_and_versions_get_unsupported_version() -> None:
     async def body(cluster: Cluster, client: RawClient) -> None:
         # An API the broker does not serve, with an error field: UNSUPPORTED_VERSION.
         join = JoinGroupRequest(
