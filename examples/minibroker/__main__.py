@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "demo":
             from .demo import run_demo
 
-            asyncio.run(run_demo(seed=args.seed, seconds=args.seconds))
+            summary = asyncio.run(run_demo(seed=args.seed, seconds=args.seconds))
+            if summary["lost"]:
+                sys.exit(1)
         elif args.command == "leader":
             config = BrokerConfig(
                 port=args.port,

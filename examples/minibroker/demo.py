@@ -195,6 +195,37 @@ def _percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
+async def _drive(
+    cluster: Cluster, rng: random.Random, seconds: float, tally: Tally
+) -> dict[str, Any]:
+    """The load, the faults and the read-back; returns the leader's statistics at the end."""
+    stop, done = asyncio.Event(), asyncio.Event()
+    notes: list[str] = []
+    consumers = [
+        asyncio.create_task(
+            _consume(list(range(i, PARTITIONS, CONSUMERS)), cluster.bootstrap, tally, done)
+        )
+        for i in range(CONSUMERS)
+    ]
+    started = time.monotonic()
+    producers = [
+        asyncio.create_task(
+            _produce(i, cluster.bootstrap, random.Random(rng.getrandbits(64)), tally, stop)
+        )
+        for i in range(PRODUCERS)
+    ]
+    schedule = asyncio.create_task(_schedule(cluster, seconds, started, stop, notes))
+    progress = asyncio.create_task(_progress(cluster, tally, started, stop, notes))
+    await asyncio.gather(*producers, schedule, progress)
+    # Read back: every acknowledged record must be at its offset.
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not tally.acked.keys() <= tally.consumed.keys():
+        await asyncio.sleep(0.1)
+    done.set()
+    await asyncio.gather(*consumers)
+    return await _settled_stats(cluster)
+
+
 async def run_demo(*, seed: int = 7, seconds: float = 12.0) -> dict[str, Any]:
     """Run the demo, print progress and the summary; return the figures (for a test)."""
     rng = random.Random(seed)
@@ -204,42 +235,20 @@ async def run_demo(*, seed: int = 7, seconds: float = 12.0) -> dict[str, Any]:
         replica_lag_time_max_ms=1000,
         replica_fetch_wait_max_ms=200,
     )
-    broker_log = tempfile.NamedTemporaryFile(prefix="minibroker-", suffix=".log", delete=False)  # noqa: SIM115
-    print(
-        f"minibroker demo: leader + 2 followers on loopback, topic {TOPIC!r} x{PARTITIONS}, "
-        f"min.insync.replicas=2, replica.lag.time.max.ms=1000, seed {seed}\n"
-        f"  {PRODUCERS} aiokafka producers (acks=all, request_timeout_ms={REQUEST_TIMEOUT_MS}) "
-        f"at ~{RATE * PRODUCERS:.0f} records/s, {CONSUMERS} consumers long-polling "
-        f"(fetch_max_wait_ms=500); broker logs: {broker_log.name}",
-        flush=True,
-    )
     tally = Tally()
-    async with Cluster(config, log=broker_log) as cluster:
-        stop, done = asyncio.Event(), asyncio.Event()
-        notes: list[str] = []
-        consumers = [
-            asyncio.create_task(
-                _consume(list(range(i, PARTITIONS, CONSUMERS)), cluster.bootstrap, tally, done)
-            )
-            for i in range(CONSUMERS)
-        ]
+    # The brokers' own logs (ISR changes, refused connections) go to a file kept for reading.
+    with tempfile.NamedTemporaryFile(prefix="minibroker-", suffix=".log", delete=False) as log:
+        print(
+            f"minibroker demo: leader + 2 followers on loopback, topic {TOPIC!r} x{PARTITIONS}, "
+            f"min.insync.replicas=2, replica.lag.time.max.ms=1000, seed {seed}\n"
+            f"  {PRODUCERS} aiokafka producers (acks=all, request_timeout_ms="
+            f"{REQUEST_TIMEOUT_MS}) at ~{RATE * PRODUCERS:.0f} records/s, {CONSUMERS} consumers "
+            f"long-polling (fetch_max_wait_ms=500); broker logs: {log.name}",
+            flush=True,
+        )
         started = time.monotonic()
-        producers = [
-            asyncio.create_task(
-                _produce(i, cluster.bootstrap, random.Random(rng.getrandbits(64)), tally, stop)
-            )
-            for i in range(PRODUCERS)
-        ]
-        schedule = asyncio.create_task(_schedule(cluster, seconds, started, stop, notes))
-        progress = asyncio.create_task(_progress(cluster, tally, started, stop, notes))
-        await asyncio.gather(*producers, schedule, progress)
-        # Read back: every acknowledged record must be at its offset.
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and not tally.acked.keys() <= tally.consumed.keys():
-            await asyncio.sleep(0.1)
-        done.set()
-        await asyncio.gather(*consumers)
-        stats = await _settled_stats(cluster)
+        async with Cluster(config, log=log) as cluster:
+            stats = await _drive(cluster, rng, seconds, tally)
     lost = [key for key, value in tally.acked.items() if tally.consumed.get(key) != value]
     summary = _summary(tally, stats, lost, time.monotonic() - started)
     print(summary["table"], flush=True)
