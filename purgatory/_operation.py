@@ -248,7 +248,19 @@ class DelayedOperation(ABC, Generic[T_co]):
         return result
 
     def _fail(self, exc: BaseException) -> None:
-        """Keep what `on_complete` raised for the awaiters; report it if there are none yet."""
+        """Keep what `on_complete` raised for the awaiters; report it if there are none yet.
+
+        ``CancelledError``, ``KeyboardInterrupt`` and ``SystemExit`` reach the awaiters as the
+        cause of a ``RuntimeError`` (as a coroutine's ``StopIteration`` does): raised as such in
+        an awaiter, the first would cancel that task and the others stop the loop once more
+        (an interrupt propagates once, from where it was raised).
+        """
+        if isinstance(exc, CancelledError | KeyboardInterrupt | SystemExit):
+            wrapped = RuntimeError(
+                f"{type(self).__qualname__}.on_complete raised {type(exc).__name__}"
+            )
+            wrapped.__cause__ = exc
+            exc = wrapped
         self._state |= FAILED
         self._result = exc
         if self._future is None:
