@@ -110,13 +110,13 @@ class Leader:
         self._next_producer_id = 1000
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._isr_task: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Create the partitions, start the ISR check, listen; `port` is then the bound port."""
-        loop = self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         for topic, count in self.config.topics.items():
             for index in range(count):
                 key = (topic, index)
@@ -141,12 +141,15 @@ class Leader:
         """Stop listening, drop the connections, cancel what waits: a clean stop."""
         if self._server is not None:
             self._server.close()
-        self._isr_task.cancel()
+        tasks: list[asyncio.Task[None]] = list(self._connections)
+        if self._isr_task is not None:
+            self._isr_task.cancel()
+            tasks.append(self._isr_task)
         # Closing a connection's socket ends its reader, which cancels what that connection
         # still waits for; its task then ends normally (cancelling it would be logged).
         for writer in self._connections.values():
             writer.close()
-        await asyncio.gather(self._isr_task, *self._connections, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         for purgatory in self._purgatories():
             await purgatory.shutdown()
         if self._server is not None:
