@@ -61,7 +61,6 @@ class Tally:
     ack_waits: list[float] = field(default_factory=list)
     failed: Counter[str] = field(default_factory=Counter)
     consumed: dict[tuple[int, int], bytes] = field(default_factory=dict)
-    poll_waits: list[float] = field(default_factory=list)
 
     @property
     def in_flight(self) -> int:
@@ -128,9 +127,7 @@ async def _consume(
     try:
         consumer.assign([TopicPartition(TOPIC, p) for p in partitions])
         while not done.is_set():
-            started = time.monotonic()
             batches = await consumer.getmany(timeout_ms=500)
-            tally.poll_waits.append(time.monotonic() - started)
             for tp, records in batches.items():
                 for record in records:
                     tally.consumed[(tp.partition, record.offset)] = record.value
