@@ -11,8 +11,8 @@ $(BIN)/python:
 
 # Set up and run the main job: the runnable example.
 demo: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
-	$(BIN)/python examples/produce_acks_all.py
+	$(BIN)/python -m pip install --quiet -e '.[examples]'
+	$(BIN)/python -m examples.minibroker demo
 
 # Set up and run the tests: lint, types, then pytest.
 test: $(BIN)/python
