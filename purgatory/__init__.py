@@ -14,6 +14,7 @@ from ._errors import OperationCancelled as OperationCancelled
 from ._errors import PurgatoryClosed as PurgatoryClosed
 from ._errors import PurgatoryError as PurgatoryError
 from ._errors import PurgatoryFull as PurgatoryFull
+from ._events import EventLog as EventLog
 from ._operation import DelayedOperation as DelayedOperation
 from ._purgatory import DelayedOperationPurgatory as DelayedOperationPurgatory
 from ._purgatory import PurgatoryStatistics as PurgatoryStatistics
@@ -25,6 +26,7 @@ __all__ = (
     "DelayedOperation",
     "DelayedOperationPurgatory",
     "DrivenClock",
+    "EventLog",
     "OperationCancelled",
     "PurgatoryClosed",
     "PurgatoryError",
