@@ -128,8 +128,12 @@ def current_task_cancelling() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-def spawn(coro: Coroutine[Any, Any, None], tasks: set[asyncio.Task[None]], name: str) -> None:
-    """Run `coro` as a Task of its own (in a copy of the current context), held in `tasks`.
+def spawn(
+    coro: Coroutine[Any, Any, None],
+    name: str,
+    on_done: Callable[[asyncio.Task[None]], None],
+) -> asyncio.Task[None]:
+    """Run `coro` as a Task of its own (in a copy of the current context); `on_done` after it.
 
     Raises:
         RuntimeError: No event loop is running here.
@@ -140,8 +144,8 @@ def spawn(coro: Coroutine[Any, Any, None], tasks: set[asyncio.Task[None]], name:
         reason = no_running_loop_reason()
         raise RuntimeError(f"an async try_complete runs as a task on the event loop, and {reason}")
     task = loop.create_task(coro, name=name)
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
+    task.add_done_callback(on_done)
+    return task
 
 
 @final
@@ -154,25 +158,14 @@ class FunctionClock:
         self.current_time = read
 
 
-def _others_alive(loop: asyncio.AbstractEventLoop, ended: asyncio.Task[Any]) -> bool:
-    """Whether some other task goes on, not being cancelled.
-
-    When none does, the loop is being wound down (``asyncio.run`` cancels every task as it
-    ends): the reaper then comes back only if something is watched again, instead of starting a
-    task that the closing loop would destroy.
-    """
-    return any(
-        task is not ended and not task.done() and not task.cancelling()
-        for task in asyncio.all_tasks(loop)
-    )
-
-
 class _TimerPass(Protocol):
     _name: str
 
     def _run_timer_pass(self, now: float) -> int: ...
 
     def _next_timer_pass(self) -> float: ...
+
+    def _next_deadline(self) -> float: ...
 
 
 @final
@@ -186,8 +179,8 @@ class Reaper:
     It cannot be killed by accident. A callback that raises anything inside a timer pass is that
     operation's failure (the purgatory reports it); ``KeyboardInterrupt`` and ``SystemExit``
     propagate as asyncio lets them, and code that cancels "every other task" may cancel the
-    reaper. Either way its task ends, and the reaper reports it and starts a new task at once if
-    operations are pending, else on the next `wake_by`: expirations never stop silently.
+    reaper. Either way its task ends, and a new one starts, reported to the loop's exception
+    handler, when the next operation falls due: expirations never stop silently.
     """
 
     __slots__ = (
@@ -230,6 +223,11 @@ class Reaper:
         task.add_done_callback(self._ended)
         return task
 
+    @property
+    def alive(self) -> bool:
+        """Whether the reaper's task is running (it may have ended, to come back on `wake_by`)."""
+        return not self._task.done()
+
     def wake_by(self, tick: float) -> None:
         """Make sure a timer pass runs at tick `tick` (seconds = tick * tick length) or earlier."""
         if tick >= self.wake_tick:
@@ -237,13 +235,11 @@ class Reaper:
         self.wake_tick = tick
         if self._handle is not None:
             self._handle.cancel()
-            self._handle = None
-        if self._task.done():
-            self._revive()
-            return
         # uvloop rounds a timer to the millisecond, so it may fire a little early: the pass then
-        # finds nothing due and sets the alarm again (the pass reads the exact clock).
-        self._handle = self._loop.call_at(tick * self._tick, self._wake)
+        # finds nothing due and sets the alarm again (the pass reads the exact clock). A reaper
+        # whose task ended comes back at that time, by a plain timer handle.
+        callback = self._revive if self._task.done() else self._wake
+        self._handle = self._loop.call_at(tick * self._tick, callback)
 
     def _wake(self) -> None:
         self._handle = None
@@ -252,25 +248,33 @@ class Reaper:
             waiter.set_result(None)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
-        """The task ended: fine if `stop` ended it, else say so and come back."""
+        """The task ended: fine if `stop` ended it, else come back when there is work.
+
+        The new task is started by a timer handle at the next deadline (`wake_by`), not at
+        once: a loop being wound down (``asyncio.run`` cancels every task as it ends) never gets
+        there, so it neither hears of it nor is left with a task it would destroy; a loop that
+        goes on gets its expirations on time, and the report.
+        """
         if self._stopping or task is not self._task:
             return
-        self.wake_tick = math.inf  # the next wake_by starts a new task
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        if self._purgatory._next_timer_pass() < math.inf and _others_alive(self._loop, task):
-            self._revive()
+        self.wake_tick = math.inf
+        next_tick = self._purgatory._next_deadline()
+        if next_tick < math.inf:
+            self.wake_by(next_tick)
 
     def _revive(self) -> None:
+        self._handle = None
         ended = self._task
+        if self._stopping or not ended.done() or self._loop.is_closed():
+            return
         error: BaseException = (
             asyncio.CancelledError("the reaper task was cancelled from outside")
             if ended.cancelled()
             else ended.exception() or RuntimeError("the reaper task returned")
         )
-        if self._loop.is_closed():
-            return
         self.restarts += 1
         self.wake_tick = -math.inf
         self._task = self._start()

@@ -320,12 +320,13 @@ class DelayedOperation(ABC, Generic[T_co]):
         assert purgatory is not None
         self._state = state | RUNNING
         try:
-            spawn(
-                self._run_attempts(), purgatory._attempts, f"{type(self).__qualname__}.try_complete"
+            task = spawn(
+                self._run_attempts(), f"{type(self).__qualname__}.try_complete", self._ended
             )
         except BaseException:
             self._state &= ~RUNNING
             raise
+        purgatory._attempts.add(task)
 
     async def _run_attempts(self) -> None:
         """Attempts, one at a time, until one ends with no trigger having come in meanwhile."""
@@ -335,9 +336,8 @@ class DelayedOperation(ABC, Generic[T_co]):
             try:
                 claimed = await self.try_complete()  # type: ignore[misc]
             except CancelledError:
-                if current_task_cancelling():  # shutdown (or whoever cancelled this task)
-                    self._state &= ~(RUNNING | RERUN)
-                    raise
+                if current_task_cancelling():
+                    raise  # the task was cancelled: `_ended` sorts it out
                 report_exception(
                     f"{name}.try_complete raised CancelledError without being cancelled",
                     CancelledError(),
@@ -355,6 +355,32 @@ class DelayedOperation(ABC, Generic[T_co]):
             if not state & RERUN or state & FINISHED:
                 self._state = state & ~(RUNNING | RERUN)
                 return
+
+    def _ended(self, task: Any) -> None:
+        """An attempt's task ended; if it was cancelled from outside, attempt again.
+
+        A shutdown cancels attempts on purpose. Anyone else (code that cancels "all other
+        tasks", say) may have cancelled it before it even started, or with a trigger pending:
+        the operation must neither stay "running" for good nor lose that trigger.
+        """
+        purgatory = self._purgatory
+        if purgatory is not None:
+            purgatory._attempts.discard(task)
+        # Only a cancelled task ends with RUNNING still set (every other way out clears it), and
+        # no other attempt can have started since: RUNNING is this task's.
+        state = self._state
+        if not task.cancelled() or not state & RUNNING:
+            return
+        self._state = state & ~(RUNNING | RERUN)
+        if state & FINISHED or purgatory is None or purgatory._closed:
+            return
+        report_exception(
+            f"the task of {type(self).__qualname__}.try_complete was cancelled from outside; "
+            "the attempt runs again",
+            CancelledError(),
+            operation=self,
+        )
+        self._attempt_async()
 
 
 def report_false_claim(op: DelayedOperation[Any], claimed: object) -> None:

@@ -48,7 +48,7 @@ from ._watchers import (
     count_entries,
     discard,
     join_plain,
-    members,
+    take_all,
     unregister,
     watch_at,
 )
@@ -141,6 +141,11 @@ def _split_keys(
             f"keys must be a collection of keys or a mapping of key to threshold, got {keys!r}"
         )
     return tuple(keys), None
+
+
+def _check_reached(reached: Any) -> None:
+    if not reached <= reached:  # noqa: PLR0124 - false for NaN alone
+        raise ValueError(f"reached {reached!r} does not order against itself (NaN?)")
 
 
 def _plain_keys(keys: tuple[Hashable, ...], thresholds: tuple[Any, ...]) -> list[Hashable]:
@@ -396,28 +401,37 @@ class DelayedOperationPurgatory(Generic[Op]):
             )
         # Registration: on every key or, if a key cannot be hashed or a threshold compared, on
         # none. Plain watches inline (the hot path), those at a threshold through watch_at.
+        # A key given twice is watched once: `listed` counts the lists that took `op`.
         watchers = self._watchers
+        listed = 0
         try:
             for key in keys if thresholds is None else _plain_keys(keys, thresholds):
                 ops = watchers.get(key)
                 if ops is None:
                     watchers[key] = op
                 elif type(ops) is dict:
+                    if op in ops:
+                        continue
                     ops[op] = None
                 elif type(ops) in _SHAPES_WITH_THRESHOLDS:
-                    join_plain(watchers, key, op, ops)
+                    if not join_plain(watchers, key, op, ops):
+                        continue
+                elif ops is op:
+                    continue
                 else:
                     watchers[key] = {ops: None, op: None}
+                listed += 1
             if thresholds is not None:
                 for key, threshold in zip(keys, thresholds, strict=True):
                     if threshold is not None:
                         watch_at(watchers, key, op, threshold)
+                        listed += 1
         except BaseException:
             unregister(watchers, op, keys)
             self._abandon(op)
             raise
         op._keys = keys
-        op._listed = len(keys)
+        op._listed = listed
         if state & ASYNC:
             try:
                 op._attempt_async()
@@ -525,12 +539,14 @@ class DelayedOperationPurgatory(Generic[Op]):
             if reached is None:
                 candidates = list(ops)
             else:
+                _check_reached(reached)
                 ops.release(reached)
                 candidates = list(ops.plain)
             drop = ops.pop
         else:
             if type(ops) is LoneMark:
                 if reached is not None:
+                    _check_reached(reached)
                     if not ops.threshold <= reached:
                         return 0
                     ops = watchers[key] = ops.op  # released: a plain watcher from now on
@@ -639,7 +655,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             return []
         cancelled = []
         garbage = self._garbage
-        for op in list(members(ops)):
+        for op in take_all(ops):
             op._listed -= 1
             if op._cancel():
                 cancelled.append(op)
@@ -706,7 +722,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._closed = True
             pending = list(self._wheel)
             for ops in self._watchers.values():
-                pending.extend(members(ops))
+                pending.extend(take_all(ops))
             for due in self._in_flight:
                 pending.extend(due)
             self._watchers.clear()
@@ -818,6 +834,10 @@ class DelayedOperationPurgatory(Generic[Op]):
             return self._wheel.current_tick
         return self._wheel.next_deadline()
 
+    def _next_deadline(self) -> float:
+        """The tick at which a timed operation next needs the timer; ``math.inf`` if none."""
+        return self._wheel.next_deadline()
+
     def _finished(self, op: Op) -> None:
         """Note a watched operation that finished: counted for Kafka's rule, kept if listed.
 
@@ -830,9 +850,14 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._purge_due()
 
     def _purge_due(self) -> None:
-        """Kafka's purge rule holds: have the reaper run a pass (a driven clock's next one)."""
-        if self._reaper is not None:
-            self._reaper.wake_by(self._wheel.current_tick)
+        """Kafka's purge rule holds: have the reaper run a pass (a driven clock's next one).
+
+        A reaper whose task ended is not brought back for a purge alone (it comes back when an
+        operation falls due): during a loop's wind-down that would start a task on a closing loop.
+        """
+        reaper = self._reaper
+        if reaper is not None and reaper.alive:
+            reaper.wake_by(self._wheel.current_tick)
 
     def _tidy_key(self, key: Hashable, ops: Any, single: Op | None) -> None:
         """After a trigger of `key` (interrupted, or joined by a newcomer): drop what it left."""
@@ -864,7 +889,7 @@ class DelayedOperationPurgatory(Generic[Op]):
 
     def _check_thread(self) -> None:
         """The slow path of the thread check of `check_and_complete`: bind, or refuse."""
-        if self._owner_thread is None:
+        if self._owner_thread is None or self._driven:
             self._bind_loop()
         elif get_ident() != self._owner_thread:
             raise RuntimeError(
@@ -873,9 +898,31 @@ class DelayedOperationPurgatory(Generic[Op]):
             )
 
     def _bind_loop(self) -> None:
-        """Bind to the running loop on first use; refuse another loop or another thread."""
+        """Bind to the running loop on first use; refuse another loop or another thread.
+
+        A purgatory on the loop's clock stays with its first loop (its reaper and its awaiters
+        live there). One with a driven clock follows whichever loop (or none) uses it, one after
+        the other: it refuses only a call from another thread while its loop still runs.
+        """
         loop = running_loop()
-        if self._loop is not None and loop is not self._loop:
+        bound = self._loop
+        if self._driven:
+            if (
+                loop is not bound
+                and bound is not None
+                and bound.is_running()
+                and get_ident() != self._owner_thread
+            ):
+                raise RuntimeError(
+                    f"purgatory {self._name!r} belongs to the event loop of another thread "
+                    "while that loop runs; call it from that loop (from other threads: "
+                    "check_and_complete_threadsafe or loop.call_soon_threadsafe)"
+                )
+            # No reaper: a loop only serves threadsafe triggers and async attempts.
+            self._loop = loop
+            self._owner_thread = get_ident()
+            return
+        if bound is not None and loop is not bound:
             if loop is None and get_ident() != self._owner_thread:
                 raise RuntimeError(
                     f"purgatory {self._name!r} belongs to the event loop of another thread; "
@@ -886,12 +933,6 @@ class DelayedOperationPurgatory(Generic[Op]):
                 f"purgatory {self._name!r} is bound to another event loop (its reaper and its "
                 "awaiters live there); create one purgatory per loop"
             )
-        if self._driven:
-            # No reaper: the loop only serves threadsafe triggers and async attempts.
-            if loop is not None and self._loop is None:
-                self._loop = loop
-                self._owner_thread = get_ident()
-            return
         if loop is None:
             raise RuntimeError(
                 f"purgatory {self._name!r} follows the event loop's clock, so it must be used "

@@ -49,6 +49,7 @@ __all__ = (
     "discard",
     "join_plain",
     "members",
+    "take_all",
     "unregister",
     "watch_at",
 )
@@ -168,6 +169,11 @@ def watch_at(lists: WatcherMap, key: Hashable, op: Any, threshold: Any) -> None:
 
     Runtime complexity: O(log n).
     """
+    if not threshold <= threshold:  # noqa: PLR0124 - false for NaN alone
+        raise ValueError(
+            f"threshold {threshold!r} for {key!r} does not order against itself (NaN?); "
+            "a watcher at it could never be reached"
+        )
     ops = lists.get(key)
     if ops is None:
         lists[key] = LoneMark(op, threshold)
@@ -180,14 +186,23 @@ def watch_at(lists: WatcherMap, key: Hashable, op: Any, threshold: Any) -> None:
     lists[key] = watchers
 
 
-def join_plain(lists: WatcherMap, key: Hashable, op: Any, ops: Any) -> None:
-    """Add `op` as a plain watcher of `key`, whose watchers `ops` know thresholds."""
+def join_plain(lists: WatcherMap, key: Hashable, op: Any, ops: Any) -> bool:
+    """Add `op` as a plain watcher of `key`, whose watchers `ops` know thresholds.
+
+    Returns:
+        ``False`` if `op` already watched `key` (the key was given twice).
+    """
     if type(ops) is ThresholdWatchers:
+        if op in ops.plain or op in ops.cells:
+            return False
         ops.plain[op] = None
-    else:
-        watchers = _grown(ops)
-        watchers.plain[op] = None
-        lists[key] = watchers
+        return True
+    if ops.op is op:
+        return False
+    watchers = _grown(ops)
+    watchers.plain[op] = None
+    lists[key] = watchers
+    return True
 
 
 def _grown(ops: Any) -> ThresholdWatchers[Any]:
@@ -227,6 +242,26 @@ def discard(lists: WatcherMap, key: Hashable, op: Any) -> bool:
     if not ops:
         del lists[key]
     return True
+
+
+def take_all(ops: Any) -> list[Any]:
+    """The operations of one key's watchers, leaving the container empty.
+
+    A trigger of the same key may be iterating over the container (a callback called
+    `cancel_for_key` or `shutdown`): emptied, it has nothing left for that trigger to drop a
+    second time.
+    """
+    taken = list(members(ops))
+    if type(ops) is dict:
+        ops.clear()
+    elif type(ops) is ThresholdWatchers:
+        for cell in ops.heap:
+            cell[2] = None
+        ops.plain.clear()
+        ops.cells.clear()
+        ops.heap.clear()
+        ops.dead = 0
+    return taken
 
 
 def members(ops: Any) -> Iterator[Any]:

@@ -283,13 +283,14 @@ async def test_a_big_purge_runs_in_slices_that_let_the_loop_run() -> None:
 async def test_a_big_cascade_runs_in_slices_that_let_the_loop_run() -> None:
     """Thousands of deadlines in one overflow bucket move down a slice per reaper pass.
 
-    With 64 slots of 1 ms, level-1 buckets span 32 ms; a 0.2 s timeout lands there and its
-    cascade falls due 32 ms before its span starts. The loop runs between the slices, and still
-    nothing expires early.
+    With the default 1024 slots of 1 ms, level-1 buckets span 512 ms; a 1.6 s timeout lands
+    there and its cascade falls due 512 ms before its span starts (room enough for the slices
+    even on a loaded machine, where a cascade that became urgent would run whole). The loop
+    runs between the slices, and still nothing expires early.
     """
     loop = asyncio.get_running_loop()
-    async with DelayedOperationPurgatory[Op]("cascade", wheel_size=64) as p:
-        ops = [Op(0.2) for _ in range(3 * CASCADE_SLICE)]
+    async with DelayedOperationPurgatory[Op]("cascade") as p:
+        ops = [Op(1.6) for _ in range(3 * CASCADE_SLICE)]
         watched_at = loop.time()
         for i, op in enumerate(ops):
             p.try_complete_else_watch(op, [i])
@@ -304,7 +305,7 @@ async def test_a_big_cascade_runs_in_slices_that_let_the_loop_run() -> None:
         loop.call_soon(observe)
         await until(lambda: p.num_delayed() == 0)
         assert all(op.expirations == 1 for op in ops)
-        assert min(op.expired_at or 0.0 for op in ops) >= watched_at + 0.2 - SLACK
+        assert min(op.expired_at or 0.0 for op in ops) >= watched_at + 1.6 - SLACK
         assert any(seen), "the loop never ran while a cascade was under way"
 
 
