@@ -6,10 +6,12 @@ Run ``python -m benchmarks`` (``--help`` for the options). Modules, one job each
 - ``config``: the full and quick run parameters.
 - ``contenders``: who runs in each workload and on which loop.
 - ``ours``: purgatory through its public API (a flag-checking DelayedOperation subclass).
-- ``baselines``: A (Future + call_later + dict of lists; B is A on uvloop), C (a Task per
-  request with ``wait_for``) and the Floor (create the object, insert it into one dict per key).
+- ``baselines``: A (Future + call_later + dict of lists; B is A on uvloop), A-lean (a tuple of
+  threshold, Future and ``call_at`` handle per request, no class), C (a Task per request with
+  ``wait_for``) and the Floor (create the object, insert it into one dict per key).
 - ``loops``: the asyncio and uvloop loop factories; a fresh loop per measurement.
-- ``w1``: Kafka's TestPurgatoryPerformance, asyncio edition (rate search, confirmation).
+- ``w1``: Kafka's TestPurgatoryPerformance, asyncio edition (rate search, confirmation);
+  W1-force, W1-key and W1-threshold.
 - ``w2``: N pending at once (schedule, complete, expire costs; memory; lateness).
 - ``measure``: quantiles, medians, CPU/wall stopwatches, GC pause accounting.
 - ``environment``: Python, machine, load and git provenance.
