@@ -16,7 +16,10 @@ Run ``python -m benchmarks`` (``--help`` for the options). Modules, one job each
 - ``measure``: quantiles, medians, CPU/wall stopwatches, GC pause accounting.
 - ``environment``: Python, machine, load and git provenance.
 - ``report`` / ``plot``: Markdown tables and the W2 figure, from the JSON alone.
-- ``profile``: cProfile of our hot paths (W1-key and W2), for optimisation work.
+- ``profile``: cProfile of our hot paths (W1-key or W1-threshold, and W2), for optimisation work.
+- ``breakdown``: the schedule path step by step at N pending, and W1's purgatory work per request
+  (force, key, threshold) in a steady state without the driver.
+- ``merge``: fold a partial run (``--merge``) into the earlier results JSON.
 
 Everything is seeded; every figure is a median over repetitions after a warm-up, reported with
 its ratio to the baselines measured in the same run (absolute times drift on a shared machine).
