@@ -40,10 +40,10 @@ from purgatory import DelayedOperationPurgatory
 from purgatory._purgatory import _TICK_SLACK
 from purgatory._watchers import register
 
-from .baselines import FloorOp
-from .ours import BenchOp
+from .baselines import FloorOp, FutureTimer, LeanFutureTimer
+from .ours import BenchOp, OursTarget
 
-__all__ = ("VARIANTS", "main", "measure")
+__all__ = ("STEADY_COLUMNS", "VARIANTS", "main", "measure", "steady_state")
 
 Variant = Callable[[Any, list[tuple[int]], list[float]], object]
 """Schedules N operations; returns what keeps them alive until the clock has stopped."""
@@ -194,49 +194,55 @@ def measure(variant: Variant, n: int, with_gc: bool) -> float:
     return asyncio.run(main())
 
 
-def steady_state(mode: str, pending: int, ops: int, seed: int = 1) -> float:
+STEADY_COLUMNS: dict[str, tuple[Callable[[], Any], str]] = {
+    "ours force": (OursTarget, "force"),
+    "ours key": (OursTarget, "key"),
+    "ours threshold": (OursTarget, "threshold"),
+    "A key": (FutureTimer, "key"),
+    "A-lean key": (LeanFutureTimer, "key"),
+}
+"""The steady-state table's columns: a W1 target (built on the running loop) and its mode."""
+
+
+def steady_state(column: str, pending: int, ops: int, seed: int = 1) -> float:
     """CPU microseconds per request of W1's purgatory work without the driver's clock and loop.
 
     Requests arrive one per step, watch 3 of 100 keys and complete `pending` steps later on
     average (exponential), so about `pending` are watched at once, as in a W1 probe whose rate
-    times mean latency is `pending`. Completion is `force_complete` (``force``),
-    ``check_and_complete(key)`` after setting the flag (``key``), or watching at the completion
-    step and ``check_and_complete(key, step)`` (``threshold``). Timeouts are far away: this
-    measures watching and completing, not expiry.
+    times mean latency is `pending`. The contender of `column` (`STEADY_COLUMNS`) is driven
+    through the W1 interface: ``submit`` then ``force``, ``trigger`` (Kafka's
+    ``check_and_complete(key)`` for ours) or ``submit_threshold`` then ``trigger_threshold``
+    (watch at the completion step, ``check_and_complete(key, step)``). Timeouts are far away:
+    this measures watching and completing, not expiry.
     """
+    factory, mode = STEADY_COLUMNS[column]
     rng = random.Random(f"steady/{seed}")
     names = [f"key-{i}" for i in range(100)]
     keysets = [tuple(rng.sample(names, 3)) for _ in range(ops)]
-    dues = [i + 1 + int(rng.expovariate(1.0 / pending)) for i in range(ops)]
+    dues = [float(i + 1 + int(rng.expovariate(1.0 / pending))) for i in range(ops)]
 
     async def main() -> float:
-        purgatory: DelayedOperationPurgatory[BenchOp] = DelayedOperationPurgatory("steady")
-        watch = purgatory.try_complete_else_watch
-        check = purgatory.check_and_complete
-        heap: list[tuple[int, int, BenchOp]] = []
+        target: Any = factory()
+        if mode == "threshold":
+            submit, trigger = target.submit_threshold, target.trigger_threshold
+        else:
+            submit, trigger = target.submit, target.trigger
+        force = target.force
+        far = time.monotonic() + 3600.0
+        heap: list[tuple[float, int, Any]] = []
         push, pop = heapq.heappush, heapq.heappop
         start = time.process_time()
         for i in range(ops):
-            op = BenchOp(60.0, 60.0)
             due = dues[i]
-            keys = keysets[i]
-            if mode == "threshold":
-                watch(op, dict.fromkeys(keys, due))
-            else:
-                watch(op, keys)
-            push(heap, (due, i, op))
+            push(heap, (due, i, submit(keysets[i], 3600.0, far, due)))
             while heap[0][0] <= i:
-                due, j, done = pop(heap)
+                due, j, req = pop(heap)
                 if mode == "force":
-                    done.force_complete()
-                elif mode == "key":
-                    done.ready = True
-                    check(keysets[j][0])
+                    force(req)
                 else:
-                    done.ready = True
-                    check(keysets[j][0], due)
+                    trigger(req, keysets[j][0], due)
         spent = time.process_time() - start
-        await purgatory.shutdown()
+        await target.close()
         return spent / ops * 1e6
 
     return asyncio.run(main())
@@ -277,18 +283,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             previous = row
     print()
     print("W1 steady state, 100 keys, 3 per request: CPU us per request (watch + complete)")
-    print(f"{'pending':>8} {'force':>8} {'key':>8} {'threshold':>10}")
+    print(f"{'pending':>8}" + "".join(f"{column:>16}" for column in STEADY_COLUMNS))
     for pending in args.pending:
         ops = max(100_000, 20 * pending)
-        cells = {
-            mode: statistics.median(steady_state(mode, pending, ops) for _ in range(args.repeat))
-            for mode in ("force", "key", "threshold")
-        }
-        print(
-            f"{pending:>8,} {cells['force']:>8.2f} {cells['key']:>8.2f} "
-            f"{cells['threshold']:>10.2f}",
-            flush=True,
-        )
+        cells = [
+            statistics.median(steady_state(column, pending, ops) for _ in range(args.repeat))
+            for column in STEADY_COLUMNS
+        ]
+        print(f"{pending:>8,}" + "".join(f"{cell:>16.2f}" for cell in cells), flush=True)
     return 0
 
 
