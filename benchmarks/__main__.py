@@ -2,7 +2,7 @@
 
 Examples::
 
-    .venv/bin/python -m benchmarks                 # the full run (about 10-15 minutes)
+    .venv/bin/python -m benchmarks                 # the full run (about 20 minutes)
     .venv/bin/python -m benchmarks --quick         # smoke run; writes *-quick.* files
     .venv/bin/python -m benchmarks --only w2 --sizes 1000,100000 --repeat 3
     .venv/bin/python -m benchmarks --only w1-key,w1-threshold --merge   # re-run some rows only
