@@ -21,11 +21,20 @@ for W1, ``schedule``/``complete``/``settle`` for W2), with the same per-request 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-__all__ = ("Floor", "FloorOp", "FutureTimer", "LeanFutureTimer", "TaskPerRequest", "Waiter")
+__all__ = (
+    "Floor",
+    "FloorOp",
+    "FutureTimer",
+    "HeapFutureTimer",
+    "LeanFutureTimer",
+    "TaskPerRequest",
+    "Waiter",
+)
 
 _monotonic = time.monotonic
 
@@ -174,6 +183,117 @@ class FutureTimer:
                     waiter.handle.cancel()
                 waiter.future.cancel()
         self._watchers.clear()
+        self._pending = 0
+
+
+class HeapFutureTimer:
+    """A with thresholds written by hand: Kafka Raft's ``ThresholdPurgatory`` idea in plain asyncio.
+
+    Per key a heap of ``(threshold, seq, waiter)`` tuples; a trigger pops the entries whose
+    threshold is reached and completes the ready ones, keeping the reached-but-not-ready ones on
+    a per-key list that every later trigger re-tests (so none is lost). Finished waiters leave
+    the other keys' heaps lazily, when a trigger reaches their threshold. W1 interface only
+    (``benchmarks.breakdown``'s steady-state table): what an A user gains from a threshold
+    structure, against which ours' threshold path can be judged.
+    """
+
+    has_timer = True
+    name = "A-heap"
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._heaps: dict[Hashable, list[tuple[float, int, Waiter]]] = {}
+        self._reached: dict[Hashable, list[Waiter]] = {}
+        self._seq = 0
+        self._pending = 0
+        self.expiry_lateness: list[float] = []
+
+    def submit(
+        self, keys: tuple[Hashable, ...], timeout: float, deadline: float, threshold: float
+    ) -> Waiter:
+        loop = self._loop
+        waiter = Waiter(keys, deadline, loop.create_future())
+        waiter.handle = loop.call_later(timeout, self._expire, waiter)
+        entry = (threshold, self._seq, waiter)
+        self._seq += 1
+        heaps = self._heaps
+        push = heapq.heappush
+        for key in keys:
+            heap = heaps.get(key)
+            if heap is None:
+                heaps[key] = [entry]
+            else:
+                push(heap, entry)
+        self._pending += 1
+        return waiter
+
+    def trigger(self, waiter: Waiter, key: Hashable, reached: float) -> bool:
+        waiter.ready = True
+        return self.check(key, reached) > 0
+
+    submit_threshold = submit
+    trigger_threshold = trigger
+
+    def check(self, key: Hashable, reached: float) -> int:
+        """Complete the ready waiters of `key` whose threshold is <= `reached`."""
+        done = 0
+        waiting = self._reached.pop(key, None)
+        if waiting is not None:
+            still = [w for w in waiting if not w.future.done() and not w.ready]
+            for w in waiting:
+                if w.ready and not w.future.done():
+                    self._complete(w)
+                    done += 1
+            if still:
+                self._reached[key] = still
+        heap = self._heaps.get(key)
+        if heap is None:
+            return done
+        pop = heapq.heappop
+        while heap and heap[0][0] <= reached:
+            w = pop(heap)[2]
+            if w.future.done():
+                continue
+            if w.ready:
+                self._complete(w)
+                done += 1
+            else:
+                self._reached.setdefault(key, []).append(w)
+        if not heap:
+            del self._heaps[key]
+        return done
+
+    def force(self, waiter: Waiter) -> bool:
+        if waiter.future.done():
+            return False
+        self._complete(waiter)
+        return True
+
+    def _complete(self, waiter: Waiter) -> None:
+        assert waiter.handle is not None
+        waiter.handle.cancel()
+        waiter.future.set_result(True)
+        self._pending -= 1
+
+    def _expire(self, waiter: Waiter) -> None:
+        self.expiry_lateness.append(_monotonic() - waiter.deadline)
+        waiter.future.set_result(False)
+        self._pending -= 1
+
+    def pending(self) -> int:
+        return self._pending
+
+    def watched(self) -> int:
+        return sum(map(len, self._heaps.values())) + sum(map(len, self._reached.values()))
+
+    async def close(self) -> None:
+        for heap in self._heaps.values():
+            for _, _, waiter in heap:
+                if waiter.handle is not None:
+                    waiter.handle.cancel()
+                waiter.future.cancel()
+        self._heaps.clear()
+        self._reached.clear()
         self._pending = 0
 
 

@@ -40,7 +40,7 @@ from purgatory import DelayedOperationPurgatory
 from purgatory._purgatory import _TICK_SLACK
 from purgatory._watchers import register
 
-from .baselines import FloorOp, FutureTimer, LeanFutureTimer
+from .baselines import FloorOp, FutureTimer, HeapFutureTimer, LeanFutureTimer
 from .ours import BenchOp, OursTarget
 
 __all__ = ("STEADY_COLUMNS", "VARIANTS", "main", "measure", "steady_state")
@@ -200,6 +200,7 @@ STEADY_COLUMNS: dict[str, tuple[Callable[[], Any], str]] = {
     "ours threshold": (OursTarget, "threshold"),
     "A key": (FutureTimer, "key"),
     "A-lean key": (LeanFutureTimer, "key"),
+    "A-heap thresh.": (HeapFutureTimer, "threshold"),
 }
 """The steady-state table's columns: a W1 target (built on the running loop) and its mode."""
 
@@ -250,7 +251,12 @@ def steady_state(column: str, pending: int, ops: int, seed: int = 1) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.breakdown", description=__doc__)
-    parser.add_argument("--n", type=int, default=100_000, help="operations pending at once")
+    parser.add_argument(
+        "--n",
+        type=int,
+        default=100_000,
+        help="operations pending at once (0: skip the schedule table)",
+    )
     parser.add_argument("--repeat", type=int, default=5, help="repetitions per variant")
     parser.add_argument(
         "--pending",
@@ -259,28 +265,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="W1 steady-state table: requests watched at once (100 keys), e.g. 1000,8000",
     )
     args = parser.parse_args(argv)
-    print(f"schedule path at N={args.n:,}: CPU us per operation, median of {args.repeat}")
-    print(f"{'variant':<20} {'GC on':>8} {'step':>8} {'GC off':>8} {'step':>8}")
-    previous = {True: 0.0, False: 0.0}
-    watch_row = previous
-    for name, variant in VARIANTS.items():
-        row = {}
-        for with_gc in (True, False):
-            runs = [measure(variant, args.n, with_gc) for _ in range(args.repeat)]
-            row[with_gc] = statistics.median(runs)
-        base = watch_row if name == "watch at threshold" else previous
-        steps = {g: row[g] - base[g] for g in row}
-        if name == "op":  # not built on the row above
-            steps = dict.fromkeys(row, math.nan)
-        if name == "watch":
-            watch_row = row
-        print(
-            f"{name:<20} {row[True]:>8.2f} {steps[True]:>+8.2f} "
-            f"{row[False]:>8.2f} {steps[False]:>+8.2f}",
-            flush=True,
-        )
-        if name != "watch at threshold":
-            previous = row
+    if args.n > 0:
+        print(f"schedule path at N={args.n:,}: CPU us per operation, median of {args.repeat}")
+        print(f"{'variant':<20} {'GC on':>8} {'step':>8} {'GC off':>8} {'step':>8}")
+        previous = {True: 0.0, False: 0.0}
+        watch_row = previous
+        for name, variant in VARIANTS.items():
+            row = {}
+            for with_gc in (True, False):
+                runs = [measure(variant, args.n, with_gc) for _ in range(args.repeat)]
+                row[with_gc] = statistics.median(runs)
+            base = watch_row if name == "watch at threshold" else previous
+            steps = {g: row[g] - base[g] for g in row}
+            if name == "op":  # not built on the row above
+                steps = dict.fromkeys(row, math.nan)
+            if name == "watch":
+                watch_row = row
+            print(
+                f"{name:<20} {row[True]:>8.2f} {steps[True]:>+8.2f} "
+                f"{row[False]:>8.2f} {steps[False]:>+8.2f}",
+                flush=True,
+            )
+            if name != "watch at threshold":
+                previous = row
     print()
     print("W1 steady state, 100 keys, 3 per request: CPU us per request (watch + complete)")
     print(f"{'pending':>8}" + "".join(f"{column:>16}" for column in STEADY_COLUMNS))

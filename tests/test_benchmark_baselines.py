@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from benchmarks.baselines import COMPACT_EVERY, LeanFutureTimer
+from benchmarks.baselines import COMPACT_EVERY, HeapFutureTimer, LeanFutureTimer
 
 FAR = 3600.0  # seconds: a deadline no test reaches
 
@@ -112,3 +112,29 @@ def test_the_schedule_breakdown_runs_every_variant_and_mode() -> None:
         assert 0.0 < measure(variant, 200, with_gc=True) < 1e6
     for column in STEADY_COLUMNS:
         assert 0.0 < steady_state(column, pending=20, ops=500) < 1e6
+
+
+def test_the_hand_written_heap_baseline_completes_only_reached_ready_waiters() -> None:
+    async def main() -> None:
+        heap = HeapFutureTimer()
+        far = time.monotonic() + FAR
+        first = heap.submit(("a", "b"), FAR, far, 1.0)
+        second = heap.submit(("a",), FAR, far, 2.0)
+        third = heap.submit(("a",), FAR, far, 3.0)
+        # `second` is reached but not ready: kept, and completed by a later trigger once ready.
+        assert heap.trigger(first, "a", 2.0) is True
+        assert first.future.result() is True
+        assert not second.future.done()
+        second.ready = True
+        assert heap.check("a", 2.0) == 1
+        assert second.future.result() is True
+        third.ready = True  # ready, but its threshold is not reached: untouched
+        assert heap.check("a", 2.5) == 0
+        assert not third.future.done()
+        assert heap.check("b", 5.0) == 0  # `first`, finished, leaves "b" uncounted
+        assert heap.check("a", 3.0) == 1
+        assert heap.pending() == 0
+        assert heap.watched() == 0
+        await heap.close()
+
+    asyncio.run(main())
