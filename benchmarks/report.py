@@ -15,7 +15,7 @@ from .merge import earlier_runs
 __all__ = ("render_markdown", "render_tables")
 
 
-BASELINES = ("A", "A-lean", "B")
+BASELINES = ("A", "A-lean", "A-heap", "B")
 """The baselines every ratio of ours is reported against, in this order, when they ran."""
 
 
@@ -357,7 +357,7 @@ def _w1_targets(results: dict[str, Any]) -> list[list[str]]:
         if ours is None or ours["max_rate"] is None:
             continue
         measured = [f"{ours['max_rate']:,.0f}/s, CPU {_num(ours['cpu_s_per_million'], 2)} s/M req"]
-        for base in ("A", "A-lean"):  # B: in the ratios table under the W1 table
+        for base in ("A", "A-lean", "A-heap"):  # B: in the ratios table under the W1 table
             vs = _vs(ours, entry["contenders"].get(base), base)
             if vs is not None:
                 measured.append(vs)

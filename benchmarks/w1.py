@@ -118,11 +118,13 @@ SETTINGS: tuple[W1Setting, ...] = (
 )
 MODES = ("force", "key", "threshold")
 
-THRESHOLD_CONTENDERS = frozenset({"ours", "A", "A-lean"})
-"""Who runs W1-threshold. The baselines have no threshold structure to offer: they run their
-W1-key code (the inline check already completes only what is due), measured beside ours on the
-same traffic. B (A on uvloop) is left out to keep the run short: its W1-key rows show the loop's
-effect."""
+THRESHOLD_CONTENDERS = frozenset({"ours", "A", "A-lean", "A-heap"})
+"""Who runs W1-threshold. A and A-lean run their W1-key code (their inline check already
+completes only what is due), measured beside ours on the same traffic; A-heap is A with a heap
+per key written by hand, what an A user gains from a threshold structure. B (A on uvloop) is
+left out to keep the run short: its W1-key rows show the loop's effect."""
+THRESHOLD_ONLY = frozenset({"A-heap"})
+"""Contenders that run W1-threshold alone (A-heap's W1-force and W1-key would be A's)."""
 
 
 @dataclass(frozen=True)
@@ -494,9 +496,10 @@ def run_w1(
     for setting in SETTINGS:
         if setting.mode not in modes:
             continue
-        running = contenders
         if setting.mode == "threshold":
             running = [c for c in contenders if c.name in THRESHOLD_CONTENDERS]
+        else:
+            running = [c for c in contenders if c.name not in THRESHOLD_ONLY]
         entry = run_setting(setting, running, config, log, previous)
         previous = {name: c["max_rate"] for name, c in entry["contenders"].items()}
         settings.append(entry)
