@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test docs lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -11,16 +11,23 @@ $(BIN)/python:
 
 # Set up and run the main job: the runnable example.
 demo: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
-	$(BIN)/python examples/produce_acks_all.py
+	$(BIN)/python -m pip install --quiet -e '.[examples]'
+	$(BIN)/python -m examples.minibroker demo
 
 # Set up and run the tests: lint, types, then pytest.
 test: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,docs,examples]'
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
+
+# Build the documentation site into build/site (strict: any warning fails the build). pytest
+# builds it too (tests/test_docs.py), so `make test` checks it.
+docs: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+	@echo "open build/site/index.html"
 
 bench: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[bench]'

@@ -9,7 +9,8 @@ between two rows is the price of that step at N pending:
 - ``floor``: the Floor of W2: a slotted ``FloorOp`` and one dict insert per key.
 - ``op``: construct the `BenchOp` (``DelayedOperation.__init__`` included), keep it in a list.
 - ``+tries``: and call its synchronous ``try_complete`` twice, as Kafka's tryCompleteElseWatch.
-- ``+register``: and put it on its key's watcher list (``_watchers.register``).
+- ``+register``: and put it on its key's watcher list (the plain registration of
+  ``try_complete_else_watch``, copied: a key's lone watcher is stored as itself).
 - ``+clock``: and read the purgatory's clock, deadline in ticks, as the real path does.
 - ``+wheel``: and add it to the timing wheel at that tick.
 - ``watch``: the public ``try_complete_else_watch`` itself; the difference to ``+wheel`` is the
@@ -38,7 +39,6 @@ from typing import Any
 
 from purgatory import DelayedOperationPurgatory
 from purgatory._purgatory import _TICK_SLACK
-from purgatory._watchers import register
 
 from .baselines import FloorOp, FutureTimer, HeapFutureTimer, LeanFutureTimer
 from .ours import BenchOp, OursTarget
@@ -47,6 +47,21 @@ __all__ = ("STEADY_COLUMNS", "VARIANTS", "main", "measure", "steady_state")
 
 Variant = Callable[[Any, list[tuple[int]], list[float]], object]
 """Schedules N operations; returns what keeps them alive until the clock has stopped."""
+
+
+def register(watchers: dict[Any, Any], op: BenchOp, keys: tuple[int]) -> None:
+    """The plain registration of ``try_complete_else_watch`` (copied from the core, plain keys
+    only): a key's lone watcher is the operation itself, a second one makes a dict."""
+    for key in keys:
+        ops = watchers.get(key)
+        if ops is None:
+            watchers[key] = op
+        elif type(ops) is dict:
+            ops[op] = None
+        else:
+            watchers[key] = {ops: None, op: None}
+    op._keys = keys
+    op._listed = len(keys)
 
 
 def _floor(purgatory: Any, keysets: list[tuple[int]], timeouts: list[float]) -> object:
@@ -91,8 +106,7 @@ def _register(purgatory: Any, keysets: list[tuple[int]], timeouts: list[float]) 
         timeout = timeouts[i]
         op = BenchOp(timeout, timeout)
         op.try_complete()
-        register(watchers, op, keys, None)
-        op._keys = keys
+        register(watchers, op, keys)
         op.try_complete()
         out.append(op)
     return out
@@ -108,8 +122,7 @@ def _clock(purgatory: Any, keysets: list[tuple[int]], timeouts: list[float]) -> 
         timeout = timeouts[i]
         op = BenchOp(timeout, timeout)
         op.try_complete()
-        register(watchers, op, keys, None)
-        op._keys = keys
+        register(watchers, op, keys)
         op.try_complete()
         op._deadline = ceil((clock() + op._timeout) / tick - _TICK_SLACK)
         out.append(op)
@@ -127,8 +140,7 @@ def _wheel(purgatory: Any, keysets: list[tuple[int]], timeouts: list[float]) -> 
         timeout = timeouts[i]
         op = BenchOp(timeout, timeout)
         op.try_complete()
-        register(watchers, op, keys, None)
-        op._keys = keys
+        register(watchers, op, keys)
         op.try_complete()
         add(op, ceil((clock() + op._timeout) / tick - _TICK_SLACK))
         out.append(op)

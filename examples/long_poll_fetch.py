@@ -1,12 +1,18 @@
-"""An HTTP long-poll fetch endpoint: Kafka's ``DelayedFetch`` behind a tiny HTTP/1.1 server.
+"""An HTTP long-poll fetch endpoint: Kafka's ``DelayedFetch`` behind Starlette on uvicorn.
 
 ``GET /fetch?topic=T&offset=N&min_bytes=B&max_wait_ms=W`` answers as soon as the topic holds at
 least ``min_bytes`` bytes from ``offset`` on, or after ``max_wait_ms`` with whatever is there.
 ``POST /produce?topic=T`` appends the request body as one record and wakes the fetches parked on
-that topic with ``check_and_complete``. The server is the standard library's asyncio streams, so
-the example has no dependency; any HTTP client can talk to it.
+that topic with ``check_and_complete(topic, size)``: each fetch watches its topic at the size
+the topic must reach to satisfy it, so a produce re-tries only those it may satisfy.
+``GET /stats`` shows the purgatory's gauges and counters.
 
-Run: ``python examples/long_poll_fetch.py --port 8080``, then for instance
+A parked fetch is tied to its client's connection (`cancel_on_disconnect`): Starlette on uvicorn
+does not cancel a handler whose client went away, so without the tie an abandoned fetch would stay
+in the purgatory until its ``max_wait_ms``. ``docs/long-poll.md`` explains why and what it costs.
+
+Run (needs the ``examples`` extra: ``pip install -e '.[examples]'``):
+``python examples/long_poll_fetch.py --port 8080``, then for instance
 ``curl 'localhost:8080/fetch?topic=t&offset=0&min_bytes=1&max_wait_ms=5000'`` in one shell and
 ``curl -d hello 'localhost:8080/produce?topic=t'`` in another.
 """
@@ -15,101 +21,221 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from collections import defaultdict
-from urllib.parse import parse_qs, urlsplit
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from typing import TypeVar
 
-from purgatory import DelayedOperation, DelayedOperationPurgatory
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive
 
-Log = dict[str, list[bytes]]
+from purgatory import DelayedOperation, DelayedOperationPurgatory, OperationCancelled
+
+T = TypeVar("T")
+
+#: nginx's status for "client closed request"; uvicorn drops it, as the client is gone.
+CLIENT_CLOSED_REQUEST = 499
+
+
+class ClientDisconnected(Exception):
+    """The client closed its connection before the awaited outcome was ready."""
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Return once the ASGI server reports that the client closed the connection.
+
+    An ASGI server tells the application about a disconnect only through ``receive()``: after
+    the request body, the next ``receive()`` blocks until it returns ``http.disconnect`` (uvicorn
+    also returns it once the response is sent, so this never outlives the request).
+    """
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def cancel_on_disconnect(receive: Receive, awaitable: Awaitable[T]) -> T:
+    """Await `awaitable`, but cancel it and raise `ClientDisconnected` if the client goes first.
+
+    Starlette on uvicorn keeps running a handler whose client disconnected, so a handler that
+    simply awaits ``purgatory.watch(...)`` keeps its operation parked (counted by ``watched()``
+    and ``num_delayed()``, holding its timer entry and whatever it references) until the
+    operation completes or expires, and then writes its answer to nobody. Racing the watch
+    against the disconnect and cancelling the loser ties the operation to the connection:
+    cancelling the task that awaits ``watch`` cancels the operation, which leaves the timer at
+    once (``statistics().cancelled`` counts it).
+
+    Cost: two Tasks per parked request (the watch and the listener), on top of the handler's
+    own; the purgatory itself still has no task or timer per operation.
+
+    Args:
+        receive: The request's ASGI ``receive`` (``request.receive`` in Starlette). The caller
+            must have read the request body already, since this consumes ``receive``.
+        awaitable: What to wait for, typically ``purgatory.watch(op, keys)``.
+
+    Raises:
+        ClientDisconnected: The client closed the connection first; `awaitable` was cancelled.
+    """
+    watching = asyncio.ensure_future(awaitable)
+    listening = asyncio.ensure_future(wait_for_disconnect(receive))
+    try:
+        await asyncio.wait((watching, listening), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        # Also reached when this handler itself is cancelled (a server that does cancel, or a
+        # forced shutdown): neither task may outlive it.
+        listening.cancel()
+        if not watching.done():
+            watching.cancel()
+    if not watching.done():
+        # Let the watch see its cancellation now, so the operation is gone on return.
+        await asyncio.wait((watching,))
+        listening.result()  # re-raises if receive() itself failed
+        raise ClientDisconnected
+    return watching.result()
+
+
+class TopicLog:
+    """One topic's records, and where each starts in bytes (a fetch's threshold is in bytes)."""
+
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+        self.starts = [0]  # starts[i]: bytes before record i; starts[-1]: the topic's size
+
+    def append(self, record: bytes) -> int:
+        """Append `record`; return its offset."""
+        self.records.append(record)
+        self.starts.append(self.starts[-1] + len(record))
+        return len(self.records) - 1
+
+    @property
+    def size(self) -> int:
+        """Bytes in the topic: what ``check_and_complete(topic, reached)`` reports."""
+        return self.starts[-1]
+
+    def position(self, offset: int) -> int:
+        """Bytes before `offset` (the size, for an offset not written yet)."""
+        return self.starts[min(offset, len(self.records))]
 
 
 class DelayedFetch(DelayedOperation[dict[str, object]]):
-    """Completes once ``min_bytes`` are available past ``offset``."""
+    """Completes once ``min_bytes`` are available past ``offset`` (Kafka's ``DelayedFetch``)."""
 
-    def __init__(self, log: Log, topic: str, offset: int, min_bytes: int, max_wait: float) -> None:
+    def __init__(
+        self, log: TopicLog, topic: str, offset: int, min_bytes: int, max_wait: float
+    ) -> None:
         super().__init__(max_wait)
         self.log, self.topic, self.offset, self.min_bytes = log, topic, offset, min_bytes
 
-    def available(self) -> list[bytes]:
-        return self.log[self.topic][self.offset :]
+    @property
+    def threshold(self) -> int:
+        """The topic size at which this fetch may complete: it is re-tried no earlier.
+
+        Exact for an offset already written; for a later one a lower bound (the records up to
+        it may still be empty), which only costs a re-try that says no.
+        """
+        return self.log.position(self.offset) + self.min_bytes
 
     def try_complete(self) -> bool:
-        if sum(map(len, self.available())) >= self.min_bytes:
+        if self.log.size - self.log.position(self.offset) >= self.min_bytes:
             return self.force_complete()
         return False
 
     def on_complete(self) -> dict[str, object]:
-        records = [record.decode() for record in self.available()]
+        records = [record.decode() for record in self.log.records[self.offset :]]
         return {"records": records, "next_offset": self.offset + len(records)}
 
     def on_expiration(self) -> None:
         pass
 
 
-class FetchServer:
-    """The HTTP front: parses one request per connection and routes it."""
+class FetchService:
+    """The log, the fetch purgatory and the two handlers.
 
-    def __init__(self) -> None:
-        self.log: Log = defaultdict(list)
-        self.purgatory = DelayedOperationPurgatory[DelayedFetch]("fetch")
+    Args:
+        tie_to_connection: Cancel a parked fetch when its client disconnects (the right thing;
+            ``False`` is the naive handler, kept to show in the tests what it leaks).
+        purge_interval: The purgatory's ``purge_interval``; 0 drops finished operations from
+            the watcher lists on the next reaper pass, so ``watched()`` reads 0 at rest.
+    """
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            status, body = await self.route(reader)
-        except (ValueError, KeyError) as exc:
-            status, body = 400, {"error": str(exc)}
-        payload = json.dumps(body).encode()
-        writer.write(
-            f"HTTP/1.1 {status} {'OK' if status == 200 else 'Bad Request'}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-            "Connection: close\r\n\r\n".encode()
-            + payload
+    def __init__(self, *, tie_to_connection: bool = True, purge_interval: int = 1000) -> None:
+        self.logs: defaultdict[str, TopicLog] = defaultdict(TopicLog)
+        self.purgatory = DelayedOperationPurgatory[DelayedFetch](
+            "fetch", purge_interval=purge_interval
         )
-        await writer.drain()
-        writer.close()
-        await writer.wait_closed()
+        self.tie_to_connection = tie_to_connection
 
-    async def route(self, reader: asyncio.StreamReader) -> tuple[int, dict[str, object]]:
-        request_line = (await reader.readline()).decode("latin-1").split()
-        if len(request_line) != 3:
-            raise ValueError("malformed request line")
-        method, target, _ = request_line
-        length = 0
-        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-            name, _, value = line.decode("latin-1").partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-        url = urlsplit(target)
-        query = {name: values[-1] for name, values in parse_qs(url.query).items()}
+    async def fetch(self, request: Request) -> Response:
+        query = request.query_params
         topic = query["topic"]
-        if method == "POST" and url.path == "/produce":
-            record = await reader.readexactly(length)
-            self.log[topic].append(record)
-            woken = self.purgatory.check_and_complete(topic)
-            return 200, {"offset": len(self.log[topic]) - 1, "woken": woken}
-        if method == "GET" and url.path == "/fetch":
-            fetch = DelayedFetch(
-                self.log,
-                topic,
-                offset=int(query.get("offset", "0")),
-                min_bytes=int(query.get("min_bytes", "1")),
-                max_wait=int(query.get("max_wait_ms", "500")) / 1000,
-            )
-            result = await self.purgatory.watch(fetch, [topic])
-            return 200, {**result, "expired": fetch.is_expired}
-        raise ValueError(f"no route for {method} {url.path}")
+        fetch = DelayedFetch(
+            self.logs[topic],
+            topic,
+            offset=int(query.get("offset", "0")),
+            min_bytes=int(query.get("min_bytes", "1")),
+            max_wait=int(query.get("max_wait_ms", "500")) / 1000,
+        )
+        # A threshold watch: a produce re-tries only the fetches its bytes may satisfy.
+        watching = self.purgatory.watch(fetch, {topic: fetch.threshold})
+        try:
+            if self.tie_to_connection:
+                result = await cancel_on_disconnect(request.receive, watching)
+            else:
+                result = await watching
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        except OperationCancelled as exc:  # cancel_for_key, or the purgatory shut down
+            return JSONResponse({"error": f"fetch cancelled: {exc}"}, status_code=503)
+        return JSONResponse({**result, "expired": fetch.is_expired})
 
-    async def serve(self, host: str, port: int) -> asyncio.Server:
-        return await asyncio.start_server(self.handle, host, port)
+    async def produce(self, request: Request) -> Response:
+        topic = request.query_params["topic"]
+        log = self.logs[topic]
+        offset = log.append(await request.body())
+        woken = self.purgatory.check_and_complete(topic, log.size)
+        return JSONResponse({"offset": offset, "woken": woken})
+
+    async def stats(self, request: Request) -> Response:
+        """The purgatory's gauges and counters, to watch abandoned fetches come and go."""
+        stats = self.purgatory.statistics()
+        return JSONResponse(
+            {
+                "watched": stats.watched,
+                "delayed": stats.delayed,
+                "completed": stats.completed,
+                "expired": stats.expired,
+                "cancelled": stats.cancelled,
+            }
+        )
+
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """Shut the purgatory down with the application: its reaper stops, waiters get 503."""
+        async with self.purgatory:
+            yield
 
 
-async def main(host: str, port: int) -> None:
-    app = FetchServer()
-    server = await app.serve(host, port)
-    print(f"long-poll fetch server on http://{host}:{port}")
-    async with server, app.purgatory:
-        await server.serve_forever()
+async def bad_request(request: Request, exc: Exception) -> Response:
+    """A missing or malformed query parameter is the client's error, not a 500."""
+    return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=400)
+
+
+def make_app(service: FetchService | None = None) -> Starlette:
+    """The ASGI application (``uvicorn --factory examples.long_poll_fetch:make_app`` works)."""
+    service = service or FetchService()
+    app = Starlette(
+        routes=[
+            Route("/fetch", service.fetch, methods=["GET"]),
+            Route("/produce", service.produce, methods=["POST"]),
+            Route("/stats", service.stats, methods=["GET"]),
+        ],
+        exception_handlers={KeyError: bad_request, ValueError: bad_request},
+        lifespan=service.lifespan,
+    )
+    app.state.service = service
+    return app
 
 
 if __name__ == "__main__":
@@ -117,4 +243,4 @@ if __name__ == "__main__":
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     args = parser.parse_args()
-    asyncio.run(main(args.host, args.port))
+    uvicorn.run(make_app(), host=args.host, port=args.port)

@@ -2,7 +2,8 @@
 
 An asyncio-native port of Apache Kafka's ``DelayedOperationPurgatory``: a hierarchical timing
 wheel driven by one reaper coroutine, keyed watcher lists, and `DelayedOperation` subclasses
-that are awaitable. See the README for an example and ``shared/API.md`` for the contract.
+that are awaitable. The README has an example; the documentation (the repository's ``docs/``,
+a site that ``make docs`` builds) has the contract, in ``docs/contract.md``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from ._errors import OperationCancelled as OperationCancelled
 from ._errors import PurgatoryClosed as PurgatoryClosed
 from ._errors import PurgatoryError as PurgatoryError
 from ._errors import PurgatoryFull as PurgatoryFull
+from ._events import EventLog as EventLog
 from ._operation import DelayedOperation as DelayedOperation
 from ._purgatory import DelayedOperationPurgatory as DelayedOperationPurgatory
 from ._purgatory import PurgatoryStatistics as PurgatoryStatistics
@@ -24,6 +26,7 @@ __all__ = (
     "DelayedOperation",
     "DelayedOperationPurgatory",
     "DrivenClock",
+    "EventLog",
     "OperationCancelled",
     "PurgatoryClosed",
     "PurgatoryError",

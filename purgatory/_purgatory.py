@@ -14,11 +14,6 @@ garbage, not the number of pending operations; on the event loop it runs in boun
 burst of garbage never stalls the expirations. The purgatory holds an operation only while a
 list or the timer does: one that has left them all is forgotten at once, whatever its result.
 
-What a callback may do. ``try_complete``, ``on_complete`` and ``on_expiration`` may call anything
-on their own purgatory: `check_and_complete` (re-entrantly, on any key), ``force_complete`` of any
-operation, `try_complete_else_watch` / `watch` of another operation, `cancel_for_key`, `purge`,
-`statistics`, `shutdown` (which cancels whatever is still pending, the operation being watched
-or expired included) and ``ManualClock.advance``. Each leaves the lists and the timer consistent.
 """
 
 from __future__ import annotations
@@ -46,7 +41,17 @@ from ._clock import Clock, DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
 from ._events import EventLog, Outcome
 from ._operation import ASYNC, DONE, EXPIRED, FINISHED, DelayedOperation, report_false_claim
-from ._watchers import ThresholdWatchers, WatcherMap, count_entries, discard, members, register
+from ._watchers import (
+    LoneMark,
+    ThresholdWatchers,
+    WatcherMap,
+    count_entries,
+    discard,
+    join_plain,
+    members,
+    unregister,
+    watch_at,
+)
 from ._wheel import TimingWheel
 
 if TYPE_CHECKING:
@@ -84,6 +89,7 @@ EXPIRED_NOW = DONE | EXPIRED
 # garbage waits for the next pass, which the reaper runs as soon as the loop has had a turn.
 PURGE_SLICE = 4096
 
+_SHAPES_WITH_THRESHOLDS = (ThresholdWatchers, LoneMark)
 # Stands in for a key's list when the key has a lone watcher: only ever popped from, never filled.
 _NOTHING_TO_POP: dict[Any, None] = {}
 # Deadlines at most this many ticks ahead: 2**53 one-millisecond ticks are 285,000 years, and a
@@ -137,6 +143,10 @@ def _split_keys(
     return tuple(keys), None
 
 
+def _plain_keys(keys: tuple[Hashable, ...], thresholds: tuple[Any, ...]) -> list[Hashable]:
+    return [key for key, threshold in zip(keys, thresholds, strict=True) if threshold is None]
+
+
 def _check_identity_semantics(cls: type) -> None:
     if cls.__hash__ is not object.__hash__ or cls.__eq__ is not object.__eq__:  # type: ignore[comparison-overlap]
         raise TypeError(
@@ -150,6 +160,15 @@ class DelayedOperationPurgatory(Generic[Op]):
     """Holds delayed operations until their condition holds or their deadline passes.
 
     Kafka: ``DelayedOperationPurgatory``. Times are in seconds; the wheel counts integer ticks.
+
+    Callbacks may use their own purgatory: ``try_complete``, ``on_complete`` and
+    ``on_expiration`` may call `check_and_complete` (re-entrantly, on any key),
+    ``force_complete`` of any operation, `try_complete_else_watch` / `watch` of another
+    operation, `cancel_for_key`, `purge`, `statistics`, `shutdown` (which cancels whatever is
+    still pending, the operation being watched or expired included) and
+    ``ManualClock.advance``; each leaves the lists and the timer consistent. A purgatory on the
+    loop's clock belongs to that loop and its thread: from another thread, only
+    `check_and_complete_threadsafe`.
 
     Args:
         name: A label for reprs, the reaper task's name and error messages.
@@ -242,7 +261,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._max_timeout = MAX_TIMEOUT_TICKS * self._tick
         self._max_pending = max_pending
         self._log = event_log
-        # A key's watchers: the operation itself, an ordered set, or a ThresholdWatchers.
+        # A key's watchers: the operation, an ordered set, a LoneMark or a ThresholdWatchers.
         self._watchers: WatcherMap = {}
         # Operations that finished while still on some list: what the next purge visits.
         self._garbage: dict[Op, None] = {}
@@ -375,12 +394,30 @@ class DelayedOperationPurgatory(Generic[Op]):
                 f"purgatory {self._name!r} already delays max_pending={self._max_pending} "
                 "operations"
             )
+        # Registration: on every key or, if a key cannot be hashed or a threshold compared, on
+        # none. Plain watches inline (the hot path), those at a threshold through watch_at.
+        watchers = self._watchers
         try:
-            register(self._watchers, op, keys, thresholds)
+            for key in keys if thresholds is None else _plain_keys(keys, thresholds):
+                ops = watchers.get(key)
+                if ops is None:
+                    watchers[key] = op
+                elif type(ops) is dict:
+                    ops[op] = None
+                elif type(ops) in _SHAPES_WITH_THRESHOLDS:
+                    join_plain(watchers, key, op, ops)
+                else:
+                    watchers[key] = {ops: None, op: None}
+            if thresholds is not None:
+                for key, threshold in zip(keys, thresholds, strict=True):
+                    if threshold is not None:
+                        watch_at(watchers, key, op, threshold)
         except BaseException:
+            unregister(watchers, op, keys)
             self._abandon(op)
             raise
         op._keys = keys
+        op._listed = len(keys)
         if state & ASYNC:
             try:
                 op._attempt_async()
@@ -492,6 +529,13 @@ class DelayedOperationPurgatory(Generic[Op]):
                 candidates = list(ops.plain)
             drop = ops.pop
         else:
+            if type(ops) is LoneMark:
+                if reached is not None:
+                    if not ops.threshold <= reached:
+                        return 0
+                    ops = watchers[key] = ops.op  # released: a plain watcher from now on
+                else:
+                    ops = ops.op  # tried, but still waiting for its threshold
             # The key's only watcher: the pops below find nothing, its entry goes after the loop.
             single = ops
             candidates = (ops,)
@@ -538,11 +582,20 @@ class DelayedOperationPurgatory(Generic[Op]):
                             garbage.pop(op, None)
                 else:
                     op._attempt_async()
-        finally:
-            if single is not None:
-                self._drop_lone(key, single)
-            elif not ops and watchers.get(key) is ops:
+        except BaseException:
+            self._tidy_key(key, ops, single)
+            raise
+        if single is not None:
+            lone: Op = single  # (an `is` test below would narrow `single` to the map's type)
+            if lone._state & FINISHED and watchers.get(key) is single:
                 del watchers[key]
+                lone._listed -= 1
+                if not lone._listed:
+                    garbage.pop(lone, None)
+            else:
+                self._tidy_key(key, ops, single)  # a newcomer may have joined the key meanwhile
+        elif not ops and watchers.get(key) is ops:
+            del watchers[key]
         return completed
 
     def check_and_complete_threadsafe(self, key: Hashable, reached: Any = None) -> None:
@@ -766,19 +819,31 @@ class DelayedOperationPurgatory(Generic[Op]):
         return self._wheel.next_deadline()
 
     def _finished(self, op: Op) -> None:
-        """Note a watched operation that finished: counted for Kafka's rule, kept if listed."""
+        """Note a watched operation that finished: counted for Kafka's rule, kept if listed.
+
+        ``force_complete`` inlines it.
+        """
         if op._listed:
             self._garbage[op] = None
         self._unpurged += 1
-        if self._unpurged > self._purge_interval and self._reaper is not None:
+        if self._unpurged > self._purge_interval:
+            self._purge_due()
+
+    def _purge_due(self) -> None:
+        """Kafka's purge rule holds: have the reaper run a pass (a driven clock's next one)."""
+        if self._reaper is not None:
             self._reaper.wake_by(self._wheel.current_tick)
 
-    def _drop_lone(self, key: Hashable, op: Op) -> None:
-        """After a trigger of `key`, whose only watcher is `op`: drop `op` if it finished."""
-        if op._state & FINISHED and discard(self._watchers, key, op):
-            op._listed -= 1
-            if not op._listed:
-                self._garbage.pop(op, None)
+    def _tidy_key(self, key: Hashable, ops: Any, single: Op | None) -> None:
+        """After a trigger of `key` (interrupted, or joined by a newcomer): drop what it left."""
+        watchers = self._watchers
+        if single is None:
+            if not ops and watchers.get(key) is ops:
+                del watchers[key]
+        elif single._state & FINISHED and discard(watchers, key, single):
+            single._listed -= 1
+            if not single._listed:
+                self._garbage.pop(single, None)
 
     def _record_end(self, op: Op, outcome: Outcome) -> None:
         log = self._log

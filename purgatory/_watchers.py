@@ -10,7 +10,8 @@ shape that serves the key:
   operation);
 - an insertion-ordered ``dict[op, None]`` used as a set, once several watch it (O(1) removal,
   Kafka's order of re-tries);
-- a `ThresholdWatchers`, once any operation watches the key *at a threshold*.
+- a `LoneMark` (the operation and its threshold), when its only watcher watches at a threshold;
+- a `ThresholdWatchers`, once several watch it and any of them at a threshold.
 
 Thresholds are the step beyond Kafka. Its ``checkAndComplete(key)`` re-tries every watcher of the
 key, yet the common waits are for a number to pass a mark: an acks=all produce waits for the high
@@ -41,12 +42,15 @@ if TYPE_CHECKING:
     from ._operation import DelayedOperation
 
 __all__ = (
+    "LoneMark",
     "ThresholdWatchers",
     "WatcherMap",
     "count_entries",
     "discard",
+    "join_plain",
     "members",
-    "register",
+    "unregister",
+    "watch_at",
 )
 
 Op = TypeVar("Op", bound="DelayedOperation[Any]")
@@ -133,63 +137,81 @@ class ThresholdWatchers(Generic[Op]):
             plain[op] = None
 
 
-#: A key's watchers: the operation itself, an ordered set of them, or a `ThresholdWatchers`.
+@final
+class LoneMark:
+    """A key's only watcher, watching at a threshold: no heap, no dicts (about 56 bytes)."""
+
+    __slots__ = ("op", "threshold")
+
+    def __init__(self, op: Any, threshold: Any) -> None:
+        self.op = op
+        self.threshold = threshold
+
+    def __repr__(self) -> str:
+        return f"<LoneMark {self.op!r} at {self.threshold!r}>"
+
+
+#: A key's watchers: the operation itself, an ordered set of them, a `LoneMark` or a
+#: `ThresholdWatchers`.
 WatcherMap = dict[Hashable, Any]
 
 
-def register(
-    lists: WatcherMap, op: Op, keys: tuple[Hashable, ...], thresholds: tuple[Any, ...] | None
-) -> None:
-    """Put `op` on the list of every key (at its threshold): all of them, or none.
+def watch_at(lists: WatcherMap, key: Hashable, op: Any, threshold: Any) -> None:
+    """Put `op` on `key`'s list at `threshold` (not ``None``); the key's shape grows to fit.
 
-    A key that cannot be hashed or a threshold that cannot be compared raises after some keys
-    were registered; they are taken back before the error propagates, so nothing stays half
-    registered.
+    The plain watches of an operation are registered inline by the purgatory, on its hot path
+    (`join_plain` serves the shapes it does not handle); this is where a key takes a shape that
+    knows thresholds.
 
-    Runtime complexity: O(len(keys)), O(log n) more per key watched at a threshold.
+    Raises:
+        TypeError: `key` is not hashable, or `threshold` does not compare with the key's others.
+
+    Runtime complexity: O(log n).
     """
-    try:
-        if thresholds is None:
-            for key in keys:
-                ops = lists.get(key)
-                if ops is None:
-                    lists[key] = op
-                elif type(ops) is dict:
-                    ops[op] = None
-                elif type(ops) is ThresholdWatchers:
-                    ops.plain[op] = None
-                else:
-                    lists[key] = {ops: None, op: None}
-        else:
-            for key, threshold in zip(keys, thresholds, strict=True):
-                ops = lists.get(key)
-                if threshold is None and ops is None:
-                    lists[key] = op
-                    continue
-                if type(ops) is not ThresholdWatchers:
-                    if threshold is None:
-                        if type(ops) is dict:
-                            ops[op] = None
-                        else:
-                            lists[key] = {ops: None, op: None}
-                        continue
-                    plain = {} if ops is None else ops if type(ops) is dict else {ops: None}
-                    ops = lists[key] = ThresholdWatchers(plain)
-                ops.add(op, threshold)
-    except BaseException:
-        for key in keys:
-            try:
-                discard(lists, key, op)
-            except Exception:  # noqa: BLE001 - the key that failed to hash fails again
-                continue
-        raise
-    op._listed = len(keys)
+    ops = lists.get(key)
+    if ops is None:
+        lists[key] = LoneMark(op, threshold)
+        return
+    if type(ops) is ThresholdWatchers:
+        ops.add(op, threshold)
+        return
+    watchers = _grown(ops)
+    watchers.add(op, threshold)
+    lists[key] = watchers
+
+
+def join_plain(lists: WatcherMap, key: Hashable, op: Any, ops: Any) -> None:
+    """Add `op` as a plain watcher of `key`, whose watchers `ops` know thresholds."""
+    if type(ops) is ThresholdWatchers:
+        ops.plain[op] = None
+    else:
+        watchers = _grown(ops)
+        watchers.plain[op] = None
+        lists[key] = watchers
+
+
+def _grown(ops: Any) -> ThresholdWatchers[Any]:
+    """The `ThresholdWatchers` that holds what the lone, ordered-set or lone-mark `ops` held."""
+    if type(ops) is LoneMark:
+        watchers: ThresholdWatchers[Any] = ThresholdWatchers({})
+        watchers.add(ops.op, ops.threshold)  # one threshold: nothing to compare with
+        return watchers
+    return ThresholdWatchers(ops if type(ops) is dict else {ops: None})
+
+
+def unregister(lists: WatcherMap, op: Any, keys: tuple[Hashable, ...]) -> None:
+    """Take `op` off every list of `keys` it is on: the undo of a registration that failed."""
+    for key in keys:
+        try:
+            discard(lists, key, op)
+        except Exception:  # noqa: BLE001 - the key that failed to hash fails again
+            continue
 
 
 def discard(lists: WatcherMap, key: Hashable, op: Any) -> bool:
     """Take `op` off `key`'s list (dropping the key once empty); ``False`` if it was not on it."""
     ops = lists.get(key)
-    if ops is op:
+    if ops is op or (type(ops) is LoneMark and ops.op is op):
         del lists[key]
         return True
     if type(ops) is dict:
@@ -211,6 +233,8 @@ def members(ops: Any) -> Iterator[Any]:
     """The operations of one key's watchers, whatever their shape."""
     if type(ops) is dict or type(ops) is ThresholdWatchers:
         yield from ops
+    elif type(ops) is LoneMark:
+        yield ops.op
     else:
         yield ops
 

@@ -1,14 +1,34 @@
-"""The runnable examples run, and their answers add up."""
+"""The runnable examples run, and their answers add up.
+
+The HTTP long-poll example is served by a real uvicorn server on a free loopback port, in the
+test's own event loop (so the test can read the purgatory's gauges), and driven by a real HTTP
+client (httpx) over TCP: no ASGI transport shortcut, so disconnects are real socket closes.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
+import functools
+import ssl
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
 
+import httpx
 import pytest
+import uvicorn
+from starlette.types import Message
 
 from examples import long_poll_fetch, produce_acks_all
+from purgatory import DelayedOperationPurgatory
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+#: Every wait in these tests is bounded by this, so a broken server fails instead of hanging.
+BOUND = 10
+#: Concurrent long-polls that disconnect; issue 7 saw the leak with 300, 50 shows it as well.
+CLIENTS = 50
 
 
 @pytest.mark.asyncio
@@ -19,37 +39,265 @@ async def test_produce_acks_all_answers_every_request() -> None:
     assert outcomes.get("NONE", 0) > 0
 
 
-async def http(url: str, data: bytes | None = None) -> dict[str, object]:
-    """A real HTTP client (urllib) in a worker thread."""
+def test_minimal_example_runs() -> None:
+    """``python examples/minimal.py`` as a reader runs it: a trigger completes, a timer expires."""
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "minimal.py")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert done.stderr == ""
+    assert done.stdout.splitlines() == [
+        "parked: watched=2 delayed=2",
+        "completed by trigger: b'hello' expired=False",
+        "completed by expiry: b'' expired=True",
+        "at rest: watched=0 delayed=0",
+    ]
 
-    def call() -> dict[str, object]:
-        with urllib.request.urlopen(url, data=data, timeout=10) as response:
-            result: dict[str, object] = json.loads(response.read())
-            return result
 
-    return await asyncio.to_thread(call)
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Wait, polling the loop, until `condition()` holds; fail after `BOUND` seconds."""
+    try:
+        async with asyncio.timeout(BOUND):
+            while not condition():
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        pytest.fail(f"still not {what} after {BOUND} s")
+
+
+@asynccontextmanager
+async def serving(
+    service: long_poll_fetch.FetchService,
+) -> AsyncIterator[tuple[uvicorn.Server, str]]:
+    """Run the example's app under uvicorn on a free 127.0.0.1 port; yield it and its URL."""
+    config = uvicorn.Config(
+        long_poll_fetch.make_app(service),
+        host="127.0.0.1",
+        port=0,  # the kernel picks a free port
+        lifespan="on",
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=BOUND,
+    )
+    server = uvicorn.Server(config)
+    running = asyncio.create_task(server.serve())
+    await until(lambda: server.started or running.done(), "started")
+    assert server.started, "uvicorn did not start"
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield server, f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(running, BOUND)
+    assert service.purgatory.closed  # the lifespan shut it down with the app
+
+
+@functools.cache
+def tls() -> ssl.SSLContext:
+    """One TLS context for every client: building one costs 30 ms, and these URLs are http."""
+    return ssl.create_default_context()
+
+
+def client() -> httpx.AsyncClient:
+    """A client whose own timeout is longer than any long-poll here."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(BOUND * 3), verify=tls())
 
 
 @pytest.mark.asyncio
 async def test_long_poll_fetch_over_real_http() -> None:
-    app = long_poll_fetch.FetchServer()
-    server = await app.serve("127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    base = f"http://127.0.0.1:{port}"
-    async with server, app.purgatory:
+    service = long_poll_fetch.FetchService()
+    purgatory = service.purgatory
+    async with serving(service) as (_, base), client() as http:
         parked = asyncio.create_task(
-            http(f"{base}/fetch?topic=t&offset=0&min_bytes=10&max_wait_ms=20000")
+            http.get(f"{base}/fetch", params={"topic": "t", "min_bytes": 10, "max_wait_ms": 20000})
         )
-        while app.purgatory.num_delayed() == 0:  # the fetch reached the purgatory
-            await asyncio.sleep(0.005)
-        first = await http(f"{base}/produce?topic=t", b"hello")
-        assert first == {"offset": 0, "woken": 0}  # 5 bytes < min_bytes
-        second = await http(f"{base}/produce?topic=t", b"world!")
-        assert second == {"offset": 1, "woken": 1}
-        assert await parked == {"records": ["hello", "world!"], "next_offset": 2, "expired": False}
+        await until(lambda: purgatory.num_delayed() == 1, "parked")
+        first = await http.post(f"{base}/produce", params={"topic": "t"}, content=b"hello")
+        assert first.json() == {"offset": 0, "woken": 0}  # 5 bytes < min_bytes
+        second = await http.post(f"{base}/produce", params={"topic": "t"}, content=b"world!")
+        assert second.json() == {"offset": 1, "woken": 1}
+        answer = await parked
+        assert answer.status_code == 200
+        assert answer.json() == {"records": ["hello", "world!"], "next_offset": 2, "expired": False}
 
-        started = asyncio.get_running_loop().time()
-        timed_out = await http(f"{base}/fetch?topic=t&offset=2&min_bytes=1&max_wait_ms=50")
-        assert asyncio.get_running_loop().time() - started >= 0.05
-        assert timed_out == {"records": [], "next_offset": 2, "expired": True}
-        assert app.purgatory.num_delayed() == 0
+        clock = asyncio.get_running_loop().time
+        started = clock()
+        timed_out = await http.get(
+            f"{base}/fetch", params={"topic": "t", "offset": 2, "max_wait_ms": 50}
+        )
+        assert clock() - started >= 0.05  # never early
+        assert timed_out.json() == {"records": [], "next_offset": 2, "expired": True}
+
+        missing = await http.get(f"{base}/fetch", params={"offset": 0})
+        assert missing.status_code == 400
+        negative = await http.get(f"{base}/fetch", params={"topic": "t", "max_wait_ms": -1})
+        assert negative.status_code == 400
+        assert purgatory.num_delayed() == 0
+        stats = purgatory.statistics()
+        assert (stats.completed, stats.expired, stats.cancelled) == (1, 1, 0)
+
+
+async def park_then_disconnect(
+    server: uvicorn.Server, base: str, service: long_poll_fetch.FetchService
+) -> None:
+    """Park `CLIENTS` long-polls (60 s each), then drop every connection abruptly.
+
+    Each client is its own httpx client with its own connection; cancelling the request task
+    makes httpx close the socket mid-response, as a browser tab closed or a client-side timeout
+    would. Returns once uvicorn has seen every connection close.
+    """
+    params: dict[str, str | int] = {"topic": "quiet", "min_bytes": 1, "max_wait_ms": 60_000}
+    clients = [client() for _ in range(CLIENTS)]
+    polls = [asyncio.create_task(c.get(f"{base}/fetch", params=params)) for c in clients]
+    await until(lambda: service.purgatory.num_delayed() == CLIENTS, "all parked")
+    assert len(server.server_state.connections) == CLIENTS
+    for poll in polls:
+        poll.cancel()
+    await asyncio.wait(polls, timeout=BOUND)
+    assert all(poll.cancelled() for poll in polls)
+    for c in clients:
+        await c.aclose()
+    await until(lambda: not server.server_state.connections, "disconnected at the server")
+
+
+async def round_trip(http: httpx.AsyncClient, base: str) -> None:
+    """One more complete exchange with the server: the loop has run well past the disconnects."""
+    response = await http.get(f"{base}/fetch", params={"topic": "other", "max_wait_ms": 20})
+    assert response.json() == {"records": [], "next_offset": 0, "expired": True}
+
+
+@pytest.mark.asyncio
+async def test_disconnected_long_polls_leave_nothing_behind() -> None:
+    """Issue 7 item 11: with the fetch tied to the connection, an abandoned fetch is cancelled."""
+    service = long_poll_fetch.FetchService(purge_interval=0)
+    purgatory = service.purgatory
+    async with serving(service) as (server, base):
+        await park_then_disconnect(server, base, service)
+        await until(lambda: purgatory.statistics().cancelled == CLIENTS, "cancelled")
+        await until(lambda: purgatory.watched() == 0, "purged from the watcher lists")
+        assert purgatory.num_delayed() == 0
+        stats = purgatory.statistics()
+        assert (stats.completed, stats.expired, stats.cancelled) == (0, 0, CLIENTS)
+        assert stats.keys == 0
+        await until(lambda: not server.server_state.tasks, "handlers finished")
+        async with client() as http:  # the server is as good as new
+            seen = (await http.get(f"{base}/stats")).json()
+            assert seen == {
+                "watched": 0,
+                "delayed": 0,
+                "completed": 0,
+                "expired": 0,
+                "cancelled": CLIENTS,
+            }
+            await round_trip(http, base)
+            produced = await http.post(f"{base}/produce", params={"topic": "quiet"}, content=b"x")
+            assert produced.json() == {"offset": 0, "woken": 0}  # nobody was left waiting
+        assert (purgatory.watched(), purgatory.num_delayed()) == (0, 0)
+
+
+@pytest.mark.asyncio
+async def test_naive_handler_leaks_disconnected_long_polls() -> None:
+    """Without the tie, uvicorn and Starlette leave every abandoned fetch parked.
+
+    This is why `cancel_on_disconnect` exists: the same disconnects as the test above, and every
+    operation is still in the purgatory (and every handler task still in uvicorn) after the
+    server has seen all the connections close and served another request; only their 60 s
+    timeout (here: `cancel_for_key`, to end the test) would let them go.
+    """
+    service = long_poll_fetch.FetchService(tie_to_connection=False, purge_interval=0)
+    purgatory = service.purgatory
+    async with serving(service) as (server, base):
+        await park_then_disconnect(server, base, service)
+        async with client() as http:
+            await round_trip(http, base)
+        stats = purgatory.statistics()
+        assert (stats.watched, stats.delayed, stats.cancelled) == (CLIENTS, CLIENTS, 0)
+        assert stats.next_deadline_in > 30  # they would wait out their 60 s
+        # ... and so do uvicorn's handler tasks (the round trip's own one ends just after it).
+        await until(lambda: len(server.server_state.tasks) == CLIENTS, "down to the leaked")
+        assert len(purgatory.cancel_for_key("quiet")) == CLIENTS
+        await until(lambda: not server.server_state.tasks, "handlers finished")
+        assert (purgatory.watched(), purgatory.num_delayed()) == (0, 0)
+
+
+@pytest.mark.asyncio
+async def test_cancel_on_disconnect_when_the_handler_itself_is_cancelled() -> None:
+    """A server that does cancel its handler: both helper tasks go, and the operation with them."""
+    gone = asyncio.Event()
+
+    async def receive() -> Message:
+        await gone.wait()  # the client never leaves: only the handler's cancellation ends this
+        return {"type": "http.disconnect"}
+
+    async with DelayedOperationPurgatory[long_poll_fetch.DelayedFetch]("fetch") as purgatory:
+        fetch = long_poll_fetch.DelayedFetch(long_poll_fetch.TopicLog(), "t", 0, 1, 60)
+        handler = asyncio.create_task(
+            long_poll_fetch.cancel_on_disconnect(receive, purgatory.watch(fetch, ["t"]))
+        )
+        await until(lambda: purgatory.num_delayed() == 1, "parked")
+        handler.cancel()
+        await asyncio.wait((handler,), timeout=BOUND)
+        assert handler.cancelled()
+        await until(lambda: fetch.is_cancelled, "cancelled")
+        assert purgatory.num_delayed() == 0
+        assert purgatory.statistics().cancelled == 1
+
+
+@pytest.mark.asyncio
+async def test_cancel_on_disconnect_reraises_a_failing_receive() -> None:
+    """An error from ``receive()`` is not a disconnect: it propagates; the watch is cancelled."""
+
+    async def receive() -> Message:
+        raise ConnectionResetError("receive failed")
+
+    async with DelayedOperationPurgatory[long_poll_fetch.DelayedFetch]("fetch") as purgatory:
+        fetch = long_poll_fetch.DelayedFetch(long_poll_fetch.TopicLog(), "t", 0, 1, 60)
+        with pytest.raises(ConnectionResetError, match="receive failed"):
+            await long_poll_fetch.cancel_on_disconnect(receive, purgatory.watch(fetch, ["t"]))
+        assert fetch.is_cancelled
+        assert purgatory.num_delayed() == 0
+
+
+class CountingFetch(long_poll_fetch.DelayedFetch):
+    """A fetch that counts its `try_complete` calls."""
+
+    def __init__(self, log: long_poll_fetch.TopicLog, offset: int, min_bytes: int) -> None:
+        super().__init__(log, "t", offset, min_bytes, max_wait=60)
+        self.tries = 0
+
+    def try_complete(self) -> bool:
+        self.tries += 1
+        return super().try_complete()
+
+
+@pytest.mark.asyncio
+async def test_a_produce_retries_only_the_fetches_its_bytes_may_satisfy() -> None:
+    """The fetch's threshold is the topic size it needs; `produce` reports the size reached."""
+    service = long_poll_fetch.FetchService()
+    log = service.logs["t"]
+    log.append(b"abc")  # offset 0: the topic holds 3 bytes
+    near = CountingFetch(log, offset=1, min_bytes=2)  # needs the topic at 3 + 2 = 5 bytes
+    far = CountingFetch(log, offset=0, min_bytes=100)  # needs 0 + 100
+    ahead = CountingFetch(log, offset=3, min_bytes=1)  # offset not written: 3 + 1, a lower bound
+    fetches = (near, far, ahead)
+    assert [fetch.threshold for fetch in fetches] == [5, 100, 4]
+    async with service.purgatory as purgatory:
+        for fetch in fetches:
+            assert not purgatory.try_complete_else_watch(fetch, {"t": fetch.threshold})
+        before = [fetch.tries for fetch in fetches]
+        for record in (b"d", b"e", b"fg"):  # offsets 1, 2, 3; the topic at 4, 5, 7 bytes
+            log.append(record)
+            purgatory.check_and_complete("t", log.size)
+        # near: re-tried at 5 only, and completes (from offset 1, "d" + "e" are 2 bytes).
+        # ahead: re-tried at 4 and 5 (offset 3 not written yet: no), then at 7 (yes).
+        # far: never re-tried, 7 < 100.
+        retries = [fetch.tries - tries for fetch, tries in zip(fetches, before, strict=True)]
+        assert retries == [1, 0, 3]
+        assert near.is_completed
+        assert ahead.is_completed
+        assert not far.is_completed
+        assert await near == {"records": ["d", "e"], "next_offset": 3}
+        assert await ahead == {"records": ["fg"], "next_offset": 4}

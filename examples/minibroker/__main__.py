@@ -1,0 +1,128 @@
+"""Command line: ``serve``, ``demo``, and the two process roles ``leader`` and ``follower``.
+
+Run from the repository root::
+
+    python -m examples.minibroker serve --port 9092   # leader + 2 followers; Ctrl-C stops
+    python -m examples.minibroker demo                # the demo, with its summary table
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+
+from .cluster import Cluster, ClusterConfig
+from .server import BrokerConfig, run_leader
+
+
+def _topics(text: str) -> dict[str, int]:
+    topics = {}
+    for item in text.split(","):
+        name, _, count = item.partition(":")
+        topics[name] = int(count or 1)
+    return topics
+
+
+def _ids(text: str) -> tuple[int, ...]:
+    return tuple(int(item) for item in text.split(",") if item)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    config = ClusterConfig(
+        port=args.port,
+        followers=args.followers,
+        topics=_topics(args.topics),
+        min_insync_replicas=args.min_insync_replicas,
+        replica_lag_time_max_ms=args.replica_lag_time_max_ms,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with Cluster(config, log=sys.stderr.buffer) as cluster:
+        print(f"bootstrap {cluster.bootstrap}", flush=True)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m examples.minibroker", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run a leader and its followers on loopback")
+    serve.add_argument("--port", type=int, default=9092, help="0: any free port")
+    serve.add_argument("--followers", type=int, default=2)
+    serve.add_argument("--topics", default="demo:4", help="name:partitions,...")
+    serve.add_argument("--min-insync-replicas", type=int, default=2)
+    serve.add_argument("--replica-lag-time-max-ms", type=int, default=1000)
+
+    demo = commands.add_parser("demo", help="the demo: load, a paused follower, a summary")
+    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--seconds", type=float, default=12.0, help="length of the load")
+
+    leader = commands.add_parser("leader", help="one leader process (serve starts it)")
+    leader.add_argument("--port", type=int, default=0)
+    leader.add_argument("--broker-id", type=int, default=0)
+    leader.add_argument("--followers", type=_ids, default=(1, 2))
+    leader.add_argument("--topics", default="demo:4")
+    leader.add_argument("--min-insync-replicas", type=int, default=2)
+    leader.add_argument("--replica-lag-time-max-ms", type=int, default=1000)
+    leader.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024)
+    leader.add_argument("--max-message-bytes", type=int, default=1024 * 1024)
+    leader.add_argument(
+        "--control-stdin", action="store_true", help="commands on stdin; stop at its end"
+    )
+
+    follower = commands.add_parser("follower", help="one follower process (serve starts it)")
+    follower.add_argument("--broker-id", type=int, required=True)
+    follower.add_argument("--leader", required=True, help="HOST:PORT")
+    follower.add_argument("--fetch-wait-max-ms", type=int, default=200)
+    follower.add_argument("--control-stdin", action="store_true", help="stop when stdin ends")
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s {args.command} %(name)s: %(message)s"
+    )
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    logging.getLogger("aiokafka").setLevel(logging.ERROR)
+    with contextlib.suppress(KeyboardInterrupt):
+        if args.command == "serve":
+            asyncio.run(_serve(args))
+        elif args.command == "demo":
+            from .demo import run_demo
+
+            summary = asyncio.run(run_demo(seed=args.seed, seconds=args.seconds))
+            if summary["lost"]:
+                sys.exit(1)
+        elif args.command == "leader":
+            config = BrokerConfig(
+                port=args.port,
+                broker_id=args.broker_id,
+                follower_ids=args.followers,
+                topics=_topics(args.topics),
+                min_insync_replicas=args.min_insync_replicas,
+                replica_lag_time_max_ms=args.replica_lag_time_max_ms,
+                max_request_bytes=args.max_request_bytes,
+                max_message_bytes=args.max_message_bytes,
+            )
+            asyncio.run(run_leader(config, control_stdin=args.control_stdin))
+        else:
+            from .follower import run_follower
+
+            host, _, port = args.leader.rpartition(":")
+            asyncio.run(
+                run_follower(
+                    args.broker_id,
+                    host,
+                    int(port),
+                    max_wait_ms=args.fetch_wait_max_ms,
+                    control_stdin=args.control_stdin,
+                )
+            )
+
+
+if __name__ == "__main__":
+    main()
