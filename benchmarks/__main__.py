@@ -2,9 +2,10 @@
 
 Examples::
 
-    .venv/bin/python -m benchmarks                 # the full run (about 10-15 minutes)
+    .venv/bin/python -m benchmarks                 # the full run (about 20 minutes)
     .venv/bin/python -m benchmarks --quick         # smoke run; writes *-quick.* files
     .venv/bin/python -m benchmarks --only w2 --sizes 1000,100000 --repeat 3
+    .venv/bin/python -m benchmarks --only w1-key,w1-threshold --merge   # re-run some rows only
     .venv/bin/python -m benchmarks --report-only   # re-render RESULTS.md / w2.png from the JSON
 """
 
@@ -23,13 +24,15 @@ from .contenders import w1_contenders, w2_contenders
 from .environment import describe_environment, load_average
 from .idle import run_idle
 from .loops import uvloop_available
+from .merge import merge_results
 from .plot import plot_w2
 from .report import render_markdown, render_tables
-from .w1 import default_log, run_w1
+from .w1 import MODES, default_log, run_w1
 from .w2 import run_w2
 
 HERE = Path(__file__).resolve().parent
-WORKLOADS = ("w1", "w2", "floor", "idle")
+W1_PARTS = tuple(f"w1-{mode}" for mode in MODES)
+WORKLOADS = ("w1", *W1_PARTS, "w2", "floor", "idle")
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -63,7 +66,15 @@ def _parser() -> argparse.ArgumentParser:
         "--only",
         type=_only,
         default=("w1", "w2", "idle"),
-        help="comma-separated subset of w1, w2, floor, idle (floor = W2 for the Floor alone)",
+        help="comma-separated subset of w1, w1-force, w1-key, w1-threshold (W1 settings of "
+        "that mode only), w2, floor (W2 for the Floor alone), idle; W2's values of N: --sizes",
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="fold this run into the existing JSON instead of replacing it: the settings, sizes "
+        "and contenders measured now replace theirs, everything else is kept (RESULTS.md says "
+        "which rows come from which run)",
     )
     parser.add_argument("--repeat", type=int, help="repetitions after the warm-up (default 5)")
     parser.add_argument("--seed", type=int, help="seed of every random draw (default 1)")
@@ -115,9 +126,10 @@ def _measure(config: Config, only: Sequence[str]) -> dict[str, Any]:
     meta["config"] = config.as_dict()
     results: dict[str, Any] = {"meta": meta}
     started = time.perf_counter()
-    if "w1" in only:
+    modes = [mode for mode in MODES if "w1" in only or f"w1-{mode}" in only]
+    if modes:
         log("W1: rate search per setting and contender, then confirmation repetitions")
-        results["w1"] = run_w1(w1_contenders(with_uvloop), config, log)
+        results["w1"] = run_w1(w1_contenders(with_uvloop), config, log, modes)
     if "w2" in only or "floor" in only:
         contenders = w2_contenders(with_uvloop)
         if "w2" not in only:
@@ -139,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = json.loads(json_path.read_text())
     else:
         results = _measure(_config(args), args.only)
+        if args.merge and json_path.exists():
+            results = merge_results(json.loads(json_path.read_text()), results)
         json_path.write_text(json.dumps(results, indent=1) + "\n")
         print(render_tables(results))
     plot_name: str | None = None

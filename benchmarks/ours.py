@@ -57,7 +57,10 @@ class OursTarget:
 
     # -- one request at a time (W1) -------------------------------------------------------------
 
-    def submit(self, keys: tuple[Hashable, ...], timeout: float, deadline: float) -> BenchOp:
+    def submit(
+        self, keys: tuple[Hashable, ...], timeout: float, deadline: float, threshold: float
+    ) -> BenchOp:
+        """W1-force and W1-key: a plain watch (`threshold` unused)."""
         op = BenchOp(timeout, deadline)
         self.purgatory.try_complete_else_watch(op, keys)
         return op
@@ -65,9 +68,23 @@ class OursTarget:
     def force(self, op: BenchOp) -> bool:
         return op.force_complete()
 
-    def trigger(self, op: BenchOp, key: Hashable) -> bool:
+    def trigger(self, op: BenchOp, key: Hashable, reached: float) -> bool:
+        """W1-key: Kafka's ``checkAndComplete(key)``, every watcher of `key` re-tried."""
         op.ready = True
         return self.purgatory.check_and_complete(key) > 0
+
+    def submit_threshold(
+        self, keys: tuple[Hashable, ...], timeout: float, deadline: float, threshold: float
+    ) -> BenchOp:
+        """W1-threshold: watch every key at `threshold` (the request's completion time)."""
+        op = BenchOp(timeout, deadline)
+        self.purgatory.try_complete_else_watch(op, dict.fromkeys(keys, threshold))
+        return op
+
+    def trigger_threshold(self, op: BenchOp, key: Hashable, reached: float) -> bool:
+        """W1-threshold: re-try only the watchers of `key` at a threshold <= `reached`."""
+        op.ready = True
+        return self.purgatory.check_and_complete(key, reached) > 0
 
     # -- batches (W2) ---------------------------------------------------------------------------
 

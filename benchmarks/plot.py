@@ -16,7 +16,7 @@ PANELS = (
     (("median", "lateness_ms", "p99"), "expiry lateness p99 (ms)"),
     (("median", "lateness_ms", "max"), "expiry lateness max (ms)"),
 )
-STYLES = {"ours": "o-", "A": "s--", "B": "^--", "C": "v:", "Floor": "k.-"}
+STYLES = {"ours": "o-", "A": "s--", "A-lean": "D--", "B": "^--", "C": "v:", "Floor": "k.-"}
 
 
 def _value(entry: dict[str, Any], path: tuple[str, ...]) -> float | None:

@@ -1,6 +1,8 @@
-"""cProfile of our side on the two hottest paths: a W1-key probe and a W2 repetition.
+"""cProfile of our side on the two hottest paths: a W1-key (or W1-threshold) probe and a W2
+repetition.
 
-``python -m benchmarks.profile [--rate 50000] [--n 100000] [--top 15]`` prints the functions with
+``python -m benchmarks.profile [--mode key] [--rate 50000] [--n 100000] [--top 15]`` prints the
+functions with
 the most own time (tottime). Profiling slows Python code by about 2x and charges the harness
 too (the driver, the W2 loops); read it for where our time goes, not for absolute figures.
 """
@@ -39,16 +41,17 @@ def _profiled(title: str, top: int, run: Callable[[], Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__)
-    parser.add_argument("--rate", type=float, default=50_000.0, help="W1-key probe rate")
-    parser.add_argument("--seconds", type=float, default=2.0, help="W1-key probe length")
-    parser.add_argument("--keys", type=int, default=100, help="W1-key key space (100 or 100000)")
+    parser.add_argument("--mode", choices=("key", "threshold"), default="key", help="W1 mode")
+    parser.add_argument("--rate", type=float, default=50_000.0, help="W1 probe rate")
+    parser.add_argument("--seconds", type=float, default=2.0, help="W1 probe length")
+    parser.add_argument("--keys", type=int, default=100, help="W1 key space (100 or 100000)")
     parser.add_argument("--n", type=int, default=100_000, help="W2 pending operations")
     parser.add_argument("--top", type=int, default=15, help="functions shown per profile")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
 
     ours: Contender[OursTarget] = Contender("ours", "asyncio", OursTarget)
-    setting = next(s for s in SETTINGS if s.mode == "key" and s.key_space == args.keys)
+    setting = next(s for s in SETTINGS if s.mode == args.mode and s.key_space == args.keys)
     pools = make_pools(setting, args.seed)
     _profiled(
         f"{setting.name} at {args.rate:,.0f}/s for {args.seconds} s (ours)",

@@ -4,9 +4,12 @@ An open-loop generator issues requests at Poisson arrival times for a target rat
 bounded bursts when it is behind; each request is watched on 3 distinct keys of a key space for
 200 ms; a log-normal completion latency (given p50/p75) decides whether it is completed at
 ``arrival + latency`` (by ``force_complete`` in W1-force, by setting its flag and calling
-``check_and_complete`` on its first key in W1-key) or left to expire. A single driver coroutine
-does both the generating and the completing, like Kafka's generator thread and completion queue,
-so the harness work is the same for every contender.
+``check_and_complete`` on its first key in W1-key) or left to expire. W1-threshold is W1-key's
+traffic with thresholds: each request watches its keys at its own completion time (the requests
+that will expire too: theirs lies past the deadline), and each trigger carries the time reached,
+``check_and_complete(key, completion_time)``, so it re-tries only the watchers that are due. A
+single driver coroutine does both the generating and the completing, like Kafka's generator
+thread and completion queue, so the harness work is the same for every contender.
 
 Like Kafka's tool, random numbers come from pre-drawn pools (of 65,536 samples, seeded per
 setting) so that drawing them costs nothing during a probe; every contender walks the same pool
@@ -29,7 +32,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -38,7 +41,15 @@ from .contenders import Contender
 from .loops import run_on
 from .measure import GcPauses, Stopwatch, lateness_ms, median_field
 
-__all__ = ("SETTINGS", "W1Setting", "W1Target", "run_w1")
+__all__ = (
+    "MODES",
+    "SETTINGS",
+    "THRESHOLD_CONTENDERS",
+    "W1Setting",
+    "W1Target",
+    "run_w1",
+    "setting_ratios",
+)
 
 TIMEOUT = 0.2
 KEYS_PER_REQUEST = 3
@@ -57,11 +68,19 @@ class W1Target(Protocol):
 
     expiry_lateness: list[float]
 
-    def submit(self, keys: tuple[Hashable, ...], timeout: float, deadline: float) -> Any: ...
+    def submit(
+        self, keys: tuple[Hashable, ...], timeout: float, deadline: float, threshold: float
+    ) -> Any: ...
+
+    def submit_threshold(
+        self, keys: tuple[Hashable, ...], timeout: float, deadline: float, threshold: float
+    ) -> Any: ...
 
     def force(self, req: Any) -> bool: ...
 
-    def trigger(self, req: Any, key: Hashable) -> bool: ...
+    def trigger(self, req: Any, key: Hashable, reached: float) -> bool: ...
+
+    def trigger_threshold(self, req: Any, key: Hashable, reached: float) -> bool: ...
 
     def pending(self) -> int: ...
 
@@ -74,7 +93,7 @@ class W1Target(Protocol):
 class W1Setting:
     """One W1 configuration."""
 
-    mode: str  # "force" or "key"
+    mode: str  # "force", "key" or "threshold"
     p50_ms: float
     p75_ms: float
     key_space: int
@@ -92,7 +111,20 @@ SETTINGS: tuple[W1Setting, ...] = (
     W1Setting("key", 200, 400, 100),
     W1Setting("key", 20, 60, 100_000),
     W1Setting("key", 200, 400, 100_000),
+    W1Setting("threshold", 20, 60, 100),
+    W1Setting("threshold", 200, 400, 100),
+    W1Setting("threshold", 20, 60, 100_000),
+    W1Setting("threshold", 200, 400, 100_000),
 )
+MODES = ("force", "key", "threshold")
+
+THRESHOLD_CONTENDERS = frozenset({"ours", "A", "A-lean", "A-heap"})
+"""Who runs W1-threshold. A and A-lean run their W1-key code (their inline check already
+completes only what is due), measured beside ours on the same traffic; A-heap is A with a heap
+per key written by hand, what an A user gains from a threshold structure. B (A on uvloop) is
+left out to keep the run short: its W1-key rows show the loop's effect."""
+THRESHOLD_ONLY = frozenset({"A-heap"})
+"""Contenders that run W1-threshold alone (A-heap's W1-force and W1-key would be A's)."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +174,11 @@ async def _probe(
     gi, li, ki = offset, offset * 7 + 1, offset * 13 + 2
     mean_gap = 1.0 / rate
     force_mode = setting.mode == "force"
-    submit, force, trigger = target.submit, target.force, target.trigger
+    if setting.mode == "threshold":
+        submit, trigger = target.submit_threshold, target.trigger_threshold
+    else:
+        submit, trigger = target.submit, target.trigger
+    force = target.force
 
     heap: list[tuple[float, int, Any, tuple[str, ...]]] = []
     lags: list[float] = []
@@ -166,7 +202,7 @@ async def _probe(
             handled = 0
             while heap and heap[0][0] <= now and handled < MAX_BURST:
                 due, _, req, keys = heappop(heap)
-                done = force(req) if force_mode else trigger(req, keys[0])
+                done = force(req) if force_mode else trigger(req, keys[0], due)
                 if done:
                     completion_lateness.append(monotonic() - due)
                 handled += 1
@@ -176,9 +212,9 @@ async def _probe(
                 lags.append(t - scheduled)
                 keys = keypool[ki & mask]
                 ki += 1
-                req = submit(keys, TIMEOUT, t + TIMEOUT)
                 latency = latencies[li & mask]
                 li += 1
+                req = submit(keys, TIMEOUT, t + TIMEOUT, t + latency)
                 if latency < TIMEOUT:
                     heappush(heap, (t + latency, issued, req, keys))
                 issued += 1
@@ -419,6 +455,16 @@ def run_setting(
         }
         for c in contenders
     }
+    return {
+        "setting": {**asdict(setting), "name": setting.name},
+        "expire_fraction": pools.expire_fraction,
+        "contenders": results,
+        "ratios": setting_ratios(results),
+    }
+
+
+def setting_ratios(results: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """``rate ours/X`` and ``cpu X/ours`` for every other contender X of one setting."""
     ratios: dict[str, float | None] = {}
     ours = results.get("ours")
     if ours is not None:
@@ -429,18 +475,17 @@ def run_setting(
             ratios[f"cpu {name}/ours"] = _ratio(
                 other["cpu_s_per_million"], ours["cpu_s_per_million"]
             )
-    return {
-        "setting": {**asdict(setting), "name": setting.name},
-        "expire_fraction": pools.expire_fraction,
-        "contenders": results,
-        "ratios": ratios,
-    }
+    return ratios
 
 
 def run_w1(
-    contenders: list[Contender[Any]], config: Config, log: Callable[[str], None]
+    contenders: list[Contender[Any]],
+    config: Config,
+    log: Callable[[str], None],
+    modes: Collection[str] = MODES,
 ) -> dict[str, Any]:
-    """Every W1 setting for every contender; one warm-up probe per contender first."""
+    """Every W1 setting of `modes` for every contender (W1-threshold: `THRESHOLD_CONTENDERS`
+    only); one warm-up probe per contender first."""
     warm_setting = SETTINGS[0]
     warm_pools = make_pools(warm_setting, config.seed)
     for contender in contenders:
@@ -449,7 +494,13 @@ def run_w1(
     settings = []
     previous: dict[str, float | None] = {}
     for setting in SETTINGS:
-        entry = run_setting(setting, contenders, config, log, previous)
+        if setting.mode not in modes:
+            continue
+        if setting.mode == "threshold":
+            running = [c for c in contenders if c.name in THRESHOLD_CONTENDERS]
+        else:
+            running = [c for c in contenders if c.name not in THRESHOLD_ONLY]
+        entry = run_setting(setting, running, config, log, previous)
         previous = {name: c["max_rate"] for name, c in entry["contenders"].items()}
         settings.append(entry)
     return {

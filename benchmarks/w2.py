@@ -43,7 +43,7 @@ from .contenders import Contender
 from .loops import run_on
 from .measure import GcPauses, Stopwatch, lateness_ms, median_field
 
-__all__ = ("W2Target", "Workload", "run_once", "run_w2")
+__all__ = ("W2Target", "Workload", "run_once", "run_w2", "size_ratios")
 
 MIN_TIMEOUT = 0.010
 MAX_TIMEOUT = 1.0
@@ -54,7 +54,14 @@ GROWTH_GUESS = 2.0  # per-op wall time guessed for the next N = this x the last 
 EXPIRY_GRACE = 60.0  # give up waiting for expiries this long after the last deadline
 
 # First guesses of wall seconds per operation for phases 1 + 2, refined by every repetition.
-INITIAL_ESTIMATE = {"ours": 8e-6, "A": 12e-6, "B": 12e-6, "C": 60e-6, "Floor": 3e-6}
+INITIAL_ESTIMATE = {
+    "ours": 8e-6,
+    "A": 12e-6,
+    "A-lean": 10e-6,
+    "B": 12e-6,
+    "C": 60e-6,
+    "Floor": 3e-6,
+}
 
 
 class W2Target(Protocol):
@@ -241,7 +248,7 @@ def _summarise(reps: list[dict[str, Any]]) -> dict[str, Any]:
 METRICS = ("schedule_us", "complete_us", "expire_us")
 
 
-def _ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+def size_ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
     """metric -> {"A/ours": x, ..., "ours/Floor": y}: baseline / ours (> 1: ours is cheaper),
     and ours / Floor (how many times the irreducible work ours costs)."""
     ratios: dict[str, dict[str, float]] = {}
@@ -324,7 +331,7 @@ def run_w2(
                 "n": n,
                 "repetitions": repeat,
                 "contenders": results,
-                "ratios": _ratios(results),
+                "ratios": size_ratios(results),
                 "user_object_bytes": user_object_bytes(work),
             }
         )
