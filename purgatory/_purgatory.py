@@ -128,10 +128,10 @@ def _split_keys(
     keys: Iterable[Hashable] | Mapping[Hashable, Any],
 ) -> tuple[tuple[Hashable, ...], tuple[Any, ...] | None]:
     """The keys to watch, and their thresholds if a mapping gave any (else ``None``)."""
-    if isinstance(keys, Mapping):
+    if type(keys) is dict or isinstance(keys, Mapping):
         thresholds = tuple(keys.values())
         keys = tuple(keys)
-        if all(threshold is None for threshold in thresholds):
+        if thresholds.count(None) == len(thresholds):
             return keys, None
         return keys, thresholds
     if isinstance(keys, str | bytes):
@@ -405,7 +405,13 @@ class DelayedOperationPurgatory(Generic[Op]):
         watchers = self._watchers
         listed = 0
         try:
-            for key in keys if thresholds is None else _plain_keys(keys, thresholds):
+            for key in (
+                keys
+                if thresholds is None
+                else _plain_keys(keys, thresholds)
+                if None in thresholds
+                else ()
+            ):
                 ops = watchers.get(key)
                 if ops is None:
                     watchers[key] = op
@@ -422,10 +428,7 @@ class DelayedOperationPurgatory(Generic[Op]):
                     watchers[key] = {ops: None, op: None}
                 listed += 1
             if thresholds is not None:
-                for key, threshold in zip(keys, thresholds, strict=True):
-                    if threshold is not None:
-                        watch_at(watchers, key, op, threshold)
-                        listed += 1
+                listed += watch_at(watchers, op, keys, thresholds)
         except BaseException:
             unregister(watchers, op, keys)
             self._abandon(op)
@@ -540,7 +543,7 @@ class DelayedOperationPurgatory(Generic[Op]):
                 candidates = list(ops)
             else:
                 _check_reached(reached)
-                ops.release(reached)
+                ops.release(reached, self._garbage)
                 candidates = list(ops.plain)
             drop = ops.pop
         else:

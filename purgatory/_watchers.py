@@ -38,6 +38,8 @@ import heapq
 from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
+from ._operation import FINISHED
+
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
 
@@ -98,12 +100,15 @@ class ThresholdWatchers(Generic[Op]):
         try:
             heapq.heappush(self.heap, cell)
         except BaseException:
-            # Not comparable with the thresholds already here: the failed push may have left
-            # the cell anywhere in the heap, so take it out and restore the heap order.
-            del self.cells[op]
-            self.heap[:] = [c for c in self.heap if c is not cell]
-            heapq.heapify(self.heap)
+            self.unpush(op, cell)
             raise
+
+    def unpush(self, op: Op, cell: list[Any]) -> None:
+        """Undo a push that raised (thresholds that do not compare): the failed push may have
+        left the cell anywhere in the heap, so take it out and restore the heap order."""
+        del self.cells[op]
+        self.heap[:] = [c for c in self.heap if c is not cell]
+        heapq.heapify(self.heap)
 
     def pop(self, op: Op, default: Any = None) -> Any:
         """Stop watching `op` (the ``dict.pop`` signature the trigger loop uses). O(1) amortised."""
@@ -120,8 +125,11 @@ class ThresholdWatchers(Generic[Op]):
             self.dead = 0
         return None
 
-    def release(self, reached: Any) -> None:
+    def release(self, reached: Any, garbage: dict[Any, None]) -> None:
         """Make every operation whose threshold is ``<= reached`` a plain watcher, in order.
+
+        One that finished meanwhile (through another key) just leaves: this list no longer holds
+        it, and once no list does, neither does the purge queue `garbage`.
 
         Runtime complexity: O((1 + released) * log n).
         """
@@ -135,7 +143,12 @@ class ThresholdWatchers(Generic[Op]):
                 self.dead -= 1
                 continue
             del cells[op]
-            plain[op] = None
+            if op._state & FINISHED:
+                op._listed -= 1
+                if not op._listed:
+                    garbage.pop(op, None)
+            else:
+                plain[op] = None
 
 
 @final
@@ -157,33 +170,52 @@ class LoneMark:
 WatcherMap = dict[Hashable, Any]
 
 
-def watch_at(lists: WatcherMap, key: Hashable, op: Any, threshold: Any) -> None:
-    """Put `op` on `key`'s list at `threshold` (not ``None``); the key's shape grows to fit.
+def watch_at(
+    lists: WatcherMap, op: Any, keys: tuple[Hashable, ...], thresholds: tuple[Any, ...]
+) -> int:
+    """Put `op` on the list of each key at its threshold (keys at ``None`` are skipped).
 
     The plain watches of an operation are registered inline by the purgatory, on its hot path
     (`join_plain` serves the shapes it does not handle); this is where a key takes a shape that
-    knows thresholds.
+    knows thresholds. On an error the caller takes back what was registered (`unregister`).
+
+    Returns:
+        How many lists took `op`.
 
     Raises:
-        TypeError: `key` is not hashable, or `threshold` does not compare with the key's others.
+        TypeError: A key is not hashable, or a threshold does not compare with its key's others.
+        ValueError: A threshold does not order against itself (NaN).
 
-    Runtime complexity: O(log n).
+    Runtime complexity: O(log n) per key.
     """
-    if not threshold <= threshold:  # noqa: PLR0124 - false for NaN alone
-        raise ValueError(
-            f"threshold {threshold!r} for {key!r} does not order against itself (NaN?); "
-            "a watcher at it could never be reached"
-        )
-    ops = lists.get(key)
-    if ops is None:
-        lists[key] = LoneMark(op, threshold)
-        return
-    if type(ops) is ThresholdWatchers:
-        ops.add(op, threshold)
-        return
-    watchers = _grown(ops)
-    watchers.add(op, threshold)
-    lists[key] = watchers
+    listed = 0
+    heappush = heapq.heappush
+    for key, threshold in zip(keys, thresholds, strict=True):
+        if threshold is None:
+            continue
+        if not threshold <= threshold:  # noqa: PLR0124 - false for NaN alone
+            raise ValueError(
+                f"threshold {threshold!r} for {key!r} does not order against itself (NaN?); "
+                "a watcher at it could never be reached"
+            )
+        ops = lists.get(key)
+        if ops is None:
+            lists[key] = LoneMark(op, threshold)
+        elif type(ops) is ThresholdWatchers:
+            cell = [threshold, ops.seq, op]  # a mapping's keys are distinct: no duplicate
+            ops.seq += 1
+            ops.cells[op] = cell
+            try:
+                heappush(ops.heap, cell)
+            except BaseException:
+                ops.unpush(op, cell)
+                raise
+        else:
+            watchers = _grown(ops)
+            watchers.add(op, threshold)
+            lists[key] = watchers
+        listed += 1
+    return listed
 
 
 def join_plain(lists: WatcherMap, key: Hashable, op: Any, ops: Any) -> bool:
