@@ -115,7 +115,7 @@ def main() -> None:
                 runs.append(asyncio.run(one_run(args.n, seed=rep)))
             finally:
                 TimingWheel.advance = original  # type: ignore[method-assign]
-            print(f"rep {rep} {mode:10s} {results[mode][-1]}", flush=True)
+            print(f"rep {rep} {mode:10s} {runs[-1]}", flush=True)
     print(f"\nN={args.n:,}, medians of {args.repeat}; expiries per timer pass: max, p99")
     for mode, runs in results.items():
         row = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
