@@ -16,7 +16,7 @@ demo: $(BIN)/python
 
 # Set up and run the tests: lint, types, then pytest.
 test: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

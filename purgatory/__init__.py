@@ -13,6 +13,7 @@ from ._errors import OperationCancelled as OperationCancelled
 from ._errors import PurgatoryClosed as PurgatoryClosed
 from ._errors import PurgatoryError as PurgatoryError
 from ._errors import PurgatoryFull as PurgatoryFull
+from ._eventlog import JsonLinesEventLog as JsonLinesEventLog
 from ._operation import DelayedOperation as DelayedOperation
 from ._purgatory import DelayedOperationPurgatory as DelayedOperationPurgatory
 from ._purgatory import PurgatoryStatistics as PurgatoryStatistics
@@ -24,6 +25,7 @@ __all__ = (
     "DelayedOperation",
     "DelayedOperationPurgatory",
     "DrivenClock",
+    "JsonLinesEventLog",
     "OperationCancelled",
     "PurgatoryClosed",
     "PurgatoryError",
