@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -240,9 +241,13 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _done(out: str, rows: Sequence[Mapping[str, Any]], started: float) -> None:
+    import purgatory
+
     seconds = time.perf_counter() - started
     ops = sum(row["operations"] for row in rows)
     print(f"\nreplay in {out}: {ops:,} operations replayed in {seconds:.1f} s")
+    # Where the driver found the package: a zip under spark-submit --py-files, for instance.
+    print(f"purgatory package: {os.path.dirname(purgatory.__file__)}")
 
 
 def _ms(value: Any) -> str:
