@@ -15,7 +15,7 @@ from purgatory._events import EventLog
 
 def lines(directory: Path) -> list[dict[str, Any]]:
     """Every line of every complete file, in file order."""
-    out = []
+    out: list[dict[str, Any]] = []
     for path in sorted(directory.glob("*.jsonl")):
         text = path.read_text()
         assert text.endswith("\n"), f"{path} does not end with a whole line"
@@ -23,7 +23,9 @@ def lines(directory: Path) -> list[dict[str, Any]]:
     return out
 
 
-def watch(log: JsonLinesEventLog, name: str, op: FlagOperation, keys: tuple[Any, ...], at: float) -> None:
+def watch(
+    log: JsonLinesEventLog, name: str, op: FlagOperation, keys: tuple[Any, ...], at: float
+) -> None:
     log.record_watch(name, op, keys, None, at, at + op.timeout)
 
 
@@ -57,7 +59,9 @@ def test_one_line_per_operation_written_at_its_end(tmp_path: Path) -> None:
     log.record_end("fetch", c, "cancelled", 2.5)  # a second end of the same operation
     log.close()
     every = lines(tmp_path)
-    assert [(x["purgatory"], x["id"], x["outcome"]) for x in every[2:]] == [("fetch", 0, "cancelled")]
+    assert [(x["purgatory"], x["id"], x["outcome"]) for x in every[2:]] == [
+        ("fetch", 0, "cancelled")
+    ]
     assert every[2]["keys"] == ["('topic', 3)"]
     assert log.unmatched_ends == 1
     assert len(log.closed_files) == 2  # flush published the first file
@@ -75,7 +79,9 @@ def test_rotation_keeps_whole_lines_and_part_files_are_unpublished(tmp_path: Pat
     published = lines(tmp_path)
     assert [x["id"] for x in published] == [f"op{i}" for i in range(len(published))]
     assert len(list(tmp_path.glob("*.jsonl.part"))) == 1
-    assert len(log.closed_files) >= 2, "a batch of two lines is about 340 bytes: it must have rotated"
+    assert len(log.closed_files) >= 2, (
+        "a batch of two lines is about 340 bytes: it must have rotated"
+    )
     for path in log.closed_files:
         size = Path(path).stat().st_size
         assert size >= 400
@@ -104,4 +110,4 @@ def test_two_recorders_share_a_directory(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("argument", "value"), [("max_bytes", 0), ("buffer_lines", 0)])
 def test_bad_arguments(tmp_path: Path, argument: str, value: int) -> None:
     with pytest.raises(ValueError, match=argument):
-        JsonLinesEventLog(tmp_path, **{argument: value})
+        JsonLinesEventLog(tmp_path, **{argument: value})  # type: ignore[arg-type]

@@ -79,7 +79,8 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
@@ -244,16 +245,20 @@ def test_bad_trace_is_refused_naming_file_and_row(
 
 def test_a_failed_job_leaves_no_output(spark: SparkSession, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    with pytest.raises(RuntimeError, match="mid-job"), atomic_output(
-        spark, str(out), overwrite=False
-    ) as staging:
-        spark.range(10).write.parquet(f"{staging}/part")
-        raise RuntimeError("mid-job")
+
+    def failing_job() -> None:
+        with atomic_output(spark, str(out), overwrite=False) as staging:
+            spark.range(10).write.parquet(f"{staging}/part")
+            raise RuntimeError("mid-job")
+
+    with pytest.raises(RuntimeError, match="mid-job"):
+        failing_job()
     assert list(tmp_path.iterdir()) == []
     with atomic_output(spark, str(out), overwrite=False) as staging:
         spark.range(10).write.parquet(staging)
-    with pytest.raises(FileExistsError, match="--overwrite"), atomic_output(
-        spark, str(out), overwrite=False
+    with (
+        pytest.raises(FileExistsError, match="--overwrite"),
+        atomic_output(spark, str(out), overwrite=False),
     ):
         pass
 
@@ -288,6 +293,8 @@ def test_spark_submit_with_the_package_zipped(tmp_path: Path, trace: str) -> Non
             "local[2]",
             "--conf",
             "spark.ui.enabled=false",
+            "--conf",
+            "spark.sql.shuffle.partitions=2",
             "--py-files",
             str(bundle),
             str(package / "pipeline" / "__main__.py"),
@@ -296,8 +303,6 @@ def test_spark_submit_with_the_package_zipped(tmp_path: Path, trace: str) -> Non
             trace,
             "--out",
             str(out),
-            "--tick",
-            "0.001,0.05",
         ],
         cwd=tmp_path,
         env=env,
@@ -309,9 +314,7 @@ def test_spark_submit_with_the_package_zipped(tmp_path: Path, trace: str) -> Non
     assert result.returncode == 0, result.stderr[-3000:]
     assert "purgatory.zip" in result.stdout  # the driver imported the zipped package
     summary = pq.read_table(out / "summary")
-    assert summary.num_rows == 4
+    assert summary.num_rows == 2
     plain = replay_table(pq.read_table(trace), {0: ReplayConfig(tick=0.001)})
-    assert [r for r in ops_of(pq.read_table(out / "operations")) if r["config_id"] == 0] == (
-        ops_of(plain)
-    )
+    assert ops_of(pq.read_table(out / "operations")) == ops_of(plain)
     shutil.rmtree(out)

@@ -94,7 +94,7 @@ def load_trace(spark: SparkSession, path: str) -> DataFrame:
     Checked: the columns and their types (numbers of any width are cast to double, integers to
     long, integer keys to strings); no nulls where none may be; timeouts finite and >= 0;
     arrivals finite; conditions not NaN, not infinite, not before the arrival; keys non-empty;
-    operation ids unique per purgatory. Costs two scans of the trace (one aggregates ids).
+    operation ids unique per purgatory. Costs one scan and one aggregation by id.
 
     Returns:
         The trace with exactly the columns of `TRACE_SCHEMA`, in that order.
@@ -166,36 +166,40 @@ def load_trace(spark: SparkSession, path: str) -> DataFrame:
             ),
         ]
     )
-    bad = (
+    # One aggregation finds both bad rows and duplicate ids: a single scan of the trace.
+    found = (
         trace.withColumn("_problem", problem)
-        .where(F.col("_problem").isNotNull())
-        .select("_file", "purgatory", "op_id", "arrival", "timeout", "condition_at", "_problem")
+        .groupBy("purgatory", "op_id")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.first("_problem", ignorenulls=True).alias("problem"),
+            F.first(F.when(F.col("_problem").isNotNull(), F.struct(*_ROW))).alias("row"),
+            F.collect_set("_file").alias("files"),
+        )
+        .where(F.col("problem").isNotNull() | (F.col("n") > 1))
+        .orderBy(F.col("problem").isNull(), "purgatory", "op_id")
         .limit(5)
         .collect()
     )
-    if bad:
-        first = bad[0]
+    if found and found[0]["problem"] is not None:
+        first = found[0]["row"]
         raise TraceError(
             f"trace file {first['_file']}: row purgatory={first['purgatory']!r} "
-            f"op_id={first['op_id']!r}: {first['_problem']} (arrival={first['arrival']!r}, "
+            f"op_id={first['op_id']!r}: {found[0]['problem']} (arrival={first['arrival']!r}, "
             f"timeout={first['timeout']!r}, condition_at={first['condition_at']!r})"
-            + (f"; {len(bad) - 1}+ more bad rows" if len(bad) > 1 else "")
+            + (f"; {len(found) - 1}+ more bad rows" if len(found) > 1 else "")
         )
-    dups = (
-        trace.groupBy("purgatory", "op_id")
-        .agg(F.count(F.lit(1)).alias("n"), F.collect_set("_file").alias("files"))
-        .where(F.col("n") > 1)
-        .limit(5)
-        .collect()
-    )
-    if dups:
-        first = dups[0]
+    if found:
+        first = found[0]
         raise TraceError(
             f"trace file {', '.join(sorted(first['files']))}: duplicate op_id "
             f"{first['op_id']!r} in purgatory {first['purgatory']!r} ({first['n']} rows; "
             "an operation id must be unique within its purgatory)"
         )
     return trace.drop("_file")
+
+
+_ROW: Final = ("_file", "purgatory", "op_id", "arrival", "timeout", "condition_at")
 
 
 def _not_finite(column: Column) -> Column:
@@ -234,7 +238,7 @@ def replay(
     streams each partition's batches (see its module for what it holds in memory).
 
     Args:
-        partitions: Spark partitions of the replay; default one per group.
+        partitions: Spark partitions of the replay; default four per core.
         event_log: A directory every executor can write to (a local path in local mode), where
             each group writes its event log.
 
@@ -254,7 +258,9 @@ def replay(
         "rate_scale double, trigger string",
     )
     if partitions is None:
-        partitions = max(1, trace.select("purgatory").distinct().count() * len(configs))
+        # A group never spans two partitions (range partitioning keeps equal keys together), so
+        # extra partitions are only empty; a few per core let a long group not hold up the rest.
+        partitions = 4 * spark.sparkContext.defaultParallelism
     work = (
         trace.crossJoin(F.broadcast(grid.select("config_id")))
         .repartitionByRange(partitions, "purgatory", "config_id")
