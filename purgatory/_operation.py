@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from ._asyncio import (
     CancelledError,
     cancelled_here,
+    current_task_cancelling,
     new_future,
     report_exception,
-    spawn_continuation,
+    spawn,
 )
 from ._errors import OperationCancelled, PurgatoryClosed
 
@@ -80,6 +81,7 @@ class DelayedOperation(ABC, Generic[T_co]):
         "_deadline",
         "_future",
         "_keys",
+        "_listed",
         "_purgatory",
         "_result",
         "_state",
@@ -101,6 +103,8 @@ class DelayedOperation(ABC, Generic[T_co]):
         self._bucket: Bucket | None = None
         self._purgatory: DelayedOperationPurgatory[Any] | None = None
         self._keys: tuple[Any, ...] | None = None
+        # How many watcher lists hold the operation: at 0 the purgatory forgets it.
+        self._listed = 0
         self._future: Any = None
         # _deadline is written by the timing wheel and _result by completion, before any read.
         self._deadline: int
@@ -156,10 +160,20 @@ class DelayedOperation(ABC, Generic[T_co]):
             purgatory._completed += 1
             if self._keys is not None:
                 purgatory._finished(self)
+            if purgatory._log is not None:
+                purgatory._record_end(self, "completed")
         try:
             self._result = self.on_complete()
         except Exception as exc:  # noqa: BLE001 - delivered to the awaiters
             self._fail(exc)
+        except BaseException as exc:
+            # Not the caller's to handle, but the awaiters' outcome all the same; an interrupt
+            # still interrupts, once the operation is consistent.
+            self._fail(exc)
+            self._wake_awaiters()
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            return True
         future = self._future
         if future is not None and not future.done():
             future.set_result(None)
@@ -190,6 +204,11 @@ class DelayedOperation(ABC, Generic[T_co]):
         # All awaiters share one future, created by the first. No shield per awaiter: a
         # cancelled awaiter cancels the shared future, and the others, not cancelled
         # themselves, simply wait again on a fresh one.
+        if self._purgatory is None and not self._state & FINISHED:
+            raise RuntimeError(
+                f"{self!r} was never watched, so nothing will ever complete it: pass it to "
+                "purgatory.watch() (or try_complete_else_watch) before awaiting it"
+            )
         while not self._state & FINISHED:
             future = self._future
             if future is None or future.done():
@@ -228,8 +247,20 @@ class DelayedOperation(ABC, Generic[T_co]):
         result: T_co = self._result
         return result
 
-    def _fail(self, exc: Exception) -> None:
-        """Keep what `on_complete` raised for the awaiters; report it if there are none yet."""
+    def _fail(self, exc: BaseException) -> None:
+        """Keep what `on_complete` raised for the awaiters; report it if there are none yet.
+
+        ``CancelledError``, ``KeyboardInterrupt`` and ``SystemExit`` reach the awaiters as the
+        cause of a ``RuntimeError`` (as a coroutine's ``StopIteration`` does): raised as such in
+        an awaiter, the first would cancel that task and the others stop the loop once more
+        (an interrupt propagates once, from where it was raised).
+        """
+        if isinstance(exc, CancelledError | KeyboardInterrupt | SystemExit):
+            wrapped = RuntimeError(
+                f"{type(self).__qualname__}.on_complete raised {type(exc).__name__}"
+            )
+            wrapped.__cause__ = exc
+            exc = wrapped
         self._state |= FAILED
         self._result = exc
         if self._future is None:
@@ -257,61 +288,75 @@ class DelayedOperation(ABC, Generic[T_co]):
             purgatory._cancelled += 1
             if self._keys is not None:
                 purgatory._finished(self)
+            if purgatory._log is not None:
+                purgatory._record_end(self, "cancelled")
         self._wake_awaiters()
         return True
 
-    def _attempt_async(self) -> bool:
-        """Run an async `try_complete` (or queue one more); ``True`` if it completed us here.
+    def _attempt_async(self) -> None:
+        """Start an attempt of an async `try_complete`, or have the running one followed by one.
 
-        The coroutine is stepped synchronously first: one that never suspends completes within
-        this call, exactly like a synchronous one. One that suspends is finished by a Task;
-        triggers that arrive meanwhile set RERUN, and the attempt that ends runs one more.
+        Every attempt runs in a Task of its own, in a copy of the caller's context, as asyncio
+        runs any callback: a timeout or a context variable inside `try_complete` is the
+        attempt's, never the caller's. Triggers that arrive while an attempt runs set RERUN, and
+        the attempt that ends runs one more (Kafka's ``maybeTryComplete``): no trigger is lost
+        and none piles up.
+
+        Raises:
+            RuntimeError: No event loop is running here.
         """
         state = self._state
         if state & FINISHED:
-            return False
+            return
         if state & RUNNING:
             self._state = state | RERUN
-            return False
-        while True:
-            self._state = (self._state | RUNNING) & ~RERUN
-            coro = self.try_complete()
-            assert isinstance(coro, Coroutine)
-            try:
-                first = coro.send(None)
-            except StopIteration:
-                pass
-            except Exception as exc:  # noqa: BLE001 - reported; other operations go on
-                report_exception(
-                    f"{type(self).__qualname__}.try_complete raised", exc, operation=self
-                )
-            else:
-                purgatory = self._purgatory
-                assert purgatory is not None
-                try:
-                    spawn_continuation(
-                        coro,
-                        first,
-                        self._attempt_done,
-                        purgatory._attempts,
-                    )
-                except RuntimeError:
-                    self._end_attempt()
-                    raise
-                return False
-            if not self._end_attempt():
-                return bool(self._state & DONE)
-
-    def _attempt_done(self, error: BaseException | None) -> None:
-        if error is not None:
-            report_exception(
-                f"{type(self).__qualname__}.try_complete raised", error, operation=self
+            return
+        purgatory = self._purgatory
+        assert purgatory is not None
+        self._state = state | RUNNING
+        try:
+            spawn(
+                self._run_attempts(), purgatory._attempts, f"{type(self).__qualname__}.try_complete"
             )
-        if self._end_attempt():
-            self._attempt_async()
+        except BaseException:
+            self._state &= ~RUNNING
+            raise
 
-    def _end_attempt(self) -> bool:
-        """Mark the attempt over; ``True`` if one more must run."""
-        state = self._state & ~RUNNING
-        self._state = state & ~RERUN
-        return bool(state & RERUN) and not state & FINISHED
+    async def _run_attempts(self) -> None:
+        """Attempts, one at a time, until one ends with no trigger having come in meanwhile."""
+        name = type(self).__qualname__
+        while True:
+            self._state &= ~RERUN
+            try:
+                claimed = await self.try_complete()  # type: ignore[misc]
+            except CancelledError:
+                if current_task_cancelling():  # shutdown (or whoever cancelled this task)
+                    self._state &= ~(RUNNING | RERUN)
+                    raise
+                report_exception(
+                    f"{name}.try_complete raised CancelledError without being cancelled",
+                    CancelledError(),
+                    operation=self,
+                )
+            except (KeyboardInterrupt, SystemExit):
+                self._state &= ~(RUNNING | RERUN)
+                raise
+            except BaseException as exc:  # noqa: BLE001 - reported; the operation goes on
+                report_exception(f"{name}.try_complete raised", exc, operation=self)
+            else:
+                if claimed and not self._state & DONE:
+                    report_false_claim(self, claimed)
+            state = self._state
+            if not state & RERUN or state & FINISHED:
+                self._state = state & ~(RUNNING | RERUN)
+                return
+
+
+def report_false_claim(op: DelayedOperation[Any], claimed: object) -> None:
+    """Say that `op`'s try_complete returned a truthy value without completing `op`."""
+    report_exception(
+        f"{type(op).__qualname__}.try_complete returned {claimed!r} without completing; it "
+        "must return self.force_complete()",
+        TypeError("try_complete claimed a completion that did not happen"),
+        operation=op,
+    )

@@ -2,40 +2,51 @@
 
 Kafka's design, kept: an operation is tried once, registered on each of its keys, tried again
 (which closes the race with a trigger that arrived in between) and only then put in the timer.
-A trigger on a key (`check_and_complete`) re-tries every operation on that key's list. Completed
+A trigger on a key (`check_and_complete`) re-tries the operations on that key's list. Completed
 operations are left on the lists of their other keys and removed in bulk by a *purge*, run on a
 timer pass once enough have piled up (``purge_interval``), because removing them eagerly from
 every list would cost more than the rare purge.
 
-Ours, added: the purge visits only the operations that finished since the last one, not every
-watched entry, so its cost follows the garbage, not the number of pending operations; on the
-event loop it runs in bounded slices, so a burst of garbage never stalls the expirations. A key
-watched by a single operation maps to that operation itself, not to a one-entry list: most keys
-of a server with many partitions or sessions are like that, and a ``dict`` per key would cost
-more memory (about 250 bytes) than the operation.
+Ours, added: watchers at a threshold (see `purgatory._watchers`), so a trigger that carries the
+value reached re-tries only the operations that can now complete. The purge visits only the
+operations that finished while still on a list, not every watched entry, so its cost follows the
+garbage, not the number of pending operations; on the event loop it runs in bounded slices, so a
+burst of garbage never stalls the expirations. The purgatory holds an operation only while a
+list or the timer does: one that has left them all is forgotten at once, whatever its result.
+
+What a callback may do. ``try_complete``, ``on_complete`` and ``on_expiration`` may call anything
+on their own purgatory: `check_and_complete` (re-entrantly, on any key), ``force_complete`` of any
+operation, `try_complete_else_watch` / `watch` of another operation, `cancel_for_key`, `purge`,
+`statistics`, `shutdown` (which cancels whatever is still pending, the operation being watched
+or expired included) and ``ManualClock.advance``. Each leaves the lists and the timer consistent.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, final
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, final
 
 from ._asyncio import (
     CancelledError,
-    LoopClock,
+    FunctionClock,
     Reaper,
     cancelled_here,
+    current_task,
+    get_ident,
     loop_time_function,
     new_future,
+    no_running_loop_reason,
     report_exception,
     running_loop,
 )
 from ._clock import Clock, DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
-from ._operation import DONE, EXPIRED, FINISHED, DelayedOperation
+from ._events import EventLog, Outcome
+from ._operation import ASYNC, DONE, EXPIRED, FINISHED, DelayedOperation, report_false_claim
+from ._watchers import ThresholdWatchers, WatcherMap, count_entries, discard, members, register
 from ._wheel import TimingWheel
 
 if TYPE_CHECKING:
@@ -45,6 +56,18 @@ __all__ = ("DEFAULT_WHEEL_SIZE", "DelayedOperationPurgatory", "PurgatoryStatisti
 
 T = TypeVar("T")
 Op = TypeVar("Op", bound=DelayedOperation[Any])
+_D = TypeVar("_D", bound=DelayedOperation[Any])
+_D_contra = TypeVar("_D_contra", contravariant=True)
+_R_co = TypeVar("_R_co", covariant=True)
+
+
+class _Accepting(Protocol[_D_contra, _R_co]):
+    """What `watch` asks of its purgatory, for the type checker only: to take `_D_contra`, an
+    operation type that is a `DelayedOperation[T]` (`_R_co`), so that ``await watch(op)`` is a
+    ``T`` and only the purgatory's own operation type is accepted."""
+
+    def _accept(self, op: _D_contra, /) -> _R_co: ...
+
 
 #: Slots per wheel level. Kafka uses 20; 1024 one-millisecond ticks put every timeout under a
 #: second straight into level 0, so such operations never cascade (see benchmarks/RESULTS.md).
@@ -63,6 +86,9 @@ PURGE_SLICE = 4096
 
 # Stands in for a key's list when the key has a lone watcher: only ever popped from, never filled.
 _NOTHING_TO_POP: dict[Any, None] = {}
+# Deadlines at most this many ticks ahead: 2**53 one-millisecond ticks are 285,000 years, and a
+# wheel of 1024 slots reaches them with 6 levels (1e300 seconds would have built 112).
+MAX_TIMEOUT_TICKS = 2**53
 # Entries a timer pass on the event loop cascades (moves down a wheel level) before it yields.
 CASCADE_SLICE = 4096
 
@@ -92,6 +118,25 @@ class PurgatoryStatistics:
     """Seconds until the timer next has work (``math.inf`` when nothing is timed)."""
 
 
+def _split_keys(
+    keys: Iterable[Hashable] | Mapping[Hashable, Any],
+) -> tuple[tuple[Hashable, ...], tuple[Any, ...] | None]:
+    """The keys to watch, and their thresholds if a mapping gave any (else ``None``)."""
+    if isinstance(keys, Mapping):
+        thresholds = tuple(keys.values())
+        keys = tuple(keys)
+        if all(threshold is None for threshold in thresholds):
+            return keys, None
+        return keys, thresholds
+    if isinstance(keys, str | bytes):
+        raise TypeError(f"keys must be a collection of keys, not the string {keys!r}")
+    if not isinstance(keys, Iterable):
+        raise TypeError(
+            f"keys must be a collection of keys or a mapping of key to threshold, got {keys!r}"
+        )
+    return tuple(keys), None
+
+
 def _check_identity_semantics(cls: type) -> None:
     if cls.__hash__ is not object.__hash__ or cls.__eq__ is not object.__eq__:  # type: ignore[comparison-overlap]
         raise TypeError(
@@ -115,6 +160,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         max_pending: Refuse (`PurgatoryFull`) to delay more operations than this; ``None``: no cap.
         clock: ``None`` to follow the running event loop's clock with a reaper coroutine, or a
             `DrivenClock` such as `purgatory.testing.ManualClock` that runs the expirations itself.
+        event_log: An `EventLog` told of every operation's watch and end (for instance
+            `purgatory.JsonLinesEventLog`); ``None``, the default, costs nothing.
 
     Raises:
         ValueError: An argument is out of range.
@@ -132,15 +179,21 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_driven",
         "_expired",
         "_garbage",
+        "_in_flight",
+        "_log",
         "_loop",
         "_max_pending",
+        "_max_timeout",
         "_name",
+        "_owner_thread",
         "_passes",
         "_purge_interval",
         "_purged",
+        "_purging",
         "_reaper",
         "_tick",
         "_time",
+        "_unpurged",
         "_watchers",
         "_wheel",
     )
@@ -154,6 +207,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         wheel_size: int = DEFAULT_WHEEL_SIZE,
         max_pending: int | None = None,
         clock: DrivenClock | None = None,
+        event_log: EventLog | None = None,
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {name!r}")
@@ -177,13 +231,26 @@ class DelayedOperationPurgatory(Generic[Op]):
                 f"clock must be None (the event loop's clock) or a driven clock such as "
                 f"purgatory.testing.ManualClock, got {clock!r}"
             )
+        if event_log is not None and not isinstance(event_log, EventLog):
+            raise TypeError(
+                "event_log must have record_watch, record_end and flush methods (the "
+                f"purgatory.EventLog protocol), got {event_log!r}"
+            )
         self._name = name
         self._purge_interval = purge_interval
         self._tick = float(tick)
+        self._max_timeout = MAX_TIMEOUT_TICKS * self._tick
         self._max_pending = max_pending
-        # A key's watchers: the operation itself if it is the only one, else an ordered set.
-        self._watchers: dict[Hashable, Op | dict[Op, None]] = {}
-        self._garbage: list[Op] = []
+        self._log = event_log
+        # A key's watchers: the operation itself, an ordered set, or a ThresholdWatchers.
+        self._watchers: WatcherMap = {}
+        # Operations that finished while still on some list: what the next purge visits.
+        self._garbage: dict[Op, None] = {}
+        # Watched operations finished since the last purge (Kafka's estimated - numDelayed).
+        self._unpurged = 0
+        self._purging = False
+        # Due lists of the timer passes under way, so that a shutdown inside one cancels them.
+        self._in_flight: list[list[Op]] = []
         self._completed = 0
         self._expired = 0
         self._cancelled = 0
@@ -193,6 +260,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._checked_types: set[type] = set()
         self._attempts: AttemptTasks = set()
         self._loop: EventLoop | None = None
+        # The thread of the bound loop; None until bound (every call then takes the slow path).
+        self._owner_thread: int | None = None
         self._reaper: Reaper | None = None
         self._driven = clock is not None
         self._clock: Clock | None = clock
@@ -219,17 +288,24 @@ class DelayedOperationPurgatory(Generic[Op]):
 
     # -- the Kafka API ------------------------------------------------------------------------
 
-    def try_complete_else_watch(self, op: Op, keys: Iterable[Hashable]) -> bool:
+    def try_complete_else_watch(
+        self, op: Op, keys: Iterable[Hashable] | Mapping[Hashable, Any]
+    ) -> bool:
         """Complete `op` now if it can; otherwise watch it on every key and start its timer.
 
         Kafka: ``tryCompleteElseWatch``. Tries once; if not complete, registers `op` on every
         key, tries again (a trigger may have come in between), and if still not complete adds it
-        to the timer, its deadline being now + ``op.timeout``.
+        to the timer, its deadline being now + ``op.timeout``. An async `try_complete` is not
+        awaited here: `op` is registered and timed, and its attempt starts as a task of its own.
 
         Args:
             op: An operation never watched before.
             keys: The keys whose `check_and_complete` should re-try `op` (any hashables; a
-                collection, not one key: ``["topic-0"]``, not ``"topic-0"``).
+                collection, not one key: ``["topic-0"]``, not ``"topic-0"``), or a mapping of
+                key to *threshold* (any value that orders against the key's other thresholds,
+                offsets typically; ``None`` for a plain watch of that key): then
+                ``check_and_complete(key, reached)`` re-tries `op` only once ``reached`` is at
+                least its threshold.
 
         Returns:
             ``True`` iff `op` completed inside this call.
@@ -237,11 +313,15 @@ class DelayedOperationPurgatory(Generic[Op]):
         Raises:
             PurgatoryClosed: The purgatory was shut down.
             PurgatoryFull: ``max_pending`` operations are delayed already; nothing registered.
-            ValueError: `keys` is empty, or `op` was already watched or finished.
-            TypeError: `op` is not a set-up `DelayedOperation`, or `keys` is a string.
+            ValueError: `keys` is empty, `op` was already watched or finished, or its timeout
+                is beyond the timer's horizon (2**53 ticks).
+            TypeError: `op` is not a set-up `DelayedOperation`, `keys` is a string, a key is
+                not hashable, or thresholds of one key do not compare; nothing registered.
+            RuntimeError: Called outside the thread of the event loop the purgatory is bound to.
             Exception: Whatever a synchronous `try_complete` raised; nothing stays registered.
 
-        Runtime complexity: O(len(keys)) plus two `try_complete` calls.
+        Runtime complexity: O(len(keys)) plus two `try_complete` calls (O(log n) more per key
+        watched at a threshold).
         """
         if self._closed:
             raise PurgatoryClosed(f"purgatory {self._name!r} is shut down")
@@ -259,51 +339,81 @@ class DelayedOperationPurgatory(Generic[Op]):
         if cls not in self._checked_types:
             _check_identity_semantics(cls)
             self._checked_types.add(cls)
+        thresholds = None
         if type(keys) is not tuple:
-            if isinstance(keys, str | bytes):
-                raise TypeError(f"keys must be a collection of keys, not the string {keys!r}")
-            keys = tuple(keys)
+            keys, thresholds = _split_keys(keys)
         if not keys:
             raise ValueError("keys is empty: an operation must watch at least one key")
+        if op._timeout > self._max_timeout:
+            raise ValueError(
+                f"timeout {op._timeout!r} s is beyond the timer's horizon of 2**53 ticks "
+                f"({self._max_timeout:.3g} s); use a shorter timeout"
+            )
         if self._loop is not running_loop() or (self._reaper is None and not self._driven):
             self._bind_loop()
         op._purgatory = self
-        if state:  # async try_complete
-            return self._watch_async(op, keys)
-        try:
-            op.try_complete()
-        except BaseException:
-            op._purgatory = None
-            raise
-        if op._state & FINISHED:
-            return True
+        log = self._log
+        if log is not None:
+            now = self._time()
+            log.record_watch(self._name, op, keys, thresholds, now, now + op._timeout)
+        if not state:  # a synchronous try_complete: Kafka's first try
+            try:
+                claimed = op.try_complete()
+            except BaseException:
+                self._abandon(op)
+                raise
+            if op._state & FINISHED:
+                return True
+            if claimed:
+                report_false_claim(op, claimed)
+            if self._closed:  # the attempt shut the purgatory down
+                return self._cancel_closed(op)
         wheel = self._wheel
         if self._max_pending is not None and wheel._size >= self._max_pending:
-            self._refuse(op)
-        watchers = self._watchers
-        for key in keys:
-            ops = watchers.get(key)
-            if ops is None:
-                watchers[key] = op
-            elif isinstance(ops, dict):
-                ops[op] = None
-            else:
-                watchers[key] = {ops: None, op: None}
-        op._keys = keys
+            self._abandon(op)
+            raise PurgatoryFull(
+                f"purgatory {self._name!r} already delays max_pending={self._max_pending} "
+                "operations"
+            )
         try:
-            op.try_complete()
+            register(self._watchers, op, keys, thresholds)
         except BaseException:
-            self._unregister(op, keys)
+            self._abandon(op)
             raise
-        if op._state & FINISHED:
-            return True
+        op._keys = keys
+        if state & ASYNC:
+            try:
+                op._attempt_async()
+            except BaseException:
+                self._abandon(op)
+                raise
+        else:
+            try:
+                claimed = op.try_complete()
+            except BaseException:
+                self._abandon(op)
+                raise
+            if op._state & FINISHED:
+                return True
+            if claimed:
+                report_false_claim(op, claimed)
+            if self._closed:
+                return self._cancel_closed(op)
         due = wheel.add(op, _ceil((self._time() + op._timeout) / self._tick - _TICK_SLACK))
         reaper = self._reaper
         if reaper is not None and due < reaper.wake_tick:
             reaper.wake_by(due)
         return False
 
-    async def watch(self, op: DelayedOperation[T], keys: Iterable[Hashable]) -> T:
+    if TYPE_CHECKING:
+
+        def _accept(self, op: Op, /) -> Op: ...
+
+    async def watch(
+        self: _Accepting[_D, DelayedOperation[T]],
+        op: _D,
+        keys: Iterable[Hashable] | Mapping[Hashable, Any],
+    ) -> T:
         """`try_complete_else_watch`, then wait for the outcome: the call a handler awaits.
 
         Returns:
@@ -312,14 +422,16 @@ class DelayedOperationPurgatory(Generic[Op]):
         Raises:
             OperationCancelled: The operation was cancelled (`PurgatoryClosed` by a shutdown).
             asyncio.CancelledError: This task was cancelled; the operation is cancelled with it.
-            Exception: What `on_complete` raised, or what `try_complete_else_watch` raises.
+            BaseException: What `on_complete` raised, or what `try_complete_else_watch` raises.
         """
         if getattr(op, "_future", True) is None:
             # Created before the first attempt so that an on_complete error raised inside it has
             # an awaiter (this call) and is not also reported as unretrieved.
             op._future = new_future()
-        if self.try_complete_else_watch(op, keys):  # type: ignore[arg-type]
-            return op._outcome()
+        if TYPE_CHECKING:
+            assert isinstance(self, DelayedOperationPurgatory)
+        if self.try_complete_else_watch(op, keys):
+            return op._outcome()  # type: ignore[no-any-return]
         # `await op`, unrolled: this is the hot path of every parked request.
         while not op._state & FINISHED:
             future = op._future
@@ -334,82 +446,132 @@ class DelayedOperationPurgatory(Generic[Op]):
             except BaseException:
                 op._cancel()
                 raise
-        return op._outcome()
+        return op._outcome()  # type: ignore[no-any-return]
 
-    def check_and_complete(self, key: Hashable) -> int:
-        """Re-try every operation watching `key`; return how many completed in this call.
+    def check_and_complete(self, key: Hashable, reached: Any = None) -> int:
+        """Re-try the operations watching `key`; return how many completed in this call.
 
         Kafka: ``checkAndComplete``. Operations found already finished are dropped from the list
         and not counted; an unknown key creates nothing. A `try_complete` that raises is reported
         to the loop's exception handler and the others are still tried. Async attempts start (or
-        are marked to run once more) and finish later.
+        are marked to run once more) and finish later, in tasks of their own.
 
-        Runtime complexity: O(operations on the key's list) plus their `try_complete` calls.
+        Args:
+            key: The key whose watchers to re-try.
+            reached: ``None`` (Kafka's meaning): re-try every watcher of `key`. Otherwise the
+                value `key` has reached: only the watchers at a threshold ``<= reached`` are
+                re-tried, in threshold order, after the key's plain watchers; the others are not
+                touched. A watcher whose threshold was reached but whose `try_complete` said no
+                stays and is re-tried by every later trigger of the key.
+
+        Raises:
+            RuntimeError: Called outside the thread of the event loop the purgatory is bound to
+                (use `check_and_complete_threadsafe`), or a loop-clock purgatory used outside
+                any running loop.
+
+        Runtime complexity: O(operations re-tried) plus their `try_complete` calls, and
+        O(log n) per threshold reached.
         """
+        if get_ident() != self._owner_thread:
+            self._check_thread()
         watchers = self._watchers
         ops = watchers.get(key)
         if ops is None:
             return 0
-        if self._loop is None:
-            self._bind_loop()
         completed = 0
-        single: Op | None
+        single: Op | None = None
         candidates: Iterable[Op]
-        if isinstance(ops, dict):
-            single = None
+        if type(ops) is dict:
             candidates = list(ops)
+            drop = ops.pop
+        elif type(ops) is ThresholdWatchers:
+            if reached is None:
+                candidates = list(ops)
+            else:
+                ops.release(reached)
+                candidates = list(ops.plain)
+            drop = ops.pop
         else:
             # The key's only watcher: the pops below find nothing, its entry goes after the loop.
             single = ops
-            candidates = (single,)
-            ops = _NOTHING_TO_POP
-        for op in candidates:
-            state = op._state
-            if not state:
-                try:
-                    claimed = op.try_complete()
-                except Exception as exc:  # noqa: BLE001 - reported; the other operations go on
-                    report_exception(
-                        f"{type(op).__qualname__}.try_complete raised", exc, operation=op, key=key
-                    )
-                    continue
+            candidates = (ops,)
+            drop = _NOTHING_TO_POP.pop
+        garbage = self._garbage
+        try:
+            for op in candidates:
                 state = op._state
-                if state & FINISHED:
-                    ops.pop(op, None)
-                    if state & EXPIRED_NOW == DONE:  # completed, not expired meanwhile
-                        completed += 1
-                elif claimed:
-                    report_exception(
-                        f"{type(op).__qualname__}.try_complete returned {claimed!r} without "
-                        "completing; it must return self.force_complete()",
-                        TypeError("try_complete claimed a completion that did not happen"),
-                        operation=op,
-                    )
-            elif state & FINISHED:
-                ops.pop(op, None)
-            elif op._attempt_async():
-                ops.pop(op, None)
-                completed += 1
-        if single is not None:
-            if single._state & FINISHED:
-                self._discard(key, single)
-        elif not ops and watchers.get(key) is ops:
-            del watchers[key]
+                if not state:
+                    try:
+                        claimed = op.try_complete()
+                    except Exception as exc:  # noqa: BLE001 - reported; the others go on
+                        report_exception(
+                            f"{type(op).__qualname__}.try_complete raised",
+                            exc,
+                            operation=op,
+                            key=key,
+                        )
+                        continue
+                    except BaseException as exc:
+                        if isinstance(exc, KeyboardInterrupt | SystemExit):
+                            raise
+                        report_exception(
+                            f"{type(op).__qualname__}.try_complete raised",
+                            exc,
+                            operation=op,
+                            key=key,
+                        )
+                        continue
+                    state = op._state
+                    if state & FINISHED:
+                        if drop(op, _NOTHING_TO_POP) is None:
+                            op._listed -= 1
+                            if not op._listed:
+                                garbage.pop(op, None)
+                        if state & EXPIRED_NOW == DONE:  # completed, not expired meanwhile
+                            completed += 1
+                    elif claimed:
+                        report_false_claim(op, claimed)
+                elif state & FINISHED:
+                    if drop(op, _NOTHING_TO_POP) is None:
+                        op._listed -= 1
+                        if not op._listed:
+                            garbage.pop(op, None)
+                else:
+                    op._attempt_async()
+        finally:
+            if single is not None:
+                self._drop_lone(key, single)
+            elif not ops and watchers.get(key) is ops:
+                del watchers[key]
         return completed
 
-    def check_and_complete_threadsafe(self, key: Hashable) -> None:
+    def check_and_complete_threadsafe(self, key: Hashable, reached: Any = None) -> None:
         """`check_and_complete` from any thread: scheduled on the loop this purgatory is bound to.
 
+        Nothing is returned (the count is only known later, on the loop); an error inside the
+        call goes to the loop's exception handler.
+
         Raises:
-            RuntimeError: The purgatory was never used inside a running event loop.
+            RuntimeError: The purgatory was never used inside a running event loop (it binds to
+                the running loop on its first call from one), or that loop is closed (the
+                trigger is not delivered).
         """
         loop = self._loop
         if loop is None:
             raise RuntimeError(
                 f"purgatory {self._name!r} is not bound to an event loop yet: it binds to the "
-                "running loop on first use (watch, try_complete_else_watch, check_and_complete)"
+                "running loop the first time it is called from inside one (watch, "
+                "try_complete_else_watch, check_and_complete)"
             )
-        loop.call_soon_threadsafe(self.check_and_complete, key)
+        try:
+            loop.call_soon_threadsafe(self.check_and_complete, key, reached)
+        except RuntimeError as exc:
+            if not loop.is_closed():
+                raise
+            raise RuntimeError(
+                f"purgatory {self._name!r} is bound to an event loop that is closed; the trigger "
+                f"for {key!r} was not delivered"
+            ) from exc
 
     def cancel_for_key(self, key: Hashable) -> list[Op]:
         """Drop `key`'s watcher list and cancel its pending operations; return those.
@@ -422,18 +584,39 @@ class DelayedOperationPurgatory(Generic[Op]):
         ops = self._watchers.pop(key, None)
         if ops is None:
             return []
-        return [op for op in _members(ops) if op._cancel()]
+        cancelled = []
+        garbage = self._garbage
+        for op in list(members(ops)):
+            op._listed -= 1
+            if op._cancel():
+                cancelled.append(op)
+            if not op._listed:
+                garbage.pop(op, None)
+        return cancelled
 
     def watched(self) -> int:
         """Entries over all watcher lists (an operation on 3 keys counts 3), unpurged included.
 
         Kafka: ``watched`` / gauge ``PurgatorySize``. Runtime complexity: O(keys).
         """
-        return sum(len(ops) if isinstance(ops, dict) else 1 for ops in self._watchers.values())
+        return count_entries(self._watchers)
 
     def num_delayed(self) -> int:
         """Operations in the timer. Kafka: ``numDelayed`` / ``NumDelayedOperations``. O(1)."""
         return len(self._wheel)
+
+    def purge(self) -> int:
+        """Remove every finished operation from the watcher lists now; return entries removed.
+
+        The purge otherwise runs by Kafka's rule (``purge_interval``) on a timer pass; call this
+        to bring `watched` down to the pending operations on demand, for a gauge or a test.
+
+        Runtime complexity: O(keys of the operations finished since the last purge).
+        """
+        before = self._purged
+        self._unpurged = 0
+        self._purge(None)
+        return self._purged - before
 
     def statistics(self) -> PurgatoryStatistics:
         """A snapshot of the gauges and counters."""
@@ -464,22 +647,29 @@ class DelayedOperationPurgatory(Generic[Op]):
         """Stop the reaper and cancel every pending operation; idempotent.
 
         Awaiters of the pending operations get `PurgatoryClosed`; no callback runs. Later
-        watches raise `PurgatoryClosed`.
+        watches raise `PurgatoryClosed`. The event log, if any, is flushed.
         """
         if not self._closed:
             self._closed = True
             pending = list(self._wheel)
             for ops in self._watchers.values():
-                pending.extend(_members(ops))
+                pending.extend(members(ops))
+            for due in self._in_flight:
+                pending.extend(due)
             self._watchers.clear()
             self._garbage.clear()
             for op in pending:
+                op._listed = 0
                 op._cancel(closed=True)
             self._garbage.clear()
             # A fresh wheel: a cascade under way would otherwise keep its entries referenced.
             self._wheel = TimingWheel(self._wheel.wheel_size, self._wheel.current_tick)
+            current = current_task()
             for task in list(self._attempts):
-                task.cancel()
+                if task is not current:
+                    task.cancel()
+            if self._log is not None:
+                self._log.flush()
         if self._reaper is not None:
             await self._reaper.stop()
 
@@ -501,7 +691,10 @@ class DelayedOperationPurgatory(Generic[Op]):
 
         This is what the reaper runs on the loop's clock and what ``ManualClock.advance`` runs.
         The expiry of one operation is inlined here (state, then `on_complete`, `on_expiration`,
-        then the awaiters) because it is the loop that runs once per expired operation.
+        then the awaiters) because it is the loop that runs once per expired operation. Whatever
+        a callback raises is that operation's failure; ``KeyboardInterrupt`` and ``SystemExit``
+        still propagate, after the operation is settled and what was not expired yet is put
+        back in the timer.
         """
         if self._closed:
             return 0
@@ -510,59 +703,87 @@ class DelayedOperationPurgatory(Generic[Op]):
         budget = CASCADE_SLICE if self._reaper is not None else None
         due = self._wheel.advance(_floor(now / self._tick + _TICK_SLACK), budget)
         expired = 0
-        finished = self._garbage.append
+        garbage = self._garbage
+        log = self._log
         index = -1
+        in_flight = self._in_flight
+        in_flight.append(due)
         try:
             for index, op in enumerate(due):  # noqa: B007 - read in the handler
                 state = op._state
                 if state & FINISHED:
                     continue
                 op._state = state | EXPIRED_NOW
-                finished(op)
+                if op._listed:
+                    garbage[op] = None
                 expired += 1
+                if log is not None:
+                    self._record_end(op, "expired")
+                interrupt = None
                 try:
                     op._result = op.on_complete()
                 except Exception as exc:  # noqa: BLE001 - delivered to the awaiters
                     op._fail(exc)
+                except BaseException as exc:  # noqa: BLE001 - the operation's failure
+                    op._fail(exc)
+                    if isinstance(exc, KeyboardInterrupt | SystemExit):
+                        interrupt = exc
                 try:
                     op.on_expiration()
-                except Exception as exc:  # noqa: BLE001 - reported; the reaper must go on
+                except BaseException as exc:  # noqa: BLE001 - reported; the reaper must go on
                     report_exception(
                         f"{type(op).__qualname__}.on_expiration raised", exc, operation=op
                     )
+                    if isinstance(exc, KeyboardInterrupt | SystemExit):
+                        interrupt = interrupt or exc
                 future = op._future
                 if future is not None and not future.done():
                     future.set_result(None)
+                if interrupt is not None:
+                    raise interrupt
         except BaseException:
-            # Something like KeyboardInterrupt: whatever was not expired stays due (unless a
-            # callback finished it meanwhile).
-            for op in due[index + 1 :]:
-                if not op._state & FINISHED:
-                    self._wheel.add(op, op._deadline)
+            # An interrupt: whatever was not expired stays due (unless a callback finished it
+            # meanwhile), so the next pass (the reaper's next task) expires it.
+            if not self._closed:
+                for op in due[index + 1 :]:
+                    if not op._state & FINISHED:
+                        self._wheel.add(op, op._deadline)
             raise
         finally:
+            in_flight.pop()
             self._expired += expired
-        if len(self._garbage) > self._purge_interval:
+            self._unpurged += expired
+        if self._purging or self._unpurged > self._purge_interval:
             # A driven clock has no loop to yield to, so it purges everything at once.
+            self._start_purge()
             self._purge(PURGE_SLICE if self._reaper is not None else None)
         return expired
 
     def _next_timer_pass(self) -> float:
         """The tick at which a timer pass next has work; ``math.inf`` if none."""
-        if len(self._garbage) > self._purge_interval:
+        if self._purging or self._unpurged > self._purge_interval:
             return self._wheel.current_tick
         return self._wheel.next_deadline()
 
     def _finished(self, op: Op) -> None:
-        """Note a watched operation that finished, for the next purge.
-
-        The garbage list holds exactly the operations Kafka's rule counts as
-        ``estimatedTotalOperations - numDelayed``, so its length says when a purge is due.
-        """
-        garbage = self._garbage
-        garbage.append(op)
-        if len(garbage) > self._purge_interval and self._reaper is not None:
+        """Note a watched operation that finished: counted for Kafka's rule, kept if listed."""
+        if op._listed:
+            self._garbage[op] = None
+        self._unpurged += 1
+        if self._unpurged > self._purge_interval and self._reaper is not None:
             self._reaper.wake_by(self._wheel.current_tick)
+
+    def _drop_lone(self, key: Hashable, op: Op) -> None:
+        """After a trigger of `key`, whose only watcher is `op`: drop `op` if it finished."""
+        if op._state & FINISHED and discard(self._watchers, key, op):
+            op._listed -= 1
+            if not op._listed:
+                self._garbage.pop(op, None)
+
+    def _record_end(self, op: Op, outcome: Outcome) -> None:
+        log = self._log
+        assert log is not None
+        log.record_end(self._name, op, outcome, self._time())
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -576,129 +797,99 @@ class DelayedOperationPurgatory(Generic[Op]):
     def _unbound_time(self) -> float:
         raise RuntimeError(f"purgatory {self._name!r} is not bound to an event loop yet")
 
+    def _check_thread(self) -> None:
+        """The slow path of the thread check of `check_and_complete`: bind, or refuse."""
+        if self._owner_thread is None:
+            self._bind_loop()
+        elif get_ident() != self._owner_thread:
+            raise RuntimeError(
+                f"purgatory {self._name!r} belongs to the event loop of another thread; from "
+                f"this thread call check_and_complete_threadsafe(key) instead"
+            )
+
     def _bind_loop(self) -> None:
-        """Bind to the running loop on first use; refuse another loop when a reaper runs."""
+        """Bind to the running loop on first use; refuse another loop or another thread."""
         loop = running_loop()
-        if loop is self._loop and (loop is not None or self._driven):
-            return
+        if self._loop is not None and loop is not self._loop:
+            if loop is None and get_ident() != self._owner_thread:
+                raise RuntimeError(
+                    f"purgatory {self._name!r} belongs to the event loop of another thread; "
+                    "call it from that loop (from other threads: check_and_complete_threadsafe "
+                    "or loop.call_soon_threadsafe)"
+                )
+            raise RuntimeError(
+                f"purgatory {self._name!r} is bound to another event loop (its reaper and its "
+                "awaiters live there); create one purgatory per loop"
+            )
         if self._driven:
             # No reaper: the loop only serves threadsafe triggers and async attempts.
-            if loop is not None:
+            if loop is not None and self._loop is None:
                 self._loop = loop
+                self._owner_thread = get_ident()
             return
         if loop is None:
             raise RuntimeError(
                 f"purgatory {self._name!r} follows the event loop's clock, so it must be used "
-                "inside a running loop (or pass clock=purgatory.testing.ManualClock())"
+                f"inside a running asyncio loop, and {no_running_loop_reason()} (for tests "
+                "without a loop, pass clock=purgatory.testing.ManualClock())"
             )
-        if self._loop is not None:
-            raise RuntimeError(
-                f"purgatory {self._name!r} is bound to another event loop (its reaper runs "
-                "there); create one purgatory per loop"
-            )
+        if self._reaper is not None:
+            return
         self._loop = loop
-        self._clock = LoopClock(loop)
+        self._owner_thread = get_ident()
         self._time = loop_time_function(loop)
-        self._wheel.advance(self._now_tick(loop.time()))
-        self._reaper = Reaper(self, loop, self._tick, self._name)
+        self._clock = FunctionClock(self._time)
+        self._wheel.advance(self._now_tick(self._time()))
+        self._reaper = Reaper(self, loop, self._tick, self._time)
 
-    def _refuse(self, op: Op) -> NoReturn:
-        """Leave `op` unwatched and raise `PurgatoryFull` (the `max_pending` cap)."""
+    def _abandon(self, op: Op) -> None:
+        """Leave `op` unwatched after its watch call failed: off every list, not timed."""
+        keys = op._keys
+        if keys is not None:
+            for key in keys:
+                discard(self._watchers, key, op)
+            op._keys = None
+        op._listed = 0
         op._purgatory = None
-        raise PurgatoryFull(
-            f"purgatory {self._name!r} already delays max_pending={self._max_pending} operations"
-        )
+        self._garbage.pop(op, None)
+        if self._log is not None and not op._state & FINISHED:
+            self._record_end(op, "refused")
 
-    def _register(self, op: Op, keys: tuple[Hashable, ...]) -> None:
-        watchers = self._watchers
-        for key in keys:
-            ops = watchers.get(key)
-            if ops is None:
-                watchers[key] = op
-            elif isinstance(ops, dict):
-                ops[op] = None
-            else:
-                watchers[key] = {ops: None, op: None}
-        op._keys = keys
-
-    def _unregister(self, op: Op, keys: tuple[Hashable, ...]) -> None:
-        for key in keys:
-            self._discard(key, op)
-        op._keys = None
-        op._purgatory = None
-
-    def _discard(self, key: Hashable, op: Op) -> bool:
-        """Take `op` off `key`'s watchers; ``False`` if it was not on them."""
-        watchers = self._watchers
-        ops = watchers.get(key)
-        if ops is op:
-            del watchers[key]
-            return True
-        if isinstance(ops, dict) and op in ops:
-            del ops[op]
-            if not ops:
-                del watchers[key]
-            return True
+    def _cancel_closed(self, op: Op) -> bool:
+        """`op`'s own attempt shut the purgatory down: it is cancelled like every other."""
+        op._listed = 0
+        op._cancel(closed=True)
+        keys = op._keys
+        if keys is not None:
+            for key in keys:
+                discard(self._watchers, key, op)
+        self._garbage.pop(op, None)
         return False
 
-    def _start_timer(self, op: Op) -> None:
-        due = self._wheel.add(op, _ceil((self._time() + op._timeout) / self._tick - _TICK_SLACK))
-        reaper = self._reaper
-        if reaper is not None and due < reaper.wake_tick:
-            reaper.wake_by(due)
-
-    def _watch_async(self, op: Op, keys: tuple[Hashable, ...]) -> bool:
-        """The watch of an operation whose `try_complete` is async.
-
-        Its attempt is started before the registration, as with a sync one; if it completes
-        without suspending, nothing is registered. If it suspends, the operation is registered
-        and timed at once (the attempt's outcome cannot be waited for here), so `max_pending` is
-        checked before the attempt; a trigger arriving during the attempt runs one more after it,
-        which is what Kafka's second try is for.
-        """
-        if self._max_pending is not None and len(self._wheel) >= self._max_pending:
-            self._refuse(op)
-        try:
-            if op._attempt_async():
-                return True
-        except BaseException:
-            op._purgatory = None
-            raise
-        if op._state & FINISHED:
-            return True
-        self._register(op, keys)
-        self._start_timer(op)
-        return False
+    def _start_purge(self) -> None:
+        if not self._purging:
+            self._purging = True
+            self._unpurged = 0
 
     def _purge(self, limit: int | None) -> None:
         """Drop finished operations from the watcher lists (Kafka ``purgeCompleted``).
 
         At most `limit` of them (``None``: all): the rest wait for the next timer pass.
         """
-        # In place: a timer pass holds the list's append while a nested pass may purge.
-        pending = self._garbage
-        take = len(pending) if limit is None else min(limit, len(pending))
-        garbage = pending[-take:] if take else []
-        del pending[len(pending) - take :]
+        garbage = self._garbage
         watchers = self._watchers
         purged = 0
-        for op in garbage:
+        taken = 0
+        while garbage and (limit is None or taken < limit):
+            op = garbage.popitem()[0]
+            taken += 1
             keys = op._keys
             if keys is None:
                 continue
             for key in keys:
-                ops = watchers.get(key)
-                if ops is op:
-                    del watchers[key]
+                if discard(watchers, key, op):
                     purged += 1
-                elif isinstance(ops, dict) and op in ops:
-                    del ops[op]
-                    purged += 1
-                    if not ops:
-                        del watchers[key]
+            op._listed = 0
         self._purged += purged
-
-
-def _members(ops: T | dict[T, None]) -> Iterable[T]:
-    """The operations of one watcher-map value (a lone operation or an ordered set of them)."""
-    return ops if isinstance(ops, dict) else (ops,)
+        if not garbage:
+            self._purging = False

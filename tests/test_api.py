@@ -203,7 +203,7 @@ def test_unbound_purgatory_refuses_threadsafe_triggers() -> None:
 
 def test_loop_clock_purgatory_needs_a_running_loop() -> None:
     p = DelayedOperationPurgatory[FlagOperation]("loopless")
-    with pytest.raises(RuntimeError, match="inside a running loop"):
+    with pytest.raises(RuntimeError, match="inside a running asyncio loop"):
         p.try_complete_else_watch(FlagOperation(1), ["a"])
     assert p.watched() == 0
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from helpers import FlagOperation, Recorder
@@ -44,7 +45,7 @@ class RaisingExpiration(FlagOperation):
         raise Boom("on_expiration")
 
 
-def manual(**kwargs: int) -> tuple[ManualClock, DelayedOperationPurgatory[FlagOperation]]:
+def manual(**kwargs: Any) -> tuple[ManualClock, DelayedOperationPurgatory[FlagOperation]]:
     clock = ManualClock()
     return clock, DelayedOperationPurgatory("failures", clock=clock, **kwargs)
 

@@ -521,10 +521,13 @@ async def test_try_complete_lock_contention() -> None:
     gate.set()
     op = AsyncFlagOp(gate)
     assert not purgatory.try_complete_else_watch(op, ["key"])
-    assert op.attempts == 1  # it did not suspend: one plain try, then watched
+    assert op.attempts == 0  # the attempt is a task of its own, not run in the caller's
+    await settle(lambda: op.attempts == 1 and not op.in_flight)
+    assert op.attempts == 1
 
     gate.clear()
     assert purgatory.check_and_complete("key") == 0  # attempt 2 starts, sees "not yet", waits
+    await settle(lambda: op.attempts == 2)
     assert op.attempts == 2
     op.ready = True
     for _ in range(3):  # these must not block, and must not pile up
@@ -556,8 +559,9 @@ async def test_an_attempt_in_flight_does_not_hold_up_the_other_operations() -> N
     gate = asyncio.Event()
     busy = AsyncFlagOp(gate)
     free = MockOp(name="free")
-    assert not purgatory.try_complete_else_watch(busy, ["key"])  # suspended on the gate
+    assert not purgatory.try_complete_else_watch(busy, ["key"])
     assert not purgatory.try_complete_else_watch(free, ["key"])
+    await settle(lambda: busy.attempts == 1)  # its attempt's task is suspended on the gate
     assert busy.attempts == 1
     busy.ready = free.ready = True
     assert purgatory.check_and_complete("key") == 1
@@ -598,7 +602,9 @@ class StressOp(DelayedOperation[int]):
         self.remaining = TRIGGERS
         self.ready = False
         self.in_flight = False
-        self.owed = False  # an attempt ended with a trigger pending; its re-run has not started
+        # An attempt is queued (its task started by the watch or a trigger, or a re-run owed by
+        # an attempt that saw a trigger) and has not begun: a trigger now is folded into it.
+        self.owed = True
         self.triggered_during = False
         self.attempts = 0
         self.expected_attempts = 1
@@ -636,6 +642,7 @@ class StressOp(DelayedOperation[int]):
             self.coalesced += 1
         elif not self.owed:
             self.expected_attempts += 1
+            self.owed = True
 
     def on_complete(self) -> int:
         self.completions += 1

@@ -14,7 +14,7 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 from hypothesis import example, given, settings
@@ -32,6 +32,8 @@ from purgatory.testing import ManualClock, check_invariants
 
 # Tick lengths: decimal ones (float noise on every boundary) and exactly representable ones.
 TICKS = (0.001, 0.01, 0.1, 0.25, 1.0)
+# Thresholds: few values, so that equal ones occur; None is a plain watch of that key.
+MARKS = st.sampled_from((None, 0, 1, 2, 3, 5))
 # Any hashables will do as keys.
 KEYS: tuple[object, ...] = ("a", "b", "c", 0, 1, ("t", 2))
 UNITS_PER_TICK = 100  # timeouts and advances are whole hundredths of a tick
@@ -117,6 +119,8 @@ class ModelOp:
     deadline: int = -1  # rounded-up deadline tick, while timed
     watched_at: float = 0.0  # the clock's float time at the watch
     registered: bool = False
+    thresholds: tuple[int | None, ...] | None = None  # per key, None: a plain watch
+    attempts: int = 0  # try_complete calls the contract allows: no more, no fewer
 
 
 @dataclass
@@ -128,7 +132,10 @@ class Model:
     max_pending: int | None
     now: Fraction
     ops: list[ModelOp] = field(default_factory=list)
+    # Per key: the plain watchers in the order they became plain (watched, or released), and
+    # the watchers still waiting for their threshold, in watch order.
     watchers: dict[object, list[int]] = field(default_factory=dict)
+    marks: dict[object, dict[int, int]] = field(default_factory=dict)
     estimated: int = 0
     completed: int = 0
     expired: int = 0
@@ -146,14 +153,44 @@ class Model:
         return math.ceil((self.now + timeout) / self.tick)
 
     def watched(self) -> int:
-        return sum(map(len, self.watchers.values()))
+        return sum(map(len, self.watchers.values())) + sum(map(len, self.marks.values()))
+
+    def keys(self) -> set[object]:
+        return set(self.watchers) | set(self.marks)
 
     def register(self, index: int) -> None:
         m = self.ops[index]
-        for key in m.keys:
-            self.watchers.setdefault(key, []).append(index)
+        thresholds = m.thresholds or (None,) * len(m.keys)
+        for key, threshold in zip(m.keys, thresholds, strict=True):
+            if threshold is None:
+                self.watchers.setdefault(key, []).append(index)
+            else:
+                self.marks.setdefault(key, {})[index] = threshold
         m.registered = True
         self.estimated += 1
+
+    def take(self, key: object, reached: int | None) -> list[int]:
+        """The watchers a trigger of `key` re-tries, in order; releases those `reached` passes."""
+        marks = self.marks.get(key, {})
+        if reached is None:
+            return [*self.watchers.get(key, []), *marks]
+        released = sorted((i for i, t in marks.items() if t <= reached), key=lambda i: marks[i])
+        for i in released:
+            del marks[i]
+            self.watchers.setdefault(key, []).append(i)
+        return list(self.watchers.get(key, []))
+
+    def drop(self, key: object, index: int) -> None:
+        if index in self.watchers.get(key, []):
+            self.watchers[key].remove(index)
+        self.marks.get(key, {}).pop(index, None)
+        self.tidy(key)
+
+    def tidy(self, key: object) -> None:
+        if key in self.watchers and not self.watchers[key]:
+            del self.watchers[key]
+        if key in self.marks and not self.marks[key]:
+            del self.marks[key]
 
     def purge_check(self) -> None:
         """Kafka's rule, run on every timer pass after the expirations."""
@@ -164,15 +201,61 @@ class Model:
         for key in list(self.watchers):
             kept = [i for i in self.watchers[key] if self.ops[i].status == "pending"]
             self.purged += len(self.watchers[key]) - len(kept)
-            if kept:
-                self.watchers[key] = kept
-            else:
-                del self.watchers[key]
+            self.watchers[key] = kept
+            self.tidy(key)
+        for key in list(self.marks):
+            marks = {i: t for i, t in self.marks[key].items() if self.ops[i].status == "pending"}
+            self.purged += len(self.marks[key]) - len(marks)
+            self.marks[key] = marks
+            self.tidy(key)
+
+
+def _is_full(model: Model, delayed: int) -> bool:
+    return model.max_pending is not None and delayed >= model.max_pending
 
 
 def seconds(units: int | Fraction, tick: Fraction) -> Fraction:
     """The exact duration of `units` hundredths of a tick."""
     return Fraction(units) * tick / UNITS_PER_TICK
+
+
+class RecordingLog:
+    """An `EventLog` that keeps every call, to check the hook against the model."""
+
+    def __init__(self) -> None:
+        self.watches: list[tuple[Any, ...]] = []
+        self.ends: dict[DelayedOperation[Any], list[str]] = {}
+
+    def record_watch(  # noqa: PLR0917 - the protocol's signature
+        self,
+        purgatory: str,
+        op: DelayedOperation[Any],
+        keys: tuple[object, ...],
+        thresholds: tuple[Any, ...] | None,
+        watched_at: float,
+        deadline: float,
+    ) -> None:
+        self.watches.append((op, keys, thresholds, watched_at, deadline))
+        self.ends.setdefault(op, [])
+
+    def record_end(
+        self, purgatory: str, op: DelayedOperation[Any], outcome: str, ended_at: float
+    ) -> None:
+        assert op in self.ends, f"{op!r} ended ({outcome}) without a watch"
+        self.ends[op].append(outcome)
+
+    def flush(self) -> None:
+        pass
+
+
+EXPECTED_OUTCOMES = {
+    "pending": [],
+    "completed": ["completed"],
+    "expired": ["expired"],
+    "cancelled": ["cancelled"],
+    "rejected": ["refused"],
+    "orphan": ["refused"],
+}
 
 
 class PurgatoryMachine(RuleBasedStateMachine):
@@ -186,6 +269,7 @@ class PurgatoryMachine(RuleBasedStateMachine):
         self.model = Model(Fraction(1, 1000), 1000, None, Fraction(0))
         self.tick = 0.001
         self.started = False
+        self.events = RecordingLog()
 
     @initialize(
         tick=st.sampled_from(TICKS),
@@ -213,6 +297,7 @@ class PurgatoryMachine(RuleBasedStateMachine):
                 purge_interval=purge_interval,
                 max_pending=max_pending,
                 clock=self.clock,
+                event_log=self.events,
             )
         else:
             self.p = DelayedOperationPurgatory[Op](
@@ -222,40 +307,49 @@ class PurgatoryMachine(RuleBasedStateMachine):
                 purge_interval=purge_interval,
                 max_pending=max_pending,
                 clock=self.clock,
+                event_log=self.events,
             )
         self.model = Model(exact_tick, purge_interval, max_pending, start)
         self.started = True
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _watch(self, units: int, keys: tuple[object, ...], mode: str) -> None:
+    def _watch(
+        self,
+        units: int,
+        keys: tuple[object, ...],
+        mode: str,
+        thresholds: tuple[int | None, ...] | None = None,
+    ) -> None:
         model = self.model
         index = len(model.ops)
         timeout = seconds(units, model.tick)
         complete_on = {"never": None, "first": 1, "second": 2}[mode]
         op = Op(float(timeout), index, self.log, self.clock, complete_on)
         delayed = len(model.pending())
-        m = ModelOp(op, keys, "pending", watched_at=self.clock.now())
+        m = ModelOp(op, keys, "pending", watched_at=self.clock.now(), thresholds=thresholds)
         model.ops.append(m)
         mark = len(self.log)
+        watching: Any = keys if thresholds is None else dict(zip(keys, thresholds, strict=True))
+        m.attempts = 1 if mode == "first" or _is_full(model, delayed) else 2
         if mode == "first":
             # Completes in the first attempt: never rejected, never registered.
-            assert self.p.try_complete_else_watch(op, keys) is True
+            assert self.p.try_complete_else_watch(op, watching) is True
             m.status = "completed"
             model.completed += 1
         elif model.max_pending is not None and delayed >= model.max_pending:
             with pytest.raises(PurgatoryFull):
-                self.p.try_complete_else_watch(op, keys)
+                self.p.try_complete_else_watch(op, watching)
             m.status = "rejected"
             assert op.attempts == 1, "the cap is checked after the first attempt"
         elif mode == "second":
             # Completes in the second attempt, after registration: its entries stay on the lists.
-            assert self.p.try_complete_else_watch(op, keys) is True
+            assert self.p.try_complete_else_watch(op, watching) is True
             model.register(index)
             m.status = "completed"
             model.completed += 1
         else:
-            assert self.p.try_complete_else_watch(op, keys) is False
+            assert self.p.try_complete_else_watch(op, watching) is False
             model.register(index)
             m.deadline = model.deadline_tick(timeout)
             m.seq = model.next_seq
@@ -264,28 +358,22 @@ class PurgatoryMachine(RuleBasedStateMachine):
         expected_log = [("complete", index)] if m.status == "completed" else []
         assert self.log[mark:] == expected_log
 
-    def _check_and_complete(self, key: object) -> None:
+    def _check_and_complete(self, key: object, reached: int | None = None) -> None:
         model = self.model
         expected_order: list[int] = []
-        entries = model.watchers.get(key)
-        if entries is not None:
-            kept = []
-            for i in entries:
-                m = model.ops[i]
-                if m.status != "pending":
-                    continue  # finished entries are dropped, not counted
-                if m.op.ready:
-                    m.status = "completed"
-                    model.completed += 1
-                    expected_order.append(i)
-                else:
-                    kept.append(i)
-            if kept:
-                model.watchers[key] = kept
-            else:
-                del model.watchers[key]
+        for i in model.take(key, reached):
+            m = model.ops[i]
+            if m.status != "pending":
+                model.drop(key, i)  # finished entries are dropped, not counted
+                continue
+            m.attempts += 1
+            if m.op.ready:
+                m.status = "completed"
+                model.completed += 1
+                expected_order.append(i)
+                model.drop(key, i)
         mark = len(self.log)
-        assert self.p.check_and_complete(key) == len(expected_order)
+        assert self.p.check_and_complete(key, reached) == len(expected_order)
         assert self.log[mark:] == [("complete", i) for i in expected_order]
 
     def _advance(self, delta: Fraction) -> None:
@@ -320,6 +408,47 @@ class PurgatoryMachine(RuleBasedStateMachine):
     )
     def watch(self, units: int, keys: list[object], mode: str) -> None:
         self._watch(units, tuple(keys), mode)
+
+    @rule(
+        units=durations(),
+        keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True),
+        mode=st.sampled_from(("never", "never", "never", "first", "second")),
+        data=st.data(),
+    )
+    def watch_at_thresholds(
+        self, units: int, keys: list[object], mode: str, data: st.DataObject
+    ) -> None:
+        thresholds = data.draw(st.lists(MARKS, min_size=len(keys), max_size=len(keys)))
+        self._watch(units, tuple(keys), mode, tuple(thresholds))
+
+    @rule(key=st.sampled_from((*KEYS, "unknown")), reached=MARKS)
+    def trigger_with_a_value(self, key: object, reached: int | None) -> None:
+        self._check_and_complete(key, reached)
+
+    @precondition(lambda self: bool(self.model.pending()))
+    @rule(data=st.data())
+    def make_ready_and_reach(self, data: st.DataObject) -> None:
+        m = data.draw(st.sampled_from(self.model.pending()))
+        m.op.ready = True
+        position = data.draw(st.integers(0, len(m.keys) - 1))
+        threshold = m.thresholds[position] if m.thresholds else None
+        offset = data.draw(st.sampled_from((0, 0, 1, -1)))
+        reached = None if threshold is None else threshold + offset
+        self._check_and_complete(m.keys[position], reached)
+
+    @precondition(lambda self: not _is_full(self.model, len(self.model.pending())))
+    @rule(
+        good=st.lists(st.sampled_from(KEYS), min_size=0, max_size=2, unique=True),
+        units=durations(),
+    )
+    def a_bad_key_registers_nothing(self, good: list[object], units: int) -> None:
+        op = Op(float(seconds(units, self.model.tick)), -1, self.log, self.clock)
+        before = self.p.statistics()
+        keys: list[Any] = [*good, ["orders", 1]]  # a JSON-decoded tuple: unhashable
+        with pytest.raises(TypeError, match="unhashable"):
+            self.p.try_complete_else_watch(op, keys)
+        assert self.p.statistics() == before
+        assert op.events == []
 
     @precondition(lambda self: bool(self.model.pending()))
     @rule(data=st.data())
@@ -361,6 +490,11 @@ class PurgatoryMachine(RuleBasedStateMachine):
         model = self.model
         expected = []
         for i in model.watchers.pop(key, []):
+            m = model.ops[i]
+            if m.status == "pending":
+                m.status = "cancelled"
+                expected.append(m.op)
+        for i in model.marks.pop(key, {}):
             m = model.ops[i]
             if m.status == "pending":
                 m.status = "cancelled"
@@ -418,7 +552,7 @@ class PurgatoryMachine(RuleBasedStateMachine):
         stats = p.statistics()
         assert stats.watched == model.watched()
         assert stats.delayed == len(pending)
-        assert stats.keys == len(model.watchers)
+        assert stats.keys == len(model.keys())
         assert stats.completed == model.completed
         assert stats.expired == model.expired
         assert stats.cancelled == model.cancelled
@@ -431,6 +565,8 @@ class PurgatoryMachine(RuleBasedStateMachine):
             assert stats.next_deadline_in == math.inf
         for m in model.ops:
             op = m.op
+            assert self.events.ends.get(op) == EXPECTED_OUTCOMES[m.status], m.status
+            assert op.attempts == m.attempts, f"{op!r}: tried {op.attempts}, not {m.attempts}"
             if m.status == "pending":
                 assert (op.is_completed, op.is_expired, op.is_cancelled) == (False, False, False)
                 assert op.events == []
@@ -468,6 +604,7 @@ class PurgatoryMachine(RuleBasedStateMachine):
             model.completed += 1
         self._advance(Fraction(0))
         assert model.watchers == {}
+        assert model.marks == {}
         self.matches_model()
         assert self.p.num_delayed() == 0
         assert self.p.watched() == 0

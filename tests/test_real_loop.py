@@ -898,21 +898,22 @@ async def test_async_try_complete_awaiting_a_real_future() -> None:
 
 
 @pytest.mark.asyncio
-async def test_async_try_complete_that_never_suspends() -> None:
+async def test_async_try_complete_that_never_suspends_still_runs_in_its_own_task() -> None:
     async with DelayedOperationPurgatory[Op]("eager") as p:
         now = EagerAsyncOp(30.0)
         now.ready = True
-        assert p.try_complete_else_watch(now, ["k"]) is True
-        assert now.is_completed
+        assert p.try_complete_else_watch(now, ["k"]) is False  # not run in the caller's task
+        assert not now.is_completed
+        assert p.num_delayed() == 1
+        assert await asyncio.wait_for(outcome(now), 5.0) == "done"
         assert p.num_delayed() == 0
 
         later = EagerAsyncOp(30.0, value="later")
         assert p.try_complete_else_watch(later, ["k"]) is False
+        await spin()
         assert p.num_delayed() == 1
         later.ready = True
-        completed = p.check_and_complete("k")
-        # Whatever completed synchronously is counted.
-        assert completed == (1 if later.is_completed else 0)
+        assert p.check_and_complete("k") == 0  # async completions are not synchronous
         assert await asyncio.wait_for(outcome(later), 5.0) == "later"
         assert p.num_delayed() == 0
 
@@ -922,6 +923,7 @@ async def test_one_attempt_at_a_time_and_exactly_one_follow_up() -> None:
     async with DelayedOperationPurgatory[GatedOp]("gated") as p:
         op = GatedOp(30.0)
         assert p.try_complete_else_watch(op, ["k"]) is False
+        await until(lambda: len(op.gates) == 1)
         assert (op.attempts, len(op.gates)) == (1, 1)
         assert p.num_delayed() == 1
 
@@ -947,6 +949,7 @@ async def test_one_attempt_at_a_time_and_exactly_one_follow_up() -> None:
 
         # No lost wake-up: the condition becomes true during an attempt that already read it.
         assert p.check_and_complete("k") == 0
+        await until(lambda: len(op.gates) == 3)
         assert op.attempts == 3
         op.ready = True
         assert p.check_and_complete("k") == 0
@@ -967,6 +970,7 @@ async def test_concurrent_triggers_on_many_keys_during_an_attempt() -> None:
     async with DelayedOperationPurgatory[GatedOp]("gated-keys") as p:
         op = GatedOp(30.0)
         assert p.try_complete_else_watch(op, ["a", "b", "c"]) is False
+        await until(lambda: len(op.gates) == 1)
         for key in ["a", "b", "c", "a", "b", "c"]:
             assert p.check_and_complete(key) == 0
         op.ready = True

@@ -6,9 +6,10 @@ from typing import Any
 
 from .._operation import DONE, EXPIRED, FINISHED
 from .._purgatory import DelayedOperationPurgatory
+from .._watchers import ThresholdWatchers
 from .._wheel import TimingWheel
 
-__all__ = ("check_invariants", "check_wheel")
+__all__ = ("check_invariants", "check_threshold_watchers", "check_wheel")
 
 
 def check_invariants(purgatory: DelayedOperationPurgatory[Any]) -> None:
@@ -17,20 +18,29 @@ def check_invariants(purgatory: DelayedOperationPurgatory[Any]) -> None:
     Checked: every timed entry sits in the bucket it points to, inside that bucket's span, and is
     pending; the size counter matches; bucket heap entries agree with bucket expirations; no
     watcher list is empty; every pending watched operation is timed; every finished operation
-    still on a watcher list is queued for the purge.
+    still on a watcher list is queued for the purge, and the purge queue holds nothing that has
+    left every list; each operation counts the lists that hold it; threshold watchers are in
+    their heap, once, and the heap's dead cells are counted.
     """
     wheel = purgatory._wheel
     check_wheel(wheel)
     for op in wheel:
         assert not op._state & FINISHED, f"finished {op!r} is still timed"
-    garbage = set(purgatory._garbage)
+    garbage = purgatory._garbage
+    held: dict[int, int] = {}
+    ops_by_id: dict[int, Any] = {}
     for key, watching in purgatory._watchers.items():
-        if type(watching) is dict:
-            assert watching, f"empty watcher list for {key!r}"
+        if type(watching) is ThresholdWatchers:
+            check_threshold_watchers(watching)
+            ops = list(watching)
+        elif type(watching) is dict:
             ops = list(watching)
         else:
             ops = [watching]
+        assert ops, f"empty watcher list for {key!r}"
         for op in ops:
+            held[id(op)] = held.get(id(op), 0) + 1
+            ops_by_id[id(op)] = op
             if op._state & FINISHED:
                 assert op in garbage, f"finished {op!r} on {key!r}'s list, but no purge will see it"
             assert op._purgatory is purgatory, f"{op!r} watched by another purgatory"
@@ -39,8 +49,27 @@ def check_invariants(purgatory: DelayedOperationPurgatory[Any]) -> None:
             if not op._state & FINISHED:
                 assert op._bucket is not None, f"pending watched {op!r} is not timed"
             assert not (op._state & EXPIRED and not op._state & DONE)
-    for op in purgatory._garbage:
+    for ident, count in held.items():
+        op = ops_by_id[ident]
+        if len(set(op._keys)) == len(op._keys):
+            assert op._listed == count, f"{op!r} counts {op._listed} lists, is on {count}"
+    for op in garbage:
         assert op._state & FINISHED, f"{op!r} queued for the purge but not finished"
+        if len(set(op._keys)) == len(op._keys):  # a key given twice is forgotten by the purge
+            assert id(op) in held, f"{op!r} has left every list but is still referenced"
+
+
+def check_threshold_watchers(watchers: ThresholdWatchers[Any]) -> None:
+    """Raise ``AssertionError`` if one key's threshold watchers are inconsistent."""
+    heap = watchers.heap
+    assert not set(watchers.plain) & set(watchers.cells), "an operation both plain and at a mark"
+    live = [cell for cell in heap if cell[2] is not None]
+    assert len(heap) - len(live) == watchers.dead, "dead cells miscounted"
+    assert len(live) == len(watchers.cells), "threshold cells and heap disagree"
+    for cell in live:
+        assert watchers.cells[cell[2]] is cell, f"{cell[2]!r} points at another cell"
+    for index in range(1, len(heap)):
+        assert not heap[index] < heap[(index - 1) // 2], "threshold heap out of order"
 
 
 def check_wheel(wheel: TimingWheel) -> None:

@@ -1,0 +1,205 @@
+"""Threshold watchers: a trigger that carries the value reached re-tries only what can complete."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import weakref
+from typing import Any
+
+import pytest
+
+from purgatory import DelayedOperation, DelayedOperationPurgatory
+from purgatory.testing import ManualClock, check_invariants
+
+
+class Partition:
+    """A replicated log: its high watermark is what acks=all produces wait for."""
+
+    def __init__(self) -> None:
+        self.high_watermark = 0
+
+
+class DelayedProduce(DelayedOperation[str]):
+    """acks=all: done once the high watermark has passed the batch's last offset."""
+
+    def __init__(self, partition: Partition, last_offset: int, timeout: float = 30.0) -> None:
+        super().__init__(timeout)
+        self.partition = partition
+        self.required = last_offset + 1
+        self.attempts = 0
+
+    def try_complete(self) -> bool:
+        self.attempts += 1
+        if self.partition.high_watermark >= self.required:
+            return self.force_complete()
+        return False
+
+    def on_complete(self) -> str:
+        return "NONE" if not self.is_expired else "REQUEST_TIMED_OUT"
+
+    def on_expiration(self) -> None:
+        pass
+
+
+def manual() -> tuple[ManualClock, DelayedOperationPurgatory[Any]]:
+    clock = ManualClock()
+    return clock, DelayedOperationPurgatory[Any]("thresholds", clock=clock)
+
+
+def test_acks_all_tries_only_the_produces_the_high_watermark_passed() -> None:
+    _clock, p = manual()
+    partition = Partition()
+    produces = [DelayedProduce(partition, offset) for offset in range(0, 1000, 10)]
+    for op in produces:
+        assert not p.try_complete_else_watch(op, {"topic-0": op.required})
+    assert [op.attempts for op in produces] == [2] * 100
+    partition.high_watermark = 55
+    assert p.check_and_complete("topic-0", partition.high_watermark) == 6
+    assert [op.attempts for op in produces[:7]] == [3] * 6 + [2]
+    assert all(op.attempts == 2 for op in produces[6:]), "an operation not reached was tried"
+    partition.high_watermark = 1000
+    assert p.check_and_complete("topic-0", partition.high_watermark) == 94
+    assert all(op.attempts == 3 for op in produces)
+    assert (p.watched(), p.num_delayed()) == (0, 0)
+    check_invariants(p)
+
+
+class Picky(DelayedOperation[int]):
+    """Needs its threshold and something more: `ready`."""
+
+    def __init__(self, name: int, log: list[int], timeout: float = 30.0) -> None:
+        super().__init__(timeout)
+        self.name = name
+        self.log = log
+        self.ready = False
+
+    def try_complete(self) -> bool:
+        self.log.append(self.name)
+        return self.force_complete() if self.ready else False
+
+    def on_complete(self) -> int:
+        return self.name
+
+    def on_expiration(self) -> None:
+        pass
+
+
+def test_an_operation_reached_but_not_ready_is_never_lost() -> None:
+    _clock, p = manual()
+    log: list[int] = []
+    op = Picky(1, log)
+    p.try_complete_else_watch(op, {"k": 10})
+    log.clear()
+    assert p.check_and_complete("k", 9) == 0
+    assert log == []
+    assert p.check_and_complete("k", 10) == 0
+    assert log == [1]
+    # Released: every later trigger of the key tries it, whatever value it carries.
+    op.ready = True
+    assert p.check_and_complete("k", 3) == 1
+    assert log == [1, 1]
+    assert op.is_completed
+    check_invariants(p)
+
+
+def test_order_plain_then_reached_in_threshold_order_then_watch_order() -> None:
+    _clock, p = manual()
+    log: list[int] = []
+    ops = {name: Picky(name, log) for name in range(6)}
+    p.try_complete_else_watch(ops[0], ["k"])
+    p.try_complete_else_watch(ops[1], {"k": 7})
+    p.try_complete_else_watch(ops[2], {"k": 3})
+    p.try_complete_else_watch(ops[3], {"k": 7})
+    p.try_complete_else_watch(ops[4], {"k": None})
+    p.try_complete_else_watch(ops[5], {"k": 9})
+    log.clear()
+    assert p.check_and_complete("k", 7) == 0
+    assert log == [0, 4, 2, 1, 3]
+    log.clear()
+    assert p.check_and_complete("k") == 0  # Kafka's meaning: everything
+    assert log == [0, 4, 2, 1, 3, 5]
+    check_invariants(p)
+
+
+def test_a_key_can_mix_plain_and_threshold_watchers_of_many_keys() -> None:
+    _clock, p = manual()
+    log: list[int] = []
+    op = Picky(1, log)
+    p.try_complete_else_watch(op, {"a": 5, "b": None, "c": 2})
+    other = Picky(2, log)
+    p.try_complete_else_watch(other, ["a", "b"])
+    assert p.watched() == 5
+    log.clear()
+    op.ready = True
+    assert p.check_and_complete("a", 4) == 0  # `other` is plain on "a": tried; `op` is not
+    assert log == [2]
+    assert p.check_and_complete("c", 2) == 1
+    assert op.is_completed
+    check_invariants(p)
+    assert p.purge() == 2  # op's entries on "a" and "b"
+    assert p.watched() == 2
+    check_invariants(p)
+
+
+def test_finished_watchers_leave_the_heap_without_a_scan_and_are_not_kept_alive() -> None:
+    _clock, p = manual()
+    ops = [Picky(index, []) for index in range(1000)]
+    for op in ops:
+        p.try_complete_else_watch(op, {"k": op.name, "j": op.name})
+    refs = [weakref.ref(op) for op in ops]
+    for op in ops[:900]:
+        op.force_complete()
+    assert p.purge() == 1800
+    watchers = p._watchers["k"]
+    assert len(watchers.heap) < 400  # dead cells are compacted away as they pile up
+    del ops, op
+    gc.collect()
+    assert sum(ref() is not None for ref in refs) == 100
+    check_invariants(p)
+
+
+def test_a_value_that_does_not_compare_raises_and_leaves_everything_consistent() -> None:
+    _clock, p = manual()
+    log: list[int] = []
+    p.try_complete_else_watch(Picky(1, log), {"k": 5})
+    with pytest.raises(TypeError):
+        p.check_and_complete("k", "five")
+    check_invariants(p)
+    assert p.watched() == 1
+
+
+def test_expiry_and_cancellation_of_threshold_watchers() -> None:
+    clock, p = manual()
+    log: list[int] = []
+    early = Picky(1, log, timeout=0.01)
+    late = Picky(2, log, timeout=10)
+    p.try_complete_else_watch(early, {"k": 1})
+    p.try_complete_else_watch(late, {"k": 2, "j": 3})
+    clock.advance(0.01)
+    assert early.is_expired
+    assert p.cancel_for_key("j") == [late]
+    assert p.purge() == 2
+    assert (p.watched(), p.num_delayed(), p.statistics().keys) == (0, 0, 0)
+    check_invariants(p)
+
+
+@pytest.mark.asyncio
+async def test_watch_and_the_threadsafe_trigger_carry_thresholds() -> None:
+    async with DelayedOperationPurgatory[DelayedProduce]("acks") as p:
+        partition = Partition()
+        waiting = [
+            asyncio.create_task(p.watch(op, {"t-0": op.required}))
+            for op in (DelayedProduce(partition, 4), DelayedProduce(partition, 9))
+        ]
+        await asyncio.sleep(0)
+        partition.high_watermark = 5
+        thread = threading.Thread(target=p.check_and_complete_threadsafe, args=("t-0", 5))
+        thread.start()
+        thread.join()
+        assert await asyncio.wait_for(waiting[0], 5.0) == "NONE"
+        assert not waiting[1].done()
+        partition.high_watermark = 10
+        p.check_and_complete("t-0", 10)
+        assert await asyncio.wait_for(waiting[1], 5.0) == "NONE"
