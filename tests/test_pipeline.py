@@ -120,7 +120,7 @@ def test_replay_is_exact_and_the_same_everywhere(
     spark: SparkSession, work: Path, trace: str, replayed: tuple[str, str]
 ) -> None:
     table = pq.read_table(trace)
-    plain = replay_table(table, dict(enumerate(CONFIGS)))
+    plain = replay_table(table, dict(enumerate(CONFIGS)), check=True)
     expected = ops_of(plain)
     assert len(expected) == 2 * 6000
     one_partition = str(work / "replay-1")

@@ -142,13 +142,13 @@ class _Group:
 
     __slots__ = (
         "attempts",
+        "check",
         "clock",
         "config",
         "config_id",
         "ended",
         "event_log",
         "heap",
-        "manual_log",
         "name",
         "out",
         "passes",
@@ -166,45 +166,22 @@ class _Group:
         config_id: int,
         config: ReplayConfig,
         event_log: JsonLinesEventLog | None,
+        check: bool = False,
     ) -> None:
         self.name = name
+        self.check = check
         self.config_id = config_id
         self.config = config
         self.clock = ManualClock()
         self.event_log = event_log
-        self.manual_log = False
-        log_name = f"{name}@{config_id}"
-        purgatory: DelayedOperationPurgatory[ReplayOperation]
-        if event_log is None:
-            purgatory = DelayedOperationPurgatory(
-                log_name,
-                tick=config.tick,
-                wheel_size=config.wheel_size,
-                purge_interval=config.purge_interval,
-                clock=self.clock,
-            )
-        else:
-            try:
-                purgatory = DelayedOperationPurgatory(  # type: ignore[call-arg,unused-ignore]
-                    log_name,
-                    tick=config.tick,
-                    wheel_size=config.wheel_size,
-                    purge_interval=config.purge_interval,
-                    clock=self.clock,
-                    event_log=event_log,
-                )
-            except TypeError:
-                # A core without the event-log hook: the replay records the lifecycle itself,
-                # with the same arguments the hook passes.
-                self.manual_log = True
-                purgatory = DelayedOperationPurgatory(
-                    log_name,
-                    tick=config.tick,
-                    wheel_size=config.wheel_size,
-                    purge_interval=config.purge_interval,
-                    clock=self.clock,
-                )
-        self.purgatory = purgatory
+        self.purgatory: DelayedOperationPurgatory[ReplayOperation] = DelayedOperationPurgatory(
+            f"{name}@{config_id}",
+            tick=config.tick,
+            wheel_size=config.wheel_size,
+            purge_interval=config.purge_interval,
+            clock=self.clock,
+            event_log=event_log,
+        )
         self.heap: list[tuple[float, int, ReplayOperation]] = []
         self.seq = 0
         self.attempts = 0
@@ -221,8 +198,6 @@ class _Group:
         outcome: Outcome = "expired" if op._state & EXPIRED else "completed"
         watched_at = op.watched_at
         self.out.append((op.op_id, outcome, watched_at, watched_at + op._timeout, now))
-        if self.manual_log and self.event_log is not None:
-            self.event_log.record_end(self.purgatory.name, op, outcome, now)
 
     def move_to(self, when: float) -> None:
         """One timer pass at `when` (or now, if `when` is not later), counting purges."""
@@ -297,8 +272,6 @@ class _Group:
         op = ReplayOperation(self, op_id, keys, timeout, ready)
         now = clock.now()
         op.watched_at = now
-        if self.manual_log and self.event_log is not None:
-            self.event_log.record_watch(self.purgatory.name, op, keys, None, now, now + timeout)
         purgatory = self.purgatory
         if not purgatory.try_complete_else_watch(op, keys):
             self.watched += len(set(keys))
@@ -309,6 +282,13 @@ class _Group:
             if condition is not None and condition < now + timeout + self.config.tick:
                 self.seq += 1
                 heappush(self.heap, (condition, self.seq, op))
+        if self.check:
+            actual = purgatory.watched()
+            if actual != self.watched:
+                raise AssertionError(
+                    f"replay of {self.name!r} tracks watched()={self.watched}, the purgatory "
+                    f"has {actual} (after op_id {op_id})"
+                )
 
     def drain(self) -> None:
         """Run the clock on until nothing is timed and no condition is pending."""
@@ -364,6 +344,7 @@ def replay_batches(
     *,
     event_log_dir: str | None = None,
     output_rows: int = OUTPUT_ROWS,
+    check: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Replay a stream of trace batches sorted by (purgatory, config_id, arrival, op_id).
 
@@ -374,6 +355,8 @@ def replay_batches(
         event_log_dir: If given, each group records its event log there (purgatory name
             ``"<purgatory>@<config_id>"``), flushed at the group's end.
         output_rows: Rows per emitted batch.
+        check: After every arrival, compare the peak-tracking count of watcher entries with
+            the purgatory's own (O(keys) ``watched()``): for tests.
 
     Yields:
         Batches of `OUTPUT_SCHEMA`: each operation's row, and after each group its gauges row.
@@ -409,7 +392,7 @@ def replay_batches(
                     log = JsonLinesEventLog(
                         event_log_dir, prefix=f"{safe}-c{config_id}", op_id=_op_id
                     )
-                group = _Group(name, config_id, configs[config_id], log)
+                group = _Group(name, config_id, configs[config_id], log, check)
                 last_arrival = -math.inf
             config = group.config
             arrival = arrivals[i]
@@ -452,6 +435,7 @@ def replay_table(
     configs: Mapping[int, ReplayConfig],
     *,
     event_log_dir: str | None = None,
+    check: bool = False,
 ) -> pa.Table:
     """Replay a whole trace table in this process under every configuration (no Spark).
 
@@ -473,6 +457,6 @@ def replay_table(
         ]
     )
     batches = replay_batches(
-        table.to_batches(max_chunksize=10000), configs, event_log_dir=event_log_dir
+        table.to_batches(max_chunksize=10000), configs, event_log_dir=event_log_dir, check=check
     )
     return pa.Table.from_batches(list(batches), schema=OUTPUT_SCHEMA)
