@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench pipeline clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,5 +26,11 @@ bench: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python -m benchmarks
 
+# The data pipeline in one command (needs Java 17+): a seeded W1 trace, a 3x3 sweep (timeout x
+# rate) replayed on local Spark, the summary table and pipeline-out/sweep.png.
+pipeline: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[spark]'
+	$(BIN)/python -m purgatory.pipeline sweep --out pipeline-out --overwrite
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build pipeline-out *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
