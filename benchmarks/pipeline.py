@@ -42,7 +42,7 @@ def _child_replay(trace: str, out: str, master: str) -> dict[str, Any]:
     """In a fresh process: one replay job on `master`; its wall time and row count."""
     from purgatory.pipeline import ReplayConfig, get_session, replay
 
-    spark = get_session(master, "purgatory-bench")
+    spark = get_session(master, "purgatory-bench", {"spark.driver.memory": "4g"})
     started = time.perf_counter()
     summary = replay(spark, trace, out, [ReplayConfig()], overwrite=True)
     seconds = time.perf_counter() - started
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         operations=args.operations // args.purgatories,
         chunk=250_000,
     )
-    spark = get_session("local[2]", "purgatory-bench-generate")
+    spark = get_session("local[2]", "purgatory-bench-generate", {"spark.driver.memory": "4g"})
     started = time.perf_counter()
     generate(spark, w1, trace, overwrite=True)
     generate_seconds = time.perf_counter() - started
@@ -174,7 +174,7 @@ def render(f: dict[str, Any]) -> str:
         "",
         f"- {env['date']}; Python {env['python']}, {env['cpu_model']}, {env['cpu_count']} CPUs "
         f"shared with other users; load before/after {f['load_before']} / {f['load_after']}; "
-        f"commit {env['git']}.",
+        f"{env['git']}.",
         f"- Trace generation (Spark, local[2]): {f['generate_seconds']:.1f} s.",
         "",
         "| master | wall s (whole job) | ops/s | ops/s per core |",

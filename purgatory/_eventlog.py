@@ -42,11 +42,11 @@ __all__ = ("EVENT_LOG_VERSION", "JsonLinesEventLog")
 EVENT_LOG_VERSION: Final = 1
 
 _LINE = (
-    '{"v":1,"purgatory":%s,"id":%s,"keys":[%s],"thresholds":%s,"watched_at":%r,"timeout":%r,'
-    '"deadline":%r,"outcome":"%s","ended_at":%s%s}\n'
+    '{"v":1,"purgatory":%s,"id":%s,"keys":[%s],"thresholds":%s,"watched_at":%s,"timeout":%s,'
+    '"deadline":%s,"outcome":"%s","ended_at":%s%s}\n'
 )
-# Keys whose JSON rendering is remembered; past this the cache starts over (unique keys such as
-# request ids would otherwise grow it without bound).
+# Key tuples whose JSON rendering is remembered; past this the cache starts over (unique keys
+# such as request ids would otherwise grow it without bound).
 _KEY_CACHE_LIMIT = 65536
 
 _Watch = tuple[str, Any, tuple[Hashable, ...], Any, float, float, float, Any]
@@ -121,7 +121,7 @@ class JsonLinesEventLog:
         self._ids: dict[str, int] = {}
         self._open: dict[DelayedOperation[Any], _Watch] = {}
         self._ended: list[tuple[_Watch, str, float | None]] = []
-        self._key_cache: dict[Hashable, str] = {}
+        self._key_cache: dict[tuple[Hashable, ...], str] = {}
         self._name_cache: dict[str, str] = {}
         self._file: IO[bytes] | None = None
         self._file_bytes = 0
@@ -155,7 +155,7 @@ class JsonLinesEventLog:
             ident: Any = ids.get(purgatory, 0)
             ids[purgatory] = ident + 1
         else:
-            ident = json.dumps(self._op_id(op))
+            ident = self._op_id(op)
         fields = self._fields
         self._open[op] = (
             purgatory,
@@ -219,7 +219,7 @@ class JsonLinesEventLog:
         if not ended:
             return
         self._ended = []
-        data = "".join([self._format(watch, outcome, at) for watch, outcome, at in ended]).encode()
+        data = self._render(ended).encode()
         file = self._file
         if file is None:
             name = f"{self._prefix}-{self._token}-{self._seq:06d}.jsonl.part"
@@ -242,31 +242,51 @@ class JsonLinesEventLog:
         os.replace(self._part, final)
         self.closed_files.append(final)
 
-    def _format(self, watch: _Watch, outcome: str, ended_at: float | None) -> str:
-        purgatory, ident, keys, thresholds, watched_at, timeout, deadline, fields = watch
-        name = self._name_cache.get(purgatory)
-        if name is None:
-            name = self._name_cache[purgatory] = json.dumps(purgatory)
-        cache = self._key_cache
-        rendered = []
-        for key in keys:
-            text = cache.get(key)
+    def _render(self, ended: list[tuple[_Watch, str, float | None]]) -> str:
+        """The lines of `ended`, in one string: the one loop that runs per recorded operation.
+
+        Floats go through ``%s``, which is their shortest round-tripping ``repr`` (valid JSON
+        for the finite numbers a clock gives); names and key tuples are JSON-encoded once and
+        remembered.
+        """
+        names = self._name_cache
+        rendered_keys = self._key_cache
+        line = _LINE
+        dumps = json.dumps
+        lines = []
+        append = lines.append
+        for watch, outcome, ended_at in ended:
+            purgatory, ident, keys, thresholds, watched_at, timeout, deadline, fields = watch
+            name = names.get(purgatory)
+            if name is None:
+                name = names[purgatory] = dumps(purgatory)
+            text = rendered_keys.get(keys)
             if text is None:
-                if len(cache) >= _KEY_CACHE_LIMIT:
-                    cache.clear()
-                text = cache[key] = json.dumps(self._key(key))
-            rendered.append(text)
-        return _LINE % (
-            name,
-            ident,
-            ",".join(rendered),
-            "null" if thresholds is None else json.dumps(list(thresholds), default=str),
-            watched_at,
-            timeout,
-            deadline,
-            outcome,
-            "null" if ended_at is None else repr(ended_at),
-            ""
-            if fields is None
-            else ',"fields":' + json.dumps(fields, default=str, separators=(",", ":")),
-        )
+                text = self._render_keys(keys)
+            append(
+                line
+                % (
+                    name,
+                    ident if type(ident) is int else dumps(ident),
+                    text,
+                    "null" if thresholds is None else dumps(list(thresholds), default=str),
+                    watched_at,
+                    timeout,
+                    deadline,
+                    outcome,
+                    "null" if ended_at is None else ended_at,
+                    ""
+                    if fields is None
+                    else ',"fields":' + dumps(fields, default=str, separators=(",", ":")),
+                )
+            )
+        return "".join(lines)
+
+    def _render_keys(self, keys: tuple[Hashable, ...]) -> str:
+        """JSON of `keys` without the brackets, remembered per key tuple (bounded)."""
+        cache = self._key_cache
+        if len(cache) >= _KEY_CACHE_LIMIT:
+            cache.clear()
+        render = self._key
+        text = cache[keys] = ",".join([json.dumps(render(key)) for key in keys])
+        return text

@@ -6,7 +6,7 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -53,7 +53,9 @@ def running_under_spark_submit() -> bool:
     )
 
 
-def get_session(master: str | None, app: str = "purgatory-pipeline") -> SparkSession:
+def get_session(
+    master: str | None, app: str = "purgatory-pipeline", conf: Mapping[str, str] | None = None
+) -> SparkSession:
     """The Spark session: `master` (default ``local[*]``) unless spark-submit already chose one.
 
     The Python workers run this interpreter (``PYSPARK_PYTHON``, unless set), so the package
@@ -73,6 +75,8 @@ def get_session(master: str | None, app: str = "purgatory-pipeline") -> SparkSes
     builder = builder.config("spark.sql.session.timeZone", "UTC").config(
         "spark.sql.execution.arrow.maxRecordsPerBatch", "10000"
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     session: SparkSession = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
