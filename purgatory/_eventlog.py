@@ -253,7 +253,7 @@ class JsonLinesEventLog:
         rendered_keys = self._key_cache
         line = _LINE
         dumps = json.dumps
-        lines = []
+        lines: list[str] = []
         append = lines.append
         for watch, outcome, ended_at in ended:
             purgatory, ident, keys, thresholds, watched_at, timeout, deadline, fields = watch
