@@ -38,6 +38,7 @@ from purgatory.pipeline import (
     trace_from_log,
 )
 from purgatory.pipeline._cli import main
+from purgatory.pipeline._generate import chunk_plan, generate_chunk
 from purgatory.pipeline._spark import atomic_output
 
 CONFIGS = [
@@ -318,3 +319,14 @@ def test_spark_submit_with_the_package_zipped(tmp_path: Path, trace: str) -> Non
     plain = replay_table(pq.read_table(trace), {0: ReplayConfig(tick=0.001)})
     assert ops_of(pq.read_table(out / "operations")) == ops_of(plain)
     shutil.rmtree(out)
+
+
+def test_a_rerun_group_publishes_its_event_log_once(tmp_path: Path) -> None:
+    """Spark re-runs a failed task whole: the group's earlier files are replaced, not doubled."""
+    w1 = W1(purgatories=1, operations=500, chunk=500)
+    trace = pa.Table.from_batches([generate_chunk(w1, chunk) for chunk in chunk_plan(w1)])
+    for _ in range(2):
+        replay_table(trace, {0: CONFIGS[0]}, event_log_dir=str(tmp_path))
+    files = list(tmp_path.glob("*.jsonl"))
+    assert len(files) == 1
+    assert len(files[0].read_text().splitlines()) == 500

@@ -173,7 +173,9 @@ def load_trace(spark: SparkSession, path: str) -> DataFrame:
         .agg(
             F.count(F.lit(1)).alias("n"),
             F.first("_problem", ignorenulls=True).alias("problem"),
-            F.first(F.when(F.col("_problem").isNotNull(), F.struct(*_ROW))).alias("row"),
+            F.first(F.when(F.col("_problem").isNotNull(), F.struct(*_ROW)), ignorenulls=True).alias(
+                "row"
+            ),
             F.collect_set("_file").alias("files"),
         )
         .where(F.col("problem").isNotNull() | (F.col("n") > 1))

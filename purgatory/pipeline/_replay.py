@@ -23,6 +23,8 @@ and at most ``OUTPUT_ROWS`` finished rows. A whole group's trace is never in mem
 from __future__ import annotations
 
 import math
+import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from heapq import heappop, heappush
@@ -389,9 +391,7 @@ def replay_batches(
                 log = None
                 if event_log_dir is not None:
                     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-                    log = JsonLinesEventLog(
-                        event_log_dir, prefix=f"{safe}-c{config_id}", op_id=_op_id
-                    )
+                    log = _group_log(event_log_dir, f"{safe}-c{config_id}")
                 group = _Group(name, config_id, configs[config_id], log, check)
                 last_arrival = -math.inf
             config = group.config
@@ -417,6 +417,20 @@ def replay_batches(
                 yield group.take_rows()
     if group is not None:
         yield from _finish(group)
+
+
+def _group_log(directory: str, prefix: str) -> JsonLinesEventLog:
+    """A group's recorder, publishing only at the group's end; an earlier attempt's files go.
+
+    Spark re-runs a failed task whole, so the published files of a group replayed by an earlier
+    attempt (same prefix) are removed first: each group's lines are published exactly once.
+    """
+    if os.path.isdir(directory):
+        mine = re.compile(re.escape(prefix) + r"-[0-9a-f]{12}-[0-9]{6}\.jsonl")
+        for entry in os.listdir(directory):
+            if mine.fullmatch(entry):
+                os.remove(os.path.join(directory, entry))
+    return JsonLinesEventLog(directory, prefix=prefix, max_bytes=1 << 62, op_id=_op_id)
 
 
 def _op_id(op: Any) -> int:
