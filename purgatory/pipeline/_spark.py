@@ -6,7 +6,7 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -90,12 +90,6 @@ def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
     return jpath.getFileSystem(conf), jpath
 
 
-def path_exists(spark: SparkSession, path: str) -> bool:
-    """Whether `path` exists, on whatever file system it names."""
-    fs, jpath = _fs(spark, path)
-    return bool(fs.exists(jpath))
-
-
 @contextmanager
 def atomic_output(spark: SparkSession, out: str, *, overwrite: bool) -> Iterator[str]:
     """Yield a staging directory beside `out`; rename it to `out` only if the body succeeds.
@@ -121,9 +115,3 @@ def atomic_output(spark: SparkSession, out: str, *, overwrite: bool) -> Iterator
     if not fs.rename(jstaging, final):
         fs.delete(jstaging, True)
         raise OSError(f"could not rename {staging} to {out}")
-
-
-def hadoop_call(spark: SparkSession, path: str, method: str) -> Callable[..., Any]:
-    """A method of `path`'s Hadoop FileSystem bound to it (for listing in tests and tools)."""
-    fs, jpath = _fs(spark, path)
-    return lambda *args: getattr(fs, method)(jpath, *args)
