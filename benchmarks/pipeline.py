@@ -56,13 +56,53 @@ def _child_replay(trace: str, out: str, master: str) -> dict[str, Any]:
     }
 
 
-def _engine(trace: Any, log_dir: str | None) -> float:
-    """CPU seconds of one plain replay of `trace` (a pyarrow table)."""
-    from purgatory.pipeline import ReplayConfig, replay_table
+class _NullLog:
+    """An event log that does nothing: what remains is the cost of the purgatory's calls."""
 
-    started = time.process_time()
-    replay_table(trace, {0: ReplayConfig()}, event_log_dir=log_dir)
-    return time.process_time() - started
+    def record_watch(self, *args: Any) -> None:
+        pass
+
+    def record_end(self, *args: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def _engine(trace: Any, log_dir: str | None, *, null: bool = False) -> float:
+    """CPU seconds of one plain replay of `trace` (a pyarrow table)."""
+    from purgatory.pipeline import ReplayConfig, _replay, replay_table
+
+    real = _replay._group_log
+    if null:
+        setattr(_replay, "_group_log", lambda directory, prefix: _NullLog())  # noqa: B010
+    try:
+        started = time.process_time()
+        replay_table(trace, {0: ReplayConfig()}, event_log_dir=log_dir)
+        return time.process_time() - started
+    finally:
+        setattr(_replay, "_group_log", real)  # noqa: B010
+
+
+def engine_figures(trace: Any, repetitions: int) -> dict[str, Any]:
+    """The engine alone with no event log, a do-nothing one and `JsonLinesEventLog`, alternated."""
+    _engine(trace.slice(0, 10_000), None)  # warm-up
+    samples: dict[str, list[float]] = {"none": [], "null": [], "json": []}
+    with tempfile.TemporaryDirectory() as logs:
+        for i in range(repetitions):
+            samples["none"].append(_engine(trace, None))
+            samples["null"].append(_engine(trace, "unused", null=True))
+            samples["json"].append(_engine(trace, f"{logs}/{i}"))
+    n = trace.num_rows
+    us = {name: statistics.median(values) / n * 1e6 for name, values in samples.items()}
+    return {
+        "engine_operations": n,
+        "engine_us_per_op": us["none"],
+        "engine_null_us_per_op": us["null"],
+        "engine_logged_us_per_op": us["json"],
+        "event_log_overhead_us_per_op": us["json"] - us["none"],
+        "samples": samples,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +116,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--child", nargs=3, metavar=("TRACE", "OUT", "MASTER"), help=argparse.SUPPRESS
     )
+    parser.add_argument(
+        "--engine-only", metavar="TRACE", help="only the engine figures, on this trace"
+    )
     args = parser.parse_args(argv)
+    if args.engine_only:
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(args.engine_only)
+        first = table.filter(pc.equal(table["purgatory"], "p0000"))
+        figures = engine_figures(first.slice(0, args.engine_operations), args.repetitions)
+        print(json.dumps({"load": load_average(), **figures}, indent=1))
+        return 0
     if args.child:
         print(json.dumps(_child_replay(*args.child)))
         return 0
@@ -127,30 +179,15 @@ def main(argv: list[str] | None = None) -> int:
 
     table = pq.read_table(trace)
     first = table.filter(pc.equal(table["purgatory"], "p0000")).slice(0, args.engine_operations)
-    _engine(first.slice(0, 10_000), None)  # warm-up
-    plain: list[float] = []
-    logged: list[float] = []
-    with tempfile.TemporaryDirectory() as logs:
-        for i in range(args.repetitions):
-            plain.append(_engine(first, None))
-            logged.append(_engine(first, f"{logs}/{i}"))
-    n = first.num_rows
-    engine_us = statistics.median(plain) / n * 1e6
-    logged_us = statistics.median(logged) / n * 1e6
     figures = {
         "environment": env,
         "load_before": load_before,
-        "load_after": load_average(),
         "operations": w1.purgatories * w1.operations,
         "purgatories": w1.purgatories,
         "generate_seconds": generate_seconds,
         "runs": runs,
-        "engine_operations": n,
-        "engine_us_per_op": engine_us,
-        "engine_logged_us_per_op": logged_us,
-        "event_log_overhead_us_per_op": logged_us - engine_us,
-        "plain_samples": plain,
-        "logged_samples": logged,
+        **engine_figures(first, args.repetitions),
+        "load_after": load_average(),
     }
     text = render(figures)
     print(text)
@@ -190,19 +227,21 @@ def render(f: dict[str, Any]) -> str:
         f"Speed-up local[1] -> local[2]: **{one['seconds'] / two['seconds']:.2f}x**.",
         "",
         f"Engine alone (no Spark, this process, {f['engine_operations']:,} operations of one "
-        f"purgatory, CPU time, median of {len(f['plain_samples'])}): "
+        f"purgatory, CPU time, median of {len(f['samples']['none'])}): "
         f"**{f['engine_us_per_op']:.2f} us/op** "
         f"({1e6 / f['engine_us_per_op']:,.0f} ops/s per core).",
         "",
-        f"Event log (`JsonLinesEventLog`, same trace, alternated runs): "
-        f"{f['engine_logged_us_per_op']:.2f} us/op with it, so **"
+        f"Event log (same trace, alternated runs): {f['engine_null_us_per_op']:.2f} us/op with "
+        "a do-nothing recorder (the purgatory's two calls per operation), "
+        f"{f['engine_logged_us_per_op']:.2f} us/op with `JsonLinesEventLog`, so **"
         f"{f['event_log_overhead_us_per_op']:.2f} us per operation** for recording "
         "(record_watch, record_end, formatting and writing the line).",
         "",
-        "Samples (CPU s): without "
-        + ", ".join(f"{x:.3f}" for x in f["plain_samples"])
-        + "; with "
-        + ", ".join(f"{x:.3f}" for x in f["logged_samples"])
+        "Samples (CPU s): "
+        + "; ".join(
+            f"{name}: " + ", ".join(f"{x:.3f}" for x in values)
+            for name, values in f["samples"].items()
+        )
         + ".",
         "",
     ]
