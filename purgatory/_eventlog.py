@@ -84,6 +84,7 @@ class JsonLinesEventLog:
         "_key_cache",
         "_max_bytes",
         "_name_cache",
+        "_one_key_cache",
         "_op_id",
         "_open",
         "_part",
@@ -122,6 +123,7 @@ class JsonLinesEventLog:
         self._open: dict[DelayedOperation[Any], _Watch] = {}
         self._ended: list[tuple[_Watch, str, float | None]] = []
         self._key_cache: dict[tuple[Hashable, ...], str] = {}
+        self._one_key_cache: dict[Hashable, str] = {}
         self._name_cache: dict[str, str] = {}
         self._file: IO[bytes] | None = None
         self._file_bytes = 0
@@ -283,10 +285,18 @@ class JsonLinesEventLog:
         return "".join(lines)
 
     def _render_keys(self, keys: tuple[Hashable, ...]) -> str:
-        """JSON of `keys` without the brackets, remembered per key tuple (bounded)."""
+        """JSON of `keys` without the brackets, remembered per key tuple and per key (bounded)."""
         cache = self._key_cache
         if len(cache) >= _KEY_CACHE_LIMIT:
             cache.clear()
-        render = self._key
-        text = cache[keys] = ",".join([json.dumps(render(key)) for key in keys])
-        return text
+        one = self._one_key_cache
+        if len(one) >= _KEY_CACHE_LIMIT:
+            one.clear()
+        parts = []
+        for key in keys:
+            text = one.get(key)
+            if text is None:
+                text = one[key] = json.dumps(self._key(key))
+            parts.append(text)
+        joined = cache[keys] = ",".join(parts)
+        return joined
