@@ -3,10 +3,9 @@
 Theory of operation. A purgatory given ``event_log=`` calls `record_watch` when an operation
 enters and `record_end` when its fate is settled (see ``_events.py``). The recorder keeps a small
 tuple per *open* operation (keyed by the operation's identity) from its watch to its end, and
-at the end moves it, with the outcome and the end time, onto a buffer of finished operations:
-no formatting and no I/O on the hot path. The buffer is formatted and written in one piece when
-it holds ``buffer_lines`` operations, on `flush` and on `close`, so the cost per operation is a
-dictionary insert, a pop and an append, plus its share of one batched ``%``-format and write.
+at the end renders its line (one ``%``-format; the watch tuple and the operation are released at
+once) onto a buffer. No I/O on the hot path: the buffer is written in one piece when it holds
+``buffer_lines`` lines, on `flush` and on `close`.
 
 Files. Lines go to ``<prefix>-<token>-<seq>.jsonl.part`` in `directory`; when that file reaches
 ``max_bytes`` (checked after each batch, so a file can exceed it by one batch) or on `flush` /
@@ -121,7 +120,7 @@ class JsonLinesEventLog:
         self._key = key
         self._ids: dict[str, int] = {}
         self._open: dict[DelayedOperation[Any], _Watch] = {}
-        self._ended: list[tuple[_Watch, str, float | None]] = []
+        self._ended: list[str] = []
         self._key_cache: dict[tuple[Hashable, ...], str] = {}
         self._one_key_cache: dict[Hashable, str] = {}
         self._name_cache: dict[str, str] = {}
@@ -179,7 +178,7 @@ class JsonLinesEventLog:
             self.unmatched_ends += 1
             return
         ended = self._ended
-        ended.append((watch, outcome, ended_at))
+        ended.append(self._line(watch, outcome, ended_at))
         if len(ended) >= self._buffer_lines:
             self._write_batch()
 
@@ -204,7 +203,7 @@ class JsonLinesEventLog:
         The recorder may be used again afterwards: it starts a new file.
         """
         if self._open:
-            self._ended.extend((watch, "open", None) for watch in self._open.values())
+            self._ended.extend(self._line(watch, "open", None) for watch in self._open.values())
             self._open.clear()
         self.flush()
 
@@ -221,7 +220,7 @@ class JsonLinesEventLog:
         if not ended:
             return
         self._ended = []
-        data = self._render(ended).encode()
+        data = "".join(ended).encode()
         file = self._file
         if file is None:
             name = f"{self._prefix}-{self._token}-{self._seq:06d}.jsonl.part"
@@ -244,45 +243,35 @@ class JsonLinesEventLog:
         os.replace(self._part, final)
         self.closed_files.append(final)
 
-    def _render(self, ended: list[tuple[_Watch, str, float | None]]) -> str:
-        """The lines of `ended`, in one string: the one loop that runs per recorded operation.
+    def _line(self, watch: _Watch, outcome: str, ended_at: float | None) -> str:
+        """One operation's line, rendered when it ends so that nothing of it stays referenced.
 
         Floats go through ``%s``, which is their shortest round-tripping ``repr`` (valid JSON
-        for the finite numbers a clock gives); names and key tuples are JSON-encoded once and
-        remembered.
+        for the finite numbers a clock gives); names and keys are JSON-encoded once and
+        remembered. Strings are not tracked by the cyclic GC, tuples and operations are: holding
+        a batch of lines rather than of watches keeps the collector's work down.
         """
-        names = self._name_cache
-        rendered_keys = self._key_cache
-        line = _LINE
-        dumps = json.dumps
-        lines: list[str] = []
-        append = lines.append
-        for watch, outcome, ended_at in ended:
-            purgatory, ident, keys, thresholds, watched_at, timeout, deadline, fields = watch
-            name = names.get(purgatory)
-            if name is None:
-                name = names[purgatory] = dumps(purgatory)
-            text = rendered_keys.get(keys)
-            if text is None:
-                text = self._render_keys(keys)
-            append(
-                line
-                % (
-                    name,
-                    ident if type(ident) is int else dumps(ident),
-                    text,
-                    "null" if thresholds is None else dumps(list(thresholds), default=str),
-                    watched_at,
-                    timeout,
-                    deadline,
-                    outcome,
-                    "null" if ended_at is None else ended_at,
-                    ""
-                    if fields is None
-                    else ',"fields":' + dumps(fields, default=str, separators=(",", ":")),
-                )
-            )
-        return "".join(lines)
+        purgatory, ident, keys, thresholds, watched_at, timeout, deadline, fields = watch
+        name = self._name_cache.get(purgatory)
+        if name is None:
+            name = self._name_cache[purgatory] = json.dumps(purgatory)
+        text = self._key_cache.get(keys)
+        if text is None:
+            text = self._render_keys(keys)
+        return _LINE % (
+            name,
+            ident if type(ident) is int else json.dumps(ident),
+            text,
+            "null" if thresholds is None else json.dumps(list(thresholds), default=str),
+            watched_at,
+            timeout,
+            deadline,
+            outcome,
+            "null" if ended_at is None else ended_at,
+            ""
+            if fields is None
+            else ',"fields":' + json.dumps(fields, default=str, separators=(",", ":")),
+        )
 
     def _render_keys(self, keys: tuple[Hashable, ...]) -> str:
         """JSON of `keys` without the brackets, remembered per key tuple and per key (bounded)."""
