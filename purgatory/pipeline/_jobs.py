@@ -236,7 +236,7 @@ def replay(
     """Replay a trace under every configuration; write ``operations/`` and ``summary/`` to `out`.
 
     Each (purgatory, configuration) is one group: the trace is crossed with the configurations,
-    range-partitioned by group and sorted by arrival inside each partition, and `replay_batches`
+    hash-partitioned by group and sorted by arrival inside each partition, and `replay_batches`
     streams each partition's batches (see its module for what it holds in memory).
 
     Args:
@@ -260,12 +260,12 @@ def replay(
         "rate_scale double, trigger string",
     )
     if partitions is None:
-        # A group never spans two partitions (range partitioning keeps equal keys together), so
+        # A group never spans two partitions (hash partitioning keeps equal keys together), so
         # extra partitions are only empty; a few per core let a long group not hold up the rest.
         partitions = 4 * spark.sparkContext.defaultParallelism
     work = (
         trace.crossJoin(F.broadcast(grid.select("config_id")))
-        .repartitionByRange(partitions, "purgatory", "config_id")
+        .repartition(partitions, "purgatory", "config_id")
         .sortWithinPartitions("purgatory", "config_id", "arrival", "op_id")
         .select("purgatory", "config_id", "op_id", "arrival", "keys", "timeout", "condition_at")
     )
