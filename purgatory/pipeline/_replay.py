@@ -280,7 +280,8 @@ class _Group:
             self.peak_watched = max(self.peak_watched, self.watched)
             delayed = purgatory.num_delayed()
             self.peak_delayed = max(self.peak_delayed, delayed)
-            # A condition at or after the rounded deadline loses to the expiry: not queued.
+            # A condition a tick or more past the deadline can only lose to the expiry: not
+            # queued (one closer to it is sorted out when popped, after the timer passes due).
             if condition is not None and condition < now + timeout + self.config.tick:
                 self.seq += 1
                 heappush(self.heap, (condition, self.seq, op))
