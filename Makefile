@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test docs lint bench clean
+.PHONY: demo test docs lint bench pipeline clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ demo: $(BIN)/python
 
 # Set up and run the tests: lint, types, then pytest.
 test: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test,docs,examples]'
+	$(BIN)/python -m pip install --quiet -e '.[test,docs,examples,spark]'
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -33,5 +33,11 @@ bench: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python -m benchmarks
 
+# The data pipeline in one command (needs Java 17+): a seeded W1 trace, a 3x3 sweep (timeout x
+# rate) replayed on local Spark, the summary table and pipeline-out/sweep.png.
+pipeline: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[spark]'
+	$(BIN)/python -m purgatory.pipeline sweep --out pipeline-out --overwrite
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build pipeline-out *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

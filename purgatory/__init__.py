@@ -14,6 +14,7 @@ from ._errors import OperationCancelled as OperationCancelled
 from ._errors import PurgatoryClosed as PurgatoryClosed
 from ._errors import PurgatoryError as PurgatoryError
 from ._errors import PurgatoryFull as PurgatoryFull
+from ._eventlog import JsonLinesEventLog as JsonLinesEventLog
 from ._events import EventLog as EventLog
 from ._operation import DelayedOperation as DelayedOperation
 from ._purgatory import DelayedOperationPurgatory as DelayedOperationPurgatory
@@ -27,6 +28,7 @@ __all__ = (
     "DelayedOperationPurgatory",
     "DrivenClock",
     "EventLog",
+    "JsonLinesEventLog",
     "OperationCancelled",
     "PurgatoryClosed",
     "PurgatoryError",

@@ -35,7 +35,7 @@ Outcome = Literal["completed", "expired", "cancelled", "refused"]
 class EventLog(Protocol):
     """A recorder of operation lifecycles (see the module docstring for when it is called)."""
 
-    def record_watch(  # noqa: PLR0917 - one call per watch, kept positional
+    def record_watch(
         self,
         purgatory: str,
         op: DelayedOperation[Any],

@@ -1,0 +1,252 @@
+"""The data pipeline at scale: replay throughput on Spark and the event log's cost per operation.
+
+``python -m benchmarks.pipeline [--operations 10000000] [--write]`` (needs the ``spark`` extra
+and Java 17). It measures, in one run:
+
+1. **Replay on Spark**: a seeded W1 trace of ``--operations`` operations (``--purgatories``
+   purgatories), replayed under one configuration by the ``replay`` job on ``local[1]`` and on
+   ``local[2]``, each in a fresh driver process (one JVM per master). Reported: wall seconds of
+   the whole job (validation, shuffle, replay, writing, summary), operations per second and per
+   core, and the speed-up from one core to two.
+2. **The engine alone**: the same replay engine in this process, no Spark, on the first
+   ``--engine-operations`` operations of that trace: CPU microseconds per operation. Its ratio to
+   the Spark figure per core is what Spark's Python exchange costs.
+3. **The event log's overhead**: the engine with and without a `purgatory.JsonLinesEventLog`
+   (writing to a temporary directory), alternated, ``--repetitions`` times each, medians; the
+   difference per operation is the recorder's cost (record_watch + record_end + formatting and
+   writing its line).
+
+Absolute times on this shared 2-core machine drift with the other users' load (reported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .environment import describe_environment, load_average
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "PIPELINE_RESULTS.md"
+
+
+def _child_replay(trace: str, out: str, master: str) -> dict[str, Any]:
+    """In a fresh process: one replay job on `master`; its wall time and row count."""
+    from purgatory.pipeline import ReplayConfig, get_session, replay
+
+    spark = get_session(master, "purgatory-bench", {"spark.driver.memory": "4g"})
+    started = time.perf_counter()
+    summary = replay(spark, trace, out, [ReplayConfig()], overwrite=True)
+    seconds = time.perf_counter() - started
+    rows = [row.asDict() for row in summary.collect()]
+    spark.stop()
+    return {
+        "master": master,
+        "seconds": seconds,
+        "operations": sum(row["operations"] for row in rows),
+        "expired": sum(row["expired"] for row in rows),
+    }
+
+
+class _NullLog:
+    """An event log that does nothing: what remains is the cost of the purgatory's calls."""
+
+    def record_watch(self, *args: Any) -> None:
+        pass
+
+    def record_end(self, *args: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def _engine(trace: Any, log_dir: str | None, *, null: bool = False) -> float:
+    """CPU seconds of one plain replay of `trace` (a pyarrow table)."""
+    from purgatory.pipeline import ReplayConfig, _replay, replay_table
+
+    real = _replay._group_log
+    if null:
+        setattr(_replay, "_group_log", lambda directory, prefix: _NullLog())  # noqa: B010
+    try:
+        started = time.process_time()
+        replay_table(trace, {0: ReplayConfig()}, event_log_dir=log_dir)
+        return time.process_time() - started
+    finally:
+        setattr(_replay, "_group_log", real)  # noqa: B010
+
+
+def engine_figures(trace: Any, repetitions: int) -> dict[str, Any]:
+    """The engine alone with no event log, a do-nothing one and `JsonLinesEventLog`, alternated."""
+    _engine(trace.slice(0, 10_000), None)  # warm-up
+    samples: dict[str, list[float]] = {"none": [], "null": [], "json": []}
+    with tempfile.TemporaryDirectory() as logs:
+        for i in range(repetitions):
+            samples["none"].append(_engine(trace, None))
+            samples["null"].append(_engine(trace, "unused", null=True))
+            samples["json"].append(_engine(trace, f"{logs}/{i}"))
+    n = trace.num_rows
+    us = {name: statistics.median(values) / n * 1e6 for name, values in samples.items()}
+    return {
+        "engine_operations": n,
+        "engine_us_per_op": us["none"],
+        "engine_null_us_per_op": us["null"],
+        "engine_logged_us_per_op": us["json"],
+        "event_log_overhead_us_per_op": us["json"] - us["none"],
+        "samples": samples,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline")
+    parser.add_argument("--operations", type=int, default=10_000_000)
+    parser.add_argument("--purgatories", type=int, default=8)
+    parser.add_argument("--engine-operations", type=int, default=200_000)
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--work", default=None, help="directory for the trace (default: temp)")
+    parser.add_argument("--write", action="store_true", help="write PIPELINE_RESULTS.md")
+    parser.add_argument(
+        "--child", nargs=3, metavar=("TRACE", "OUT", "MASTER"), help=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--engine-only", metavar="TRACE", help="only the engine figures, on this trace"
+    )
+    args = parser.parse_args(argv)
+    if args.engine_only:
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(args.engine_only)
+        first = table.filter(pc.equal(table["purgatory"], "p0000"))
+        figures = engine_figures(first.slice(0, args.engine_operations), args.repetitions)
+        print(json.dumps({"load": load_average(), **figures}, indent=1))
+        return 0
+    if args.child:
+        print(json.dumps(_child_replay(*args.child)))
+        return 0
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from purgatory.pipeline import W1, generate, get_session
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    env = describe_environment()
+    load_before = load_average()
+    work = Path(args.work or tempfile.mkdtemp(prefix="purgatory-bench-"))
+    trace = str(work / "trace")
+    w1 = W1(
+        purgatories=args.purgatories,
+        operations=args.operations // args.purgatories,
+        chunk=250_000,
+    )
+    spark = get_session("local[2]", "purgatory-bench-generate", {"spark.driver.memory": "4g"})
+    started = time.perf_counter()
+    generate(spark, w1, trace, overwrite=True)
+    generate_seconds = time.perf_counter() - started
+    spark.stop()
+    print(f"generated {w1.purgatories * w1.operations:,} operations in {generate_seconds:.1f} s")
+
+    runs = []
+    for master in ("local[1]", "local[2]"):
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.pipeline",
+                "--child",
+                trace,
+                str(work / "out"),
+                master,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        run = json.loads(result.stdout.strip().splitlines()[-1])
+        run["cores"] = 1 if master == "local[1]" else 2
+        runs.append(run)
+        print(f"{master}: {run['operations']:,} operations in {run['seconds']:.1f} s")
+
+    table = pq.read_table(trace)
+    first = table.filter(pc.equal(table["purgatory"], "p0000")).slice(0, args.engine_operations)
+    figures = {
+        "environment": env,
+        "load_before": load_before,
+        "operations": w1.purgatories * w1.operations,
+        "purgatories": w1.purgatories,
+        "generate_seconds": generate_seconds,
+        "runs": runs,
+        **engine_figures(first, args.repetitions),
+        "load_after": load_average(),
+    }
+    text = render(figures)
+    print(text)
+    if args.write:
+        RESULTS.write_text(text)
+        print(f"wrote {RESULTS}")
+    return 0
+
+
+def render(f: dict[str, Any]) -> str:
+    """The Markdown report of one run."""
+    env = f["environment"]
+    one, two = f["runs"]
+    lines = [
+        "# Data pipeline: replay throughput and event-log overhead",
+        "",
+        "`python -m benchmarks.pipeline --write` (see its docstring). One seeded W1 trace "
+        f"(20/60 ms latency, 200 ms timeout, 3 of 100 keys, 1000 arrivals/s per purgatory): "
+        f"**{f['operations']:,} operations** over {f['purgatories']} purgatories, replayed under "
+        "one configuration (tick 1 ms, wheel 1024, purge interval 1000, `trigger=key`).",
+        "",
+        f"- {env['date']}; Python {env['python']}, {env['cpu_model']}, {env['cpu_count']} CPUs "
+        f"shared with other users; load before/after {f['load_before']} / {f['load_after']}; "
+        f"{env['git']}.",
+        f"- Trace generation (Spark, local[2]): {f['generate_seconds']:.1f} s.",
+        "",
+        "| master | wall s (whole job) | ops/s | ops/s per core |",
+        "|---|---|---|---|",
+    ]
+    for run in (one, two):
+        rate = run["operations"] / run["seconds"]
+        lines.append(
+            f"| {run['master']} | {run['seconds']:.1f} | {rate:,.0f} | {rate / run['cores']:,.0f} |"
+        )
+    lines += [
+        "",
+        f"Speed-up local[1] -> local[2]: **{one['seconds'] / two['seconds']:.2f}x**.",
+        "",
+        f"Engine alone (no Spark, this process, {f['engine_operations']:,} operations of one "
+        f"purgatory, CPU time, median of {len(f['samples']['none'])}): "
+        f"**{f['engine_us_per_op']:.2f} us/op** "
+        f"({1e6 / f['engine_us_per_op']:,.0f} ops/s per core).",
+        "",
+        f"Event log (same trace, alternated runs): {f['engine_null_us_per_op']:.2f} us/op with "
+        "a do-nothing recorder (the purgatory's two calls per operation), "
+        f"{f['engine_logged_us_per_op']:.2f} us/op with `JsonLinesEventLog`, so **"
+        f"{f['event_log_overhead_us_per_op']:.2f} us per operation** for recording "
+        "(record_watch, record_end, formatting and writing the line).",
+        "",
+        "Samples (CPU s): "
+        + "; ".join(
+            f"{name}: " + ", ".join(f"{x:.3f}" for x in values)
+            for name, values in f["samples"].items()
+        )
+        + ".",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

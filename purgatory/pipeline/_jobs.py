@@ -1,0 +1,626 @@
+"""The Spark jobs: generate, validate, replay, analyse.
+
+Every job reads and writes through Spark (local disk, HDFS or an object store alike) and writes
+its output whole or not at all (`atomic_output`). Python runs only where it must: the generator
+and the replay engine inside ``mapInArrow`` over Arrow batches; the summaries are Spark
+aggregations, the same function for a replay's own operations and for a recorded event log.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any, Final
+
+import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.errors import AnalysisException
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ._generate import TRACE_SCHEMA, W1, chunk_plan, generate_chunk
+from ._replay import OUTPUT_SCHEMA, ReplayConfig, replay_batches
+from ._spark import atomic_output
+
+__all__ = (
+    "EVENT_LOG_SCHEMA",
+    "TraceError",
+    "analyze",
+    "generate",
+    "load_event_log",
+    "load_trace",
+    "outcome_summary",
+    "replay",
+    "trace_from_log",
+)
+
+#: The event-log line schema (version 1) as Spark reads it; ``fields`` is left out.
+EVENT_LOG_SCHEMA: Final = T.StructType(
+    [
+        T.StructField("v", T.IntegerType()),
+        T.StructField("purgatory", T.StringType()),
+        T.StructField("id", T.StringType()),
+        T.StructField("keys", T.ArrayType(T.StringType())),
+        T.StructField("watched_at", T.DoubleType()),
+        T.StructField("timeout", T.DoubleType()),
+        T.StructField("deadline", T.DoubleType()),
+        T.StructField("outcome", T.StringType()),
+        T.StructField("ended_at", T.DoubleType()),
+    ]
+)
+
+_OUTCOMES: Final = ("completed", "expired", "cancelled", "refused", "open")
+_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+_NUMERIC = (*_INTEGRAL, T.FloatType, T.DoubleType, T.DecimalType)
+
+
+class TraceError(ValueError):
+    """A trace or an event log that cannot be used as it is; the message names file and row."""
+
+
+# -- generate ---------------------------------------------------------------------------------
+
+
+def generate(spark: SparkSession, w1: W1, out: str, *, overwrite: bool = False) -> int:
+    """Write a seeded W1 trace of ``w1.purgatories * w1.operations`` rows to `out` (Parquet).
+
+    Returns:
+        The number of rows written.
+    """
+    plan = chunk_plan(w1)
+    chunks = spark.createDataFrame(
+        plan, "p int, c int, first long, count long, start double, span double"
+    ).repartition(len(plan))
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for row in batch.to_pylist():
+                chunk = (row["p"], row["c"], row["first"], row["count"], row["start"], row["span"])
+                yield generate_chunk(w1, chunk)
+
+    trace = chunks.mapInArrow(run, _spark_schema(TRACE_SCHEMA))
+    with atomic_output(spark, out, overwrite=overwrite) as staging:
+        trace.write.parquet(staging)
+    return w1.purgatories * w1.operations
+
+
+# -- trace loading and validation --------------------------------------------------------------
+
+
+def load_trace(spark: SparkSession, path: str) -> DataFrame:
+    """Read a trace (schema version 1) and check it whole; raise `TraceError` on bad input.
+
+    Checked: the columns and their types (numbers of any width are cast to double, integers to
+    long, integer keys to strings); no nulls where none may be; timeouts finite and >= 0;
+    arrivals finite; conditions not NaN, not infinite, not before the arrival; keys non-empty;
+    operation ids unique per purgatory. Costs one scan and one aggregation by id.
+
+    Returns:
+        The trace with exactly the columns of `TRACE_SCHEMA`, in that order.
+    """
+    try:
+        raw = spark.read.parquet(path)
+    except AnalysisException as exc:
+        raise TraceError(f"trace {path}: cannot read it as Parquet: {_first_line(exc)}") from None
+    files = raw.inputFiles()
+    where = files[0] if len(files) == 1 else path
+    columns = {field.name: field.dataType for field in raw.schema.fields}
+    for name in TRACE_SCHEMA.names:
+        if name not in columns:
+            raise TraceError(
+                f"trace {where}: missing column {name!r} (it has {sorted(columns)}; "
+                "see docs/pipeline-schemas.md)"
+            )
+
+    def wrong(name: str, expected: str) -> TraceError:
+        return TraceError(
+            f"trace {where}: column {name!r} has type {columns[name].simpleString()}, "
+            f"expected {expected}"
+        )
+
+    if not isinstance(columns["purgatory"], T.StringType):
+        raise wrong("purgatory", "string")
+    if not isinstance(columns["op_id"], _INTEGRAL):
+        raise wrong("op_id", "an integer")
+    for name in ("arrival", "timeout", "condition_at"):
+        if not isinstance(columns[name], _NUMERIC):
+            raise wrong(name, "a number (seconds)")
+    keys_type = columns["keys"]
+    if not (
+        isinstance(keys_type, T.ArrayType)
+        and isinstance(keys_type.elementType, (T.StringType, *_INTEGRAL))
+    ):
+        raise wrong("keys", "a list of strings")
+    with_file = raw.select(
+        *(F.col(name) for name in TRACE_SCHEMA.names), F.col("_metadata.file_path").alias("_file")
+    )
+    trace = with_file.select(
+        F.col("purgatory"),
+        F.col("op_id").cast("long").alias("op_id"),
+        F.col("arrival").cast("double").alias("arrival"),
+        F.col("keys").cast("array<string>").alias("keys"),
+        F.col("timeout").cast("double").alias("timeout"),
+        F.col("condition_at").cast("double").alias("condition_at"),
+        F.col("_file"),
+    )
+    problem = _first_problem(
+        [
+            (F.col("purgatory").isNull(), "column 'purgatory' is null"),
+            (F.col("op_id").isNull(), "column 'op_id' is null"),
+            (F.col("arrival").isNull(), "column 'arrival' is null"),
+            (_not_finite(F.col("arrival")), "column 'arrival' is not finite"),
+            (F.col("timeout").isNull(), "column 'timeout' is null"),
+            (_not_finite(F.col("timeout")), "column 'timeout' is not finite"),
+            (F.col("timeout") < 0, "column 'timeout' is negative"),
+            (F.col("keys").isNull(), "column 'keys' is null"),
+            (F.size("keys") == 0, "column 'keys' is empty"),
+            (F.exists("keys", lambda k: k.isNull()), "column 'keys' holds a null key"),
+            (
+                F.col("condition_at").isNotNull() & _not_finite(F.col("condition_at")),
+                "column 'condition_at' is not finite (use null for never)",
+            ),
+            (
+                F.col("condition_at") < F.col("arrival"),
+                "column 'condition_at' is before the arrival",
+            ),
+        ]
+    )
+    # One aggregation finds both bad rows and duplicate ids: a single scan of the trace.
+    found = (
+        trace.withColumn("_problem", problem)
+        .groupBy("purgatory", "op_id")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.first("_problem", ignorenulls=True).alias("problem"),
+            F.first(F.when(F.col("_problem").isNotNull(), F.struct(*_ROW)), ignorenulls=True).alias(
+                "row"
+            ),
+            F.collect_set("_file").alias("files"),
+        )
+        .where(F.col("problem").isNotNull() | (F.col("n") > 1))
+        .orderBy(F.col("problem").isNull(), "purgatory", "op_id")
+        .limit(5)
+        .collect()
+    )
+    if found and found[0]["problem"] is not None:
+        first = found[0]["row"]
+        raise TraceError(
+            f"trace file {first['_file']}: row purgatory={first['purgatory']!r} "
+            f"op_id={first['op_id']!r}: {found[0]['problem']} (arrival={first['arrival']!r}, "
+            f"timeout={first['timeout']!r}, condition_at={first['condition_at']!r})"
+            + (f"; {len(found) - 1}+ more bad rows" if len(found) > 1 else "")
+        )
+    if found:
+        first = found[0]
+        raise TraceError(
+            f"trace file {', '.join(sorted(first['files']))}: duplicate op_id "
+            f"{first['op_id']!r} in purgatory {first['purgatory']!r} ({first['n']} rows; "
+            "an operation id must be unique within its purgatory)"
+        )
+    return trace.drop("_file")
+
+
+_ROW: Final = ("_file", "purgatory", "op_id", "arrival", "timeout", "condition_at")
+
+
+def _not_finite(column: Column) -> Column:
+    return F.isnan(column) | (F.abs(column) == F.lit(math.inf))
+
+
+def _first_problem(checks: Sequence[tuple[Column, str]]) -> Column:
+    expr: Any = F
+    for condition, message in checks:
+        expr = expr.when(condition, F.lit(message))
+    result: Column = expr
+    return result
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+# -- replay -----------------------------------------------------------------------------------
+
+
+def replay(
+    spark: SparkSession,
+    trace_path: str,
+    out: str,
+    configs: Sequence[ReplayConfig],
+    *,
+    event_log: str | None = None,
+    partitions: int | None = None,
+    overwrite: bool = False,
+) -> DataFrame:
+    """Replay a trace under every configuration; write ``operations/`` and ``summary/`` to `out`.
+
+    Each (purgatory, configuration) is one group: the trace is crossed with the configurations,
+    hash-partitioned by group and sorted by arrival inside each partition, and `replay_batches`
+    streams each partition's batches (see its module for what it holds in memory).
+
+    Args:
+        partitions: Spark partitions of the replay; default four per core.
+        event_log: A directory every executor can write to (a local path in local mode), where
+            each group writes its event log.
+
+    Returns:
+        The summary, read back from `out`.
+    """
+    if not configs:
+        raise ValueError("replay needs at least one configuration")
+    trace = load_trace(spark, trace_path)
+    by_id = dict(enumerate(configs))
+    grid = spark.createDataFrame(
+        [
+            (i, c.tick, c.wheel_size, c.purge_interval, c.timeout_scale, c.rate_scale, c.trigger)
+            for i, c in by_id.items()
+        ],
+        "config_id int, tick double, wheel_size int, purge_interval int, timeout_scale double, "
+        "rate_scale double, trigger string",
+    )
+    if partitions is None:
+        # A group never spans two partitions (hash partitioning keeps equal keys together), so
+        # extra partitions are only empty; a few per core let a long group not hold up the rest.
+        partitions = 4 * spark.sparkContext.defaultParallelism
+    work = (
+        trace.crossJoin(F.broadcast(grid.select("config_id")))
+        .repartition(partitions, "purgatory", "config_id")
+        .sortWithinPartitions("purgatory", "config_id", "arrival", "op_id")
+        .select("purgatory", "config_id", "op_id", "arrival", "keys", "timeout", "condition_at")
+    )
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return replay_batches(batches, by_id, event_log_dir=event_log)
+
+    result = work.mapInArrow(run, _spark_schema(OUTPUT_SCHEMA)).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    try:
+        ops = result.where(F.col("op_id").isNotNull()).select(
+            "purgatory",
+            "config_id",
+            "op_id",
+            "outcome",
+            "watched_at",
+            "deadline",
+            "ended_at",
+            (F.col("ended_at") - F.col("watched_at")).alias("wait"),
+        )
+        gauges = result.where(F.col("op_id").isNull()).select(
+            "purgatory",
+            "config_id",
+            "peak_watched",
+            "timer_passes",
+            "purges",
+            "purged_entries",
+            "attempts",
+            F.col("peak_delayed").alias("_peak_delayed"),
+        )
+        with atomic_output(spark, out, overwrite=overwrite) as staging:
+            ops.write.parquet(f"{staging}/operations")
+            summary = (
+                outcome_summary(
+                    spark.read.parquet(f"{staging}/operations"), ["purgatory", "config_id"]
+                )
+                .join(gauges, ["purgatory", "config_id"], "right")
+                .join(grid, "config_id")
+                .withColumn("peak_delayed", F.col("_peak_delayed"))
+                .drop("_peak_delayed")
+                .na.fill(0, [*_COUNTS])
+            )
+            summary.select(*REPLAY_SUMMARY_COLUMNS).orderBy("purgatory", "config_id").coalesce(
+                1
+            ).write.parquet(f"{staging}/summary")
+    finally:
+        result.unpersist()
+    return spark.read.parquet(f"{out}/summary").orderBy("purgatory", "config_id")
+
+
+_COUNTS: Final = ("operations", "completed", "expired", "cancelled", "refused", "open")
+_STATS: Final = (
+    "wait_p50",
+    "wait_p99",
+    "wait_max",
+    "lateness_p50",
+    "lateness_p99",
+    "lateness_max",
+)
+#: The columns a replay's summary and an event log's analysis share, computed the same way.
+SHARED_SUMMARY_COLUMNS: Final = ("purgatory", *_COUNTS, *_STATS, "peak_delayed")
+REPLAY_SUMMARY_COLUMNS: Final = (
+    "purgatory",
+    "config_id",
+    "tick",
+    "wheel_size",
+    "purge_interval",
+    "timeout_scale",
+    "rate_scale",
+    "trigger",
+    *_COUNTS,
+    "expired_share",
+    *_STATS,
+    "peak_delayed",
+    "peak_watched",
+    "timer_passes",
+    "purges",
+    "purged_entries",
+    "attempts",
+)
+
+
+def outcome_summary(ops: DataFrame, by: Sequence[str]) -> DataFrame:
+    """Counts by outcome, wait and expiry-lateness percentiles per group of `by`.
+
+    `ops` has ``outcome``, ``watched_at``, ``deadline`` and ``ended_at``. The wait (end minus
+    watch) is taken over completed and expired operations; the lateness (end minus deadline)
+    over expired ones. Percentiles are ``percentile_disc`` (nearest rank: an observed value, the
+    same whatever the partitioning), so two summaries of the same operations are equal.
+    """
+    outcome = F.col("outcome")
+    ended = outcome.isin("completed", "expired")
+    wait = F.when(ended, F.col("ended_at") - F.col("watched_at"))
+    late = F.when(outcome == "expired", F.col("ended_at") - F.col("deadline"))
+    counts = [F.sum(F.when(outcome == name, 1).otherwise(0)).alias(name) for name in _COUNTS[1:]]
+    return (
+        ops.withColumn("_wait", wait)
+        .withColumn("_late", late)
+        .groupBy(*by)
+        .agg(
+            F.count(F.lit(1)).alias("operations"),
+            *counts,
+            _pdisc(0.5, "_wait").alias("wait_p50"),
+            _pdisc(0.99, "_wait").alias("wait_p99"),
+            F.max("_wait").alias("wait_max"),
+            _pdisc(0.5, "_late").alias("lateness_p50"),
+            _pdisc(0.99, "_late").alias("lateness_p99"),
+            F.max("_late").alias("lateness_max"),
+        )
+        .withColumn("expired_share", F.col("expired") / F.greatest(F.col("operations"), F.lit(1)))
+    )
+
+
+def _pdisc(p: float, column: str) -> Column:
+    return F.expr(f"percentile_disc({p}) WITHIN GROUP (ORDER BY {column})")
+
+
+# -- event logs -------------------------------------------------------------------------------
+
+
+def load_event_log(spark: SparkSession, path: str) -> DataFrame:
+    """Read every ``*.jsonl`` file under `path` (``*.part`` files, still being written, skipped).
+
+    Raises:
+        TraceError: No file, a malformed line, a line of another schema version, or a line
+            missing a field its outcome requires.
+    """
+    try:
+        log = (
+            spark.read.schema(EVENT_LOG_SCHEMA)
+            .option("mode", "FAILFAST")
+            .option("recursiveFileLookup", "true")
+            .option("pathGlobFilter", "*.jsonl")
+            .json(path)
+        )
+        log = log.withColumn("_file", F.col("_metadata.file_path"))
+    except AnalysisException as exc:
+        raise TraceError(f"event log {path}: {_first_line(exc)}") from None
+    problem = _first_problem(
+        [
+            (F.col("v").isNull() | (F.col("v") != 1), "field 'v' is not 1 (schema version)"),
+            (F.col("purgatory").isNull(), "field 'purgatory' is missing"),
+            (F.col("id").isNull(), "field 'id' is missing"),
+            (F.col("watched_at").isNull(), "field 'watched_at' is missing"),
+            (F.col("deadline").isNull(), "field 'deadline' is missing"),
+            (~F.col("outcome").isin(*_OUTCOMES), "field 'outcome' is not a known outcome"),
+            (
+                (F.col("outcome") != "open") & F.col("ended_at").isNull(),
+                "field 'ended_at' is missing",
+            ),
+        ]
+    )
+    try:
+        bad = (
+            log.withColumn("_problem", problem)
+            .where(F.col("_problem").isNotNull())
+            .select("_file", "purgatory", "id", "_problem")
+            .limit(1)
+            .collect()
+        )
+    except Exception as exc:  # noqa: BLE001 - Spark's errors for malformed JSON, re-worded
+        raise TraceError(f"event log {path}: {_first_line(exc)}") from None
+    if bad:
+        row = bad[0]
+        raise TraceError(
+            f"event log file {row['_file']}: line of purgatory={row['purgatory']!r} "
+            f"id={row['id']!r}: {row['_problem']}"
+        )
+    return log.drop("_file")
+
+
+def _delayed_events(log: DataFrame, by: Sequence[str]) -> DataFrame:
+    """+1 at the watch and -1 at the end of every operation that waited in the timer.
+
+    An operation completed at the instant of its watch completed inside the watch call and never
+    waited. At one instant, operations that end come before those watched (a replay expires and
+    triggers before it admits the next arrival), except one that ends at the instant of its own
+    watch (a zero timeout), which comes right after its watch; ties go by operation id.
+    """
+    waited = log.where(
+        F.col("outcome").isin("completed", "expired", "cancelled", "open")
+        & ~((F.col("outcome") == "completed") & (F.col("ended_at") == F.col("watched_at")))
+    ).withColumn("_idl", F.col("id").cast("long"))
+    starts = waited.select(
+        *by,
+        F.col("watched_at").alias("_t"),
+        F.lit(1).alias("_after"),
+        "_idl",
+        "id",
+        F.lit(1).alias("_phase"),
+        F.lit(1).alias("_delta"),
+    )
+    ends = waited.where(F.col("ended_at").isNotNull()).select(
+        *by,
+        F.col("ended_at").alias("_t"),
+        F.when(F.col("ended_at") > F.col("watched_at"), 0).otherwise(1).alias("_after"),
+        "_idl",
+        "id",
+        F.lit(2).alias("_phase"),
+        F.lit(-1).alias("_delta"),
+    )
+    window = (
+        Window.partitionBy(*by)
+        .orderBy("_t", "_after", "_idl", "id", "_phase")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    return starts.unionByName(ends).withColumn("_level", F.sum("_delta").over(window))
+
+
+def analyze(
+    spark: SparkSession,
+    log_path: str,
+    out: str,
+    *,
+    window: float = 60.0,
+    overwrite: bool = False,
+) -> DataFrame:
+    """Analyse event logs: ``summary/``, ``keys/``, ``windows/`` and ``waits/`` under `out`.
+
+    - summary: per purgatory, the columns a replay's summary shares (`SHARED_SUMMARY_COLUMNS`),
+      computed the same way (``peak_delayed`` from the watch and end times);
+    - keys: per (purgatory, key): operations, outcomes, mean and max wait, peak waiters;
+    - windows: per (purgatory, window of `window` seconds): watched, completed, expired and
+      cancelled operations (by their end);
+    - waits: per (purgatory, outcome): counts of waits by power-of-two milliseconds bucket.
+
+    Returns:
+        The summary, read back from `out`.
+    """
+    if not (window > 0 and math.isfinite(window)):
+        raise ValueError(f"window must be a finite number of seconds > 0, got {window!r}")
+    log = load_event_log(spark, log_path)
+    log = log.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        peaks = (
+            _delayed_events(log, ["purgatory"])
+            .groupBy("purgatory")
+            .agg(F.max("_level").alias("peak_delayed"))
+        )
+        summary = (
+            outcome_summary(log, ["purgatory"])
+            .join(peaks, "purgatory", "left")
+            .na.fill(0, ["peak_delayed"])
+        )
+        by_key = log.withColumn("key", F.explode("keys"))
+        key_peaks = (
+            _delayed_events(by_key, ["purgatory", "key"])
+            .groupBy("purgatory", "key")
+            .agg(F.max("_level").alias("peak_waiters"))
+        )
+        outcome = F.col("outcome")
+        wait = F.when(outcome.isin("completed", "expired"), F.col("ended_at") - F.col("watched_at"))
+        keys = (
+            by_key.groupBy("purgatory", "key")
+            .agg(
+                F.count(F.lit(1)).alias("operations"),
+                F.sum(F.when(outcome == "completed", 1).otherwise(0)).alias("completed"),
+                F.sum(F.when(outcome == "expired", 1).otherwise(0)).alias("expired"),
+                F.avg(wait).alias("wait_mean"),
+                F.max(wait).alias("wait_max"),
+            )
+            .join(key_peaks, ["purgatory", "key"], "left")
+            .na.fill(0, ["peak_waiters"])
+        )
+        watched = log.select(
+            "purgatory",
+            F.floor(F.col("watched_at") / window).alias("_w"),
+            F.lit("watched").alias("_kind"),
+        )
+        ended = log.where(F.col("ended_at").isNotNull()).select(
+            "purgatory", F.floor(F.col("ended_at") / window).alias("_w"), outcome.alias("_kind")
+        )
+        kinds = ("watched", "completed", "expired", "cancelled")
+        windows = (
+            watched.unionByName(ended)
+            .groupBy("purgatory", "_w")
+            .agg(*(F.sum(F.when(F.col("_kind") == k, 1).otherwise(0)).alias(k) for k in kinds))
+            .select(
+                "purgatory",
+                (F.col("_w") * window).alias("window_start"),
+                F.lit(window).alias("window_seconds"),
+                *kinds,
+            )
+        )
+        waits = (
+            log.where(outcome.isin("completed", "expired"))
+            .withColumn("_ms", (F.col("ended_at") - F.col("watched_at")) * 1000)
+            .withColumn(
+                "bucket_ms",
+                F.when(F.col("_ms") <= 1, 1.0).otherwise(
+                    F.pow(F.lit(2.0), F.ceil(F.log2(F.col("_ms"))))
+                ),
+            )
+            .groupBy("purgatory", "outcome", "bucket_ms")
+            .agg(F.count(F.lit(1)).alias("operations"))
+        )
+        with atomic_output(spark, out, overwrite=overwrite) as staging:
+            summary.select(*SHARED_SUMMARY_COLUMNS, "expired_share").orderBy("purgatory").coalesce(
+                1
+            ).write.parquet(f"{staging}/summary")
+            keys.orderBy("purgatory", F.desc("peak_waiters"), "key").write.parquet(
+                f"{staging}/keys"
+            )
+            windows.orderBy("purgatory", "window_start").write.parquet(f"{staging}/windows")
+            waits.orderBy("purgatory", "outcome", "bucket_ms").write.parquet(f"{staging}/waits")
+    finally:
+        log.unpersist()
+    return spark.read.parquet(f"{out}/summary").orderBy("purgatory")
+
+
+def trace_from_log(spark: SparkSession, log_path: str, out: str, *, overwrite: bool = False) -> int:
+    """Turn recorded event logs into a trace, so a real night of traffic can be replayed.
+
+    A completed operation's condition became true at its completion; any other (expired,
+    cancelled, refused, still open) never did as far as the log knows: null. Ids must be
+    integers. Nothing is dropped: every line becomes a row.
+
+    Returns:
+        The number of rows written.
+    """
+    log = load_event_log(spark, log_path).withColumn("_file", F.col("_metadata.file_path"))
+    trace = log.select(
+        "purgatory",
+        F.col("id").cast("long").alias("op_id"),
+        F.col("watched_at").alias("arrival"),
+        "keys",
+        F.coalesce(F.col("timeout"), F.col("deadline") - F.col("watched_at")).alias("timeout"),
+        F.when(F.col("outcome") == "completed", F.col("ended_at")).alias("condition_at"),
+        F.col("id").alias("_id"),
+        "_file",
+    )
+    bad = trace.where(F.col("op_id").isNull()).limit(1).collect()
+    if bad:
+        raise TraceError(
+            f"event log file {bad[0]['_file']}: id {bad[0]['_id']!r} of purgatory "
+            f"{bad[0]['purgatory']!r} is not an integer; a trace needs integer op ids"
+        )
+    trace = trace.drop("_id", "_file").persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        with atomic_output(spark, out, overwrite=overwrite) as staging:
+            trace.write.parquet(staging)
+            load_trace(spark, staging)  # the same checks as any trace: fail before publishing
+        return trace.count()
+    finally:
+        trace.unpersist()
+
+
+def _spark_schema(schema: pa.Schema) -> T.StructType:
+    """The Spark struct for an Arrow schema of the types this package uses."""
+    mapping: dict[str, T.DataType] = {
+        "string": T.StringType(),
+        "int32": T.IntegerType(),
+        "int64": T.LongType(),
+        "double": T.DoubleType(),
+        "list<item: string>": T.ArrayType(T.StringType()),
+    }
+    return T.StructType([T.StructField(f.name, mapping[str(f.type)], f.nullable) for f in schema])

@@ -1,0 +1,332 @@
+"""The Spark pipeline on a real local SparkSession (one for the whole test session, local[2]).
+
+Covered: replay exactness (the outcome model: complete iff the condition comes before the
+deadline rounded up to the tick) and determinism (plain single-process replay, one Spark
+partition, one per group); the event log a replay writes, analysed, equals the replay's own
+summary, and turns back into a trace that replays the same; bad input is refused with the file
+and the row or column named, leaving no output; the spark-submit path with --py-files.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+
+import purgatory
+from purgatory.pipeline import (
+    SHARED_SUMMARY_COLUMNS,
+    W1,
+    ReplayConfig,
+    TraceError,
+    analyze,
+    generate,
+    replay,
+    replay_table,
+    trace_from_log,
+)
+from purgatory.pipeline._cli import main
+from purgatory.pipeline._generate import chunk_plan, generate_chunk
+from purgatory.pipeline._spark import atomic_output
+
+CONFIGS = [
+    ReplayConfig(tick=0.001),
+    # A coarse tick (many conditions land between a deadline and its rounding), a small wheel
+    # (overflow levels and cascades), frequent purges, shorter timeouts, doubled traffic.
+    ReplayConfig(
+        tick=0.05,
+        wheel_size=4,
+        purge_interval=10,
+        timeout_scale=0.5,
+        rate_scale=2.0,
+        trigger="force",
+    ),
+]
+W1_SMALL = W1(
+    purgatories=2,
+    operations=3000,
+    rate=2000.0,
+    timeout=0.1,
+    p50=0.04,
+    p75=0.1,
+    keys=20,
+    never=0.05,
+    seed=7,
+    chunk=1000,
+)
+OP_COLUMNS = ["purgatory", "config_id", "op_id", "outcome", "watched_at", "deadline", "ended_at"]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("purgatory-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("pipeline")
+
+
+@pytest.fixture(scope="session")
+def trace(spark: SparkSession, work: Path) -> str:
+    path = str(work / "trace")
+    assert generate(spark, W1_SMALL, path) == 6000
+    return path
+
+
+@pytest.fixture(scope="session")
+def replayed(spark: SparkSession, work: Path, trace: str) -> tuple[str, str]:
+    """The trace replayed on Spark (a partition per group) with an event log; (out, log)."""
+    out, log = str(work / "replay"), str(work / "events")
+    replay(spark, trace, out, CONFIGS, event_log=log)
+    return out, log
+
+
+def ops_of(table: pa.Table) -> list[dict[str, Any]]:
+    """Operation rows (not the gauges rows), sorted, as dicts of `OP_COLUMNS`."""
+    if "op_id" in table.column_names:
+        table = table.filter(pc.is_valid(table["op_id"]))
+    rows = table.select(OP_COLUMNS).to_pylist()
+    return sorted(rows, key=lambda r: (r["purgatory"], r["config_id"], r["op_id"]))
+
+
+def test_replay_is_exact_and_the_same_everywhere(
+    spark: SparkSession, work: Path, trace: str, replayed: tuple[str, str]
+) -> None:
+    table = pq.read_table(trace)
+    plain = replay_table(table, dict(enumerate(CONFIGS)), check=True)
+    expected = ops_of(plain)
+    assert len(expected) == 2 * 6000
+    one_partition = str(work / "replay-1")
+    replay(spark, trace, one_partition, CONFIGS, partitions=1)
+    for out in (replayed[0], one_partition):
+        assert ops_of(pq.read_table(f"{out}/operations")) == expected
+    gauges = [
+        "purgatory",
+        "config_id",
+        "peak_watched",
+        "peak_delayed",
+        "timer_passes",
+        "purges",
+        "purged_entries",
+        "attempts",
+    ]
+    plain_gauges = plain.filter(pc.is_null(plain["op_id"])).select(gauges).to_pylist()
+    for out in (replayed[0], one_partition):
+        summary = pq.read_table(f"{out}/summary").select(gauges).to_pylist()
+        assert sorted(summary, key=str) == sorted(plain_gauges, key=str)
+
+    # The outcome model, operation by operation.
+    rows = {(r["purgatory"], r["op_id"]): r for r in table.to_pylist()}
+    outcomes = {"completed": 0, "expired": 0}
+    for op in expected:
+        config = CONFIGS[op["config_id"]]
+        row = rows[op["purgatory"], op["op_id"]]
+        arrival = row["arrival"] / config.rate_scale
+        assert op["watched_at"] == arrival
+        timeout = row["timeout"] * config.timeout_scale
+        assert op["deadline"] == arrival + timeout
+        due = math.ceil(op["deadline"] / config.tick - 1e-6) * config.tick
+        condition = row["condition_at"]
+        if condition is not None and config.rate_scale != 1:
+            condition = arrival + (condition - row["arrival"])
+        outcomes[op["outcome"]] += 1
+        if condition is not None and condition < due:
+            assert op["outcome"] == "completed", op
+            assert op["ended_at"] == max(condition, arrival)
+        else:
+            assert op["outcome"] == "expired", op
+            assert op["ended_at"] == pytest.approx(due, abs=1e-9)
+            assert op["ended_at"] >= op["deadline"] - 1e-9  # never before its deadline
+    assert min(outcomes.values()) > 500, outcomes  # both outcomes well exercised
+
+
+def test_event_log_analysed_equals_the_replay_summary(
+    spark: SparkSession, work: Path, replayed: tuple[str, str]
+) -> None:
+    out, log = replayed
+    mine = pq.read_table(f"{out}/summary").to_pylist()
+    analysed = analyze(spark, log, str(work / "analysis"))
+    theirs = {row["purgatory"]: row.asDict() for row in analysed.collect()}
+    assert len(theirs) == len(mine) == 4
+    for row in mine:
+        other = theirs[f"{row['purgatory']}@{row['config_id']}"]
+        for column in SHARED_SUMMARY_COLUMNS[1:]:
+            assert other[column] == row[column], (row["purgatory"], row["config_id"], column)
+    keys = pq.read_table(str(work / "analysis" / "keys"))
+    assert pc.sum(keys["operations"]).as_py() == 3 * 2 * 2 * 3000  # 3 keys per operation
+    windows = pq.read_table(str(work / "analysis" / "windows"))
+    assert pc.sum(windows["expired"]).as_py() == sum(row["expired"] for row in mine)
+
+
+def test_event_log_becomes_a_trace_that_replays_the_same(
+    spark: SparkSession, work: Path, trace: str, replayed: tuple[str, str]
+) -> None:
+    recorded = str(work / "trace-from-log")
+    assert trace_from_log(spark, replayed[1], recorded) == 4 * 3000
+    table = pq.read_table(recorded)
+    table = table.filter(pc.match_substring(table["purgatory"], "@0"))
+    again = ops_of(replay_table(table, {0: CONFIGS[0]}))
+    original = [
+        {**op, "purgatory": f"{op['purgatory']}@0"}
+        for op in ops_of(replay_table(pq.read_table(trace), {0: CONFIGS[0]}))
+    ]
+    assert again == original
+
+
+def write_trace(path: Path, **changes: Any) -> str:
+    """A valid two-row trace file with some columns replaced (None: removed)."""
+    columns: dict[str, Any] = {
+        "purgatory": pa.array(["p", "p"]),
+        "op_id": pa.array([0, 1], pa.int64()),
+        "arrival": pa.array([0.0, 0.5]),
+        "keys": pa.array([["a"], ["a", "b"]]),
+        "timeout": pa.array([1.0, 1.0]),
+        "condition_at": pa.array([0.25, None], pa.float64()),
+    }
+    for name, value in changes.items():
+        if value is None:
+            del columns[name]
+        else:
+            columns[name] = value
+    path.mkdir()
+    pq.write_table(pa.table(columns), path / "part-0.parquet")
+    return str(path / "part-0.parquet")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"condition_at": None}, "missing column 'condition_at'"),
+        ({"timeout": pa.array(["1", "2"])}, "column 'timeout' has type string"),
+        ({"timeout": pa.array([1.0, -0.5])}, "op_id=1: column 'timeout' is negative"),
+        ({"timeout": pa.array([math.inf, 1.0])}, "op_id=0: column 'timeout' is not finite"),
+        ({"op_id": pa.array([3, 3], pa.int64())}, "duplicate op_id 3 in purgatory 'p'"),
+        ({"condition_at": pa.array([0.25, 0.4])}, "op_id=1: column 'condition_at' is before"),
+        ({"keys": pa.array([["a"], []], pa.list_(pa.string()))}, "column 'keys' is empty"),
+    ],
+)
+def test_bad_trace_is_refused_naming_file_and_row(
+    spark: SparkSession, tmp_path: Path, changes: dict[str, Any], message: str
+) -> None:
+    file = write_trace(tmp_path / "bad", **changes)
+    out = tmp_path / "out"
+    with pytest.raises(TraceError, match=message) as error:
+        replay(spark, str(tmp_path / "bad"), str(out), CONFIGS[:1])
+    assert "part-0.parquet" in str(error.value), file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]  # no output, no staging
+
+
+def test_a_failed_job_leaves_no_output(spark: SparkSession, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+
+    def failing_job() -> None:
+        with atomic_output(spark, str(out), overwrite=False) as staging:
+            spark.range(10).write.parquet(f"{staging}/part")
+            raise RuntimeError("mid-job")
+
+    with pytest.raises(RuntimeError, match="mid-job"):
+        failing_job()
+    assert list(tmp_path.iterdir()) == []
+    with atomic_output(spark, str(out), overwrite=False) as staging:
+        spark.range(10).write.parquet(staging)
+    with (
+        pytest.raises(FileExistsError, match="--overwrite"),
+        atomic_output(spark, str(out), overwrite=False),
+    ):
+        pass
+
+
+def test_missing_java_is_one_clear_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    assert main(["generate", "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "Java not found" in err[0]
+
+
+def test_spark_submit_with_the_package_zipped(tmp_path: Path, trace: str) -> None:
+    """The README's cluster recipe, on local[2]: the entry point with --py-files purgatory.zip."""
+    package = Path(purgatory.__file__).parent
+    bundle = tmp_path / "purgatory.zip"
+    with zipfile.ZipFile(bundle, "w") as zf:
+        for file in sorted(package.rglob("*")):
+            if "__pycache__" not in file.parts and file.is_file():
+                zf.write(file, file.relative_to(package.parent))
+    submit = Path(sys.executable).parent / "spark-submit"
+    out = tmp_path / "out"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop("PYTHONPATH", None)
+    result = subprocess.run(
+        [
+            str(submit),
+            "--master",
+            "local[2]",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.sql.shuffle.partitions=2",
+            "--py-files",
+            str(bundle),
+            str(package / "pipeline" / "__main__.py"),
+            "replay",
+            "--trace",
+            trace,
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "purgatory.zip" in result.stdout  # the driver imported the zipped package
+    summary = pq.read_table(out / "summary")
+    assert summary.num_rows == 2
+    plain = replay_table(pq.read_table(trace), {0: ReplayConfig(tick=0.001)})
+    assert ops_of(pq.read_table(out / "operations")) == ops_of(plain)
+    shutil.rmtree(out)
+
+
+def test_a_rerun_group_publishes_its_event_log_once(tmp_path: Path) -> None:
+    """Spark re-runs a failed task whole: the group's earlier files are replaced, not doubled."""
+    w1 = W1(purgatories=1, operations=500, chunk=500)
+    trace = pa.Table.from_batches([generate_chunk(w1, chunk) for chunk in chunk_plan(w1)])
+    for _ in range(2):
+        replay_table(trace, {0: CONFIGS[0]}, event_log_dir=str(tmp_path))
+    files = list(tmp_path.glob("*.jsonl"))
+    assert len(files) == 1
+    assert len(files[0].read_text().splitlines()) == 500
