@@ -987,16 +987,28 @@ class DelayedOperationPurgatory(Generic[Op]):
         """
         garbage = self._garbage
         watchers = self._watchers
+        get = watchers.get
+        popitem = garbage.popitem
         purged = 0
-        taken = 0
-        while garbage and (limit is None or taken < limit):
-            op = garbage.popitem()[0]
-            taken += 1
+        for _ in range(len(garbage) if limit is None else min(limit, len(garbage))):
+            op = popitem()[0]
             keys = op._keys
             if keys is None:
                 continue
             for key in keys:
-                if discard(watchers, key, op):
+                # discard(watchers, key, op), its two common shapes inlined: the purge visits
+                # every operation that finished on a list, so this runs once per such entry.
+                ops = get(key)
+                if ops is op:
+                    del watchers[key]
+                    purged += 1
+                elif type(ops) is dict:
+                    if op in ops:
+                        del ops[op]
+                        purged += 1
+                        if not ops:
+                            del watchers[key]
+                elif ops is not None and discard(watchers, key, op):
                     purged += 1
             op._listed = 0
         self._purged += purged
