@@ -82,6 +82,7 @@ class DelayedOperation(ABC, Generic[T_co]):
         "_future",
         "_keys",
         "_listed",
+        "_marks",
         "_purgatory",
         "_result",
         "_state",
@@ -105,6 +106,8 @@ class DelayedOperation(ABC, Generic[T_co]):
         self._keys: tuple[Any, ...] | None = None
         # How many watcher lists hold the operation: at 0 the purgatory forgets it.
         self._listed = 0
+        # Its thresholds by key when it watches at any (see purgatory._watchers).
+        self._marks: dict[Any, Any] | None = None
         self._future: Any = None
         # _deadline is written by the timing wheel and _result by completion, before any read.
         self._deadline: int

@@ -42,15 +42,15 @@ from ._errors import PurgatoryClosed, PurgatoryFull
 from ._events import EventLog, Outcome
 from ._operation import ASYNC, DONE, EXPIRED, FINISHED, DelayedOperation, report_false_claim
 from ._watchers import (
-    LoneMark,
     ThresholdWatchers,
     WatcherMap,
     count_entries,
     discard,
+    join_at,
     join_plain,
+    lone_mark,
     take_all,
     unregister,
-    watch_at,
 )
 from ._wheel import TimingWheel
 
@@ -89,7 +89,6 @@ EXPIRED_NOW = DONE | EXPIRED
 # garbage waits for the next pass, which the reaper runs as soon as the loop has had a turn.
 PURGE_SLICE = 4096
 
-_SHAPES_WITH_THRESHOLDS = (ThresholdWatchers, LoneMark)
 # Stands in for a key's list when the key has a lone watcher: only ever popped from, never filled.
 _NOTHING_TO_POP: dict[Any, None] = {}
 # Deadlines at most this many ticks ahead: 2**53 one-millisecond ticks are 285,000 years, and a
@@ -126,14 +125,22 @@ class PurgatoryStatistics:
 
 def _split_keys(
     keys: Iterable[Hashable] | Mapping[Hashable, Any],
-) -> tuple[tuple[Hashable, ...], tuple[Any, ...] | None]:
-    """The keys to watch, and their thresholds if a mapping gave any (else ``None``)."""
+) -> tuple[tuple[Hashable, ...], dict[Hashable, Any] | None]:
+    """The keys to watch, and the operation's own copy of the mapping of key to threshold if
+    a mapping was given (its *marks*, see `purgatory._watchers`), else ``None``.
+
+    Thresholds are checked here, before anything is tried or registered.
+    """
     if type(keys) is dict or isinstance(keys, Mapping):
-        thresholds = tuple(keys.values())
-        keys = tuple(keys)
-        if thresholds.count(None) == len(thresholds):
-            return keys, None
-        return keys, thresholds
+        marks = dict(keys)  # (all None: a plain watch, which these marks then describe)
+        for threshold in marks.values():
+            if threshold is not None and not threshold <= threshold:  # noqa: PLR0124 - NaN
+                key = next(key for key, value in marks.items() if value is threshold)
+                raise ValueError(
+                    f"threshold {threshold!r} for {key!r} does not order against itself "
+                    "(NaN?); a watcher at it could never be reached"
+                )
+        return tuple(marks), marks
     if isinstance(keys, str | bytes):
         raise TypeError(f"keys must be a collection of keys, not the string {keys!r}")
     if not isinstance(keys, Iterable):
@@ -146,10 +153,6 @@ def _split_keys(
 def _check_reached(reached: Any) -> None:
     if not reached <= reached:  # noqa: PLR0124 - false for NaN alone
         raise ValueError(f"reached {reached!r} does not order against itself (NaN?)")
-
-
-def _plain_keys(keys: tuple[Hashable, ...], thresholds: tuple[Any, ...]) -> list[Hashable]:
-    return [key for key, threshold in zip(keys, thresholds, strict=True) if threshold is None]
 
 
 def _check_identity_semantics(cls: type) -> None:
@@ -266,7 +269,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._max_timeout = MAX_TIMEOUT_TICKS * self._tick
         self._max_pending = max_pending
         self._log = event_log
-        # A key's watchers: the operation, an ordered set, a LoneMark or a ThresholdWatchers.
+        # A key's watchers: the operation, an ordered set or a ThresholdWatchers.
         self._watchers: WatcherMap = {}
         # Operations that finished while still on some list: what the next purge visits.
         self._garbage: dict[Op, None] = {}
@@ -363,9 +366,9 @@ class DelayedOperationPurgatory(Generic[Op]):
         if cls not in self._checked_types:
             _check_identity_semantics(cls)
             self._checked_types.add(cls)
-        thresholds = None
+        marks = None
         if type(keys) is not tuple:
-            keys, thresholds = _split_keys(keys)
+            keys, marks = _split_keys(keys)
         if not keys:
             raise ValueError("keys is empty: an operation must watch at least one key")
         if op._timeout > self._max_timeout:
@@ -379,6 +382,9 @@ class DelayedOperationPurgatory(Generic[Op]):
         log = self._log
         if log is not None:
             now = self._time()
+            thresholds = None if marks is None else tuple(marks.values())
+            if thresholds is not None and thresholds.count(None) == len(thresholds):
+                thresholds = None
             log.record_watch(self._name, op, keys, thresholds, now, now + op._timeout)
         if not state:  # a synchronous try_complete: Kafka's first try
             try:
@@ -400,35 +406,31 @@ class DelayedOperationPurgatory(Generic[Op]):
                 "operations"
             )
         # Registration: on every key or, if a key cannot be hashed or a threshold compared, on
-        # none. Plain watches inline (the hot path), those at a threshold through watch_at.
-        # A key given twice is watched once: `listed` counts the lists that took `op`.
+        # none. A key's first watcher is stored as itself, at a threshold or not (its marks
+        # say); a shared key takes a shape that knows thresholds once one is involved. A key
+        # given twice is watched once: `listed` counts the lists that took `op`.
         watchers = self._watchers
+        op._marks = marks
         listed = 0
         try:
-            for key in (
-                keys
-                if thresholds is None
-                else _plain_keys(keys, thresholds)
-                if None in thresholds
-                else ()
-            ):
+            for key in keys:
                 ops = watchers.get(key)
                 if ops is None:
                     watchers[key] = op
+                elif marks is not None and marks[key] is not None:
+                    join_at(watchers, key, op, ops, marks[key])
                 elif type(ops) is dict:
                     if op in ops:
                         continue
                     ops[op] = None
-                elif type(ops) in _SHAPES_WITH_THRESHOLDS:
-                    if not join_plain(watchers, key, op, ops):
-                        continue
                 elif ops is op:
                     continue
+                elif type(ops) is ThresholdWatchers or lone_mark(ops, key) is not None:
+                    if not join_plain(watchers, key, op, ops):
+                        continue
                 else:
                     watchers[key] = {ops: None, op: None}
                 listed += 1
-            if thresholds is not None:
-                listed += watch_at(watchers, op, keys, thresholds)
         except BaseException:
             unregister(watchers, op, keys)
             self._abandon(op)
@@ -547,14 +549,14 @@ class DelayedOperationPurgatory(Generic[Op]):
                 candidates = list(ops.plain)
             drop = ops.pop
         else:
-            if type(ops) is LoneMark:
-                if reached is not None:
+            marks = ops._marks
+            if reached is not None and marks is not None:
+                threshold = marks.get(key)
+                if threshold is not None:
                     _check_reached(reached)
-                    if not ops.threshold <= reached:
+                    if not threshold <= reached:
                         return 0
-                    ops = watchers[key] = ops.op  # released: a plain watcher from now on
-                else:
-                    ops = ops.op  # tried, but still waiting for its threshold
+                    marks[key] = None  # released: a plain watcher from now on
             # The key's only watcher: the pops below find nothing, its entry goes after the loop.
             single = ops
             candidates = (ops,)

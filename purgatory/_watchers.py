@@ -7,10 +7,10 @@ shape that serves the key:
 
 - the operation itself, when it is the key's only watcher (most keys of a server with many
   partitions or sessions are like that, and a ``dict`` per key would cost more memory than the
-  operation);
+  operation); if it watches the key at a threshold, the threshold is in the operation's own
+  ``_marks`` (its key-to-threshold mapping), so a lone watcher costs no object at all;
 - an insertion-ordered ``dict[op, None]`` used as a set, once several watch it (O(1) removal,
   Kafka's order of re-tries);
-- a `LoneMark` (the operation and its threshold), when its only watcher watches at a threshold;
 - a `ThresholdWatchers`, once several watch it and any of them at a threshold.
 
 Thresholds are the step beyond Kafka. Its ``checkAndComplete(key)`` re-tries every watcher of the
@@ -19,7 +19,12 @@ watermark to pass its offset, a fetch for the log end to pass ``offset + min_byt
 at a threshold sits in a heap ordered by threshold; ``check_and_complete(key, reached)`` pops the
 watchers whose threshold is ``<= reached``, in threshold order, and re-tries only those (and the
 plain watchers of the key). A popped watcher whose ``try_complete`` still says no is *released*:
-it becomes a plain watcher of the key, re-tried by every later trigger, so it is never lost.
+it becomes a plain watcher of the key, re-tried by every later trigger, so it is never lost. A
+lone watcher is released by setting its mark for the key to ``None``.
+
+An operation's ``_marks`` speaks only for the keys on which it is the lone watcher: once a key
+has several watchers, the key's `ThresholdWatchers` holds the truth (it took the threshold over
+when it grew) and the mark is not read again.
 
 Removal without a scan. Every heap entry is a mutable *cell* ``[threshold, seq, op]``; removing
 an operation nulls its cell's ``op`` (so the heap never keeps a finished operation alive) and
@@ -44,16 +49,16 @@ if TYPE_CHECKING:
     from ._operation import DelayedOperation
 
 __all__ = (
-    "LoneMark",
     "ThresholdWatchers",
     "WatcherMap",
     "count_entries",
     "discard",
+    "join_at",
     "join_plain",
+    "lone_mark",
     "members",
     "take_all",
     "unregister",
-    "watch_at",
 )
 
 Op = TypeVar("Op", bound="DelayedOperation[Any]")
@@ -151,75 +156,47 @@ class ThresholdWatchers(Generic[Op]):
                 plain[op] = None
 
 
-@final
-class LoneMark:
-    """A key's only watcher, watching at a threshold: no heap, no dicts (about 56 bytes)."""
-
-    __slots__ = ("op", "threshold")
-
-    def __init__(self, op: Any, threshold: Any) -> None:
-        self.op = op
-        self.threshold = threshold
-
-    def __repr__(self) -> str:
-        return f"<LoneMark {self.op!r} at {self.threshold!r}>"
-
-
-#: A key's watchers: the operation itself, an ordered set of them, a `LoneMark` or a
-#: `ThresholdWatchers`.
+#: A key's watchers: the operation itself, an ordered set of them or a `ThresholdWatchers`.
 WatcherMap = dict[Hashable, Any]
 
 
-def watch_at(
-    lists: WatcherMap, op: Any, keys: tuple[Hashable, ...], thresholds: tuple[Any, ...]
-) -> int:
-    """Put `op` on the list of each key at its threshold (keys at ``None`` are skipped).
+def join_at(lists: WatcherMap, key: Hashable, op: Any, ops: Any, threshold: Any) -> None:
+    """Add `op` at `threshold` to `key`'s watchers `ops`, which are not empty.
 
-    The plain watches of an operation are registered inline by the purgatory, on its hot path
-    (`join_plain` serves the shapes it does not handle); this is where a key takes a shape that
-    knows thresholds. On an error the caller takes back what was registered (`unregister`).
-
-    Returns:
-        How many lists took `op`.
+    A key's first watcher is stored as itself by the purgatory, on its hot path, whether it
+    watches at a threshold or not (its mark says which); this is where a key shared by several
+    watchers takes the shape that knows thresholds. `op` is not already on the key (a mapping's
+    keys are distinct). On an error the caller takes back what was registered (`unregister`).
 
     Raises:
-        TypeError: A key is not hashable, or a threshold does not compare with its key's others.
-        ValueError: A threshold does not order against itself (NaN).
+        TypeError: `threshold` does not compare with the key's other thresholds.
 
-    Runtime complexity: O(log n) per key.
+    Runtime complexity: O(log n).
     """
-    listed = 0
-    heappush = heapq.heappush
-    for key, threshold in zip(keys, thresholds, strict=True):
-        if threshold is None:
-            continue
-        if not threshold <= threshold:  # noqa: PLR0124 - false for NaN alone
-            raise ValueError(
-                f"threshold {threshold!r} for {key!r} does not order against itself (NaN?); "
-                "a watcher at it could never be reached"
-            )
-        ops = lists.get(key)
-        if ops is None:
-            lists[key] = LoneMark(op, threshold)
-        elif type(ops) is ThresholdWatchers:
-            cell = [threshold, ops.seq, op]  # a mapping's keys are distinct: no duplicate
-            ops.seq += 1
-            ops.cells[op] = cell
-            try:
-                heappush(ops.heap, cell)
-            except BaseException:
-                ops.unpush(op, cell)
-                raise
-        else:
-            watchers = _grown(ops)
-            watchers.add(op, threshold)
-            lists[key] = watchers
-        listed += 1
-    return listed
+    if type(ops) is ThresholdWatchers:
+        cell = [threshold, ops.seq, op]
+        ops.seq += 1
+        ops.cells[op] = cell
+        try:
+            heapq.heappush(ops.heap, cell)
+        except BaseException:
+            ops.unpush(op, cell)
+            raise
+    else:
+        watchers = _grown(ops, key)
+        watchers.add(op, threshold)
+        lists[key] = watchers
+
+
+def lone_mark(op: Any, key: Hashable) -> Any:
+    """The threshold at which the lone watcher `op` of `key` waits (``None``: plain)."""
+    marks = op._marks
+    return None if marks is None else marks.get(key)
 
 
 def join_plain(lists: WatcherMap, key: Hashable, op: Any, ops: Any) -> bool:
-    """Add `op` as a plain watcher of `key`, whose watchers `ops` know thresholds.
+    """Add `op` as a plain watcher of `key`, whose watchers `ops` know thresholds (a
+    `ThresholdWatchers`, or a lone operation watching `key` at a threshold).
 
     Returns:
         ``False`` if `op` already watched `key` (the key was given twice).
@@ -229,21 +206,21 @@ def join_plain(lists: WatcherMap, key: Hashable, op: Any, ops: Any) -> bool:
             return False
         ops.plain[op] = None
         return True
-    if ops.op is op:
+    if ops is op:
         return False
-    watchers = _grown(ops)
+    watchers = _grown(ops, key)
     watchers.plain[op] = None
     lists[key] = watchers
     return True
 
 
-def _grown(ops: Any) -> ThresholdWatchers[Any]:
-    """The `ThresholdWatchers` that holds what the lone, ordered-set or lone-mark `ops` held."""
-    if type(ops) is LoneMark:
-        watchers: ThresholdWatchers[Any] = ThresholdWatchers({})
-        watchers.add(ops.op, ops.threshold)  # one threshold: nothing to compare with
-        return watchers
-    return ThresholdWatchers(ops if type(ops) is dict else {ops: None})
+def _grown(ops: Any, key: Hashable) -> ThresholdWatchers[Any]:
+    """The `ThresholdWatchers` of `key` that holds what the lone or ordered-set `ops` held."""
+    if type(ops) is dict:
+        return ThresholdWatchers(ops)
+    watchers: ThresholdWatchers[Any] = ThresholdWatchers({})
+    watchers.add(ops, lone_mark(ops, key))  # one threshold: nothing to compare with
+    return watchers
 
 
 def unregister(lists: WatcherMap, op: Any, keys: tuple[Hashable, ...]) -> None:
@@ -258,7 +235,7 @@ def unregister(lists: WatcherMap, op: Any, keys: tuple[Hashable, ...]) -> None:
 def discard(lists: WatcherMap, key: Hashable, op: Any) -> bool:
     """Take `op` off `key`'s list (dropping the key once empty); ``False`` if it was not on it."""
     ops = lists.get(key)
-    if ops is op or (type(ops) is LoneMark and ops.op is op):
+    if ops is op:
         del lists[key]
         return True
     if type(ops) is dict:
@@ -300,8 +277,6 @@ def members(ops: Any) -> Iterator[Any]:
     """The operations of one key's watchers, whatever their shape."""
     if type(ops) is dict or type(ops) is ThresholdWatchers:
         yield from ops
-    elif type(ops) is LoneMark:
-        yield ops.op
     else:
         yield ops
 

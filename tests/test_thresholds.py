@@ -123,6 +123,26 @@ def test_order_plain_then_reached_in_threshold_order_then_watch_order() -> None:
     check_invariants(p)
 
 
+def test_a_lone_watcher_keeps_its_threshold_or_its_release_when_others_join() -> None:
+    # A key's only watcher is stored as itself, its threshold in its own marks: when a second
+    # watcher comes, the key's heap must take over that threshold, or its release.
+    _clock, p = manual()
+    log: list[int] = []
+    waiting, released = Picky(1, log), Picky(2, log)
+    p.try_complete_else_watch(waiting, {"w": 8})
+    p.try_complete_else_watch(released, {"r": 8})
+    assert p.check_and_complete("r", 8) == 0  # reached, not ready: released
+    for key in ("w", "r"):
+        p.try_complete_else_watch(Picky(3, log), {key: 100})
+    log.clear()
+    assert p.check_and_complete("w", 7) == 0
+    assert p.check_and_complete("r", 7) == 0
+    assert log == [2]  # the released one is tried by every trigger; the other not yet
+    assert p.check_and_complete("w", 8) == 0
+    assert log == [2, 1]
+    check_invariants(p)
+
+
 def test_a_key_can_mix_plain_and_threshold_watchers_of_many_keys() -> None:
     _clock, p = manual()
     log: list[int] = []

@@ -6,7 +6,7 @@ from typing import Any
 
 from .._operation import DONE, EXPIRED, FINISHED
 from .._purgatory import DelayedOperationPurgatory
-from .._watchers import LoneMark, ThresholdWatchers
+from .._watchers import ThresholdWatchers
 from .._wheel import TimingWheel
 
 __all__ = ("check_invariants", "check_threshold_watchers", "check_wheel")
@@ -35,8 +35,6 @@ def check_invariants(purgatory: DelayedOperationPurgatory[Any]) -> None:
             ops = list(watching)
         elif type(watching) is dict:
             ops = list(watching)
-        elif type(watching) is LoneMark:
-            ops = [watching.op]
         else:
             ops = [watching]
         assert ops, f"empty watcher list for {key!r}"
