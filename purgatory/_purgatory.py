@@ -653,8 +653,15 @@ class DelayedOperationPurgatory(Generic[Op]):
         Kafka: ``cancelForKey``. Cancelled operations leave the timer at once, never complete nor
         expire, and their awaiters get `OperationCancelled`. Unknown key: ``[]``.
 
+        Raises:
+            RuntimeError: Called outside the thread of the event loop the purgatory is bound to
+                (from another thread: ``loop.call_soon_threadsafe(purgatory.cancel_for_key,
+                key)``).
+
         Runtime complexity: O(operations on the key's list).
         """
+        if self._owner_thread is not None and get_ident() != self._owner_thread:
+            self._bind_loop()  # refuses a foreign thread while the purgatory's loop runs
         ops = self._watchers.pop(key, None)
         if ops is None:
             return []
@@ -685,8 +692,13 @@ class DelayedOperationPurgatory(Generic[Op]):
         The purge otherwise runs by Kafka's rule (``purge_interval``) on a timer pass; call this
         to bring `watched` down to the pending operations on demand, for a gauge or a test.
 
+        Raises:
+            RuntimeError: Called outside the thread of the event loop the purgatory is bound to.
+
         Runtime complexity: O(keys of the operations finished since the last purge).
         """
+        if self._owner_thread is not None and get_ident() != self._owner_thread:
+            self._bind_loop()
         before = self._purged
         self._unpurged = 0
         self._purge(None)

@@ -532,6 +532,29 @@ async def test_check_and_complete_from_a_foreign_thread_is_refused() -> None:
         assert p.check_and_complete("k") == 1
 
 
+@pytest.mark.asyncio
+async def test_cancel_for_key_and_purge_from_a_foreign_thread_are_refused() -> None:
+    async with DelayedOperationPurgatory[FlagOperation]("threads") as p:
+        op = FlagOperation(30)
+        p.try_complete_else_watch(op, ["k"])
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            for call in (lambda: p.cancel_for_key("k"), p.purge):
+                try:
+                    call()
+                except RuntimeError as exc:
+                    errors.append(exc)
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        assert len(errors) == 2
+        assert all("another thread" in str(error) for error in errors)
+        assert not op.is_cancelled
+        assert p.cancel_for_key("k") == [op]
+
+
 def test_a_patched_loop_time_is_the_one_clock() -> None:
     loop = asyncio.new_event_loop()
     virtual = [time.monotonic() + 1000.0]
