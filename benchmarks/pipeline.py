@@ -192,9 +192,21 @@ def main(argv: list[str] | None = None) -> int:
     text = render(figures)
     print(text)
     if args.write:
-        RESULTS.write_text(text)
+        RESULTS.write_text(text + _hand_written_part(RESULTS))
         print(f"wrote {RESULTS}")
     return 0
+
+
+HAND_WRITTEN = "<!-- Written by hand from the run above; `--write` keeps what follows. -->"
+
+
+def _hand_written_part(path: Path) -> str:
+    """The analysis below `HAND_WRITTEN` in the existing results file, kept across runs."""
+    if not path.exists():
+        return ""
+    old = path.read_text()
+    at = old.find(HAND_WRITTEN)
+    return "" if at < 0 else "\n" + old[at:]
 
 
 def render(f: dict[str, Any]) -> str:
