@@ -19,37 +19,22 @@ import gc
 import random
 import time
 
-from purgatory import DelayedOperation, DelayedOperationPurgatory
+from purgatory import DelayedOperationPurgatory
 from purgatory.testing import ManualClock
 
+from .ours import FlagOp
+
 __all__ = ("main", "measure")
-
-
-class _Op(DelayedOperation[None]):
-    __slots__ = ("ready",)
-
-    def __init__(self, timeout: float) -> None:
-        super().__init__(timeout)
-        self.ready = False
-
-    def try_complete(self) -> bool:
-        return self.force_complete() if self.ready else False
-
-    def on_complete(self) -> None:
-        return None
-
-    def on_expiration(self) -> None:
-        return None
 
 
 def measure(n: int, seed: int = 1) -> tuple[float, int]:
     """CPU microseconds per expired operation of the walk, and how many expired."""
     rng = random.Random(seed)
     clock = ManualClock()
-    purgatory: DelayedOperationPurgatory[_Op] = DelayedOperationPurgatory("expiry", clock=clock)
+    purgatory: DelayedOperationPurgatory[FlagOp] = DelayedOperationPurgatory("expiry", clock=clock)
     ops = []
     for key in range(n):
-        op = _Op(10.0 + rng.random())
+        op = FlagOp(10.0 + rng.random())
         purgatory.try_complete_else_watch(op, (key,))
         ops.append(op)
     for key in rng.sample(range(n), n // 2):

@@ -24,33 +24,13 @@ import heapq
 import time
 from collections.abc import Hashable
 
-from purgatory import DelayedOperation, DelayedOperationPurgatory, PurgatoryStatistics
+from purgatory import DelayedOperationPurgatory, PurgatoryStatistics
 from purgatory.testing import ManualClock
 
+from .ours import FlagOp
 from .w1 import POOL_SIZE, TIMEOUT, W1Setting, make_pools
 
 __all__ = ("main", "run")
-
-
-class VirtualOp(DelayedOperation[None]):
-    """W1's request: completes once the driver sets `ready` (as `benchmarks.ours.BenchOp`)."""
-
-    __slots__ = ("ready",)
-
-    def __init__(self, timeout: float) -> None:
-        super().__init__(timeout)
-        self.ready = False
-
-    def try_complete(self) -> bool:
-        if self.ready:
-            return self.force_complete()
-        return False
-
-    def on_complete(self) -> None:
-        return None
-
-    def on_expiration(self) -> None:
-        return None
 
 
 def run(
@@ -65,14 +45,12 @@ def run(
     pools = make_pools(setting, seed)
     mask = POOL_SIZE - 1
     clock = ManualClock()
-    purgatory: DelayedOperationPurgatory[VirtualOp] = DelayedOperationPurgatory(
-        "virtual", clock=clock
-    )
+    purgatory: DelayedOperationPurgatory[FlagOp] = DelayedOperationPurgatory("virtual", clock=clock)
     watch = purgatory.try_complete_else_watch
     check = purgatory.check_and_complete
     advance = clock.advance
     mode = setting.mode
-    completions: list[tuple[float, int, VirtualOp, Hashable]] = []
+    completions: list[tuple[float, int, FlagOp, Hashable]] = []
     gc.collect()
     started = time.process_time()
     at = 0.0
@@ -93,7 +71,7 @@ def run(
             advance(at - clock.now())
         keys = pools.keys[(i * 13 + 2) & mask]
         latency = pools.latencies[(i * 7 + 1) & mask]
-        op = VirtualOp(TIMEOUT)
+        op = FlagOp(TIMEOUT)
         if mode == "threshold":
             watch(op, dict.fromkeys(keys, at + latency))
         else:

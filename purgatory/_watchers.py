@@ -174,14 +174,7 @@ def join_at(lists: WatcherMap, key: Hashable, op: Any, ops: Any, threshold: Any)
     Runtime complexity: O(log n).
     """
     if type(ops) is ThresholdWatchers:
-        cell = [threshold, ops.seq, op]
-        ops.seq += 1
-        ops.cells[op] = cell
-        try:
-            heapq.heappush(ops.heap, cell)
-        except BaseException:
-            ops.unpush(op, cell)
-            raise
+        ops.add(op, threshold)
     else:
         watchers = _grown(ops, key)
         watchers.add(op, threshold)
