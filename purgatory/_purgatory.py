@@ -1002,10 +1002,14 @@ class DelayedOperationPurgatory(Generic[Op]):
         garbage = self._garbage
         watchers = self._watchers
         get = watchers.get
-        popitem = garbage.popitem
+        if limit is None or len(garbage) <= limit:
+            batch: Iterable[Op] = list(garbage)  # the usual case: all of it, no item tuples
+            garbage.clear()
+        else:
+            popitem = garbage.popitem
+            batch = [popitem()[0] for _ in range(limit)]
         purged = 0
-        for _ in range(len(garbage) if limit is None else min(limit, len(garbage))):
-            op = popitem()[0]
+        for op in batch:
             keys = op._keys
             if keys is None:
                 continue
