@@ -28,7 +28,6 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from heapq import heappop, heappush
-from math import floor as _floor
 from typing import Any, Final, Literal
 
 import pyarrow as pa
@@ -36,7 +35,7 @@ import pyarrow as pa
 from .._eventlog import JsonLinesEventLog
 from .._events import Outcome
 from .._operation import EXPIRED, FINISHED, DelayedOperation
-from .._purgatory import _TICK_SLACK, DelayedOperationPurgatory
+from .._purgatory import DelayedOperationPurgatory
 from ..testing import ManualClock
 
 __all__ = (
@@ -213,10 +212,7 @@ class _Group:
         purgatory = self.purgatory
         clock = self.clock
         now = clock._now
-        if (
-            when > now
-            and _floor(when / self.config.tick + _TICK_SLACK) < purgatory._next_timer_pass()
-        ):
+        if when > now and purgatory._now_tick(when) < purgatory._next_timer_pass():
             clock._now = when
             return
         before = purgatory._purged
