@@ -101,7 +101,7 @@ def _tries(purgatory: Any, keysets: list[tuple[int]], timeouts: list[float]) -> 
 
 def _register(purgatory: Any, keysets: list[tuple[int]], timeouts: list[float]) -> object:
     out = []
-    watchers = purgatory._watchers
+    watchers: dict[Any, Any] = {}  # a map of the same shape as the lists' own
     for i, keys in enumerate(keysets):
         timeout = timeouts[i]
         op = BenchOp(timeout, timeout)
@@ -114,7 +114,7 @@ def _register(purgatory: Any, keysets: list[tuple[int]], timeouts: list[float]) 
 
 def _clock(purgatory: Any, keysets: list[tuple[int]], timeouts: list[float]) -> object:
     out = []
-    watchers = purgatory._watchers
+    watchers: dict[Any, Any] = {}  # a map of the same shape as the lists' own
     clock = purgatory._time
     tick = purgatory._tick
     ceil = math.ceil
@@ -131,7 +131,7 @@ def _clock(purgatory: Any, keysets: list[tuple[int]], timeouts: list[float]) -> 
 
 def _wheel(purgatory: Any, keysets: list[tuple[int]], timeouts: list[float]) -> object:
     out = []
-    watchers = purgatory._watchers
+    watchers: dict[Any, Any] = {}  # a map of the same shape as the lists' own
     clock = purgatory._time
     tick = purgatory._tick
     ceil = math.ceil

@@ -14,11 +14,11 @@ import math
 import sys
 import time
 from _thread import get_ident
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, Protocol, final
 
 __all__ = (
-    "AttemptTasks",
+    "AttemptRunner",
     "CancelledError",
     "EventLoop",
     "FunctionClock",
@@ -31,8 +31,8 @@ __all__ = (
     "new_future",
     "no_running_loop_reason",
     "report_exception",
+    "report_false_claim",
     "running_loop",
-    "spawn",
 )
 
 CancelledError = asyncio.CancelledError
@@ -40,7 +40,6 @@ CancelledError = asyncio.CancelledError
 logger = logging.getLogger("purgatory")
 
 EventLoop = asyncio.AbstractEventLoop
-AttemptTasks = set[asyncio.Task[None]]
 
 running_loop: Callable[[], asyncio.AbstractEventLoop | None] = asyncio._get_running_loop
 
@@ -128,24 +127,134 @@ def current_task_cancelling() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-def spawn(
-    coro: Coroutine[Any, Any, None],
-    name: str,
-    on_done: Callable[[asyncio.Task[None]], None],
-) -> asyncio.Task[None]:
-    """Run `coro` as a Task of its own (in a copy of the current context); `on_done` after it.
+def report_false_claim(op: object, claimed: object) -> None:
+    """Say that `op`'s try_complete returned a truthy value without completing `op`."""
+    report_exception(
+        f"{type(op).__qualname__}.try_complete returned {claimed!r} without completing; it "
+        "must return self.force_complete()",
+        TypeError("try_complete claimed a completion that did not happen"),
+        operation=op,
+    )
 
-    Raises:
-        RuntimeError: No event loop is running here.
+
+class _Attempted(Protocol):
+    """What the runner needs of an operation with an async ``try_complete``."""
+
+    @property
+    def is_completed(self) -> bool: ...
+
+    @property
+    def is_cancelled(self) -> bool: ...
+
+    def try_complete(self) -> Any: ...
+
+
+@final
+class AttemptRunner:
+    """Runs the attempts of async ``try_complete`` methods, for one purgatory.
+
+    Every attempt runs in a Task of its own, in a copy of the caller's context, as asyncio runs
+    any callback: a timeout or a context variable inside ``try_complete`` is the attempt's,
+    never the caller's. At most one attempt runs per operation; triggers that arrive while it
+    runs are remembered, and the attempt that ends runs one more (Kafka's
+    ``maybeTryComplete``): no trigger is lost and none piles up.
     """
-    loop = asyncio._get_running_loop()
-    if loop is None:
-        coro.close()
-        reason = no_running_loop_reason()
-        raise RuntimeError(f"an async try_complete runs as a task on the event loop, and {reason}")
-    task = loop.create_task(coro, name=name)
-    task.add_done_callback(on_done)
-    return task
+
+    __slots__ = ("_rerun", "closed", "tasks")
+
+    def __init__(self) -> None:
+        # The operations with an attempt in flight, each with "a trigger came in meanwhile".
+        self._rerun: dict[Any, bool] = {}
+        #: The attempts' tasks, so that a shutdown can cancel them.
+        self.tasks: set[asyncio.Task[None]] = set()
+        #: Set by the purgatory's shutdown: cancelled attempts are not started again.
+        self.closed = False
+
+    def running(self, op: object) -> bool:
+        """Whether an attempt of `op` is in flight."""
+        return op in self._rerun
+
+    def attempt(self, op: _Attempted) -> None:
+        """Start an attempt of `op`, or have the one in flight followed by one more.
+
+        Raises:
+            RuntimeError: No event loop is running here.
+        """
+        if op.is_completed or op.is_cancelled:
+            return
+        rerun = self._rerun
+        if op in rerun:
+            rerun[op] = True
+            return
+        loop = asyncio._get_running_loop()
+        if loop is None:
+            reason = no_running_loop_reason()
+            raise RuntimeError(
+                f"an async try_complete runs as a task on the event loop, and {reason}"
+            )
+        rerun[op] = False
+        task = loop.create_task(self._run(op), name=f"{type(op).__qualname__}.try_complete")
+        task.add_done_callback(lambda task: self._ended(op, task))
+        self.tasks.add(task)
+
+    async def _run(self, op: _Attempted) -> None:
+        """Attempts, one at a time, until one ends with no trigger having come in meanwhile."""
+        name = type(op).__qualname__
+        rerun = self._rerun
+        while True:
+            rerun[op] = False
+            try:
+                claimed = await op.try_complete()
+            except asyncio.CancelledError:
+                if current_task_cancelling():
+                    raise  # the task was cancelled: `_ended` sorts it out
+                report_exception(
+                    f"{name}.try_complete raised CancelledError without being cancelled",
+                    asyncio.CancelledError(),
+                    operation=op,
+                )
+            except (KeyboardInterrupt, SystemExit):
+                rerun.pop(op, None)
+                raise
+            except BaseException as exc:  # noqa: BLE001 - reported; the operation goes on
+                report_exception(f"{name}.try_complete raised", exc, operation=op)
+            else:
+                if claimed and not op.is_completed:
+                    report_false_claim(op, claimed)
+            if not rerun.get(op) or op.is_completed or op.is_cancelled:
+                rerun.pop(op, None)
+                return
+
+    def _ended(self, op: _Attempted, task: asyncio.Task[None]) -> None:
+        """An attempt's task ended; if it was cancelled from outside, attempt again.
+
+        A shutdown cancels attempts on purpose. Anyone else (code that cancels "all other
+        tasks", say) may have cancelled it before it even started, or with a trigger pending:
+        the operation must neither stay "running" for good nor lose that trigger.
+        """
+        self.tasks.discard(task)
+        # Only a cancelled task ends with its operation still marked running (every other way
+        # out clears it), and no other attempt can have started since.
+        if not task.cancelled() or op not in self._rerun:
+            return
+        del self._rerun[op]
+        if op.is_completed or op.is_cancelled or self.closed:
+            return
+        report_exception(
+            f"the task of {type(op).__qualname__}.try_complete was cancelled from outside; "
+            "the attempt runs again",
+            asyncio.CancelledError(),
+            operation=op,
+        )
+        self.attempt(op)
+
+    def close(self) -> None:
+        """Cancel every attempt in flight (but the running task's own) and start no more."""
+        self.closed = True
+        current = current_task()
+        for task in list(self.tasks):
+            if task is not current:
+                task.cancel()
 
 
 @final

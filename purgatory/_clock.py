@@ -23,9 +23,13 @@ class Clock(Protocol):
 
 
 class Expirable(Protocol):
-    """What a driven clock calls back: a purgatory's timer pass."""
+    """What a driven clock calls back: a purgatory's timer pass, and when it next has work."""
 
     def _run_timer_pass(self, now: float) -> int: ...
+
+    def _next_timer_pass_at(self) -> float:
+        """Seconds of the clock at which a timer pass next has work; ``math.inf`` if none."""
+        ...
 
 
 @runtime_checkable

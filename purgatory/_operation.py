@@ -1,12 +1,29 @@
-"""`DelayedOperation`: the one class users subclass.
+"""`DelayedOperation`: the one class users subclass, and the operation protocol.
 
 An operation is a single slotted object that is at the same time the timing wheel's entry, the
 watcher lists' element and, once somebody awaits it, the owner of a lazily created future. That is
 the whole per-operation cost: no Task, no coroutine, no loop handle (each of those costs more than
 the operation itself: see the benchmarks' analysis).
 
-State is one small int of bit flags, so the hot loops test a single attribute: zero means
-"pending, synchronous try_complete", anything else needs a closer look.
+The operation protocol
+----------------------
+Three owners keep fields on the operation, because a field costs less than an object of its own
+on paths that run once per operation. Each field has one writer:
+
+- ``_state``, ``_timeout``, ``_future``, ``_result``: this module. ``_state`` is one small int
+  of bit flags, so the hot loops read a single attribute: zero means "pending, synchronous
+  ``try_complete``", anything else needs a closer look. Others read the bits, never write them.
+- ``_owner``: the purgatory, once the operation is registered (``None`` before and after a watch
+  that failed). It is how the operation reaches the purgatory, with one call, ``_owner._settled(
+  op, outcome)``, when it completes or is cancelled (`Owner`); the operation knows nothing else
+  of it (Kafka's operation knows nothing of its purgatory).
+- ``_bucket``, ``_deadline``: the timing wheel (`purgatory._wheel.TimerEntry`); ``_bucket`` is
+  ``None`` from construction until the wheel takes the operation.
+- ``_keys``, ``_listed``, ``_marks``: the watcher lists (`purgatory._watchers`), which set them
+  when they register the operation.
+
+Only the fields every operation needs from birth are written in ``__init__``; the others are
+written by their owner before anything reads them.
 """
 
 from __future__ import annotations
@@ -14,24 +31,23 @@ from __future__ import annotations
 import inspect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Coroutine, Generator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Callable, Coroutine, Generator
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from ._asyncio import (
     CancelledError,
     cancelled_here,
-    current_task_cancelling,
     new_future,
     report_exception,
-    spawn,
 )
 from ._errors import OperationCancelled, PurgatoryClosed
 
 if TYPE_CHECKING:
-    from ._purgatory import DelayedOperationPurgatory
     from ._wheel import Bucket
 
-__all__ = ("DelayedOperation",)
+__all__ = ("DelayedOperation", "Owner", "expire_due")
+
+_INF = math.inf
 
 
 def _checked_timeout(timeout: object) -> float:
@@ -52,9 +68,18 @@ EXPIRED = 4  # completed because its deadline passed
 CANCELLED = 8  # cancelled: will never complete
 FAILED = 16  # on_complete raised; _result holds the exception
 CLOSED = 32  # cancelled by the purgatory's shutdown
-RUNNING = 64  # an async attempt is in flight
-RERUN = 128  # a trigger arrived while an attempt was in flight: run one more after it
 FINISHED = DONE | CANCELLED
+EXPIRED_NOW = DONE | EXPIRED
+
+Settlement = Literal["completed", "cancelled"]
+
+
+class Owner(Protocol):
+    """What an operation calls when it settles: the purgatory that registered it."""
+
+    def _settled(self, op: Any, outcome: Settlement, /) -> None:
+        """`op` just completed or was cancelled (its state says which); called once."""
+        ...
 
 
 class DelayedOperation(ABC, Generic[T_co]):
@@ -83,7 +108,7 @@ class DelayedOperation(ABC, Generic[T_co]):
         "_keys",
         "_listed",
         "_marks",
-        "_purgatory",
+        "_owner",
         "_result",
         "_state",
         "_timeout",
@@ -97,20 +122,19 @@ class DelayedOperation(ABC, Generic[T_co]):
         cls._initial_state = ASYNC if inspect.iscoroutinefunction(cls.try_complete) else 0
 
     def __init__(self, timeout: float) -> None:
-        if not (type(timeout) is float and 0.0 <= timeout < math.inf):
+        if not (type(timeout) is float and 0.0 <= timeout < _INF):
             timeout = _checked_timeout(timeout)
         self._timeout = timeout
         self._state = self._initial_state
+        self._owner: Owner | None = None
         self._bucket: Bucket | None = None
-        self._purgatory: DelayedOperationPurgatory[Any] | None = None
-        self._keys: tuple[Any, ...] | None = None
-        # How many watcher lists hold the operation: at 0 the purgatory forgets it.
-        self._listed = 0
-        # Its thresholds by key when it watches at any (see purgatory._watchers).
-        self._marks: dict[Any, Any] | None = None
         self._future: Any = None
-        # _deadline is written by the timing wheel and _result by completion, before any read.
+        # Written by their owners before any read (see the module docstring): the wheel's
+        # _deadline, the lists' _keys, _listed and _marks, and _result at completion.
         self._deadline: int
+        self._keys: tuple[Any, ...]
+        self._listed: int
+        self._marks: dict[Any, Any] | None
         self._result: Any
 
     # -- the three methods to implement -------------------------------------------------------
@@ -153,23 +177,9 @@ class DelayedOperation(ABC, Generic[T_co]):
         if state & FINISHED:
             return False
         self._state = state | DONE
-        bucket = self._bucket
-        if bucket is not None:
-            del bucket[self]
-            self._bucket = None
-            bucket.wheel._size -= 1
-        purgatory = self._purgatory
-        if purgatory is not None:
-            purgatory._completed += 1
-            if self._keys is not None:
-                # purgatory._finished(self), inlined: this is every completion's path.
-                if self._listed:
-                    purgatory._garbage[self] = None
-                purgatory._unpurged += 1
-                if purgatory._unpurged > purgatory._purge_interval:
-                    purgatory._purge_due()
-            if purgatory._log is not None:
-                purgatory._record_end(self, "completed")
+        owner = self._owner
+        if owner is not None:
+            owner._settled(self, "completed")
         try:
             self._result = self.on_complete()
         except Exception as exc:  # noqa: BLE001 - delivered to the awaiters
@@ -212,7 +222,7 @@ class DelayedOperation(ABC, Generic[T_co]):
         # All awaiters share one future, created by the first. No shield per awaiter: a
         # cancelled awaiter cancels the shared future, and the others, not cancelled
         # themselves, simply wait again on a fresh one.
-        if self._purgatory is None and not self._state & FINISHED:
+        if self._owner is None and not self._state & FINISHED:
             raise RuntimeError(
                 f"{self!r} was never watched, so nothing will ever complete it: pass it to "
                 "purgatory.watch() (or try_complete_else_watch) before awaiting it"
@@ -236,7 +246,7 @@ class DelayedOperation(ABC, Generic[T_co]):
             status = "expired"
         elif state & DONE:
             status = "completed"
-        elif self._purgatory is not None:
+        elif self._owner is not None:
             status = "watched"
         else:
             status = "new"
@@ -286,111 +296,68 @@ class DelayedOperation(ABC, Generic[T_co]):
         if state & FINISHED:
             return False
         self._state = state | (CANCELLED | CLOSED if closed else CANCELLED)
-        bucket = self._bucket
-        if bucket is not None:
-            del bucket[self]
-            self._bucket = None
-            bucket.wheel._size -= 1
-        purgatory = self._purgatory
-        if purgatory is not None:
-            purgatory._cancelled += 1
-            if self._keys is not None:
-                purgatory._finished(self)
-            if purgatory._log is not None:
-                purgatory._record_end(self, "cancelled")
+        owner = self._owner
+        if owner is not None:
+            owner._settled(self, "cancelled")
         self._wake_awaiters()
         return True
 
-    def _attempt_async(self) -> None:
-        """Start an attempt of an async `try_complete`, or have the running one followed by one.
+    def _renew_future(self) -> Any:
+        """A fresh shared future, when the last one was cancelled by another awaiter."""
+        future = self._future = new_future()
+        return future
 
-        Every attempt runs in a Task of its own, in a copy of the caller's context, as asyncio
-        runs any callback: a timeout or a context variable inside `try_complete` is the
-        attempt's, never the caller's. Triggers that arrive while an attempt runs set RERUN, and
-        the attempt that ends runs one more (Kafka's ``maybeTryComplete``): no trigger is lost
-        and none piles up.
+    def _expect_awaiter(self) -> None:
+        """Create the future before the first attempt, for `watch`: an `on_complete` error
+        raised inside that attempt then has an awaiter and is not also reported as unretrieved."""
+        if self._future is None:
+            self._future = new_future()
 
-        Raises:
-            RuntimeError: No event loop is running here.
-        """
-        state = self._state
+
+_Op = TypeVar("_Op", bound=DelayedOperation[Any])
+
+
+def expire_due(
+    due: list[_Op], purge_queue: dict[Any, None], record: Callable[[_Op], None] | None
+) -> int:
+    """Expire every operation of `due` still pending, in order; return how many expired.
+
+    The expiry loop of a timer pass, here because it is the one loop outside the operation
+    that settles operations, and it runs once per expired operation: state first (expired, in
+    the watcher lists' `purge_queue` if still on a list, told to `record`), then
+    `on_complete`, `on_expiration` and the awaiters. Whatever a callback raises is that
+    operation's failure; ``KeyboardInterrupt`` and ``SystemExit`` still propagate, after the
+    operation is settled (the caller puts back what was not expired yet).
+    """
+    expired = 0
+    for op in due:
+        state = op._state
         if state & FINISHED:
-            return
-        if state & RUNNING:
-            self._state = state | RERUN
-            return
-        purgatory = self._purgatory
-        assert purgatory is not None
-        self._state = state | RUNNING
+            continue
+        op._state = state | EXPIRED_NOW
+        if op._listed:
+            purge_queue[op] = None
+        expired += 1
+        if record is not None:
+            record(op)
+        interrupt = None
         try:
-            task = spawn(
-                self._run_attempts(), f"{type(self).__qualname__}.try_complete", self._ended
-            )
-        except BaseException:
-            self._state &= ~RUNNING
-            raise
-        purgatory._attempts.add(task)
-
-    async def _run_attempts(self) -> None:
-        """Attempts, one at a time, until one ends with no trigger having come in meanwhile."""
-        name = type(self).__qualname__
-        while True:
-            self._state &= ~RERUN
-            try:
-                claimed = await self.try_complete()  # type: ignore[misc]
-            except CancelledError:
-                if current_task_cancelling():
-                    raise  # the task was cancelled: `_ended` sorts it out
-                report_exception(
-                    f"{name}.try_complete raised CancelledError without being cancelled",
-                    CancelledError(),
-                    operation=self,
-                )
-            except (KeyboardInterrupt, SystemExit):
-                self._state &= ~(RUNNING | RERUN)
-                raise
-            except BaseException as exc:  # noqa: BLE001 - reported; the operation goes on
-                report_exception(f"{name}.try_complete raised", exc, operation=self)
-            else:
-                if claimed and not self._state & DONE:
-                    report_false_claim(self, claimed)
-            state = self._state
-            if not state & RERUN or state & FINISHED:
-                self._state = state & ~(RUNNING | RERUN)
-                return
-
-    def _ended(self, task: Any) -> None:
-        """An attempt's task ended; if it was cancelled from outside, attempt again.
-
-        A shutdown cancels attempts on purpose. Anyone else (code that cancels "all other
-        tasks", say) may have cancelled it before it even started, or with a trigger pending:
-        the operation must neither stay "running" for good nor lose that trigger.
-        """
-        purgatory = self._purgatory
-        if purgatory is not None:
-            purgatory._attempts.discard(task)
-        # Only a cancelled task ends with RUNNING still set (every other way out clears it), and
-        # no other attempt can have started since: RUNNING is this task's.
-        state = self._state
-        if not task.cancelled() or not state & RUNNING:
-            return
-        self._state = state & ~(RUNNING | RERUN)
-        if state & FINISHED or purgatory is None or purgatory._closed:
-            return
-        report_exception(
-            f"the task of {type(self).__qualname__}.try_complete was cancelled from outside; "
-            "the attempt runs again",
-            CancelledError(),
-            operation=self,
-        )
-        self._attempt_async()
-
-
-def report_false_claim(op: DelayedOperation[Any], claimed: object) -> None:
-    """Say that `op`'s try_complete returned a truthy value without completing `op`."""
-    report_exception(
-        f"{type(op).__qualname__}.try_complete returned {claimed!r} without completing; it "
-        "must return self.force_complete()",
-        TypeError("try_complete claimed a completion that did not happen"),
-        operation=op,
-    )
+            op._result = op.on_complete()
+        except Exception as exc:  # noqa: BLE001 - delivered to the awaiters
+            op._fail(exc)
+        except BaseException as exc:  # noqa: BLE001 - the operation's failure
+            op._fail(exc)
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                interrupt = exc
+        try:
+            op.on_expiration()
+        except BaseException as exc:  # noqa: BLE001 - reported; the reaper must go on
+            report_exception(f"{type(op).__qualname__}.on_expiration raised", exc, operation=op)
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                interrupt = interrupt or exc
+        future = op._future
+        if future is not None and not future.done():
+            future.set_result(None)
+        if interrupt is not None:
+            raise interrupt
+    return expired

@@ -25,37 +25,35 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, final
 
 from ._asyncio import (
+    AttemptRunner,
     CancelledError,
     FunctionClock,
     Reaper,
     cancelled_here,
-    current_task,
     get_ident,
     loop_time_function,
-    new_future,
     no_running_loop_reason,
     report_exception,
+    report_false_claim,
     running_loop,
 )
 from ._clock import Clock, DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
 from ._events import EventLog, Outcome
-from ._operation import ASYNC, DONE, EXPIRED, FINISHED, DelayedOperation, report_false_claim
-from ._watchers import (
-    ThresholdWatchers,
-    WatcherMap,
-    count_entries,
-    discard,
-    join_at,
-    join_plain,
-    lone_mark,
-    take_all,
-    unregister,
+from ._operation import (
+    ASYNC,
+    DONE,
+    EXPIRED,
+    FINISHED,
+    DelayedOperation,
+    Settlement,
+    expire_due,
 )
+from ._watchers import WatcherLists
 from ._wheel import TimingWheel
 
 if TYPE_CHECKING:
-    from ._asyncio import AttemptTasks, EventLoop
+    from ._asyncio import EventLoop
 
 __all__ = ("DEFAULT_WHEEL_SIZE", "DelayedOperationPurgatory", "PurgatoryStatistics")
 
@@ -83,14 +81,11 @@ DEFAULT_WHEEL_SIZE = 1024
 _TICK_SLACK = 1e-6
 _ceil = math.ceil
 _floor = math.floor
-EXPIRED_NOW = DONE | EXPIRED
 
 # Garbage entries one purge slice removes on the event loop (about a millisecond of work); more
 # garbage waits for the next pass, which the reaper runs as soon as the loop has had a turn.
 PURGE_SLICE = 4096
 
-# Stands in for a key's list when the key has a lone watcher: only ever popped from, never filled.
-_NOTHING_TO_POP: dict[Any, None] = {}
 # Deadlines at most this many ticks ahead: 2**53 one-millisecond ticks are 285,000 years, and a
 # wheel of 1024 slots reaches them with 6 levels (1e300 seconds would have built 112).
 MAX_TIMEOUT_TICKS = 2**53
@@ -150,11 +145,6 @@ def _split_keys(
     return tuple(keys), None
 
 
-def _check_reached(reached: Any) -> None:
-    if not reached <= reached:  # noqa: PLR0124 - false for NaN alone
-        raise ValueError(f"reached {reached!r} does not order against itself (NaN?)")
-
-
 def _check_identity_semantics(cls: type) -> None:
     if cls.__hash__ is not object.__hash__ or cls.__eq__ is not object.__eq__:  # type: ignore[comparison-overlap]
         raise TypeError(
@@ -197,6 +187,7 @@ class DelayedOperationPurgatory(Generic[Op]):
 
     __slots__ = (
         "__weakref__",
+        "_attempt",
         "_attempts",
         "_cancelled",
         "_checked_types",
@@ -205,8 +196,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_completed",
         "_driven",
         "_expired",
-        "_garbage",
         "_in_flight",
+        "_lists",
         "_log",
         "_loop",
         "_max_pending",
@@ -214,14 +205,9 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_name",
         "_owner_thread",
         "_passes",
-        "_purge_interval",
-        "_purged",
-        "_purging",
         "_reaper",
         "_tick",
         "_time",
-        "_unpurged",
-        "_watchers",
         "_wheel",
     )
 
@@ -264,28 +250,21 @@ class DelayedOperationPurgatory(Generic[Op]):
                 f"purgatory.EventLog protocol), got {event_log!r}"
             )
         self._name = name
-        self._purge_interval = purge_interval
         self._tick = float(tick)
         self._max_timeout = MAX_TIMEOUT_TICKS * self._tick
         self._max_pending = max_pending
         self._log = event_log
-        # A key's watchers: the operation, an ordered set or a ThresholdWatchers.
-        self._watchers: WatcherMap = {}
-        # Operations that finished while still on some list: what the next purge visits.
-        self._garbage: dict[Op, None] = {}
-        # Watched operations finished since the last purge (Kafka's estimated - numDelayed).
-        self._unpurged = 0
-        self._purging = False
+        self._lists: WatcherLists[Op] = WatcherLists(purge_interval)
         # Due lists of the timer passes under way, so that a shutdown inside one cancels them.
         self._in_flight: list[list[Op]] = []
         self._completed = 0
         self._expired = 0
         self._cancelled = 0
-        self._purged = 0
         self._passes = 0
         self._closed = False
         self._checked_types: set[type] = set()
-        self._attempts: AttemptTasks = set()
+        self._attempts = AttemptRunner()
+        self._attempt = self._attempts.attempt
         self._loop: EventLoop | None = None
         # The thread of the bound loop; None until bound (every call then takes the slow path).
         self._owner_thread: int | None = None
@@ -305,7 +284,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         state = "closed" if self._closed else "open"
         return (
             f"<DelayedOperationPurgatory {self._name!r} {state} delayed={len(self._wheel)} "
-            f"keys={len(self._watchers)}>"
+            f"keys={len(self._lists)}>"
         )
 
     @property
@@ -354,7 +333,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             raise PurgatoryClosed(f"purgatory {self._name!r} is shut down")
         try:
             state = op._state
-            owner = op._purgatory
+            owner = op._owner
         except AttributeError:
             raise TypeError(
                 f"{type(op).__qualname__} object is not a set-up DelayedOperation (did its "
@@ -378,88 +357,71 @@ class DelayedOperationPurgatory(Generic[Op]):
             )
         if self._loop is not running_loop() or (self._reaper is None and not self._driven):
             self._bind_loop()
-        op._purgatory = self
-        log = self._log
-        if log is not None:
-            now = self._time()
-            thresholds = None if marks is None else tuple(marks.values())
-            if thresholds is not None and thresholds.count(None) == len(thresholds):
-                thresholds = None
-            log.record_watch(self._name, op, keys, thresholds, now, now + op._timeout)
+        if self._log is not None:
+            self._record_watch(op, keys, marks)
         if not state:  # a synchronous try_complete: Kafka's first try
-            try:
-                claimed = op.try_complete()
-            except BaseException:
-                self._abandon(op)
-                raise
-            if op._state & FINISHED:
-                return True
-            if claimed:
-                report_false_claim(op, claimed)
-            if self._closed:  # the attempt shut the purgatory down
-                return self._cancel_closed(op)
+            ended = self._first_try(op)
+            if ended is not None:
+                return ended
         wheel = self._wheel
-        if self._max_pending is not None and wheel._size >= self._max_pending:
-            self._abandon(op)
+        if self._max_pending is not None and len(wheel) >= self._max_pending:
+            self._refuse(op)
             raise PurgatoryFull(
                 f"purgatory {self._name!r} already delays max_pending={self._max_pending} "
                 "operations"
             )
         # Registration: on every key or, if a key cannot be hashed or a threshold compared, on
-        # none. A key's first watcher is stored as itself, at a threshold or not (its marks
-        # say); a shared key takes a shape that knows thresholds once one is involved. A key
-        # given twice is watched once: `listed` counts the lists that took `op`.
-        watchers = self._watchers
-        op._marks = marks
-        listed = 0
+        # none. From here on the operation settles through `_settled`.
         try:
-            for key in keys:
-                ops = watchers.get(key)
-                if ops is None:
-                    watchers[key] = op
-                elif marks is not None and marks[key] is not None:
-                    join_at(watchers, key, op, ops, marks[key])
-                elif type(ops) is dict:
-                    if op in ops:
-                        continue
-                    ops[op] = None
-                elif ops is op:
-                    continue
-                elif type(ops) is ThresholdWatchers or lone_mark(ops, key) is not None:
-                    if not join_plain(watchers, key, op, ops):
-                        continue
-                else:
-                    watchers[key] = {ops: None, op: None}
-                listed += 1
+            self._lists.register(op, keys, marks)
         except BaseException:
-            unregister(watchers, op, keys)
+            self._refuse(op)
+            raise
+        op._owner = self
+        try:
+            if state & ASYNC:
+                self._attempt(op)
+            else:
+                claimed = op.try_complete()
+                if op._state & FINISHED:
+                    return True
+                if claimed:
+                    report_false_claim(op, claimed)
+                if self._closed:  # the attempt shut the purgatory down
+                    return False
+        except BaseException:
             self._abandon(op)
             raise
-        op._keys = keys
-        op._listed = listed
-        if state & ASYNC:
-            try:
-                op._attempt_async()
-            except BaseException:
-                self._abandon(op)
-                raise
-        else:
-            try:
-                claimed = op.try_complete()
-            except BaseException:
-                self._abandon(op)
-                raise
-            if op._state & FINISHED:
-                return True
-            if claimed:
-                report_false_claim(op, claimed)
-            if self._closed:
-                return self._cancel_closed(op)
         due = wheel.add(op, _ceil((self._time() + op._timeout) / self._tick - _TICK_SLACK))
         reaper = self._reaper
         if reaper is not None and due < reaper.wake_tick:
             reaper.wake_by(due)
         return False
+
+    def _first_try(self, op: Op) -> bool | None:
+        """Kafka's first try, before `op` is registered: ``None`` if the watch goes on, else
+        what it returns (``True``: completed; ``False``: the attempt shut the purgatory down,
+        which cancels `op`)."""
+        try:
+            claimed = op.try_complete()
+        except BaseException:
+            self._refuse(op)
+            raise
+        if op._state & FINISHED:
+            # Not registered, so it did not settle through `_settled`: it is counted here.
+            self._completed += 1
+            if self._log is not None:
+                self._record_end(op, "completed")
+            return True
+        if claimed:
+            report_false_claim(op, claimed)
+        if self._closed:
+            op._cancel(closed=True)
+            self._cancelled += 1
+            if self._log is not None:
+                self._record_end(op, "cancelled")
+            return False
+        return None
 
     if TYPE_CHECKING:
 
@@ -481,9 +443,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             BaseException: What `on_complete` raised, or what `try_complete_else_watch` raises.
         """
         if getattr(op, "_future", True) is None:
-            # Created before the first attempt so that an on_complete error raised inside it has
-            # an awaiter (this call) and is not also reported as unretrieved.
-            op._future = new_future()
+            op._expect_awaiter()
         if TYPE_CHECKING:
             assert isinstance(self, DelayedOperationPurgatory)
         if self.try_complete_else_watch(op, keys):
@@ -492,7 +452,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         while not op._state & FINISHED:
             future = op._future
             if future.done():
-                future = op._future = new_future()
+                future = op._renew_future()
             try:
                 await future
             except CancelledError:
@@ -530,94 +490,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         """
         if get_ident() != self._owner_thread:
             self._check_thread()
-        watchers = self._watchers
-        ops = watchers.get(key)
-        if ops is None:
-            return 0
-        completed = 0
-        single: Op | None = None
-        candidates: Iterable[Op]
-        if type(ops) is dict:
-            candidates = list(ops)
-            drop = ops.pop
-        elif type(ops) is ThresholdWatchers:
-            if reached is None:
-                candidates = list(ops)
-            else:
-                _check_reached(reached)
-                ops.release(reached, self._garbage)
-                candidates = list(ops.plain)
-            drop = ops.pop
-        else:
-            marks = ops._marks
-            if reached is not None and marks is not None:
-                threshold = marks.get(key)
-                if threshold is not None:
-                    _check_reached(reached)
-                    if not threshold <= reached:
-                        return 0
-                    marks[key] = None  # released: a plain watcher from now on
-            # The key's only watcher: the pops below find nothing, its entry goes after the loop.
-            single = ops
-            candidates = (ops,)
-            drop = _NOTHING_TO_POP.pop
-        garbage = self._garbage
-        try:
-            for op in candidates:
-                state = op._state
-                if not state:
-                    try:
-                        claimed = op.try_complete()
-                    except Exception as exc:  # noqa: BLE001 - reported; the others go on
-                        report_exception(
-                            f"{type(op).__qualname__}.try_complete raised",
-                            exc,
-                            operation=op,
-                            key=key,
-                        )
-                        continue
-                    except BaseException as exc:
-                        if isinstance(exc, KeyboardInterrupt | SystemExit):
-                            raise
-                        report_exception(
-                            f"{type(op).__qualname__}.try_complete raised",
-                            exc,
-                            operation=op,
-                            key=key,
-                        )
-                        continue
-                    state = op._state
-                    if state & FINISHED:
-                        if drop(op, _NOTHING_TO_POP) is None:
-                            op._listed -= 1
-                            if not op._listed:
-                                garbage.pop(op, None)
-                        if state & EXPIRED_NOW == DONE:  # completed, not expired meanwhile
-                            completed += 1
-                    elif claimed:
-                        report_false_claim(op, claimed)
-                elif state & FINISHED:
-                    if drop(op, _NOTHING_TO_POP) is None:
-                        op._listed -= 1
-                        if not op._listed:
-                            garbage.pop(op, None)
-                else:
-                    op._attempt_async()
-        except BaseException:
-            self._tidy_key(key, ops, single)
-            raise
-        if single is not None:
-            lone: Op = single  # (an `is` test below would narrow `single` to the map's type)
-            if lone._state & FINISHED and watchers.get(key) is single:
-                del watchers[key]
-                lone._listed -= 1
-                if not lone._listed:
-                    garbage.pop(lone, None)
-            else:
-                self._tidy_key(key, ops, single)  # a newcomer may have joined the key meanwhile
-        elif not ops and watchers.get(key) is ops:
-            del watchers[key]
-        return completed
+        return self._lists.trigger(key, reached, self._attempt)
 
     def check_and_complete_threadsafe(self, key: Hashable, reached: Any = None) -> None:
         """`check_and_complete` from any thread: scheduled on the loop this purgatory is bound to.
@@ -662,25 +535,14 @@ class DelayedOperationPurgatory(Generic[Op]):
         """
         if self._owner_thread is not None and get_ident() != self._owner_thread:
             self._bind_loop()  # refuses a foreign thread while the purgatory's loop runs
-        ops = self._watchers.pop(key, None)
-        if ops is None:
-            return []
-        cancelled = []
-        garbage = self._garbage
-        for op in take_all(ops):
-            op._listed -= 1
-            if op._cancel():
-                cancelled.append(op)
-            if not op._listed:
-                garbage.pop(op, None)
-        return cancelled
+        return self._lists.cancel_key(key, _cancel)
 
     def watched(self) -> int:
         """Entries over all watcher lists (an operation on 3 keys counts 3), unpurged included.
 
-        Kafka: ``watched`` / gauge ``PurgatorySize``. Runtime complexity: O(keys).
+        Kafka: ``watched`` / gauge ``PurgatorySize``. Runtime complexity: O(1).
         """
-        return count_entries(self._watchers)
+        return self._lists.entries
 
     def num_delayed(self) -> int:
         """Operations in the timer. Kafka: ``numDelayed`` / ``NumDelayedOperations``. O(1)."""
@@ -699,10 +561,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         """
         if self._owner_thread is not None and get_ident() != self._owner_thread:
             self._bind_loop()
-        before = self._purged
-        self._unpurged = 0
-        self._purge(None)
-        return self._purged - before
+        return self._lists.purge(None)
 
     def statistics(self) -> PurgatoryStatistics:
         """A snapshot of the gauges and counters."""
@@ -712,14 +571,15 @@ class DelayedOperationPurgatory(Generic[Op]):
         else:
             now = self._current_time()
             next_in = max(0.0, next_tick * self._tick - now) if now is not None else 0.0
+        lists = self._lists
         return PurgatoryStatistics(
-            watched=self.watched(),
+            watched=lists.entries,
             delayed=len(self._wheel),
-            keys=len(self._watchers),
+            keys=len(lists),
             completed=self._completed,
             expired=self._expired,
             cancelled=self._cancelled,
-            purged=self._purged,
+            purged=lists.purged,
             timer_passes=self._passes,
             next_deadline_in=next_in,
         )
@@ -738,24 +598,19 @@ class DelayedOperationPurgatory(Generic[Op]):
         if not self._closed:
             self._closed = True
             pending = list(self._wheel)
-            for ops in self._watchers.values():
-                pending.extend(take_all(ops))
+            pending.extend(self._lists.drain())
             for due in self._in_flight:
                 pending.extend(due)
-            self._watchers.clear()
-            self._garbage.clear()
             for op in pending:
-                op._listed = 0
                 op._cancel(closed=True)
-            self._garbage.clear()
             # A fresh wheel: a cascade under way would otherwise keep its entries referenced.
             self._wheel = TimingWheel(self._wheel.wheel_size, self._wheel.current_tick)
-            current = current_task()
-            for task in list(self._attempts):
-                if task is not current:
-                    task.cancel()
+            self._attempts.close()
             if self._log is not None:
-                self._log.flush()
+                try:
+                    self._log.flush()
+                except Exception as exc:  # noqa: BLE001 - reported; the shutdown goes on
+                    self._report_log_failure("flush", exc)
         if self._reaper is not None:
             await self._reaper.stop()
 
@@ -775,96 +630,77 @@ class DelayedOperationPurgatory(Generic[Op]):
     def _run_timer_pass(self, now: float) -> int:
         """Expire what is due at `now` (seconds), then purge if due; return how many expired.
 
-        This is what the reaper runs on the loop's clock and what ``ManualClock.advance`` runs.
-        The expiry of one operation is inlined here (state, then `on_complete`, `on_expiration`,
-        then the awaiters) because it is the loop that runs once per expired operation. Whatever
-        a callback raises is that operation's failure; ``KeyboardInterrupt`` and ``SystemExit``
-        still propagate, after the operation is settled and what was not expired yet is put
-        back in the timer.
+        This is what the reaper runs on the loop's clock and what a driven clock's ``advance``
+        runs. On the loop, a cascade moves a slice per pass and a purge a slice per pass; a
+        driven clock has no loop to yield to, so it does both whole.
         """
         if self._closed:
             return 0
         self._passes += 1
-        # On the loop, a cascade moves a slice per pass; a driven clock wants it all at once.
-        budget = CASCADE_SLICE if self._reaper is not None else None
-        due = self._wheel.advance(_floor(now / self._tick + _TICK_SLACK), budget)
-        expired = 0
-        garbage = self._garbage
-        log = self._log
-        index = -1
+        sliced = self._reaper is not None
+        due = self._wheel.advance(
+            _floor(now / self._tick + _TICK_SLACK), CASCADE_SLICE if sliced else None
+        )
+        expired = self._expire(due) if due else 0
+        lists = self._lists
+        if lists.purge_owed:
+            lists.purge(PURGE_SLICE if sliced else None)
+        return expired
+
+    def _expire(self, due: list[Op]) -> int:
+        """Expire the pending operations of `due` (see `expire_due`); if a callback interrupts
+        the pass, what was not expired yet stays due for the next one."""
         in_flight = self._in_flight
         in_flight.append(due)
+        expired = 0
         try:
-            for index, op in enumerate(due):  # noqa: B007 - read in the handler
-                state = op._state
-                if state & FINISHED:
-                    continue
-                op._state = state | EXPIRED_NOW
-                if op._listed:
-                    garbage[op] = None
-                expired += 1
-                if log is not None:
-                    self._record_end(op, "expired")
-                interrupt = None
-                try:
-                    op._result = op.on_complete()
-                except Exception as exc:  # noqa: BLE001 - delivered to the awaiters
-                    op._fail(exc)
-                except BaseException as exc:  # noqa: BLE001 - the operation's failure
-                    op._fail(exc)
-                    if isinstance(exc, KeyboardInterrupt | SystemExit):
-                        interrupt = exc
-                try:
-                    op.on_expiration()
-                except BaseException as exc:  # noqa: BLE001 - reported; the reaper must go on
-                    report_exception(
-                        f"{type(op).__qualname__}.on_expiration raised", exc, operation=op
-                    )
-                    if isinstance(exc, KeyboardInterrupt | SystemExit):
-                        interrupt = interrupt or exc
-                future = op._future
-                if future is not None and not future.done():
-                    future.set_result(None)
-                if interrupt is not None:
-                    raise interrupt
+            expired = expire_due(
+                due, self._lists.queue, None if self._log is None else self._record_expired
+            )
         except BaseException:
-            # An interrupt: whatever was not expired stays due (unless a callback finished it
-            # meanwhile), so the next pass (the reaper's next task) expires it.
+            expired = sum(1 for op in due if op._state & EXPIRED)
             if not self._closed:
-                for op in due[index + 1 :]:
+                wheel = self._wheel
+                for op in due:
                     if not op._state & FINISHED:
-                        self._wheel.add(op, op._deadline)
+                        wheel.add(op, op._deadline)
             raise
         finally:
             in_flight.pop()
             self._expired += expired
-            self._unpurged += expired
-        if self._purging or self._unpurged > self._purge_interval:
-            # A driven clock has no loop to yield to, so it purges everything at once.
-            self._start_purge()
-            self._purge(PURGE_SLICE if self._reaper is not None else None)
+            self._lists.expired(expired)
         return expired
 
     def _next_timer_pass(self) -> float:
         """The tick at which a timer pass next has work; ``math.inf`` if none."""
-        if self._purging or self._unpurged > self._purge_interval:
+        if self._lists.purge_owed:
             return self._wheel.current_tick
         return self._wheel.next_deadline()
+
+    def _next_timer_pass_at(self) -> float:
+        """`_next_timer_pass` in seconds of the clock (the `Expirable` protocol)."""
+        return self._next_timer_pass() * self._tick
 
     def _next_deadline(self) -> float:
         """The tick at which a timed operation next needs the timer; ``math.inf`` if none."""
         return self._wheel.next_deadline()
 
-    def _finished(self, op: Op) -> None:
-        """Note a watched operation that finished: counted for Kafka's rule, kept if listed.
+    def _settled(self, op: Op, outcome: Settlement, /) -> None:
+        """The operation protocol's one call: the registered `op` completed or was cancelled.
 
-        ``force_complete`` inlines it.
+        Out of the timer at once (O(1)), counted, queued for the purge if still listed, told to
+        the event log. Runs before the operation's callbacks (update state first).
         """
-        if op._listed:
-            self._garbage[op] = None
-        self._unpurged += 1
-        if self._unpurged > self._purge_interval:
+        if op._bucket is not None:
+            self._wheel.remove(op)
+        if outcome == "completed":
+            self._completed += 1
+        else:
+            self._cancelled += 1
+        if self._lists.finished(op):
             self._purge_due()
+        if self._log is not None:
+            self._record_end(op, outcome)
 
     def _purge_due(self) -> None:
         """Kafka's purge rule holds: have the reaper run a pass (a driven clock's next one).
@@ -876,21 +712,60 @@ class DelayedOperationPurgatory(Generic[Op]):
         if reaper is not None and reaper.alive:
             reaper.wake_by(self._wheel.current_tick)
 
-    def _tidy_key(self, key: Hashable, ops: Any, single: Op | None) -> None:
-        """After a trigger of `key` (interrupted, or joined by a newcomer): drop what it left."""
-        watchers = self._watchers
-        if single is None:
-            if not ops and watchers.get(key) is ops:
-                del watchers[key]
-        elif single._state & FINISHED and discard(watchers, key, single):
-            single._listed -= 1
-            if not single._listed:
-                self._garbage.pop(single, None)
+    # -- the event log ------------------------------------------------------------------------
+
+    def _record_watch(
+        self, op: Op, keys: tuple[Hashable, ...], marks: dict[Hashable, Any] | None
+    ) -> None:
+        log = self._log
+        assert log is not None
+        now = self._time()
+        thresholds = None if marks is None else tuple(marks.values())
+        if thresholds is not None and thresholds.count(None) == len(thresholds):
+            thresholds = None
+        try:
+            log.record_watch(self._name, op, keys, thresholds, now, now + op._timeout)
+        except Exception as exc:  # noqa: BLE001 - reported; the operation must not suffer
+            self._report_log_failure("record_watch", exc)
 
     def _record_end(self, op: Op, outcome: Outcome) -> None:
         log = self._log
         assert log is not None
-        log.record_end(self._name, op, outcome, self._time())
+        try:
+            log.record_end(self._name, op, outcome, self._time())
+        except Exception as exc:  # noqa: BLE001 - reported; the operation settles all the same
+            self._report_log_failure("record_end", exc)
+
+    def _record_expired(self, op: Op) -> None:
+        self._record_end(op, "expired")
+
+    def _report_log_failure(self, call: str, exc: Exception) -> None:
+        """An event log that raises is reported, never allowed to strand an operation."""
+        report_exception(
+            f"the event log of purgatory {self._name!r} failed ({call}); the operations go on, "
+            "what it could not record is lost to the log",
+            exc,
+            event_log=self._log,
+        )
+
+    def _check(self) -> None:
+        """Raise ``AssertionError`` if the purgatory's parts disagree (each checks itself too).
+
+        Checked beside the wheel's and the lists' own invariants: every timed operation is
+        pending and ours; every pending operation on a list is ours and timed (or its watch is
+        under way); the operation protocol's fields agree with the state.
+        """
+        self._wheel._check()
+        self._lists._check()
+        for op in self._wheel:
+            assert not op._state & FINISHED, f"finished {op!r} is still timed"
+            assert op._owner is self, f"timed {op!r} is not this purgatory's"
+        for key, ops in self._lists:
+            for op in ops:
+                assert op._owner is self, f"{op!r} on {key!r}'s list is not this purgatory's"
+                assert not (op._state & EXPIRED and not op._state & DONE)
+                if not op._state & FINISHED and not self._in_flight:
+                    assert op._bucket is not None, f"pending watched {op!r} is not timed"
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -965,70 +840,21 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._wheel.advance(self._now_tick(self._time()))
         self._reaper = Reaper(self, loop, self._tick, self._time)
 
-    def _abandon(self, op: Op) -> None:
-        """Leave `op` unwatched after its watch call failed: off every list, not timed."""
-        keys = op._keys
-        if keys is not None:
-            for key in keys:
-                discard(self._watchers, key, op)
-            op._keys = None
-        op._listed = 0
-        op._purgatory = None
-        self._garbage.pop(op, None)
+    def _refuse(self, op: Op) -> None:
+        """`op`'s watch call failed before registration: it was never watched."""
         if self._log is not None and not op._state & FINISHED:
             self._record_end(op, "refused")
 
-    def _cancel_closed(self, op: Op) -> bool:
-        """`op`'s own attempt shut the purgatory down: it is cancelled like every other."""
-        op._listed = 0
-        op._cancel(closed=True)
-        keys = op._keys
-        if keys is not None:
-            for key in keys:
-                discard(self._watchers, key, op)
-        self._garbage.pop(op, None)
-        return False
+    def _abandon(self, op: Op) -> None:
+        """Leave `op` unwatched after its watch call failed once registered: off every list,
+        not timed, not ours."""
+        self._lists.unregister(op)
+        if op._bucket is not None:
+            self._wheel.remove(op)
+        op._owner = None
+        self._refuse(op)
 
-    def _start_purge(self) -> None:
-        if not self._purging:
-            self._purging = True
-            self._unpurged = 0
 
-    def _purge(self, limit: int | None) -> None:
-        """Drop finished operations from the watcher lists (Kafka ``purgeCompleted``).
-
-        At most `limit` of them (``None``: all): the rest wait for the next timer pass.
-        """
-        garbage = self._garbage
-        watchers = self._watchers
-        get = watchers.get
-        if limit is None or len(garbage) <= limit:
-            batch: Iterable[Op] = list(garbage)  # the usual case: all of it, no item tuples
-            garbage.clear()
-        else:
-            popitem = garbage.popitem
-            batch = [popitem()[0] for _ in range(limit)]
-        purged = 0
-        for op in batch:
-            keys = op._keys
-            if keys is None:
-                continue
-            for key in keys:
-                # discard(watchers, key, op), its two common shapes inlined: the purge visits
-                # every operation that finished on a list, so this runs once per such entry.
-                ops = get(key)
-                if ops is op:
-                    del watchers[key]
-                    purged += 1
-                elif type(ops) is dict:
-                    if op in ops:
-                        del ops[op]
-                        purged += 1
-                        if not ops:
-                            del watchers[key]
-                elif ops is not None and discard(watchers, key, op):
-                    purged += 1
-            op._listed = 0
-        self._purged += purged
-        if not garbage:
-            self._purging = False
+def _cancel(op: DelayedOperation[Any]) -> bool:
+    """Cancel `op` (the operation protocol's cancel), for `WatcherLists.cancel_key`."""
+    return op._cancel()

@@ -1,9 +1,14 @@
-"""Watcher lists: which operations a trigger on a key re-tries.
+"""`WatcherLists`: every key's watchers, the re-tries a trigger makes, and the purge.
+
+Kafka gives these one owner (its private ``Watchers``: ``tryCompleteWatched``, purge, cancel);
+so does this module. `WatcherLists` owns the map of key to watchers, the queue of finished
+operations the next purge visits and the counters of Kafka's purge rule; it is the only code
+that writes an operation's list fields (``_keys``, ``_listed``, ``_marks``: the watcher-list part
+of the operation protocol, see `purgatory._operation`).
 
 Theory of operation
 -------------------
-A purgatory maps each watched key to the operations watching it. The value takes the cheapest
-shape that serves the key:
+A key's watchers take the cheapest shape that serves the key:
 
 - the operation itself, when it is the key's only watcher (most keys of a server with many
   partitions or sessions are like that, and a ``dict`` per key would cost more memory than the
@@ -13,198 +18,447 @@ shape that serves the key:
   Kafka's order of re-tries);
 - a `ThresholdWatchers`, once several watch it and any of them at a threshold.
 
-Thresholds are the step beyond Kafka. Its ``checkAndComplete(key)`` re-tries every watcher of the
-key, yet the common waits are for a number to pass a mark: an acks=all produce waits for the high
-watermark to pass its offset, a fetch for the log end to pass ``offset + min_bytes``. A watcher
-at a threshold sits in a heap ordered by threshold; ``check_and_complete(key, reached)`` pops the
-watchers whose threshold is ``<= reached``, in threshold order, and re-tries only those (and the
-plain watchers of the key). A popped watcher whose ``try_complete`` still says no is *released*:
-it becomes a plain watcher of the key, re-tried by every later trigger, so it is never lost. A
-lone watcher is released by setting its mark for the key to ``None``.
-
 An operation's ``_marks`` speaks only for the keys on which it is the lone watcher: once a key
 has several watchers, the key's `ThresholdWatchers` holds the truth (it took the threshold over
-when it grew) and the mark is not read again.
-
-Removal without a scan. Every heap entry is a mutable *cell* ``[threshold, seq, op]``; removing
-an operation nulls its cell's ``op`` (so the heap never keeps a finished operation alive) and
-counts the cell dead; once dead cells are half the heap it is rebuilt, which is O(1) amortised per
-removal. ``seq`` makes cells with equal thresholds pop in watch order and keeps operations out of
-the comparisons.
+when it grew) and the mark is not read again. A lone watcher is released by setting its mark
+for the key to ``None``.
 
 Finished operations are dropped lazily, as in Kafka: by the trigger that finds them, or by the
-purge (see `DelayedOperationPurgatory`). Every operation counts the lists that hold it
-(``_listed``), so the purgatory can forget it the moment it has left the last one.
+purge. Every operation counts the lists that hold it (``_listed``); one that finishes while
+listed enters the purge queue, and leaves it the moment it has left its last list, so the
+purge visits only garbage, never every watched entry, and nothing keeps a finished operation
+alive. The purge queue is shared with exactly one other loop, the timer pass's expiry loop
+(`purgatory._operation.expire_due`), which queues the listed operations it expires: that loop
+runs once per expired operation and may not call out per entry.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
-from ._operation import FINISHED
+from ._asyncio import report_exception, report_false_claim
+from ._operation import DONE, EXPIRED_NOW, FINISHED
+from ._thresholds import ThresholdWatchers
 
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
 
-__all__ = (
-    "ThresholdWatchers",
-    "WatcherMap",
-    "count_entries",
-    "discard",
-    "join_at",
-    "join_plain",
-    "lone_mark",
-    "members",
-    "take_all",
-    "unregister",
-)
+__all__ = ("WatcherLists",)
 
 Op = TypeVar("Op", bound="DelayedOperation[Any]")
 
-_MISSING: Any = object()
+# Stands in for a key's list when the key has a lone watcher: only ever popped from, never filled.
+_NOTHING_TO_POP: dict[Any, None] = {}
+_COLLECTIONS = (dict, ThresholdWatchers)
+
+
+def check_reached(reached: Any) -> None:
+    """Refuse a `reached` that does not order against itself (NaN), whatever the key holds."""
+    if not reached <= reached:  # noqa: PLR0124 - false for NaN alone
+        raise ValueError(f"reached {reached!r} does not order against itself (NaN?)")
 
 
 @final
-class ThresholdWatchers(Generic[Op]):
-    """The watchers of one key of which some watch at a threshold.
+class WatcherLists(Generic[Op]):
+    """The watcher lists of one purgatory, for all keys, with Kafka's purge rule.
 
-    ``plain`` holds the operations tried by every trigger of the key (watched without a
-    threshold, or released); ``cells`` maps each operation still waiting for its threshold to its
-    heap cell.
+    Args:
+        purge_interval: A purge is owed once more than this many registered operations have
+            finished since the last one (Kafka ``purgeInterval``).
     """
 
-    __slots__ = ("cells", "dead", "heap", "plain", "seq")
+    __slots__ = ("_entries", "_interval", "_lists", "_purged", "_purging", "_unpurged", "queue")
 
-    def __init__(self, plain: dict[Op, None]) -> None:
-        self.plain = plain
-        self.cells: dict[Op, list[Any]] = {}
-        self.heap: list[list[Any]] = []
-        self.dead = 0
-        self.seq = 0
+    def __init__(self, purge_interval: int) -> None:
+        self._interval = purge_interval
+        # A key's watchers: the operation, an ordered set or a ThresholdWatchers.
+        self._lists: dict[Hashable, Any] = {}
+        #: Operations that finished while still on some list: what the next purge visits.
+        self.queue: dict[Op, None] = {}
+        self._entries = 0
+        # Registered operations finished since the last purge (Kafka's estimated - numDelayed).
+        self._unpurged = 0
+        self._purged = 0
+        self._purging = False
 
     def __len__(self) -> int:
-        return len(self.plain) + len(self.cells)
+        """Keys with a watcher list."""
+        return len(self._lists)
 
-    def __iter__(self) -> Iterator[Op]:
-        yield from self.plain
-        yield from self.cells
+    @property
+    def entries(self) -> int:
+        """Entries over all lists, finished ones not purged yet included. O(1)."""
+        return self._entries
 
-    def __repr__(self) -> str:
-        return f"<ThresholdWatchers plain={len(self.plain)} at_threshold={len(self.cells)}>"
+    @property
+    def purged(self) -> int:
+        """Entries removed by purges since creation."""
+        return self._purged
 
-    def add(self, op: Op, threshold: Any) -> None:
-        """Watch at `threshold` (``None``: plain). O(log n); raises if thresholds don't compare."""
-        if threshold is None:
-            self.plain[op] = None
-            return
-        cell = [threshold, self.seq, op]
-        self.seq += 1
-        self.cells[op] = cell
-        try:
-            heapq.heappush(self.heap, cell)
-        except BaseException:
-            self.unpush(op, cell)
-            raise
+    @property
+    def purge_owed(self) -> bool:
+        """Whether the next timer pass must purge (Kafka's rule holds, or a purge is under way)."""
+        return self._purging or self._unpurged > self._interval
 
-    def unpush(self, op: Op, cell: list[Any]) -> None:
-        """Undo a push that raised (thresholds that do not compare): the failed push may have
-        left the cell anywhere in the heap, so take it out and restore the heap order."""
-        del self.cells[op]
-        self.heap[:] = [c for c in self.heap if c is not cell]
-        heapq.heapify(self.heap)
+    def watching(self, key: Hashable) -> list[Op]:
+        """The operations on `key`'s list, in re-try order (threshold watchers last)."""
+        ops = self._lists.get(key)
+        if ops is None:
+            return []
+        return list(ops) if type(ops) in _COLLECTIONS else [ops]
 
-    def pop(self, op: Op, default: Any = None) -> Any:
-        """Stop watching `op` (the ``dict.pop`` signature the trigger loop uses). O(1) amortised."""
-        if self.plain.pop(op, _MISSING) is not _MISSING:
-            return None
-        cell = self.cells.pop(op, None)
-        if cell is None:
-            return default
-        cell[2] = None
-        self.dead += 1
-        if self.dead > len(self.heap) >> 1:
-            self.heap[:] = [c for c in self.heap if c[2] is not None]
-            heapq.heapify(self.heap)
-            self.dead = 0
-        return None
+    # -- registration -------------------------------------------------------------------------
 
-    def release(self, reached: Any, garbage: dict[Any, None]) -> None:
-        """Make every operation whose threshold is ``<= reached`` a plain watcher, in order.
+    def register(
+        self, op: Op, keys: tuple[Hashable, ...], marks: dict[Hashable, Any] | None
+    ) -> None:
+        """Put `op` on the list of every key of `keys`, or, if that fails, on none.
 
-        One that finished meanwhile (through another key) just leaves: this list no longer holds
-        it, and once no list does, neither does the purge queue `garbage`.
+        `marks` maps each key to its threshold (``None``: plain), or is ``None`` for a plain
+        watch of every key. A key given twice is watched once.
 
-        Runtime complexity: O((1 + released) * log n).
+        Raises:
+            TypeError: A key is not hashable, or a threshold does not compare with the key's
+                others; nothing stays registered.
+
+        Runtime complexity: O(len(keys)), O(log n) more per threshold out of order.
         """
-        heap = self.heap
-        plain = self.plain
-        cells = self.cells
-        while heap and heap[0][0] <= reached:
-            cell = heapq.heappop(heap)
-            op = cell[2]
-            if op is None:
-                self.dead -= 1
-                continue
-            del cells[op]
-            if op._state & FINISHED:
-                op._listed -= 1
-                if not op._listed:
-                    garbage.pop(op, None)
-            else:
-                plain[op] = None
+        lists = self._lists
+        op._marks = marks
+        op._keys = keys
+        listed = 0
+        try:
+            for key in keys:
+                ops = lists.get(key)
+                if ops is None:
+                    lists[key] = op
+                elif marks is not None and marks[key] is not None:
+                    self._join_at(key, op, ops, marks[key])
+                elif type(ops) is dict:
+                    if op in ops:
+                        continue
+                    ops[op] = None
+                elif ops is op:
+                    continue
+                elif type(ops) is ThresholdWatchers or _lone_mark(ops, key) is not None:
+                    if not self._join_plain(key, op, ops):
+                        continue
+                else:
+                    lists[key] = {ops: None, op: None}
+                listed += 1
+        except BaseException:
+            op._listed = listed
+            self._entries += listed
+            self.unregister(op)
+            raise
+        op._listed = listed
+        self._entries += listed
 
+    def _join_at(self, key: Hashable, op: Op, ops: Any, threshold: Any) -> None:
+        """Add `op` at `threshold` to `key`'s watchers `ops`, which are not empty."""
+        if type(ops) is ThresholdWatchers:
+            ops.add(op, threshold)
+        else:
+            watchers = _grown(ops, key)
+            watchers.add(op, threshold)
+            self._lists[key] = watchers
 
-#: A key's watchers: the operation itself, an ordered set of them or a `ThresholdWatchers`.
-WatcherMap = dict[Hashable, Any]
-
-
-def join_at(lists: WatcherMap, key: Hashable, op: Any, ops: Any, threshold: Any) -> None:
-    """Add `op` at `threshold` to `key`'s watchers `ops`, which are not empty.
-
-    A key's first watcher is stored as itself by the purgatory, on its hot path, whether it
-    watches at a threshold or not (its mark says which); this is where a key shared by several
-    watchers takes the shape that knows thresholds. `op` is not already on the key (a mapping's
-    keys are distinct). On an error the caller takes back what was registered (`unregister`).
-
-    Raises:
-        TypeError: `threshold` does not compare with the key's other thresholds.
-
-    Runtime complexity: O(log n).
-    """
-    if type(ops) is ThresholdWatchers:
-        ops.add(op, threshold)
-    else:
+    def _join_plain(self, key: Hashable, op: Op, ops: Any) -> bool:
+        """Add `op` as a plain watcher of `key`, whose watchers `ops` know thresholds; ``False``
+        if `op` already watched `key` (the key was given twice)."""
+        if type(ops) is ThresholdWatchers:
+            if op in ops:
+                return False
+            ops.plain[op] = None
+            return True
+        if ops is op:
+            return False
         watchers = _grown(ops, key)
-        watchers.add(op, threshold)
-        lists[key] = watchers
+        watchers.plain[op] = None
+        self._lists[key] = watchers
+        return True
+
+    def unregister(self, op: Op) -> None:
+        """Take `op` off every list it is on and out of the purge queue (a watch that failed)."""
+        keys: tuple[Hashable, ...] = op._keys
+        for key in keys:
+            try:
+                if self._discard(key, op):
+                    self._entries -= 1
+            except Exception:  # noqa: BLE001 - the key that failed to hash fails again
+                continue
+        op._listed = 0
+        self.queue.pop(op, None)
+
+    # -- the trigger --------------------------------------------------------------------------
+
+    def trigger(self, key: Hashable, reached: Any, attempt: Callable[[Op], None]) -> int:
+        """Re-try `key`'s watchers (those at a threshold ``<= reached`` only, unless it is
+        ``None``); return how many completed. Kafka: ``Watchers.tryCompleteWatched``.
+
+        Finished operations found on the list are dropped. An async operation is handed to
+        `attempt` (which starts its attempt or marks one pending). A `try_complete` that raises
+        is reported and the others are still tried.
+
+        Raises:
+            ValueError: `reached` is NaN.
+
+        Runtime complexity: O(operations re-tried) plus their `try_complete` calls.
+        """
+        if reached is not None:
+            check_reached(reached)
+        lists = self._lists
+        ops = lists.get(key)
+        if ops is None:
+            return 0
+        single: Op | None = None
+        candidates: Iterable[Op]
+        if type(ops) is dict:
+            candidates = list(ops)
+            drop = ops.pop
+        elif type(ops) is ThresholdWatchers:
+            if reached is None:
+                candidates = list(ops)
+            else:
+                ops.release(reached)
+                candidates = list(ops.plain)
+            drop = ops.pop
+        else:
+            if reached is not None:
+                marks = ops._marks
+                if marks is not None:
+                    threshold = marks.get(key)
+                    if threshold is not None:
+                        if not threshold <= reached:
+                            return 0
+                        marks[key] = None  # released: a plain watcher from now on
+            # The key's only watcher: the pops below find nothing, its entry goes after the loop.
+            single = ops
+            candidates = (ops,)
+            drop = _NOTHING_TO_POP.pop
+        try:
+            completed = self._retry(key, candidates, drop, attempt)
+        except BaseException:
+            self._tidy(key, ops, single)
+            raise
+        self._tidy(key, ops, single)
+        return completed
+
+    def _retry(
+        self,
+        key: Hashable,
+        candidates: Iterable[Op],
+        drop: Callable[[Op, Any], Any],
+        attempt: Callable[[Op], None],
+    ) -> int:
+        """The per-entry loop of `trigger`: try each candidate, drop the finished ones."""
+        completed = 0
+        queue = self.queue
+        for op in candidates:
+            state = op._state
+            if not state:
+                try:
+                    claimed = op.try_complete()
+                except Exception as exc:  # noqa: BLE001 - reported; the others go on
+                    _report_attempt(op, key, exc)
+                    continue
+                except BaseException as exc:
+                    if isinstance(exc, KeyboardInterrupt | SystemExit):
+                        raise
+                    _report_attempt(op, key, exc)
+                    continue
+                state = op._state
+                if state & FINISHED:
+                    if drop(op, _NOTHING_TO_POP) is None:
+                        self._entries -= 1
+                        op._listed -= 1
+                        if not op._listed:
+                            queue.pop(op, None)
+                    if state & EXPIRED_NOW == DONE:  # completed, not expired meanwhile
+                        completed += 1
+                elif claimed:
+                    report_false_claim(op, claimed)
+            elif state & FINISHED:
+                if drop(op, _NOTHING_TO_POP) is None:
+                    self._entries -= 1
+                    op._listed -= 1
+                    if not op._listed:
+                        queue.pop(op, None)
+            else:
+                attempt(op)
+        return completed
+
+    def _tidy(self, key: Hashable, ops: Any, single: Op | None) -> None:
+        """After a trigger of `key`: drop a finished lone watcher, or the key's emptied list."""
+        lists = self._lists
+        if single is None:
+            if not ops and lists.get(key) is ops:
+                del lists[key]
+        elif single._state & FINISHED and self._discard(key, single):
+            self._entries -= 1
+            single._listed -= 1
+            if not single._listed:
+                self.queue.pop(single, None)
+
+    # -- cancel, finish, purge, drain ---------------------------------------------------------
+
+    def cancel_key(self, key: Hashable, cancel: Callable[[Op], bool]) -> list[Op]:
+        """Drop `key`'s list; `cancel` each operation on it; return those it cancelled.
+
+        Kafka: ``Watchers.cancel``. The container is emptied before any `cancel` runs, so a
+        trigger of the same key that is iterating over it (a callback called this) has nothing
+        left to drop a second time.
+        """
+        ops = self._lists.pop(key, None)
+        if ops is None:
+            return []
+        taken = _take_all(ops)
+        self._entries -= len(taken)
+        cancelled = []
+        queue = self.queue
+        for op in taken:
+            op._listed -= 1
+            if cancel(op):
+                cancelled.append(op)
+            if not op._listed:
+                queue.pop(op, None)
+        return cancelled
+
+    def finished(self, op: Op) -> bool:
+        """Note that the registered `op` completed or was cancelled; ``True`` if that makes a
+        purge owed (Kafka's rule), which the caller has the next timer pass run."""
+        if op._listed:
+            self.queue[op] = None
+        self._unpurged += 1
+        return self._unpurged > self._interval
+
+    def expired(self, count: int) -> None:
+        """Count `count` registered operations that a timer pass expired (`expire_due` queued
+        the listed ones itself)."""
+        self._unpurged += count
+
+    def purge(self, limit: int | None) -> int:
+        """Drop finished operations from the lists (Kafka ``purgeCompleted``); return entries
+        removed. At most `limit` operations (``None``: all); the rest wait for the next call.
+
+        Runtime complexity: O(keys of the operations purged).
+        """
+        if not self._purging:
+            self._purging = True
+            self._unpurged = 0
+        queue = self.queue
+        lists = self._lists
+        get = lists.get
+        if limit is None or len(queue) <= limit:
+            batch: Iterable[Op] = list(queue)  # the usual case: all of it, no item tuples
+            queue.clear()
+        else:
+            popitem = queue.popitem
+            batch = [popitem()[0] for _ in range(limit)]
+        purged = 0
+        for op in batch:
+            for key in op._keys:
+                # _discard(key, op), its two common shapes inlined: the purge visits every
+                # operation that finished on a list, so this runs once per such entry.
+                ops = get(key)
+                if ops is op:
+                    del lists[key]
+                    purged += 1
+                elif type(ops) is dict:
+                    if op in ops:
+                        del ops[op]
+                        purged += 1
+                        if not ops:
+                            del lists[key]
+                elif ops is not None and self._discard(key, op):
+                    purged += 1
+            op._listed = 0
+        self._purged += purged
+        self._entries -= purged
+        if not queue:
+            self._purging = False
+        return purged
+
+    def drain(self) -> list[Op]:
+        """Empty every list (a shutdown): return the operations that were on them, once each
+        per list, and forget everything."""
+        taken: list[Op] = []
+        for ops in self._lists.values():
+            taken.extend(_take_all(ops))
+        self._lists.clear()
+        self.queue.clear()
+        self._entries = 0
+        for op in taken:
+            op._listed = 0
+        return taken
+
+    def _discard(self, key: Hashable, op: Op) -> bool:
+        """Take `op` off `key`'s list (dropping the key once empty); ``False`` if not on it."""
+        lists = self._lists
+        ops = lists.get(key)
+        if ops is op:
+            del lists[key]
+            return True
+        if type(ops) is dict:
+            if op not in ops:
+                return False
+            del ops[op]
+        elif type(ops) is ThresholdWatchers:
+            if op not in ops:
+                return False
+            ops.pop(op)
+        else:
+            return False
+        if not ops:
+            del lists[key]
+        return True
+
+    def __iter__(self) -> Iterator[tuple[Hashable, list[Op]]]:
+        """Each key with its operations (for invariant checks and debugging)."""
+        for key in self._lists:
+            yield key, self.watching(key)
+
+    def _check(self) -> None:
+        """Raise ``AssertionError`` if the lists, the counts and the purge queue disagree.
+
+        Checked: no list is empty; each operation on a list names the key and counts the lists
+        that hold it; the entry count is right; every finished operation still on a list is
+        queued for the purge, and the queue holds nothing that has left every list; threshold
+        containers are consistent.
+        """
+        held: dict[int, int] = {}
+        by_id: dict[int, Op] = {}
+        entries = 0
+        for key, ops in self._lists.items():
+            if type(ops) is ThresholdWatchers:
+                ops._check()
+            members = self.watching(key)
+            assert members, f"empty watcher list for {key!r}"
+            entries += len(members)
+            for op in members:
+                held[id(op)] = held.get(id(op), 0) + 1
+                by_id[id(op)] = op
+                assert key in op._keys, f"{op!r} is on {key!r}'s list but does not watch it"
+                if op._state & FINISHED:
+                    assert op in self.queue, f"finished {op!r} on {key!r}'s list, not queued"
+        assert entries == self._entries, f"{entries} entries, {self._entries} counted"
+        for ident, count in held.items():
+            op = by_id[ident]
+            assert op._listed == count, f"{op!r} counts {op._listed} lists, is on {count}"
+        for op in self.queue:
+            assert op._state & FINISHED, f"{op!r} queued for the purge but not finished"
+            assert id(op) in held, f"{op!r} has left every list but is still queued"
 
 
-def lone_mark(op: Any, key: Hashable) -> Any:
+def _report_attempt(op: Any, key: Hashable, exc: BaseException) -> None:
+    report_exception(f"{type(op).__qualname__}.try_complete raised", exc, operation=op, key=key)
+
+
+def _lone_mark(op: Any, key: Hashable) -> Any:
     """The threshold at which the lone watcher `op` of `key` waits (``None``: plain)."""
     marks = op._marks
     return None if marks is None else marks.get(key)
-
-
-def join_plain(lists: WatcherMap, key: Hashable, op: Any, ops: Any) -> bool:
-    """Add `op` as a plain watcher of `key`, whose watchers `ops` know thresholds (a
-    `ThresholdWatchers`, or a lone operation watching `key` at a threshold).
-
-    Returns:
-        ``False`` if `op` already watched `key` (the key was given twice).
-    """
-    if type(ops) is ThresholdWatchers:
-        if op in ops.plain or op in ops.cells:
-            return False
-        ops.plain[op] = None
-        return True
-    if ops is op:
-        return False
-    watchers = _grown(ops, key)
-    watchers.plain[op] = None
-    lists[key] = watchers
-    return True
 
 
 def _grown(ops: Any, key: Hashable) -> ThresholdWatchers[Any]:
@@ -212,71 +466,18 @@ def _grown(ops: Any, key: Hashable) -> ThresholdWatchers[Any]:
     if type(ops) is dict:
         return ThresholdWatchers(ops)
     watchers: ThresholdWatchers[Any] = ThresholdWatchers({})
-    watchers.add(ops, lone_mark(ops, key))  # one threshold: nothing to compare with
+    watchers.add(ops, _lone_mark(ops, key))  # one threshold: nothing to compare with
     return watchers
 
 
-def unregister(lists: WatcherMap, op: Any, keys: tuple[Hashable, ...]) -> None:
-    """Take `op` off every list of `keys` it is on: the undo of a registration that failed."""
-    for key in keys:
-        try:
-            discard(lists, key, op)
-        except Exception:  # noqa: BLE001 - the key that failed to hash fails again
-            continue
-
-
-def discard(lists: WatcherMap, key: Hashable, op: Any) -> bool:
-    """Take `op` off `key`'s list (dropping the key once empty); ``False`` if it was not on it."""
-    ops = lists.get(key)
-    if ops is op:
-        del lists[key]
-        return True
+def _take_all(ops: Any) -> list[Any]:
+    """The operations of one key's watchers, leaving the container empty."""
     if type(ops) is dict:
-        if op not in ops:
-            return False
-        del ops[op]
-    elif type(ops) is ThresholdWatchers:
-        if op not in ops.plain and op not in ops.cells:
-            return False
-        ops.pop(op)
-    else:
-        return False
-    if not ops:
-        del lists[key]
-    return True
-
-
-def take_all(ops: Any) -> list[Any]:
-    """The operations of one key's watchers, leaving the container empty.
-
-    A trigger of the same key may be iterating over the container (a callback called
-    `cancel_for_key` or `shutdown`): emptied, it has nothing left for that trigger to drop a
-    second time.
-    """
-    taken = list(members(ops))
-    if type(ops) is dict:
+        taken = list(ops)
         ops.clear()
-    elif type(ops) is ThresholdWatchers:
-        for cell in ops.heap:
-            cell[2] = None
-        ops.plain.clear()
-        ops.cells.clear()
-        ops.heap.clear()
-        ops.dead = 0
-    return taken
-
-
-def members(ops: Any) -> Iterator[Any]:
-    """The operations of one key's watchers, whatever their shape."""
-    if type(ops) is dict or type(ops) is ThresholdWatchers:
-        yield from ops
-    else:
-        yield ops
-
-
-def count_entries(lists: WatcherMap) -> int:
-    """Entries over all lists (Kafka's ``watched()``). Runtime complexity: O(keys)."""
-    return sum(1 if type(ops) not in _COLLECTIONS else len(ops) for ops in lists.values())
-
-
-_COLLECTIONS = (dict, ThresholdWatchers)
+        return taken
+    if type(ops) is ThresholdWatchers:
+        taken = list(ops)
+        ops.clear()
+        return taken
+    return [ops]

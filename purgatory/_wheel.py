@@ -295,6 +295,44 @@ class TimingWheel:
         self._size -= len(due)
         return due
 
+    def _check(self) -> None:
+        """Raise ``AssertionError`` if the wheel is inconsistent, whatever its entries are.
+
+        Checked: every entry sits in the bucket (or older part) it points to, once, inside that
+        bucket's span, and is not yet due (overdue ones excepted); the size counter matches;
+        every non-empty bucket is in the heap at its due tick or is the cascade under way.
+        """
+        held = 0
+        current = self.current_tick
+        seen: set[int] = set()
+        for level, slots in enumerate(self._levels):
+            span = self._spans[level]
+            for bucket in slots:
+                parts = [bucket] if bucket.older is None else [bucket.older, bucket]
+                for part in parts:
+                    assert part.level == level
+                    assert part.wheel is self
+                    for entry in part:
+                        held += 1
+                        assert id(entry) not in seen, f"{entry!r} held twice"
+                        seen.add(id(entry))
+                        assert entry._bucket is part, f"{entry!r} is in a bucket it does not name"
+                        assert bucket.expiration <= entry._deadline < bucket.expiration + span, (
+                            f"{entry!r} deadline {entry._deadline} outside {bucket!r}"
+                        )
+                        assert entry._deadline > current, f"{entry!r} is due but still held"
+                if bucket or bucket.older:
+                    assert bucket.expiration > current, f"{bucket!r} is due but not flushed"
+                    assert bucket is self._active or any(
+                        item[3] is bucket and item[0] == self.due_tick(bucket)
+                        for item in self._heap
+                    ), f"{bucket!r} not in the heap"
+        for entry in self._overdue:
+            held += 1
+            assert entry._bucket is self._overdue
+            assert entry._deadline <= current, f"overdue {entry!r} is not due"
+        assert held == self._size, f"size counter {self._size} != {held} entries held"
+
     # -- internals ----------------------------------------------------------------------------
 
     def _push(self, bucket: Bucket, tick: int) -> None:

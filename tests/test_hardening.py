@@ -85,7 +85,7 @@ def test_an_operation_that_left_every_list_is_not_kept_alive() -> None:
     del multi
     gc.collect()
     assert [ref for ref in refs if ref() is not None] == []
-    assert (p.watched(), p.num_delayed(), len(p._garbage)) == (0, 0, 0)
+    assert (p.watched(), p.num_delayed(), len(p._lists.queue)) == (0, 0, 0)
     check_invariants(p)
 
 
@@ -409,7 +409,7 @@ async def test_an_async_attempt_raising_a_base_exception_does_not_jam_the_operat
     async with DelayedOperationPurgatory[AsyncBaseRaising]("jam") as p:
         op = AsyncBaseRaising()
         p.try_complete_else_watch(op, ["k"])
-        await until(lambda: op.attempts == 1 and not op._state & 64)
+        await until(lambda: op.attempts == 1 and not p._attempts.running(op))
         p.check_and_complete("k")
         assert await asyncio.wait_for(outcome_of(op), 5.0) == "second time lucky"
     assert [type(e) for e in recorder.exceptions] == [Custom]
@@ -739,7 +739,7 @@ def test_a_key_given_twice_is_watched_once_and_forgotten_with_it() -> None:
     del op
     gc.collect()
     assert ref() is None
-    assert (p.watched(), len(p._garbage)) == (0, 0)
+    assert (p.watched(), len(p._lists.queue)) == (0, 0)
     check_invariants(p)
 
 
@@ -820,7 +820,7 @@ async def test_an_attempt_cancelled_from_outside_runs_again(when: str) -> None:
             await until(lambda: op.attempts == 2)
             op.ready = True
             p.check_and_complete("k")  # pending behind the running attempt
-        (task,) = p._attempts
+        (task,) = p._attempts.tasks
         task.cancel()  # "cancel all other tasks"
         op.ready = True
         op.gate.set()

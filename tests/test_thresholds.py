@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import random
 import threading
 import weakref
 from typing import Any
@@ -11,7 +12,9 @@ from typing import Any
 import pytest
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory
+from purgatory._thresholds import ThresholdWatchers
 from purgatory.testing import ManualClock, check_invariants
+from purgatory.testing._invariants import check_threshold_watchers
 
 
 class Partition:
@@ -172,8 +175,6 @@ def test_finished_watchers_leave_the_heap_without_a_scan_and_are_not_kept_alive(
     for op in ops[:900]:
         op.force_complete()
     assert p.purge() == 1800
-    watchers = p._watchers["k"]
-    assert len(watchers.heap) < 400  # dead cells are compacted away as they pile up
     del ops, op
     gc.collect()
     assert sum(ref() is not None for ref in refs) == 100
@@ -223,3 +224,18 @@ async def test_watch_and_the_threadsafe_trigger_carry_thresholds() -> None:
         partition.high_watermark = 10
         p.check_and_complete("t-0", 10)
         assert await asyncio.wait_for(waiting[1], 5.0) == "NONE"
+
+
+@pytest.mark.parametrize("order", ["increasing", "shuffled"])
+def test_dead_cells_are_compacted_away_as_they_pile_up(order: str) -> None:
+    watchers: ThresholdWatchers[object] = ThresholdWatchers({})
+    members = [object() for _ in range(1000)]
+    thresholds = list(range(1000))
+    if order == "shuffled":
+        random.Random(7).shuffle(thresholds)
+    for member, threshold in zip(members, thresholds, strict=True):
+        watchers.add(member, threshold)
+    for member in members[:900]:
+        watchers.pop(member)
+    assert len(watchers.run) + len(watchers.heap) < 400
+    check_threshold_watchers(watchers)

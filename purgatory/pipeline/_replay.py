@@ -7,8 +7,8 @@ Theory of operation. The input is a stream of Arrow record batches whose rows ar
 (group, arrival, op_id), a *group* being one (purgatory, configuration) pair. For each group a
 `DelayedOperationPurgatory` is built on a `purgatory.testing.ManualClock`. Before each arrival
 the driver moves the clock forward through every event due until then, in time order: timer
-passes at each tick where the wheel has work (the purgatory's own ``_next_timer_pass``, so a
-pass runs where a reaper would wake), and the condition of earlier operations becoming true
+passes at each tick where the purgatory has work (``ManualClock.advance_to``, so a pass runs
+where a reaper would wake), and the condition of earlier operations becoming true
 (the op is marked ready and its first key is triggered with ``check_and_complete``, or it is
 completed with ``force_complete`` in ``trigger="force"`` mode). At one instant, timer passes run
 first, then triggers, then the arrival. Then the operation is watched with
@@ -32,11 +32,10 @@ from typing import Any, Final, Literal
 
 import pyarrow as pa
 
+from .. import DelayedOperation, DelayedOperationPurgatory
 from .._eventlog import JsonLinesEventLog
 from .._events import Outcome
-from .._operation import EXPIRED, FINISHED, DelayedOperation
-from .._purgatory import DelayedOperationPurgatory
-from ..testing import ManualClock
+from ..testing import ManualClock, check_invariants
 
 __all__ = (
     "OUTPUT_ROWS",
@@ -151,6 +150,7 @@ class _Group:
         "ended",
         "event_log",
         "heap",
+        "horizon",
         "name",
         "out",
         "passes",
@@ -159,7 +159,6 @@ class _Group:
         "purgatory",
         "purges",
         "seq",
-        "watched",
     )
 
     def __init__(
@@ -189,89 +188,51 @@ class _Group:
         self.attempts = 0
         self.passes = 0
         self.purges = 0
-        self.watched = 0
+        # The latest deadline of any operation watched so far (seconds, before rounding).
+        self.horizon = 0.0
         self.peak_watched = 0
         self.peak_delayed = 0
         self.ended = 0
         self.out: list[tuple[int, str, float, float, float]] = []
 
     def finished(self, op: ReplayOperation) -> None:
-        now = self.clock._now
-        outcome: Outcome = "expired" if op._state & EXPIRED else "completed"
+        now = self.clock.now()
+        outcome: Outcome = "expired" if op.is_expired else "completed"
         watched_at = op.watched_at
-        self.out.append((op.op_id, outcome, watched_at, watched_at + op._timeout, now))
+        self.out.append((op.op_id, outcome, watched_at, watched_at + op.timeout, now))
 
     def move_to(self, when: float) -> None:
-        """Move the clock to `when` (if later), with a timer pass only if one has work there.
+        """Move the clock to `when` (if later), with a timer pass at each tick that has work.
 
-        A reaper sleeps through ticks where the wheel has nothing due and no purge is owed; so
-        does the replay: it sets the clock's time without the pass (a `ManualClock` cannot move
-        otherwise), which saves a pass per arrival and per condition. ``passes`` counts the
-        passes that ran.
+        ``passes`` counts the passes that ran, ``purges`` the moves in which a purge removed
+        entries.
         """
-        purgatory = self.purgatory
         clock = self.clock
-        now = clock._now
-        if when > now and purgatory._now_tick(when) < purgatory._next_timer_pass():
-            clock._now = when
-            return
-        before = purgatory._purged
-        clock.advance(when - now if when > now else 0.0)
-        self.passes += 1
-        purged = purgatory._purged - before
-        if purged:
+        now = clock.now()
+        before = self.purgatory.statistics()
+        clock.advance_to(when if when > now else now)
+        after = self.purgatory.statistics()
+        self.passes += after.timer_passes - before.timer_passes
+        if after.purged > before.purged:
             self.purges += 1
-            self.watched -= purged
 
     def run_until(self, t: float) -> None:
         """Run every timer pass and condition due at or before `t`, in time order."""
         purgatory = self.purgatory
-        next_pass = purgatory._next_timer_pass
         heap = self.heap
-        tick = self.config.tick
         force = self.config.trigger == "force"
-        watchers = purgatory._watchers
-        clock = self.clock
-        inf = math.inf
-        idle = 0
-        while True:
-            timer_at = next_pass() * tick
-            trigger_at = heap[0][0] if heap else inf
-            if timer_at <= trigger_at:
-                if timer_at > t or timer_at == inf:
-                    return
-                if timer_at <= clock._now:
-                    idle += 1
-                    if idle > 2:
-                        raise RuntimeError(
-                            f"replay of {self.name!r}: the timer keeps asking for a pass at "
-                            f"{clock._now!r} (a bug in the driver or the core)"
-                        )
-                else:
-                    idle = 0
-                self.move_to(timer_at)
+        while heap and heap[0][0] <= t:
+            trigger_at, _, op = heappop(heap)
+            if op.is_completed:
                 continue
-            if trigger_at > t:
-                return
-            idle = 0
-            op = heappop(heap)[2]
-            if op._state & FINISHED:
+            self.move_to(trigger_at)
+            if op.is_completed:  # expired in that pass: its deadline tick came first
                 continue
-            if clock._now < trigger_at:
-                self.move_to(trigger_at)
-                if op._state & FINISHED:  # expired in that pass: its deadline tick came first
-                    continue
             op.ready = True
             if force:
                 op.force_complete()
             else:
-                key = op.keys[0]
-                entry = watchers.get(key)
-                before = 0 if entry is None else len(entry) if type(entry) is dict else 1
-                purgatory.check_and_complete(key)
-                entry = watchers.get(key)
-                after = 0 if entry is None else len(entry) if type(entry) is dict else 1
-                self.watched -= before - after
+                purgatory.check_and_complete(op.keys[0])
 
     def arrive(
         self, op_id: int, keys: tuple[str, ...], timeout: float, condition: float | None, t: float
@@ -286,8 +247,8 @@ class _Group:
         op.watched_at = now
         purgatory = self.purgatory
         if not purgatory.try_complete_else_watch(op, keys):
-            self.watched += len(set(keys))
-            self.peak_watched = max(self.peak_watched, self.watched)
+            self.horizon = max(self.horizon, now + timeout)
+            self.peak_watched = max(self.peak_watched, purgatory.watched())
             delayed = purgatory.num_delayed()
             self.peak_delayed = max(self.peak_delayed, delayed)
             # A condition a tick or more past the deadline can only lose to the expiry: not
@@ -296,16 +257,13 @@ class _Group:
                 self.seq += 1
                 heappush(self.heap, (condition, self.seq, op))
         if self.check:
-            actual = purgatory.watched()
-            if actual != self.watched:
-                raise AssertionError(
-                    f"replay of {self.name!r} tracks watched()={self.watched}, the purgatory "
-                    f"has {actual} (after op_id {op_id})"
-                )
+            check_invariants(purgatory)
 
     def drain(self) -> None:
         """Run the clock on until nothing is timed and no condition is pending."""
         self.run_until(math.inf)
+        # Past the last deadline (and a tick, for its rounding up): every pass has run.
+        self.move_to(max(self.clock.now(), self.horizon + self.config.tick))
         if self.event_log is not None:
             self.event_log.flush()
 
@@ -342,7 +300,7 @@ class _Group:
             self.peak_delayed,
             self.passes,
             self.purges,
-            self.purgatory._purged,
+            self.purgatory.statistics().purged,
             self.attempts,
         ]
         return pa.RecordBatch.from_arrays(
@@ -368,8 +326,8 @@ def replay_batches(
         event_log_dir: If given, each group records its event log there (purgatory name
             ``"<purgatory>@<config_id>"``), flushed at the group's end.
         output_rows: Rows per emitted batch.
-        check: After every arrival, compare the peak-tracking count of watcher entries with
-            the purgatory's own (O(keys) ``watched()``): for tests.
+        check: After every arrival, check the purgatory's invariants
+            (`purgatory.testing.check_invariants`, O(pending)): for tests.
 
     Yields:
         Batches of `OUTPUT_SCHEMA`: each operation's row, and after each group its gauges row.
