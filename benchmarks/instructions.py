@@ -23,8 +23,9 @@ Paths:
     floor: the Floor.
     plain_create: create the plain slotted class (``timeout`` and the user's two fields).
     subclass_create: create a `DelayedOperation` subclass with the same two fields.
-    watch_force: create, ``try_complete_else_watch`` on a key of its own, ``force_complete``; a
-        timer pass every 100 operations (the purges are paid here).
+    watch_force: create with a 30 s timeout (a request timeout: the wheel's second level),
+        ``try_complete_else_watch`` on a key of its own, ``force_complete``; a timer pass every
+        100 operations (the purges are paid here).
     watch_expire: create, watch on a key of its own with a 50 ms timeout; a timer pass every
         100 operations expires them (``on_complete`` and ``on_expiration`` run).
     threshold: 100 keys, each with 100 watchers at increasing offsets; per operation, one
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -68,77 +70,87 @@ END = "<!-- instructions:end -->"
 # -- the paths (run in the child) ----------------------------------------------------------------
 
 
-def _build(path: str) -> Callable[[int], None]:
-    """Set `path` up (the part both run lengths share) and return its loop over `n` operations."""
-    from purgatory import DelayedOperation, DelayedOperationPurgatory
-    from purgatory.testing import ManualClock
+Run = Callable[[int], None]
 
-    class Plain:
-        __slots__ = ("deadline", "ready", "timeout")
 
-        def __init__(self, timeout: float, deadline: float) -> None:
-            self.timeout = timeout
-            self.deadline = deadline
-            self.ready = False
+class _Paths:
+    """The set-up every path shares, and one method per path that returns its loop."""
 
-        def try_complete(self) -> bool:
-            return self.ready
+    def __init__(self) -> None:
+        from purgatory import DelayedOperation, DelayedOperationPurgatory
+        from purgatory.testing import ManualClock
 
-        def on_complete(self) -> None:
-            return None
+        class Plain:
+            __slots__ = ("deadline", "ready", "timeout")
 
-    class Op(DelayedOperation[None]):
-        __slots__ = ("deadline", "ready")
+            def __init__(self, timeout: float, deadline: float) -> None:
+                self.timeout = timeout
+                self.deadline = deadline
+                self.ready = False
 
-        def __init__(self, timeout: float, deadline: float) -> None:
-            super().__init__(timeout)
-            self.deadline = deadline
-            self.ready = False
+            def try_complete(self) -> bool:
+                return self.ready
 
-        def try_complete(self) -> bool:
-            if self.ready:
-                return self.force_complete()
-            return False
+            def on_complete(self) -> None:
+                return None
 
-        def on_complete(self) -> None:
-            return None
+        class Op(DelayedOperation[None]):
+            __slots__ = ("deadline", "ready")
 
-        def on_expiration(self) -> None:
-            return None
+            def __init__(self, timeout: float, deadline: float) -> None:
+                super().__init__(timeout)
+                self.deadline = deadline
+                self.ready = False
 
-    reached: dict[int, int] = {}
+            def try_complete(self) -> bool:
+                if self.ready:
+                    return self.force_complete()
+                return False
 
-    class AtOffset(DelayedOperation[None]):
-        __slots__ = ("key", "offset")
+            def on_complete(self) -> None:
+                return None
 
-        def __init__(self, timeout: float, key: int, offset: int) -> None:
-            super().__init__(timeout)
-            self.key = key
-            self.offset = offset
+            def on_expiration(self) -> None:
+                return None
 
-        def try_complete(self) -> bool:
-            if reached[self.key] >= self.offset:
-                return self.force_complete()
-            return False
+        reached: dict[int, int] = {}
 
-        def on_complete(self) -> None:
-            return None
+        class AtOffset(DelayedOperation[None]):
+            __slots__ = ("key", "offset")
 
-        def on_expiration(self) -> None:
-            return None
+            def __init__(self, timeout: float, key: int, offset: int) -> None:
+                super().__init__(timeout)
+                self.key = key
+                self.offset = offset
 
-    clock = ManualClock()
-    purgatory: DelayedOperationPurgatory[Any] = DelayedOperationPurgatory("bench", clock=clock)
-    watch = purgatory.try_complete_else_watch
-    for key in range(PENDING):
-        watch(Op(3600.0, 0.0), (("pending", key),))
+            def try_complete(self) -> bool:
+                if reached[self.key] >= self.offset:
+                    return self.force_complete()
+                return False
 
-    if path == "floor":
+            def on_complete(self) -> None:
+                return None
+
+            def on_expiration(self) -> None:
+                return None
+
+        self.Plain = Plain
+        self.Op = Op
+        self.AtOffset = AtOffset
+        self.reached = reached
+        self.clock = ManualClock()
+        self.purgatory: Any = DelayedOperationPurgatory("bench", clock=self.clock)
+        watch = self.purgatory.try_complete_else_watch
+        for key in range(PENDING):
+            watch(Op(3600.0, 0.0), (("pending", key),))
+
+    def floor(self) -> Run:
+        plain = self.Plain
 
         def run(n: int) -> None:
-            watchers: dict[Any, dict[Plain, None]] = {}
+            watchers: dict[Any, dict[Any, None]] = {}
             for i in range(n):
-                op = Plain(3600.0, 0.0)
+                op = plain(30.0, 0.0)
                 key = (i,)
                 op.try_complete()
                 watchers[key] = {op: None}
@@ -148,66 +160,91 @@ def _build(path: str) -> Callable[[int], None]:
                 if i % 100 == 99:
                     pass
 
-    elif path == "plain_create":
+        return run
+
+    def plain_create(self) -> Run:
+        plain = self.Plain
 
         def run(n: int) -> None:
             for _ in range(n):
-                Plain(3600.0, 0.0)
+                plain(30.0, 0.0)
 
-    elif path == "subclass_create":
+        return run
+
+    def subclass_create(self) -> Run:
+        new = self.Op
 
         def run(n: int) -> None:
             for _ in range(n):
-                Op(3600.0, 0.0)
+                new(30.0, 0.0)
 
-    elif path == "watch_force":
+        return run
+
+    def watch_force(self) -> Run:
+        new = self.Op
+        watch = self.purgatory.try_complete_else_watch
+        advance = self.clock.advance
 
         def run(n: int) -> None:
-            advance = clock.advance
             for i in range(n):
-                op = Op(3600.0, 0.0)
+                op = new(30.0, 0.0)
                 watch(op, (i,))
                 op.force_complete()
                 if i % 100 == 99:
                     advance(0.0)
 
-    elif path == "watch_expire":
+        return run
+
+    def watch_expire(self) -> Run:
+        new = self.Op
+        watch = self.purgatory.try_complete_else_watch
+        advance = self.clock.advance
 
         def run(n: int) -> None:
-            advance = clock.advance
             for i in range(n):
-                watch(Op(0.05, 0.0), (i,))
+                watch(new(0.05, 0.0), (i,))
                 if i % 100 == 99:
                     advance(0.1)
 
-    elif path in {"threshold", "threshold_shuffled"}:
-        import random
+        return run
 
+    def threshold(self, shuffled: bool = False) -> Run:
+        new = self.AtOffset
+        reached = self.reached
+        watch = self.purgatory.try_complete_else_watch
+        check = self.purgatory.check_and_complete
         rng = random.Random(1)
         order = list(range(100))
-        next_offset = dict.fromkeys(range(KEYS), 0)
+        next_offset = dict.fromkeys(range(KEYS), 100)
         for key in range(KEYS):
             reached[key] = -1
-            if path == "threshold_shuffled":
+            if shuffled:
                 rng.shuffle(order)
             for offset in order:
-                watch(AtOffset(3600.0, key, offset), {key: offset})
-            next_offset[key] = 100
+                watch(new(3600.0, key, offset), {key: offset})
 
         def run(n: int) -> None:
-            check = purgatory.check_and_complete
             for i in range(n):
                 key = i % KEYS
                 offset = next_offset[key]
-                if path == "threshold_shuffled":
+                if shuffled:
                     offset += i * 37 % 50  # out of order, always ahead of what is reached
-                watch(AtOffset(3600.0, key, offset), {key: offset})
+                watch(new(3600.0, key, offset), {key: offset})
                 next_offset[key] += 1
                 reached[key] += 1
                 check(key, reached[key])
 
-    else:
+        return run
+
+    def threshold_shuffled(self) -> Run:
+        return self.threshold(shuffled=True)
+
+
+def _build(path: str) -> Run:
+    """Set `path` up (the part both run lengths share) and return its loop over `n` operations."""
+    if path not in PATHS:
         raise SystemExit(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
+    run: Run = getattr(_Paths(), path)()
     return run
 
 

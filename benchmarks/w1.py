@@ -156,7 +156,7 @@ def _offset(seed: int, setting: W1Setting, tag: str) -> int:
     return random.Random(f"w1-offset/{seed}/{setting.name}/{tag}").randrange(POOL_SIZE)
 
 
-async def _probe(
+async def _probe(  # noqa: PLR0912, PLR0915 - one timed probe: its loop must not call out
     target: W1Target,
     setting: W1Setting,
     pools: Pools,

@@ -114,6 +114,15 @@ class DelayedOperation(ABC, Generic[T_co]):
         "_timeout",
     )
 
+    # Written by their owners before any read (see the module docstring): the wheel's
+    # _deadline, the lists' _keys, _listed and _marks, and _result at completion. Declared here,
+    # not in __init__, where even a bare annotation of an attribute costs its evaluation.
+    _deadline: int
+    _keys: tuple[Any, ...]
+    _listed: int
+    _marks: dict[Any, Any] | None
+    _result: Any
+
     # ASYNC when the subclass's try_complete is a coroutine function, else 0.
     _initial_state: int = 0
 
@@ -129,13 +138,6 @@ class DelayedOperation(ABC, Generic[T_co]):
         self._owner: Owner | None = None
         self._bucket: Bucket | None = None
         self._future: Any = None
-        # Written by their owners before any read (see the module docstring): the wheel's
-        # _deadline, the lists' _keys, _listed and _marks, and _result at completion.
-        self._deadline: int
-        self._keys: tuple[Any, ...]
-        self._listed: int
-        self._marks: dict[Any, Any] | None
-        self._result: Any
 
     # -- the three methods to implement -------------------------------------------------------
 

@@ -294,7 +294,8 @@ class DelayedOperationPurgatory(Generic[Op]):
 
     # -- the Kafka API ------------------------------------------------------------------------
 
-    def try_complete_else_watch(
+    # One path, its steps inlined: on this path a call costs more than a branch.
+    def try_complete_else_watch(  # noqa: C901, PLR0912
         self, op: Op, keys: Iterable[Hashable] | Mapping[Hashable, Any]
     ) -> bool:
         """Complete `op` now if it can; otherwise watch it on every key and start its timer.
@@ -359,10 +360,16 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._bind_loop()
         if self._log is not None:
             self._record_watch(op, keys, marks)
-        if not state:  # a synchronous try_complete: Kafka's first try
-            ended = self._first_try(op)
-            if ended is not None:
-                return ended
+        if not state:  # a synchronous try_complete: Kafka's first try, before registration
+            try:
+                claimed = op.try_complete()
+            except BaseException:
+                self._refuse(op)
+                raise
+            if op._state & FINISHED or self._closed:
+                return self._ended_before_registration(op)
+            if claimed:
+                report_false_claim(op, claimed)
         wheel = self._wheel
         if self._max_pending is not None and len(wheel) >= self._max_pending:
             self._refuse(op)
@@ -398,30 +405,20 @@ class DelayedOperationPurgatory(Generic[Op]):
             reaper.wake_by(due)
         return False
 
-    def _first_try(self, op: Op) -> bool | None:
-        """Kafka's first try, before `op` is registered: ``None`` if the watch goes on, else
-        what it returns (``True``: completed; ``False``: the attempt shut the purgatory down,
-        which cancels `op`)."""
-        try:
-            claimed = op.try_complete()
-        except BaseException:
-            self._refuse(op)
-            raise
+    def _ended_before_registration(self, op: Op) -> bool:
+        """`op` completed in its first try, or that try shut the purgatory down (which cancels
+        it): it never settles through `_settled`, so it is counted here. Returns what the
+        watch call returns."""
         if op._state & FINISHED:
-            # Not registered, so it did not settle through `_settled`: it is counted here.
             self._completed += 1
             if self._log is not None:
                 self._record_end(op, "completed")
             return True
-        if claimed:
-            report_false_claim(op, claimed)
-        if self._closed:
-            op._cancel(closed=True)
-            self._cancelled += 1
-            if self._log is not None:
-                self._record_end(op, "cancelled")
-            return False
-        return None
+        op._cancel(closed=True)
+        self._cancelled += 1
+        if self._log is not None:
+            self._record_end(op, "cancelled")
+        return False
 
     if TYPE_CHECKING:
 

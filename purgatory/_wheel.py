@@ -101,6 +101,7 @@ class TimingWheel:
         "_levels",
         "_overdue",
         "_push_count",
+        "_reach1",
         "_size",
         "_spans",
         "_todo",
@@ -129,6 +130,8 @@ class TimingWheel:
         self._active: Bucket | None = None
         self._todo: list[Any] = []
         self._todo_done = 0
+        # Ticks the first overflow level covers (0 until it exists).
+        self._reach1 = 0
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -225,6 +228,16 @@ class TimingWheel:
                 bucket.expiration = deadline
                 self._push(bucket, deadline)
             due = deadline
+        elif self._reach1 and deadline < self._current[1] + self._reach1:
+            # The first overflow level, inlined: request timeouts (seconds) all land here.
+            span = self._spans[1]
+            slot = deadline // span
+            bucket = self._levels[1][slot % self._wheel_size]
+            start = slot * span
+            due = start - self._leads[1]
+            if bucket.expiration != start:
+                bucket.expiration = start
+                self._push(bucket, due)
         else:
             bucket, due = self._overflow_bucket(deadline)
         bucket[entry] = None
@@ -350,6 +363,8 @@ class TimingWheel:
         self._levels.append([Bucket(self, level) for _ in range(size)])
         previous = self._current[-1]
         self._current.append(previous - previous % span)
+        if level == 1:
+            self._reach1 = span * size
 
     def _overflow_bucket(self, deadline: int) -> tuple[Bucket, int]:
         """The bucket of the lowest overflow level that covers `deadline`, and its due tick."""
