@@ -29,8 +29,8 @@ Paths:
     watch_expire: create, watch on a key of its own with a 50 ms timeout; a timer pass every
         100 operations expires them (``on_complete`` and ``on_expiration`` run).
     threshold: 100 keys, each with 100 watchers at increasing offsets; per operation, one
-        watch at the key's next offset and one ``check_and_complete(key, reached)`` that
-        completes the key's oldest watcher.
+        watch at the key's next offset (30 s timeout, as ``watch_force``) and one
+        ``check_and_complete(key, reached)`` that completes the key's oldest watcher.
     threshold_shuffled: the same with the offsets of each key watched out of order.
 """
 
@@ -221,7 +221,7 @@ class _Paths:
             if shuffled:
                 rng.shuffle(order)
             for offset in order:
-                watch(new(3600.0, key, offset), {key: offset})
+                watch(new(30.0, key, offset), {key: offset})
 
         def run(n: int) -> None:
             for i in range(n):
@@ -229,7 +229,7 @@ class _Paths:
                 offset = next_offset[key]
                 if shuffled:
                     offset += i * 37 % 50  # out of order, always ahead of what is reached
-                watch(new(3600.0, key, offset), {key: offset})
+                watch(new(30.0, key, offset), {key: offset})
                 next_offset[key] += 1
                 reached[key] += 1
                 check(key, reached[key])
@@ -293,31 +293,71 @@ def measure(path: str, short: int, long: int, pythonpath: str | None = None) -> 
     )
 
 
-def _table(results: dict[str, dict[str, int]]) -> str:
+TARGETS = (
+    # (what, path, against, at most)
+    ("watch + force_complete", "watch_force", "floor", 3.0),
+    ("watch + expire in a timer pass", "watch_expire", "floor", 3.0),
+    ("creating a DelayedOperation subclass", "subclass_create", "plain_create", 1.6),
+    ("threshold watch + trigger", "threshold", "watch_force", 1.5),
+)
+
+
+def section(results: dict[str, dict[str, int]]) -> str:
+    """The RESULTS.md section of these figures: the table, then the targets against it."""
     labels = list(results)
-    floor = {label: results[label].get("floor") for label in labels}
-    head = "| path | " + " | ".join(labels) + " | vs the Floor (" + labels[-1] + ") |"
-    rule = "|---|" + "---:|" * len(labels) + "---:|"
-    rows = [head, rule]
+    last = results[labels[-1]]
+    first = results[labels[0]]
+    lines = [
+        BEGIN,
+        "## Instructions per operation (callgrind)",
+        "",
+        "`python -m benchmarks.instructions --write`: each path of the core under `valgrind "
+        "--tool=callgrind`, two run lengths subtracted so that start-up cancels, "
+        "`PYTHONHASHSEED=0`, on a `ManualClock` purgatory that already delays 10,000 operations "
+        "(see the module's docstring for each path). These figures do not move with the "
+        "machine's load. Columns: " + ", ".join(f"`{label}`" for label in labels) + ".",
+        "",
+        "| path | " + " | ".join(labels) + " | change | vs the Floor |",
+        "|---|" + "---:|" * len(labels) + "---:|---:|",
+    ]
     for path in PATHS:
         cells = [f"{results[label][path]:,}" if path in results[label] else "-" for label in labels]
-        last = results[labels[-1]].get(path)
-        base = floor[labels[-1]]
-        ratio = f"{last / base:.2f}x" if last is not None and base and path != "floor" else ""
-        rows.append(f"| {path} | " + " | ".join(cells) + f" | {ratio} |")
-    return "\n".join(rows)
+        change = ""
+        if path in first and path in last and len(labels) > 1:
+            change = f"{(last[path] - first[path]) / first[path]:+.1%}"
+        floor = f"{last[path] / last['floor']:.2f}x" if path in last and "floor" in last else ""
+        lines.append(f"| {path} | " + " | ".join(cells) + f" | {change} | {floor} |")
+    lines += ["", "| target | wanted | measured | verdict |", "|---|---|---|---|"]
+    for what, path, against, limit in TARGETS:
+        if path in last and against in last:
+            ratio = last[path] / last[against]
+            verdict = "met" if ratio <= limit else "**not met**"
+            lines.append(f"| {what} | <= {limit}x {against} | {ratio:.2f}x | {verdict} |")
+    if len(labels) > 1:
+        ours = [p for p in PATHS if p not in {"floor", "plain_create"}]
+        slower = [p for p in ours if p in first and p in last and last[p] > first[p]]
+        lines.append(
+            f"| no path slower than `{labels[0]}` | all | "
+            + (", ".join(slower) + " slower" if slower else "none slower")
+            + f" | {'**not met**' if slower else 'met'} |"
+        )
+    lines.append(END)
+    return "\n".join(lines)
 
 
-def _write_markdown(table: str) -> None:
-    text = RESULTS_MD.read_text()
-    block = f"{BEGIN}\n{table}\n{END}"
-    if BEGIN in text:
-        start = text.index(BEGIN)
-        end = text.index(END) + len(END)
-        text = text[:start] + block + text[end:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    RESULTS_MD.write_text(text)
+def with_section(markdown: str, results: dict[str, dict[str, int]]) -> str:
+    """`markdown` with the section put in (or replaced) at its end."""
+    if BEGIN in markdown:
+        markdown = markdown[: markdown.index(BEGIN)] + markdown[markdown.index(END) + len(END) :]
+    return markdown.rstrip("\n") + "\n\n" + section(results) + "\n"
+
+
+def load() -> dict[str, dict[str, int]] | None:
+    """The committed figures, if any."""
+    if not RESULTS_JSON.exists():
+        return None
+    results: dict[str, dict[str, int]] = json.loads(RESULTS_JSON.read_text())
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,8 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         results.setdefault(args.label, {}).update(figures)
         RESULTS_JSON.write_text(json.dumps(results, indent=2) + "\n")
-        _write_markdown(_table(results))
-        print(_table(results))
+        RESULTS_MD.write_text(with_section(RESULTS_MD.read_text(), results))
+        print(section(results))
     return 0
 
 

@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .contenders import DESCRIPTIONS
+from .instructions import load as load_instructions
+from .instructions import with_section
 from .merge import earlier_runs
 
 __all__ = ("render_markdown", "render_tables")
@@ -555,4 +557,6 @@ def render_markdown(results: dict[str, Any], plot_name: str | None) -> str:
     lines += ["", *_targets(results), render_tables(results)]
     if plot_name and "w2" in results:
         lines += [f"![W2 cost and lateness against N]({plot_name})", ""]
-    return "\n".join(lines)
+    markdown = "\n".join(lines)
+    instructions = load_instructions()
+    return markdown if instructions is None else with_section(markdown, instructions)

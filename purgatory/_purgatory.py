@@ -208,6 +208,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_reaper",
         "_tick",
         "_time",
+        "_unbound",
         "_wheel",
     )
 
@@ -270,6 +271,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._owner_thread: int | None = None
         self._reaper: Reaper | None = None
         self._driven = clock is not None
+        # A purgatory on the loop's clock until its first use inside a loop binds it.
+        self._unbound = clock is None
         self._clock: Clock | None = clock
         # The clock's reading, as a bound method: one call on the hot path.
         self._time: Callable[[], float] = (
@@ -356,7 +359,7 @@ class DelayedOperationPurgatory(Generic[Op]):
                 f"timeout {op._timeout!r} s is beyond the timer's horizon of 2**53 ticks "
                 f"({self._max_timeout:.3g} s); use a shorter timeout"
             )
-        if self._loop is not running_loop() or (self._reaper is None and not self._driven):
+        if self._loop is not running_loop() or self._unbound:
             self._bind_loop()
         if self._log is not None:
             self._record_watch(op, keys, marks)
@@ -832,6 +835,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             return
         self._loop = loop
         self._owner_thread = get_ident()
+        self._unbound = False
         self._time = loop_time_function(loop)
         self._clock = FunctionClock(self._time)
         self._wheel.advance(self._now_tick(self._time()))

@@ -53,12 +53,6 @@ _NOTHING_TO_POP: dict[Any, None] = {}
 _COLLECTIONS = (dict, ThresholdWatchers)
 
 
-def check_reached(reached: Any) -> None:
-    """Refuse a `reached` that does not order against itself (NaN), whatever the key holds."""
-    if not reached <= reached:  # noqa: PLR0124 - false for NaN alone
-        raise ValueError(f"reached {reached!r} does not order against itself (NaN?)")
-
-
 @final
 class WatcherLists(Generic[Op]):
     """The watcher lists of one purgatory, for all keys, with Kafka's purge rule.
@@ -127,7 +121,7 @@ class WatcherLists(Generic[Op]):
         lists = self._lists
         op._marks = marks
         op._keys = keys
-        listed = 0
+        listed = len(keys)  # less one per key given twice
         try:
             for key in keys:
                 ops = lists.get(key)
@@ -137,20 +131,23 @@ class WatcherLists(Generic[Op]):
                     self._join_at(key, op, ops, marks[key])
                 elif type(ops) is dict:
                     if op in ops:
-                        continue
-                    ops[op] = None
+                        listed -= 1
+                    else:
+                        ops[op] = None
                 elif ops is op:
-                    continue
+                    listed -= 1
                 elif type(ops) is ThresholdWatchers or _lone_mark(ops, key) is not None:
                     if not self._join_plain(key, op, ops):
-                        continue
+                        listed -= 1
                 else:
                     lists[key] = {ops: None, op: None}
-                listed += 1
         except BaseException:
-            op._listed = listed
-            self._entries += listed
-            self.unregister(op)
+            for key in keys:
+                try:
+                    self._discard(key, op)
+                except Exception:  # noqa: BLE001 - the key that failed to hash fails again
+                    continue
+            op._listed = 0
             raise
         op._listed = listed
         self._entries += listed
@@ -193,7 +190,10 @@ class WatcherLists(Generic[Op]):
 
     # -- the trigger --------------------------------------------------------------------------
 
-    def trigger(self, key: Hashable, reached: Any, attempt: Callable[[Op], None]) -> int:
+    # The trigger loop runs once per re-tried entry: its steps are inlined on purpose.
+    def trigger(  # noqa: C901, PLR0912, PLR0915
+        self, key: Hashable, reached: Any, attempt: Callable[[Op], None]
+    ) -> int:
         """Re-try `key`'s watchers (those at a threshold ``<= reached`` only, unless it is
         ``None``); return how many completed. Kafka: ``Watchers.tryCompleteWatched``.
 
@@ -206,8 +206,8 @@ class WatcherLists(Generic[Op]):
 
         Runtime complexity: O(operations re-tried) plus their `try_complete` calls.
         """
-        if reached is not None:
-            check_reached(reached)
+        if reached is not None and not reached <= reached:  # noqa: PLR0124 - NaN alone
+            raise ValueError(f"reached {reached!r} does not order against itself (NaN?)")
         lists = self._lists
         ops = lists.get(key)
         if ops is None:
@@ -237,56 +237,55 @@ class WatcherLists(Generic[Op]):
             single = ops
             candidates = (ops,)
             drop = _NOTHING_TO_POP.pop
-        try:
-            completed = self._retry(key, candidates, drop, attempt)
-        except BaseException:
-            self._tidy(key, ops, single)
-            raise
-        self._tidy(key, ops, single)
-        return completed
-
-    def _retry(
-        self,
-        key: Hashable,
-        candidates: Iterable[Op],
-        drop: Callable[[Op, Any], Any],
-        attempt: Callable[[Op], None],
-    ) -> int:
-        """The per-entry loop of `trigger`: try each candidate, drop the finished ones."""
         completed = 0
         queue = self.queue
-        for op in candidates:
-            state = op._state
-            if not state:
-                try:
-                    claimed = op.try_complete()
-                except Exception as exc:  # noqa: BLE001 - reported; the others go on
-                    _report_attempt(op, key, exc)
-                    continue
-                except BaseException as exc:
-                    if isinstance(exc, KeyboardInterrupt | SystemExit):
-                        raise
-                    _report_attempt(op, key, exc)
-                    continue
+        try:
+            for op in candidates:
                 state = op._state
-                if state & FINISHED:
+                if not state:
+                    try:
+                        claimed = op.try_complete()
+                    except Exception as exc:  # noqa: BLE001 - reported; the others go on
+                        _report_attempt(op, key, exc)
+                        continue
+                    except BaseException as exc:
+                        if isinstance(exc, KeyboardInterrupt | SystemExit):
+                            raise
+                        _report_attempt(op, key, exc)
+                        continue
+                    state = op._state
+                    if state & FINISHED:
+                        if drop(op, _NOTHING_TO_POP) is None:
+                            self._entries -= 1
+                            op._listed -= 1
+                            if not op._listed:
+                                queue.pop(op, None)
+                        if state & EXPIRED_NOW == DONE:  # completed, not expired meanwhile
+                            completed += 1
+                    elif claimed:
+                        report_false_claim(op, claimed)
+                elif state & FINISHED:
                     if drop(op, _NOTHING_TO_POP) is None:
                         self._entries -= 1
                         op._listed -= 1
                         if not op._listed:
                             queue.pop(op, None)
-                    if state & EXPIRED_NOW == DONE:  # completed, not expired meanwhile
-                        completed += 1
-                elif claimed:
-                    report_false_claim(op, claimed)
-            elif state & FINISHED:
-                if drop(op, _NOTHING_TO_POP) is None:
-                    self._entries -= 1
-                    op._listed -= 1
-                    if not op._listed:
-                        queue.pop(op, None)
-            else:
-                attempt(op)
+                else:
+                    attempt(op)
+        except BaseException:
+            self._tidy(key, ops, single)
+            raise
+        if single is None:
+            if not ops and lists.get(key) is ops:
+                del lists[key]
+        elif single._state & FINISHED and lists.get(key) is ops:  # (`ops` is `single`)
+            del lists[key]  # the common end of a lone watcher's trigger, inlined
+            self._entries -= 1
+            single._listed -= 1
+            if not single._listed:
+                queue.pop(single, None)
+        else:
+            self._tidy(key, ops, single)  # a newcomer may have joined the key meanwhile
         return completed
 
     def _tidy(self, key: Hashable, ops: Any, single: Op | None) -> None:

@@ -97,12 +97,15 @@ class TimingWheel:
         "_active",
         "_current",
         "_heap",
+        "_lead1",
         "_leads",
         "_levels",
+        "_limit1",
         "_overdue",
         "_push_count",
-        "_reach1",
         "_size",
+        "_slots1",
+        "_span1",
         "_spans",
         "_todo",
         "_todo_done",
@@ -130,8 +133,12 @@ class TimingWheel:
         self._active: Bucket | None = None
         self._todo: list[Any] = []
         self._todo_done = 0
-        # Ticks the first overflow level covers (0 until it exists).
-        self._reach1 = 0
+        # The first overflow level, for `add`'s inlined path: its span, lead and buckets, and
+        # the first tick past what it covers (0 until it exists: nothing is below that).
+        self._span1 = 1
+        self._lead1 = 0
+        self._slots1: list[Bucket] = []
+        self._limit1 = 0
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -228,13 +235,13 @@ class TimingWheel:
                 bucket.expiration = deadline
                 self._push(bucket, deadline)
             due = deadline
-        elif self._reach1 and deadline < self._current[1] + self._reach1:
+        elif deadline < self._limit1:
             # The first overflow level, inlined: request timeouts (seconds) all land here.
-            span = self._spans[1]
+            span = self._span1
             slot = deadline // span
-            bucket = self._levels[1][slot % self._wheel_size]
+            bucket = self._slots1[slot % self._wheel_size]
             start = slot * span
-            due = start - self._leads[1]
+            due = start - self._lead1
             if bucket.expiration != start:
                 bucket.expiration = start
                 self._push(bucket, due)
@@ -364,7 +371,10 @@ class TimingWheel:
         previous = self._current[-1]
         self._current.append(previous - previous % span)
         if level == 1:
-            self._reach1 = span * size
+            self._span1 = span
+            self._lead1 = self._leads[1]
+            self._slots1 = self._levels[1]
+            self._limit1 = self._current[1] + span * size
 
     def _overflow_bucket(self, deadline: int) -> tuple[Bucket, int]:
         """The bucket of the lowest overflow level that covers `deadline`, and its due tick."""
@@ -393,6 +403,8 @@ class TimingWheel:
         spans = self._spans
         for level in range(1, len(current)):
             current[level] = now - now % spans[level]
+        if len(current) > 1:
+            self._limit1 = current[1] + self._span1 * self._wheel_size
 
     def _start_cascade(self, bucket: Bucket) -> None:
         """Make `bucket` the cascade under way; what it holds now is what the cascade moves."""
