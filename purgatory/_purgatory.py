@@ -194,7 +194,9 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_clock",
         "_closed",
         "_completed",
+        "_delayed",
         "_driven",
+        "_estimated",
         "_expired",
         "_in_flight",
         "_lists",
@@ -205,6 +207,9 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_name",
         "_owner_thread",
         "_passes",
+        "_purge_interval",
+        "_purge_queue",
+        "_purging",
         "_reaper",
         "_tick",
         "_time",
@@ -255,7 +260,15 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._max_timeout = MAX_TIMEOUT_TICKS * self._tick
         self._max_pending = max_pending
         self._log = event_log
-        self._lists: WatcherLists[Op] = WatcherLists(purge_interval)
+        self._lists: WatcherLists[Op] = WatcherLists()
+        # The purge queue of the lists, shared by protocol (see `purgatory._watchers`).
+        self._purge_queue = self._lists.queue
+        # Kafka's purge rule: operations registered since the last purge (``estimated``)
+        # against those in the timer (``numDelayed``); the wheel keeps no count of its own.
+        self._purge_interval = purge_interval
+        self._estimated = 0
+        self._delayed = 0
+        self._purging = False
         # Due lists of the timer passes under way, so that a shutdown inside one cancels them.
         self._in_flight: list[list[Op]] = []
         self._completed = 0
@@ -286,7 +299,7 @@ class DelayedOperationPurgatory(Generic[Op]):
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return (
-            f"<DelayedOperationPurgatory {self._name!r} {state} delayed={len(self._wheel)} "
+            f"<DelayedOperationPurgatory {self._name!r} {state} delayed={self._delayed} "
             f"keys={len(self._lists)}>"
         )
 
@@ -298,7 +311,7 @@ class DelayedOperationPurgatory(Generic[Op]):
     # -- the Kafka API ------------------------------------------------------------------------
 
     # One path, its steps inlined: on this path a call costs more than a branch.
-    def try_complete_else_watch(  # noqa: C901, PLR0912
+    def try_complete_else_watch(  # noqa: C901, PLR0912, PLR0915
         self, op: Op, keys: Iterable[Hashable] | Mapping[Hashable, Any]
     ) -> bool:
         """Complete `op` now if it can; otherwise watch it on every key and start its timer.
@@ -374,7 +387,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             if claimed:
                 report_false_claim(op, claimed)
         wheel = self._wheel
-        if self._max_pending is not None and len(wheel) >= self._max_pending:
+        if self._max_pending is not None and self._delayed >= self._max_pending:
             self._refuse(op)
             raise PurgatoryFull(
                 f"purgatory {self._name!r} already delays max_pending={self._max_pending} "
@@ -388,6 +401,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._refuse(op)
             raise
         op._owner = self
+        self._estimated += 1
         try:
             if state & ASYNC:
                 self._attempt(op)
@@ -403,6 +417,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._abandon(op)
             raise
         due = wheel.add(op, _ceil((self._time() + op._timeout) / self._tick - _TICK_SLACK))
+        self._delayed += 1
         reaper = self._reaper
         if reaper is not None and due < reaper.wake_tick:
             reaper.wake_by(due)
@@ -546,7 +561,7 @@ class DelayedOperationPurgatory(Generic[Op]):
 
     def num_delayed(self) -> int:
         """Operations in the timer. Kafka: ``numDelayed`` / ``NumDelayedOperations``. O(1)."""
-        return len(self._wheel)
+        return self._delayed
 
     def purge(self) -> int:
         """Remove every finished operation from the watcher lists now; return entries removed.
@@ -561,6 +576,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         """
         if self._owner_thread is not None and get_ident() != self._owner_thread:
             self._bind_loop()
+        self._reset_estimate()
+        self._purging = False
         return self._lists.purge(None)
 
     def statistics(self) -> PurgatoryStatistics:
@@ -574,7 +591,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         lists = self._lists
         return PurgatoryStatistics(
             watched=lists.entries,
-            delayed=len(self._wheel),
+            delayed=self._delayed,
             keys=len(lists),
             completed=self._completed,
             expired=self._expired,
@@ -605,6 +622,7 @@ class DelayedOperationPurgatory(Generic[Op]):
                 op._cancel(closed=True)
             # A fresh wheel: a cascade under way would otherwise keep its entries referenced.
             self._wheel = TimingWheel(self._wheel.wheel_size, self._wheel.current_tick)
+            self._delayed = 0
             self._attempts.close()
             if self._log is not None:
                 try:
@@ -641,11 +659,23 @@ class DelayedOperationPurgatory(Generic[Op]):
         due = self._wheel.advance(
             _floor(now / self._tick + _TICK_SLACK), CASCADE_SLICE if sliced else None
         )
-        expired = self._expire(due) if due else 0
-        lists = self._lists
-        if lists.purge_owed:
-            lists.purge(PURGE_SLICE if sliced else None)
+        expired = 0
+        if due:
+            self._delayed -= len(due)
+            expired = self._expire(due)
+        if self._purging or self._estimated - self._delayed > self._purge_interval:
+            if not self._purging:
+                self._purging = True
+                self._reset_estimate()
+            self._lists.purge(PURGE_SLICE if sliced else None)
+            self._purging = bool(self._purge_queue)
         return expired
+
+    def _reset_estimate(self) -> None:
+        """Kafka's ``estimated = numDelayed`` as a purge starts. Operations a timer pass under
+        way took from the wheel but has not expired yet still count: they finish after this
+        purge, so the next one must see them."""
+        self._estimated = self._delayed + sum(map(len, self._in_flight))
 
     def _expire(self, due: list[Op]) -> int:
         """Expire the pending operations of `due` (see `expire_due`); if a callback interrupts
@@ -655,7 +685,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         expired = 0
         try:
             expired = expire_due(
-                due, self._lists.queue, None if self._log is None else self._record_expired
+                due, self._purge_queue, None if self._log is None else self._record_expired
             )
         except BaseException:
             expired = sum(1 for op in due if op._state & EXPIRED)
@@ -664,16 +694,16 @@ class DelayedOperationPurgatory(Generic[Op]):
                 for op in due:
                     if not op._state & FINISHED:
                         wheel.add(op, op._deadline)
+                        self._delayed += 1
             raise
         finally:
             in_flight.pop()
             self._expired += expired
-            self._lists.expired(expired)
         return expired
 
     def _next_timer_pass(self) -> float:
         """The tick at which a timer pass next has work; ``math.inf`` if none."""
-        if self._lists.purge_owed:
+        if self._purging or self._estimated - self._delayed > self._purge_interval:
             return self._wheel.current_tick
         return self._wheel.next_deadline()
 
@@ -691,13 +721,18 @@ class DelayedOperationPurgatory(Generic[Op]):
         Out of the timer at once (O(1)), counted, queued for the purge if still listed, told to
         the event log. Runs before the operation's callbacks (update state first).
         """
-        if op._bucket is not None:
-            self._wheel.remove(op)
+        bucket = op._bucket
+        if bucket is not None:  # out of the timer, by the timer-entry protocol (`TimerEntry`)
+            del bucket[op]
+            op._bucket = None
+            self._delayed -= 1
         if outcome == "completed":
             self._completed += 1
         else:
             self._cancelled += 1
-        if self._lists.finished(op):
+        if op._listed:  # the purge-queue protocol (`purgatory._watchers`)
+            self._purge_queue[op] = None
+        if self._estimated - self._delayed > self._purge_interval:
             self._purge_due()
         if self._log is not None:
             self._record_end(op, outcome)
@@ -757,6 +792,9 @@ class DelayedOperationPurgatory(Generic[Op]):
         """
         self._wheel._check()
         self._lists._check()
+        assert self._delayed == len(self._wheel), (
+            f"{self._delayed} delayed, {len(self._wheel)} timed"
+        )
         for op in self._wheel:
             assert not op._state & FINISHED, f"finished {op!r} is still timed"
             assert op._owner is self, f"timed {op!r} is not this purgatory's"
@@ -850,8 +888,6 @@ class DelayedOperationPurgatory(Generic[Op]):
         """Leave `op` unwatched after its watch call failed once registered: off every list,
         not timed, not ours."""
         self._lists.unregister(op)
-        if op._bucket is not None:
-            self._wheel.remove(op)
         op._owner = None
         self._refuse(op)
 

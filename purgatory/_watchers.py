@@ -27,9 +27,14 @@ Finished operations are dropped lazily, as in Kafka: by the trigger that finds t
 purge. Every operation counts the lists that hold it (``_listed``); one that finishes while
 listed enters the purge queue, and leaves it the moment it has left its last list, so the
 purge visits only garbage, never every watched entry, and nothing keeps a finished operation
-alive. The purge queue is shared with exactly one other loop, the timer pass's expiry loop
-(`purgatory._operation.expire_due`), which queues the listed operations it expires: that loop
-runs once per expired operation and may not call out per entry.
+alive. *When* to purge is the purgatory's rule (Kafka's, with its counters), not the lists'.
+
+The purge-queue protocol. The queue (`WatcherLists.queue`) is the one piece of the lists that
+code elsewhere writes, by one rule: whoever settles an operation whose ``_listed`` is not zero
+puts it in the queue (``queue[op] = None``), before any callback runs. Two places do, both on
+paths that run once per operation and cannot afford a call: the purgatory's ``_settled`` (a
+completion or a cancellation) and the timer pass's expiry loop (`purgatory._operation.
+expire_due`). Everything else about the queue (taking operations out, the purge) is here.
 """
 
 from __future__ import annotations
@@ -55,26 +60,17 @@ _COLLECTIONS = (dict, ThresholdWatchers)
 
 @final
 class WatcherLists(Generic[Op]):
-    """The watcher lists of one purgatory, for all keys, with Kafka's purge rule.
+    """The watcher lists of one purgatory, for all keys, and their purge."""
 
-    Args:
-        purge_interval: A purge is owed once more than this many registered operations have
-            finished since the last one (Kafka ``purgeInterval``).
-    """
+    __slots__ = ("_entries", "_lists", "_purged", "queue")
 
-    __slots__ = ("_entries", "_interval", "_lists", "_purged", "_purging", "_unpurged", "queue")
-
-    def __init__(self, purge_interval: int) -> None:
-        self._interval = purge_interval
+    def __init__(self) -> None:
         # A key's watchers: the operation, an ordered set or a ThresholdWatchers.
         self._lists: dict[Hashable, Any] = {}
         #: Operations that finished while still on some list: what the next purge visits.
         self.queue: dict[Op, None] = {}
         self._entries = 0
-        # Registered operations finished since the last purge (Kafka's estimated - numDelayed).
-        self._unpurged = 0
         self._purged = 0
-        self._purging = False
 
     def __len__(self) -> int:
         """Keys with a watcher list."""
@@ -89,11 +85,6 @@ class WatcherLists(Generic[Op]):
     def purged(self) -> int:
         """Entries removed by purges since creation."""
         return self._purged
-
-    @property
-    def purge_owed(self) -> bool:
-        """Whether the next timer pass must purge (Kafka's rule holds, or a purge is under way)."""
-        return self._purging or self._unpurged > self._interval
 
     def watching(self, key: Hashable) -> list[Op]:
         """The operations on `key`'s list, in re-try order (threshold watchers last)."""
@@ -324,28 +315,12 @@ class WatcherLists(Generic[Op]):
                 queue.pop(op, None)
         return cancelled
 
-    def finished(self, op: Op) -> bool:
-        """Note that the registered `op` completed or was cancelled; ``True`` if that makes a
-        purge owed (Kafka's rule), which the caller has the next timer pass run."""
-        if op._listed:
-            self.queue[op] = None
-        self._unpurged += 1
-        return self._unpurged > self._interval
-
-    def expired(self, count: int) -> None:
-        """Count `count` registered operations that a timer pass expired (`expire_due` queued
-        the listed ones itself)."""
-        self._unpurged += count
-
     def purge(self, limit: int | None) -> int:
         """Drop finished operations from the lists (Kafka ``purgeCompleted``); return entries
         removed. At most `limit` operations (``None``: all); the rest wait for the next call.
 
         Runtime complexity: O(keys of the operations purged).
         """
-        if not self._purging:
-            self._purging = True
-            self._unpurged = 0
         queue = self.queue
         lists = self._lists
         get = lists.get
@@ -375,8 +350,6 @@ class WatcherLists(Generic[Op]):
             op._listed = 0
         self._purged += purged
         self._entries -= purged
-        if not queue:
-            self._purging = False
         return purged
 
     def drain(self) -> list[Op]:

@@ -77,7 +77,14 @@ class Bucket(dict[Any, None]):
 
 
 class TimerEntry(Protocol):
-    """What the wheel needs of an entry: two writable attributes it owns."""
+    """What the wheel needs of an entry: two writable attributes it owns.
+
+    An entry leaves the wheel when `advance` returns it or when it is removed, by `remove` or,
+    on a hot path that cannot afford the call, by the same two steps inline:
+    ``del entry._bucket[entry]`` (a bucket is a ``dict``) and ``entry._bucket = None``. Nothing
+    else may write either attribute, and the wheel keeps no count that such a removal would
+    leave wrong.
+    """
 
     _bucket: Bucket | None
     _deadline: int
@@ -103,7 +110,6 @@ class TimingWheel:
         "_limit1",
         "_overdue",
         "_push_count",
-        "_size",
         "_slots1",
         "_span1",
         "_spans",
@@ -127,7 +133,6 @@ class TimingWheel:
         # (due tick, -level, push count, bucket): ties pop the older (higher-level) bucket first.
         self._heap: list[tuple[int, int, int, Bucket]] = []
         self._overdue = Bucket(self, -1)
-        self._size = 0
         self._push_count = 0
         # The cascade in progress: its bucket, its entries as they were, how many are done.
         self._active: Bucket | None = None
@@ -163,8 +168,12 @@ class TimingWheel:
         return self._active
 
     def __len__(self) -> int:
-        """Entries held, overdue ones included. Runtime complexity: O(1)."""
-        return self._size
+        """Entries held, overdue ones included. Runtime complexity: O(buckets).
+
+        The wheel keeps no count of its own, because its entries may leave it without it (see
+        `TimerEntry`): a driver that needs the count on a hot path keeps it itself.
+        """
+        return sum(len(bucket) for bucket in self.buckets())
 
     def __iter__(self) -> Iterator[Any]:
         """Every entry held, in no particular order (for shutdown and invariant checks)."""
@@ -198,8 +207,9 @@ class TimingWheel:
         """
         if self._overdue:
             return self._current[0]
-        if self._active is not None:
-            if self._size:
+        active = self._active
+        if active is not None:
+            if active or active.older:  # what is left to cascade is still in its bucket
                 return self._current[0]
             self._end_cascade()  # everything it had left was removed meanwhile
         heap = self._heap
@@ -224,7 +234,6 @@ class TimingWheel:
         O(log buckets) when the bucket was unused).
         """
         entry._deadline = deadline
-        self._size += 1
         current = self._current[0]
         if deadline <= current:
             bucket = self._overdue
@@ -258,7 +267,6 @@ class TimingWheel:
             return False
         del bucket[entry]
         entry._bucket = None
-        self._size -= 1
         return True
 
     def advance(self, now: int, budget: int | None = None) -> list[Any]:
@@ -312,7 +320,6 @@ class TimingWheel:
             self._cascade(budget, due)
         for entry in due:
             entry._bucket = None
-        self._size -= len(due)
         return due
 
     def _check(self) -> None:
@@ -351,7 +358,7 @@ class TimingWheel:
             held += 1
             assert entry._bucket is self._overdue
             assert entry._deadline <= current, f"overdue {entry!r} is not due"
-        assert held == self._size, f"size counter {self._size} != {held} entries held"
+        assert held == len(self), f"{len(self)} entries counted, {held} held"
 
     # -- internals ----------------------------------------------------------------------------
 
