@@ -18,6 +18,7 @@ list or the timer does: one that has left them all is forgotten at once, whateve
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -59,7 +60,6 @@ __all__ = ("DEFAULT_WHEEL_SIZE", "DelayedOperationPurgatory", "PurgatoryStatisti
 
 T = TypeVar("T")
 Op = TypeVar("Op", bound=DelayedOperation[Any])
-_D = TypeVar("_D", bound=DelayedOperation[Any])
 _D_contra = TypeVar("_D_contra", contravariant=True)
 _R_co = TypeVar("_R_co", covariant=True)
 
@@ -223,7 +223,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         *,
         purge_interval: int = 1000,
         tick: float = 0.001,
-        wheel_size: int = DEFAULT_WHEEL_SIZE,
+        wheel_size: int = 1024,  # DEFAULT_WHEEL_SIZE, written out for the signature's readers
         max_pending: int | None = None,
         clock: DrivenClock | None = None,
         event_log: EventLog | None = None,
@@ -443,8 +443,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         def _accept(self, op: Op, /) -> Op: ...
 
     async def watch(
-        self: _Accepting[_D, DelayedOperation[T]],
-        op: _D,
+        self: _Accepting[Op, DelayedOperation[T]],
+        op: Op,
         keys: Iterable[Hashable] | Mapping[Hashable, Any],
     ) -> T:
         """`try_complete_else_watch`, then wait for the outcome: the call a handler awaits.
@@ -478,6 +478,21 @@ class DelayedOperationPurgatory(Generic[Op]):
                 op._cancel()
                 raise
         return op._outcome()  # type: ignore[no-any-return]
+
+    # help() and the API reference show the signature a caller reads, not the self-type that
+    # lets the type checker tie `await watch(op)` to `op`'s result type.
+    watch.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            inspect.Parameter("op", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Op"),
+            inspect.Parameter(
+                "keys",
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                annotation="Iterable[Hashable] | Mapping[Hashable, Any]",
+            ),
+        ],
+        return_annotation="T",
+    )
 
     def check_and_complete(self, key: Hashable, reached: Any = None) -> int:
         """Re-try the operations watching `key`; return how many completed in this call.

@@ -87,12 +87,13 @@ class ThresholdWatchers(Generic[Op]):
         if not run or run[-1][0] <= threshold:
             run.append(cell)
         else:
+            heap = self.heap
             try:
-                _heappush(self.heap, cell)
+                _heappush(heap, cell)
             except BaseException:
                 # A push that raised may have left the cell anywhere in the heap.
-                self.heap[:] = [c for c in self.heap if c is not cell]
-                heapq.heapify(self.heap)
+                heap[:] = [c for c in heap if c is not cell]
+                heapq.heapify(heap)
                 raise
         self.seq += 1
         self.cells[op] = cell
@@ -125,6 +126,15 @@ class ThresholdWatchers(Generic[Op]):
         heap = self.heap
         plain = self.plain
         cells = self.cells
+        if not heap:  # every cell in order: the O(1) path
+            while run and run[0][0] <= reached:
+                op = run.popleft()[2]
+                if op is None:
+                    self.dead -= 1
+                else:
+                    del cells[op]
+                    plain[op] = None
+            return
         while True:
             if run:
                 cell = run[0]

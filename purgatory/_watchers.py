@@ -119,7 +119,10 @@ class WatcherLists(Generic[Op]):
                 if ops is None:
                     lists[key] = op
                 elif marks is not None and marks[key] is not None:
-                    self._join_at(key, op, ops, marks[key])
+                    if type(ops) is ThresholdWatchers:
+                        ops.add(op, marks[key])
+                    else:
+                        self._join_at(key, op, ops, marks[key])
                 elif type(ops) is dict:
                     if op in ops:
                         listed -= 1
@@ -144,13 +147,11 @@ class WatcherLists(Generic[Op]):
         self._entries += listed
 
     def _join_at(self, key: Hashable, op: Op, ops: Any, threshold: Any) -> None:
-        """Add `op` at `threshold` to `key`'s watchers `ops`, which are not empty."""
-        if type(ops) is ThresholdWatchers:
-            ops.add(op, threshold)
-        else:
-            watchers = _grown(ops, key)
-            watchers.add(op, threshold)
-            self._lists[key] = watchers
+        """Add `op` at `threshold` to `key`'s watchers `ops`, a lone operation or an ordered
+        set, which become a `ThresholdWatchers`."""
+        watchers = _grown(ops, key)
+        watchers.add(op, threshold)
+        self._lists[key] = watchers
 
     def _join_plain(self, key: Hashable, op: Op, ops: Any) -> bool:
         """Add `op` as a plain watcher of `key`, whose watchers `ops` know thresholds; ``False``
@@ -211,10 +212,11 @@ class WatcherLists(Generic[Op]):
         elif type(ops) is ThresholdWatchers:
             if reached is None:
                 candidates = list(ops)
+                drop = ops.pop
             else:
                 ops.release(reached)
                 candidates = list(ops.plain)
-            drop = ops.pop
+                drop = ops.plain.pop  # (the candidates are all plain watchers)
         else:
             if reached is not None:
                 marks = ops._marks
