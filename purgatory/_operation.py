@@ -123,18 +123,21 @@ class DelayedOperation(ABC, Generic[T_co]):
     _marks: dict[Any, Any] | None
     _result: Any
 
-    # ASYNC when the subclass's try_complete is a coroutine function, else 0.
-    _initial_state: int = 0
+    # Whether the subclass's try_complete is a coroutine function. Read when a purgatory first
+    # meets the class, which then marks each of its operations ASYNC as it is watched: the
+    # state every operation starts with is a constant, cheaper to write than a class attribute
+    # is to read.
+    _is_async: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls._initial_state = ASYNC if inspect.iscoroutinefunction(cls.try_complete) else 0
+        cls._is_async = inspect.iscoroutinefunction(cls.try_complete)
 
     def __init__(self, timeout: float) -> None:
         if not (type(timeout) is float and 0.0 <= timeout < _INF):
             timeout = _checked_timeout(timeout)
         self._timeout = timeout
-        self._state = self._initial_state
+        self._state = 0
         self._owner: Owner | None = None
         self._bucket: Bucket | None = None
         self._future: Any = None
@@ -303,6 +306,11 @@ class DelayedOperation(ABC, Generic[T_co]):
             owner._settled(self, "cancelled")
         self._wake_awaiters()
         return True
+
+    def _watched_as_async(self) -> int:
+        """Mark an operation of an async class as such, as it is first watched; its state."""
+        state = self._state = self._state | ASYNC
+        return state
 
     def _renew_future(self) -> Any:
         """A fresh shared future, when the last one was cancelled by another awaiter."""

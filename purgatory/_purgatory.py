@@ -211,6 +211,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_purge_queue",
         "_purging",
         "_reaper",
+        "_sync_types",
         "_tick",
         "_time",
         "_unbound",
@@ -277,6 +278,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._passes = 0
         self._closed = False
         self._checked_types: set[type] = set()
+        # The classes met whose try_complete is synchronous: their watch skips `_admit_type`.
+        self._sync_types: set[type] = set()
         self._attempts = AttemptRunner()
         self._attempt = self._attempts.attempt
         self._loop: EventLoop | None = None
@@ -311,7 +314,7 @@ class DelayedOperationPurgatory(Generic[Op]):
     # -- the Kafka API ------------------------------------------------------------------------
 
     # One path, its steps inlined: on this path a call costs more than a branch.
-    def try_complete_else_watch(  # noqa: C901, PLR0912, PLR0915
+    def try_complete_else_watch(  # noqa: C901, PLR0912
         self, op: Op, keys: Iterable[Hashable] | Mapping[Hashable, Any]
     ) -> bool:
         """Complete `op` now if it can; otherwise watch it on every key and start its timer.
@@ -358,10 +361,8 @@ class DelayedOperationPurgatory(Generic[Op]):
             ) from None
         if owner is not None or state & FINISHED:
             raise ValueError(f"{op!r} was already watched or finished; watch an operation once")
-        cls = type(op)
-        if cls not in self._checked_types:
-            _check_identity_semantics(cls)
-            self._checked_types.add(cls)
+        if type(op) not in self._sync_types:
+            state = self._admit_type(op)
         marks = None
         if type(keys) is not tuple:
             keys, marks = _split_keys(keys)
@@ -422,6 +423,18 @@ class DelayedOperationPurgatory(Generic[Op]):
         if reaper is not None and due < reaper.wake_tick:
             reaper.wake_by(due)
         return False
+
+    def _admit_type(self, op: Op) -> int:
+        """The first watch of a class, and every watch of an async one: refuse a class that
+        compares by value; mark an async operation; return its state."""
+        cls = type(op)
+        if cls not in self._checked_types:
+            _check_identity_semantics(cls)
+            self._checked_types.add(cls)
+        if cls._is_async:
+            return op._watched_as_async()
+        self._sync_types.add(cls)
+        return op._state
 
     def _ended_before_registration(self, op: Op) -> bool:
         """`op` completed in its first try, or that try shut the purgatory down (which cancels
