@@ -223,8 +223,14 @@ async def _drive(
     return await _settled_stats(cluster)
 
 
-async def run_demo(*, seed: int = 7, seconds: float = 12.0) -> dict[str, Any]:
-    """Run the demo, print progress and the summary; return the figures (for a test)."""
+async def run_demo(
+    *, seed: int = 7, seconds: float = 12.0, broker_log: str | None = None
+) -> dict[str, Any]:
+    """Run the demo, print progress and the summary; return the figures (for a test).
+
+    The brokers' own logs (ISR changes, rebalances, refused connections) go to `broker_log`
+    if given (kept), else to an anonymous temporary file that vanishes with the demo.
+    """
     rng = random.Random(seed)
     config = ClusterConfig(
         topics={TOPIC: PARTITIONS},
@@ -233,14 +239,15 @@ async def run_demo(*, seed: int = 7, seconds: float = 12.0) -> dict[str, Any]:
         replica_fetch_wait_max_ms=200,
     )
     tally = Tally()
-    # The brokers' own logs (ISR changes, refused connections) go to a file kept for reading.
-    with tempfile.NamedTemporaryFile(prefix="minibroker-", suffix=".log", delete=False) as log:
+    log_file = open(broker_log, "wb") if broker_log else tempfile.TemporaryFile()  # noqa: SIM115
+    where = broker_log or "not kept (--broker-log PATH keeps them)"
+    with log_file as log:
         print(
             f"minibroker demo: leader + 2 followers on loopback, topic {TOPIC!r} x{PARTITIONS}, "
             f"min.insync.replicas=2, replica.lag.time.max.ms=1000, seed {seed}\n"
             f"  {PRODUCERS} aiokafka producers (acks=all, request_timeout_ms="
             f"{REQUEST_TIMEOUT_MS}) at ~{RATE * PRODUCERS:.0f} records/s, {CONSUMERS} consumers "
-            f"long-polling (fetch_max_wait_ms=500); broker logs: {log.name}",
+            f"long-polling (fetch_max_wait_ms=500); broker logs: {where}",
             flush=True,
         )
         started = time.monotonic()

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import io
 import logging
+import math
 import signal
 from typing import Any
 
@@ -28,6 +29,7 @@ log = logging.getLogger("minibroker.follower")
 
 _FETCH_VERSION = 12
 _METADATA_VERSION = 9
+_METADATA_REFRESH_S = 0.2
 
 
 class _Connection:
@@ -65,18 +67,27 @@ async def _replicate(
 ) -> None:
     """Connect, learn the partitions, then fetch forever (until the connection breaks)."""
     client_id = f"minibroker-follower-{broker_id}"
+    loop = asyncio.get_running_loop()
     conn = _Connection(*await asyncio.open_connection(host, port))
     try:
-        metadata = await conn.call(
-            MetadataRequest(topics=None, allow_auto_topic_creation=False),
-            MetadataResponse,
-            _METADATA_VERSION,
-            client_id,
-        )
-        for topic in metadata.topics:
-            for partition in topic.partitions:
-                logs.setdefault((topic.name, partition.partition_index), PartitionLog())
+        refreshed = -math.inf
         while True:
+            if loop.time() - refreshed >= _METADATA_REFRESH_S:
+                # Topics appear on first use: learn the new partitions (Kafka's controller
+                # would tell the replicas; asking the leader now and then does it here).
+                refreshed = loop.time()
+                metadata = await conn.call(
+                    MetadataRequest(topics=None, allow_auto_topic_creation=False),
+                    MetadataResponse,
+                    _METADATA_VERSION,
+                    client_id,
+                )
+                for topic in metadata.topics:
+                    for partition in topic.partitions:
+                        logs.setdefault((topic.name, partition.partition_index), PartitionLog())
+            if not logs:  # nothing to replicate yet
+                await asyncio.sleep(_METADATA_REFRESH_S)
+                continue
             by_topic: dict[str, list[Any]] = {}
             for (topic_name, index), partition_log in sorted(logs.items()):
                 by_topic.setdefault(topic_name, []).append(
