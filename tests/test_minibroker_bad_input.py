@@ -12,8 +12,8 @@ import tempfile
 from collections.abc import Awaitable, Callable
 
 import pytest
-from kafka.protocol.consumer import FetchResponse, ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.admin import ListGroupsRequest, ListGroupsResponse
+from kafka.protocol.consumer import FetchResponse, ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.metadata import (
     ApiVersionsRequest,
     ApiVersionsResponse,
