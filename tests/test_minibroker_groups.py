@@ -143,7 +143,9 @@ def confluent_consume(bootstrap: str, group: str, topic: str, count: int) -> lis
                 continue
             assert message.error() is None, message.error()
             partition, offset, value = message.partition(), message.offset(), message.value()
-            assert partition is not None and offset is not None and value is not None
+            assert partition is not None
+            assert offset is not None
+            assert value is not None
             seen.append((partition, offset, value))
         if seen:
             consumer.commit(asynchronous=False)
