@@ -1,4 +1,4 @@
-"""Command line: ``serve``, ``demo``, and the two process roles ``leader`` and ``follower``.
+"""Command line: ``serve``, ``demo``, and the process roles ``leader``, ``follower``, ``member``.
 
 Run from the repository root::
 
@@ -111,6 +111,13 @@ def main(argv: list[str] | None = None) -> None:
         "--control-stdin", action="store_true", help="commands on stdin; stop at its end"
     )
 
+    member = commands.add_parser("member", help="one consumer-group member (aiokafka)")
+    member.add_argument("--bootstrap", required=True, help="HOST:PORT")
+    member.add_argument("--group", required=True)
+    member.add_argument("--topic", required=True)
+    member.add_argument("--session-timeout-ms", type=int, default=2000)
+    member.add_argument("--heartbeat-interval-ms", type=int, default=300)
+
     follower = commands.add_parser("follower", help="one follower process (serve starts it)")
     follower.add_argument("--broker-id", type=int, required=True)
     follower.add_argument("--leader", required=True, help="HOST:PORT")
@@ -132,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
             summary = asyncio.run(
                 run_demo(seed=args.seed, seconds=args.seconds, broker_log=args.broker_log)
             )
-            if summary["lost"] or not summary.get("group_ok", True):
+            if summary["lost"] or not summary["group_ok"]:
                 sys.exit(1)
         elif args.command == "leader":
             config = BrokerConfig(
@@ -152,6 +159,18 @@ def main(argv: list[str] | None = None) -> None:
                 ),
             )
             sys.exit(asyncio.run(run_leader(config, control_stdin=args.control_stdin)))
+        elif args.command == "member":
+            from .member import run_member
+
+            asyncio.run(
+                run_member(
+                    args.bootstrap,
+                    args.group,
+                    args.topic,
+                    session_timeout_ms=args.session_timeout_ms,
+                    heartbeat_interval_ms=args.heartbeat_interval_ms,
+                )
+            )
         else:
             from .follower import run_follower
 
