@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from purgatory import DelayedOperation, DelayedOperationPurgatory
+from purgatory import DelayedOperation, DelayedOperationPurgatory, DrivenClock
 
 from .group import Group, GroupState, JoinResult, Member, SyncResult
 from .protocol import Errors
@@ -163,11 +163,16 @@ class GroupCoordinator:
         settings: GroupSettings,
         stats: BrokerStats,
         partition_exists: Callable[[TopicPartition], bool],
+        *,
+        clock: DrivenClock | None = None,
     ) -> None:
+        """`clock`: ``None`` for the event loop's, a `ManualClock` in the tests."""
         self.settings = settings
         self.groups: dict[str, Group] = {}
-        self.rebalance_purgatory = DelayedOperationPurgatory[DelayedJoin]("rebalance")
-        self.heartbeat_purgatory = DelayedOperationPurgatory[DelayedHeartbeat]("heartbeat")
+        self.rebalance_purgatory = DelayedOperationPurgatory[DelayedJoin]("rebalance", clock=clock)
+        self.heartbeat_purgatory = DelayedOperationPurgatory[DelayedHeartbeat](
+            "heartbeat", clock=clock
+        )
         stats.register(self.rebalance_purgatory, self.heartbeat_purgatory)
         self._counters = stats.counters
         self._partition_exists = partition_exists
