@@ -415,6 +415,9 @@ class KafkaApis:
 
     async def _offset_commit(self, request: Request) -> Any:
         body = request.body
+        for topic in body.topics:
+            if topic.name not in self.replicas.topics:
+                self._unknown_topic(topic.name, "offset commit")
         codes = self.coordinator.commit_offsets(
             body.group_id,
             body.generation_id_or_member_epoch,
