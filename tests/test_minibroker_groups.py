@@ -23,6 +23,15 @@ from kafka import KafkaConsumer, KafkaProducer
 from minibroker_support import run, wait_until
 
 from examples.minibroker.cluster import REPO_ROOT, Cluster, ClusterConfig
+from examples.minibroker.protocol import (
+    SERVED,
+    FindCoordinatorRequest,
+    JoinGroupRequest,
+    LeaveGroupRequest,
+    OffsetCommitRequest,
+    OffsetFetchRequest,
+    SyncGroupRequest,
+)
 
 PARTITIONS = 4
 SESSION_MS = 2000  # short sessions: a killed member is noticed in about 2 s
@@ -30,6 +39,17 @@ HEARTBEAT_MS = 300
 CONFIG = ClusterConfig(topics={}, num_partitions=PARTITIONS, replica_lag_time_max_ms=30_000)
 
 Record = tuple[int, int, bytes]  # partition, offset, value
+GROUP_APIS = [
+    request.API_KEY
+    for request in (
+        FindCoordinatorRequest,
+        JoinGroupRequest,
+        SyncGroupRequest,
+        LeaveGroupRequest,
+        OffsetCommitRequest,
+        OffsetFetchRequest,
+    )
+]
 
 
 # -- each client's quick start --------------------------------------------------------------------
@@ -194,6 +214,17 @@ def test_a_group_consumer_reads_commits_and_a_restarted_one_resumes(client: str)
             assert sorted(value for _, _, value in seen) == sorted(second)
             assert all(offset >= 5 for _, offset, _ in seen)  # 20 records over 4 partitions
             stats = await cluster.stats()
+            # The client negotiated group APIs the broker serves (ApiVersions), at least
+            # JoinGroup v4, which hands out member ids (KIP-394).
+            used = [name.split() for name in stats["counters"] if name.startswith("api ")]
+            versions: dict[int, list[int]] = {}
+            for _, key, version in used:
+                versions.setdefault(int(key), []).append(int(version[1:]))
+            assert set(GROUP_APIS) <= set(versions)
+            for key, chosen in versions.items():
+                low, high = SERVED[key]
+                assert all(low <= v <= high for v in chosen)
+            assert min(versions[JoinGroupRequest.API_KEY]) >= 4
             gauges = stats["purgatories"]
             assert gauges["rebalance"]["completed"] + gauges["rebalance"]["expired"] >= 2
             assert gauges["heartbeat"]["completed"] >= 2

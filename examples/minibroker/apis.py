@@ -109,6 +109,7 @@ class KafkaApis:
                 raise CloseConnection
             log.info("api %d v%d is not served: UNSUPPORTED_VERSION", key, version)
             return encode_response(request, answer)
+        self._counters[f"api {key} v{version}"] += 1  # which versions the clients chose
         response = await _HANDLERS[key](self, request)
         if response is None:
             return None
