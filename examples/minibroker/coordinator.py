@@ -459,6 +459,7 @@ class GroupCoordinator:
             elif member_id not in group.members:
                 codes.append(Errors.UNKNOWN_MEMBER_ID)
             else:
+                self._counters["group members left"] += 1
                 self._remove_member(group, group.members[member_id], "left the group")
                 codes.append(Errors.NONE)
         return codes
@@ -491,14 +492,9 @@ class GroupCoordinator:
             return
         member = group.members.get(member_id)
         if member is not None and not member.has_satisfied_heartbeat():
-            log.info(
-                "group %s: member %s failed (no heartbeat for %d ms), removing it",
-                group.group_id,
-                member_id,
-                member.session_timeout_ms,
-            )
             self._counters["group members expired"] += 1
-            self._remove_member(group, member, "session expired")
+            reason = f"failed (no heartbeat for {member.session_timeout_ms} ms)"
+            self._remove_member(group, member, reason)
 
     def _remove_member(self, group: Group, member: Member, reason: str) -> None:
         """Kafka ``removeMemberAndUpdateGroup``: out of the group, which rebalances."""
@@ -507,8 +503,7 @@ class GroupCoordinator:
         _answer_join(member, JoinResult(Errors.UNKNOWN_MEMBER_ID, member.member_id))
         _answer_sync(member, SyncResult(Errors.UNKNOWN_MEMBER_ID))
         self.heartbeat_purgatory.check_and_complete(_member_key(group, member.member_id))
-        self._counters["group members left"] += 1
-        log.info("group %s: member %s %s", group.group_id, member.member_id, reason)
+        log.info("group %s: member %s %s, removing it", group.group_id, member.member_id, reason)
         if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             self._prepare_rebalance(group, f"{member.member_id} {reason}")
         elif group.state is GroupState.PREPARING_REBALANCE:
