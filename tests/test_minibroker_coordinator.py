@@ -307,3 +307,24 @@ async def test_offset_commits_are_checked_against_the_generation() -> None:
     assert commit("g", a.generation_id, a.member_id, [(("t", 1), 7, None)]) == {
         ("t", 1): Errors.NONE
     }
+
+
+@pytest.mark.asyncio
+async def test_a_rejoin_with_nothing_new_gets_the_current_generation() -> None:
+    s = Setup()
+    first, second = await s.join(), await s.join()
+    await s.advance(DELAY_MS / 1000)
+    await s.advance(DELAY_MS / 1000)
+    a, b = first.result(), second.result()
+    retried = await s.join(a.member_id)  # in CompletingRebalance: the same answer again
+    assert retried.result() == a
+    await s.sync(b)
+    await s.sync(a, {a.member_id: b"A", b.member_id: b"B"})
+    follower = await s.join(b.member_id)  # a follower in Stable, nothing new: no rebalance
+    assert follower.result() == b
+    assert s.state() == "Stable"
+    leader = await s.join(a.member_id)  # the leader's rejoin in Stable: a rebalance
+    assert s.state() == "PreparingRebalance"
+    assert not leader.done()
+    b_again = await s.join(b.member_id)
+    assert leader.result().generation_id == b_again.result().generation_id == 2

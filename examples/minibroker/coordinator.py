@@ -256,14 +256,16 @@ class GroupCoordinator:
             return JoinResult(Errors.UNKNOWN_MEMBER_ID, member_id)
         else:
             known = group.members[member_id]
-            if group.state is GroupState.PREPARING_REBALANCE or (
-                group.state is not GroupState.EMPTY
-                and (member_id == group.leader_id or not known.matches(protocols))
+            unchanged = known.matches(protocols)
+            if (group.state is GroupState.COMPLETING_REBALANCE and unchanged) or (
+                group.state is GroupState.STABLE and unchanged and member_id != group.leader_id
             ):
-                self._update_member_and_rebalance(group, known, protocols, waiter)
-            else:
-                # A follower with nothing new: the current generation, so it can SyncGroup.
+                # Nothing new (a retried join, a follower): the current generation, so that it
+                # can SyncGroup. The leader's rejoin in Stable always rebalances (Kafka's rule).
                 return self._join_result(group, known)
+            known.session_timeout_ms = session_timeout_ms
+            known.rebalance_timeout_ms = rebalance_timeout_ms
+            self._update_member_and_rebalance(group, known, protocols, waiter)
         if group.state is GroupState.PREPARING_REBALANCE:
             self.rebalance_purgatory.check_and_complete(_join_key(group))
         return await waiter
@@ -288,7 +290,8 @@ class GroupCoordinator:
         waiter: asyncio.Future[JoinResult],
     ) -> None:
         member.protocols = protocols
-        _answer_join(member, JoinResult(Errors.UNKNOWN_MEMBER_ID, member.member_id))  # an old one
+        # A join of this member still waiting (its client gave up on it): told to join again.
+        _answer_join(member, JoinResult(Errors.REBALANCE_IN_PROGRESS, member.member_id))
         member.join_waiter = waiter
         self._maybe_prepare_rebalance(group, f"{member.member_id} rejoined")
 
