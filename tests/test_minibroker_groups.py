@@ -10,6 +10,7 @@ test ends in seconds; each is bounded by `run`'s timeout and the clients' own ti
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -233,105 +234,80 @@ def test_a_group_consumer_reads_commits_and_a_restarted_one_resumes(client: str)
     run(main, timeout=90)
 
 
-# A member in its own process, so that it can be killed (SIGKILL: no LeaveGroup, no goodbye).
-MEMBER_SCRIPT = """
-import asyncio, sys
-from aiokafka import AIOKafkaConsumer
+class Member:
+    """A group member in a process of its own (``python -m examples.minibroker member``)."""
 
-async def main():
-    consumer = AIOKafkaConsumer(
-        sys.argv[3], bootstrap_servers=sys.argv[1], group_id=sys.argv[2],
-        session_timeout_ms=int(sys.argv[4]), heartbeat_interval_ms=int(sys.argv[5]),
-        auto_offset_reset="earliest", enable_auto_commit=False,
-    )
-    await consumer.start()
-    while True:
-        await consumer.getmany(timeout_ms=200)
-        print(len(consumer.assignment()), flush=True)
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.assigned: set[int] | None = None
+        self._reader = asyncio.create_task(self._read())
 
-asyncio.run(main())
-"""
+    @classmethod
+    async def start(cls, client: str, bootstrap: str, group: str, topic: str) -> Member:
+        process = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "examples.minibroker", "member", "--client", client),
+            *("--bootstrap", bootstrap, "--group", group, "--topic", topic),
+            *("--session-timeout-ms", str(SESSION_MS)),
+            *("--heartbeat-interval-ms", str(HEARTBEAT_MS)),
+            cwd=REPO_ROOT,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        return cls(process)
+
+    async def _read(self) -> None:
+        assert self.process.stdout is not None
+        while line := await self.process.stdout.readline():
+            word, _, rest = line.decode().strip().partition(" ")
+            if word == "assigned":
+                self.assigned = {int(p) for p in rest.split(",") if p}
+
+    async def stop(self, signum: int) -> None:
+        if self.process.returncode is None:
+            self.process.send_signal(signum)
+        await asyncio.wait_for(self.process.wait(), 30)
+        await self._reader
 
 
-async def assignment_of(consumer: AIOKafkaConsumer) -> set[int]:
-    await consumer.getmany(timeout_ms=100)
-    return {tp.partition for tp in consumer.assignment()}
-
-
-def test_two_members_split_the_partitions_and_one_takes_all_when_the_other_leaves() -> None:
-    topic, group = "shared", "pair-leave"
+@pytest.mark.parametrize("how", ["leaves", "is killed"])
+@pytest.mark.parametrize("client", list(CLIENTS))
+def test_two_members_split_the_partitions_and_one_takes_all_when_the_other_goes(
+    client: str, how: str
+) -> None:
+    topic, group = "shared", "pair"
 
     async def main() -> None:
         async with Cluster(CONFIG) as cluster:
             await aiokafka_produce(cluster.bootstrap, topic, [b"x"] * 8)
-            first = aiokafka_consumer(cluster.bootstrap, group, topic)
-            second = aiokafka_consumer(cluster.bootstrap, group, topic)
-            await first.start()
-            await second.start()
+            stays = await Member.start(client, cluster.bootstrap, group, topic)
+            goes = await Member.start(client, cluster.bootstrap, group, topic)
             try:
 
                 async def split() -> bool:
-                    mine, theirs = await asyncio.gather(assignment_of(first), assignment_of(second))
+                    mine, theirs = stays.assigned or set(), goes.assigned or set()
                     return len(mine) == len(theirs) == PARTITIONS // 2 and not mine & theirs
 
                 await wait_until(split, timeout=30)
-                await second.stop()  # LeaveGroup: the group rebalances at once
+                # SIGINT: the client closes and sends LeaveGroup; SIGKILL: nothing, the
+                # coordinator learns it when the member's session expires.
+                await goes.stop(signal.SIGINT if how == "leaves" else signal.SIGKILL)
 
                 async def all_mine() -> bool:
-                    return await assignment_of(first) == set(range(PARTITIONS))
+                    return stays.assigned == set(range(PARTITIONS))
 
                 await wait_until(all_mine, timeout=30)
                 stats = await cluster.stats()
                 assert len(stats["groups"][group]["members"]) == 1
-                assert stats["counters"]["group members left"] == 1
-                assert "group members expired" not in stats["counters"]
+                counters = stats["counters"]
+                if how == "leaves":
+                    assert counters["group members left"] == 1
+                    assert "group members expired" not in counters
+                else:
+                    assert counters["group members expired"] == 1
+                    assert "group members left" not in counters
+                    assert stats["purgatories"]["heartbeat"]["expired"] >= 1
             finally:
-                await second.stop()
-                await first.stop()
+                await goes.stop(signal.SIGKILL)
+                await stays.stop(signal.SIGKILL)
 
-    run(main, timeout=60)
-
-
-def test_a_killed_member_expires_after_its_session_and_the_other_takes_all() -> None:
-    topic, group = "shared", "pair-kill"
-
-    async def main() -> None:
-        async with Cluster(CONFIG) as cluster:
-            await aiokafka_produce(cluster.bootstrap, topic, [b"x"] * 8)
-            stays = aiokafka_consumer(cluster.bootstrap, group, topic)
-            await stays.start()
-            other = await asyncio.create_subprocess_exec(
-                *(sys.executable, "-c", MEMBER_SCRIPT, cluster.bootstrap, group, topic),
-                *(str(SESSION_MS), str(HEARTBEAT_MS)),
-                cwd=REPO_ROOT,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-            )
-            assert other.stdout is not None
-            try:
-                # Wait until the other process holds half the partitions, and this one too.
-                while await asyncio.wait_for(other.stdout.readline(), 30) != b"2\n":
-                    pass
-
-                async def split() -> bool:
-                    return len(await assignment_of(stays)) == PARTITIONS // 2
-
-                await wait_until(split, timeout=30)
-                other.kill()  # no LeaveGroup: only its session's expiry tells the coordinator
-                await other.wait()
-
-                async def all_mine() -> bool:
-                    return await assignment_of(stays) == set(range(PARTITIONS))
-
-                await wait_until(all_mine, timeout=30)
-                stats = await cluster.stats()
-                assert len(stats["groups"][group]["members"]) == 1
-                assert stats["counters"]["group members expired"] == 1
-                assert stats["purgatories"]["heartbeat"]["expired"] >= 1
-            finally:
-                if other.returncode is None:
-                    other.kill()
-                    await other.wait()
-                await stays.stop()
-
-    run(main, timeout=60)
+    run(main, timeout=90)

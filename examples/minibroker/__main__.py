@@ -111,10 +111,13 @@ def main(argv: list[str] | None = None) -> None:
         "--control-stdin", action="store_true", help="commands on stdin; stop at its end"
     )
 
-    member = commands.add_parser("member", help="one consumer-group member (aiokafka)")
+    member = commands.add_parser("member", help="one consumer-group member, until killed")
     member.add_argument("--bootstrap", required=True, help="HOST:PORT")
     member.add_argument("--group", required=True)
     member.add_argument("--topic", required=True)
+    member.add_argument(
+        "--client", choices=("aiokafka", "kafka-python", "confluent-kafka"), default="aiokafka"
+    )
     member.add_argument("--session-timeout-ms", type=int, default=2000)
     member.add_argument("--heartbeat-interval-ms", type=int, default=300)
 
@@ -160,17 +163,16 @@ def main(argv: list[str] | None = None) -> None:
             )
             sys.exit(asyncio.run(run_leader(config, control_stdin=args.control_stdin)))
         elif args.command == "member":
-            from .member import run_member
+            from .member import MemberConfig, run_member
 
-            asyncio.run(
-                run_member(
-                    args.bootstrap,
-                    args.group,
-                    args.topic,
-                    session_timeout_ms=args.session_timeout_ms,
-                    heartbeat_interval_ms=args.heartbeat_interval_ms,
-                )
+            member_config = MemberConfig(
+                args.bootstrap,
+                args.group,
+                args.topic,
+                session_timeout_ms=args.session_timeout_ms,
+                heartbeat_interval_ms=args.heartbeat_interval_ms,
             )
+            run_member(args.client, member_config)
         else:
             from .follower import run_follower
 
