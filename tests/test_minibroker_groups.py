@@ -101,8 +101,9 @@ async def aiokafka_produce(bootstrap: str, topic: str, values: list[bytes]) -> N
         await producer.stop()
 
 
-def aiokafka_consumer(bootstrap: str, group: str, topic: str) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(
+async def aiokafka_consume(bootstrap: str, group: str, topic: str, count: int) -> list[Record]:
+    """aiokafka's quick start: a consumer with a group id, getmany, commit, stop."""
+    consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
         group_id=group,
@@ -112,11 +113,6 @@ def aiokafka_consumer(bootstrap: str, group: str, topic: str) -> AIOKafkaConsume
         heartbeat_interval_ms=HEARTBEAT_MS,
         fetch_max_wait_ms=200,
     )
-
-
-async def aiokafka_consume(bootstrap: str, group: str, topic: str, count: int) -> list[Record]:
-    """aiokafka's quick start: a consumer with a group id, getmany, commit, stop."""
-    consumer = aiokafka_consumer(bootstrap, group, topic)
     await consumer.start()
     seen: list[Record] = []
     try:
@@ -137,8 +133,9 @@ def confluent_produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
     assert producer.flush(15) == 0
 
 
-def confluent_consumer(bootstrap: str, group: str) -> ConfluentConsumer:
-    return ConfluentConsumer(
+def confluent_consume(bootstrap: str, group: str, topic: str, count: int) -> list[Record]:
+    """confluent-kafka's quick start: Consumer with group.id, subscribe, poll, commit, close."""
+    consumer = ConfluentConsumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": group,
@@ -149,11 +146,6 @@ def confluent_consumer(bootstrap: str, group: str) -> ConfluentConsumer:
             "fetch.wait.max.ms": 200,
         }
     )
-
-
-def confluent_consume(bootstrap: str, group: str, topic: str, count: int) -> list[Record]:
-    """confluent-kafka's quick start: Consumer with group.id, subscribe, poll, commit, close."""
-    consumer = confluent_consumer(bootstrap, group)
     seen: list[Record] = []
     try:
         consumer.subscribe([topic])
