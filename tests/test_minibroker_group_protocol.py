@@ -216,6 +216,7 @@ def test_a_topic_is_created_on_first_use_with_the_default_partition_count() -> N
     async def main() -> None:
         config = ClusterConfig(topics={}, num_partitions=3, replica_lag_time_max_ms=30_000)
         async with Cluster(config) as cluster:
+            assert (await cluster.stats())["partitions"] == {}  # no topic at all to start
             client = await RawClient.connect(cluster.port)
             try:
                 # A client that says no (Metadata v4+) does not create it.

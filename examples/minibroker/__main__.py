@@ -22,7 +22,7 @@ from .server import BrokerConfig, run_leader
 
 def _topics(text: str) -> dict[str, int]:
     topics = {}
-    for item in text.split(","):
+    for item in filter(None, text.split(",")):  # "" means no topic
         name, _, count = item.partition(":")
         topics[name] = int(count or 1)
     return topics
