@@ -85,9 +85,6 @@ async def _replicate(
                 for topic in metadata.topics:
                     for partition in topic.partitions:
                         logs.setdefault((topic.name, partition.partition_index), PartitionLog())
-            if not logs:  # nothing to replicate yet
-                await asyncio.sleep(_METADATA_REFRESH_S)
-                continue
             by_topic: dict[str, list[Any]] = {}
             for (topic_name, index), partition_log in sorted(logs.items()):
                 by_topic.setdefault(topic_name, []).append(
@@ -128,6 +125,8 @@ async def _replicate(
                     refused = refused or data.error_code != Errors.NONE
             if refused:
                 await asyncio.sleep(0.1)  # an error is answered at once: do not spin on it
+            elif not logs:  # no topic yet: the empty fetch only said hello; wait for one
+                await asyncio.sleep(_METADATA_REFRESH_S)
     finally:
         await conn.close()
 

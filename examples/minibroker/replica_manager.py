@@ -190,6 +190,8 @@ class ReplicaManager:
         `asked` gives (partition, fetch offset, partition max bytes) in request order.
         """
         follower = replica >= 0
+        if follower:
+            self.followers_seen.add(replica)
         now = asyncio.get_running_loop().time()
         fetches: list[FetchPartition] = []
         for key, offset, partition_max_bytes in asked:
@@ -204,7 +206,6 @@ class ReplicaManager:
                 fetch.error_code = Errors.OFFSET_OUT_OF_RANGE
             elif follower:
                 partition.follower_fetch(replica, offset, now)
-                self.followers_seen.add(replica)
         limit = _log_end if follower else _high_watermark
         purgatory = self.follower_purgatory if follower else self.fetch_purgatory
         op = DelayedFetch(max(0, max_wait_ms) / 1000, fetches, min_bytes, limit)
