@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from .coordinator import GroupSettings
+
 __all__ = ("Cluster", "ClusterConfig", "ClusterStartError")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -37,8 +39,8 @@ class ClusterConfig:
     max_message_bytes: int = 1024 * 1024
     auto_create_topics: bool = True
     num_partitions: int = 4
-    group_initial_rebalance_delay_ms: int = 200
-    group_min_session_timeout_ms: int = 500
+    group_initial_rebalance_delay_ms: int = GroupSettings.initial_rebalance_delay_ms
+    group_min_session_timeout_ms: int = GroupSettings.min_session_timeout_ms
 
     @property
     def follower_ids(self) -> tuple[int, ...]:

@@ -65,7 +65,11 @@ async def _replicate(
     logs: dict[tuple[str, int], PartitionLog],
     max_wait_ms: int,
 ) -> None:
-    """Connect, learn the partitions, then fetch forever (until the connection breaks)."""
+    """Connect, then fetch forever (until the connection breaks).
+
+    The partitions are learnt from the leader's Metadata, asked again every 0.2 s: topics are
+    created on first use, and a new one is replicated from its first record.
+    """
     client_id = f"minibroker-follower-{broker_id}"
     loop = asyncio.get_running_loop()
     conn = _Connection(*await asyncio.open_connection(host, port))
