@@ -12,8 +12,8 @@ import tempfile
 from collections.abc import Awaitable, Callable
 
 import pytest
+from kafka.protocol.admin import ListGroupsRequest, ListGroupsResponse
 from kafka.protocol.consumer import FetchResponse, ListOffsetsRequest, ListOffsetsResponse
-from kafka.protocol.consumer.group import JoinGroupRequest, JoinGroupResponse
 from kafka.protocol.metadata import (
     ApiVersionsRequest,
     ApiVersionsResponse,
@@ -52,6 +52,7 @@ def with_leader(body: Callable[[Cluster, RawClient], Awaitable[None]]) -> None:
             max_message_bytes=MAX_MESSAGE,
             # The followers are never started and must stay in the ISR for the whole test.
             replica_lag_time_max_ms=600_000,
+            auto_create_topics=False,
         )
         async with Cluster(config, start_followers=False, log=log) as cluster:
             client = await RawClient.connect(cluster.port)
@@ -118,15 +119,8 @@ def test_a_truncated_frame_then_a_disconnect_leaves_the_leader_serving() -> None
 def test_unserved_apis_and_versions_get_unsupported_version() -> None:
     async def body(cluster: Cluster, client: RawClient) -> None:
         # An API the broker does not serve, with an error field: UNSUPPORTED_VERSION.
-        join = JoinGroupRequest(
-            group_id="g",
-            session_timeout_ms=1000,
-            rebalance_timeout_ms=1000,
-            member_id="",
-            protocol_type="consumer",
-            protocols=[],
-        )
-        response = await client.call(join, JoinGroupResponse, 5)
+        list_groups = ListGroupsRequest(states_filter=[], types_filter=[])
+        response = await client.call(list_groups, ListGroupsResponse, 3)
         assert response.error_code == Errors.UNSUPPORTED_VERSION
         # A served API at a version above the served range: the same.
         high = SERVED[1][1] + 1

@@ -11,9 +11,11 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -207,14 +209,20 @@ def test_a_long_poll_returns_early_when_data_arrives_and_at_max_wait_when_none()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_serve_prints_one_bootstrap_line_serves_and_stops_cleanly(signum: int) -> None:
-    with subprocess.Popen(
-        [sys.executable, "-m", "examples.minibroker", "serve", "--port", "0"],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-    ) as process:
+def test_serve_prints_one_bootstrap_line_serves_and_stops_cleanly(
+    signum: int, tmp_path: Path
+) -> None:
+    stderr = tmp_path / "stderr"
+    with (
+        stderr.open("wb") as errors,
+        subprocess.Popen(
+            [sys.executable, "-m", "examples.minibroker", "serve", "--port", "0"],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            stdin=subprocess.DEVNULL,
+        ) as process,
+    ):
         try:
             assert process.stdout is not None
             line = process.stdout.readline().decode()
@@ -229,6 +237,29 @@ def test_serve_prints_one_bootstrap_line_serves_and_stops_cleanly(signum: int) -
             if process.poll() is None:
                 process.kill()
                 process.wait()
+    # The followers stop before the leader: none of them reports a lost leader ("connection to
+    # the leader lost"); a clean run and stop log nothing at all.
+    assert stderr.read_text() == ""
+
+
+def test_serve_on_a_taken_port_says_so_in_one_line_and_exits_non_zero() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "examples.minibroker", "serve", "--port", str(port)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert done.stdout == b""
+    assert done.stderr.decode().splitlines() == [
+        f"minibroker: cannot listen on 127.0.0.1:{port}: address already in use"
+    ]
 
 
 def test_followers_that_never_fetch_hold_acks_all_until_they_leave_the_isr() -> None:

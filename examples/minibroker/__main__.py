@@ -1,4 +1,4 @@
-"""Command line: ``serve``, ``demo``, and the two process roles ``leader`` and ``follower``.
+"""Command line: ``serve``, ``demo``, and the process roles ``leader``, ``follower``, ``member``.
 
 Run from the repository root::
 
@@ -15,13 +15,14 @@ import logging
 import signal
 import sys
 
-from .cluster import Cluster, ClusterConfig
+from .cluster import Cluster, ClusterConfig, ClusterStartError
+from .coordinator import GroupSettings
 from .server import BrokerConfig, run_leader
 
 
 def _topics(text: str) -> dict[str, int]:
     topics = {}
-    for item in text.split(","):
+    for item in filter(None, text.split(",")):  # "" means no topic
         name, _, count = item.partition(":")
         topics[name] = int(count or 1)
     return topics
@@ -31,21 +32,58 @@ def _ids(text: str) -> tuple[int, ...]:
     return tuple(int(item) for item in text.split(",") if item)
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace) -> int:
     config = ClusterConfig(
         port=args.port,
         followers=args.followers,
         topics=_topics(args.topics),
         min_insync_replicas=args.min_insync_replicas,
         replica_lag_time_max_ms=args.replica_lag_time_max_ms,
+        auto_create_topics=args.auto_create_topics,
+        num_partitions=args.num_partitions,
+        group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
+        group_min_session_timeout_ms=args.group_min_session_timeout_ms,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    async with Cluster(config, log=sys.stderr.buffer) as cluster:
-        print(f"bootstrap {cluster.bootstrap}", flush=True)
-        await stop.wait()
+    try:
+        async with Cluster(config, log=sys.stderr.buffer) as cluster:
+            print(f"bootstrap {cluster.bootstrap}", flush=True)
+            await stop.wait()
+    except ClusterStartError as exc:
+        print(f"minibroker: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def _broker_options(parser: argparse.ArgumentParser) -> None:
+    """The options `serve` passes on to the leader (Kafka's names)."""
+    parser.add_argument("--topics", default="demo:4", help="name:partitions,...")
+    parser.add_argument("--min-insync-replicas", type=int, default=2)
+    parser.add_argument("--replica-lag-time-max-ms", type=int, default=1000)
+    parser.add_argument(
+        "--no-auto-create-topics",
+        dest="auto_create_topics",
+        action="store_false",
+        help="unknown topics get UNKNOWN_TOPIC_OR_PARTITION (auto.create.topics.enable=false)",
+    )
+    parser.add_argument(
+        "--num-partitions", type=int, default=4, help="partitions of a topic created on first use"
+    )
+    parser.add_argument(
+        "--group-initial-rebalance-delay-ms",
+        type=int,
+        default=GroupSettings.initial_rebalance_delay_ms,
+        help="wait for more members before a new group's first generation (Kafka: 3000)",
+    )
+    parser.add_argument(
+        "--group-min-session-timeout-ms",
+        type=int,
+        default=GroupSettings.min_session_timeout_ms,
+        help="shortest session.timeout.ms a consumer may ask for (Kafka: 6000)",
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -55,26 +93,33 @@ def main(argv: list[str] | None = None) -> None:
     serve = commands.add_parser("serve", help="run a leader and its followers on loopback")
     serve.add_argument("--port", type=int, default=9092, help="0: any free port")
     serve.add_argument("--followers", type=int, default=2)
-    serve.add_argument("--topics", default="demo:4", help="name:partitions,...")
-    serve.add_argument("--min-insync-replicas", type=int, default=2)
-    serve.add_argument("--replica-lag-time-max-ms", type=int, default=1000)
+    _broker_options(serve)
 
     demo = commands.add_parser("demo", help="the demo: load, a paused follower, a summary")
     demo.add_argument("--seed", type=int, default=7)
     demo.add_argument("--seconds", type=float, default=12.0, help="length of the load")
+    demo.add_argument("--broker-log", metavar="PATH", help="keep the brokers' logs in this file")
 
     leader = commands.add_parser("leader", help="one leader process (serve starts it)")
     leader.add_argument("--port", type=int, default=0)
     leader.add_argument("--broker-id", type=int, default=0)
     leader.add_argument("--followers", type=_ids, default=(1, 2))
-    leader.add_argument("--topics", default="demo:4")
-    leader.add_argument("--min-insync-replicas", type=int, default=2)
-    leader.add_argument("--replica-lag-time-max-ms", type=int, default=1000)
+    _broker_options(leader)
     leader.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024)
     leader.add_argument("--max-message-bytes", type=int, default=1024 * 1024)
     leader.add_argument(
         "--control-stdin", action="store_true", help="commands on stdin; stop at its end"
     )
+
+    member = commands.add_parser("member", help="one consumer-group member, until killed")
+    member.add_argument("--bootstrap", required=True, help="HOST:PORT")
+    member.add_argument("--group", required=True)
+    member.add_argument("--topic", required=True)
+    member.add_argument(
+        "--client", choices=("aiokafka", "kafka-python", "confluent-kafka"), default="aiokafka"
+    )
+    member.add_argument("--session-timeout-ms", type=int, default=2000)
+    member.add_argument("--heartbeat-interval-ms", type=int, default=300)
 
     follower = commands.add_parser("follower", help="one follower process (serve starts it)")
     follower.add_argument("--broker-id", type=int, required=True)
@@ -90,12 +135,14 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
     with contextlib.suppress(KeyboardInterrupt):
         if args.command == "serve":
-            asyncio.run(_serve(args))
+            sys.exit(asyncio.run(_serve(args)))
         elif args.command == "demo":
             from .demo import run_demo
 
-            summary = asyncio.run(run_demo(seed=args.seed, seconds=args.seconds))
-            if summary["lost"]:
+            summary = asyncio.run(
+                run_demo(seed=args.seed, seconds=args.seconds, broker_log=args.broker_log)
+            )
+            if summary["lost"] or not summary["group_ok"]:
                 sys.exit(1)
         elif args.command == "leader":
             config = BrokerConfig(
@@ -107,8 +154,25 @@ def main(argv: list[str] | None = None) -> None:
                 replica_lag_time_max_ms=args.replica_lag_time_max_ms,
                 max_request_bytes=args.max_request_bytes,
                 max_message_bytes=args.max_message_bytes,
+                auto_create_topics=args.auto_create_topics,
+                num_partitions=args.num_partitions,
+                groups=GroupSettings(
+                    initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
+                    min_session_timeout_ms=args.group_min_session_timeout_ms,
+                ),
             )
-            asyncio.run(run_leader(config, control_stdin=args.control_stdin))
+            sys.exit(asyncio.run(run_leader(config, control_stdin=args.control_stdin)))
+        elif args.command == "member":
+            from .member import MemberConfig, run_member
+
+            member_config = MemberConfig(
+                args.bootstrap,
+                args.group,
+                args.topic,
+                session_timeout_ms=args.session_timeout_ms,
+                heartbeat_interval_ms=args.heartbeat_interval_ms,
+            )
+            run_member(args.client, member_config)
         else:
             from .follower import run_follower
 

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ("Cluster", "ClusterConfig")
+from .coordinator import GroupSettings
+
+__all__ = ("Cluster", "ClusterConfig", "ClusterStartError")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,10 +37,18 @@ class ClusterConfig:
     replica_fetch_wait_max_ms: int = 200
     max_request_bytes: int = 8 * 1024 * 1024
     max_message_bytes: int = 1024 * 1024
+    auto_create_topics: bool = True
+    num_partitions: int = 4
+    group_initial_rebalance_delay_ms: int = GroupSettings.initial_rebalance_delay_ms
+    group_min_session_timeout_ms: int = GroupSettings.min_session_timeout_ms
 
     @property
     def follower_ids(self) -> tuple[int, ...]:
         return tuple(range(1, self.followers + 1))
+
+
+class ClusterStartError(RuntimeError):
+    """The leader did not start; the message says why (``address already in use``, say)."""
 
 
 class Cluster:
@@ -96,17 +106,29 @@ class Cluster:
             str(c.max_request_bytes),
             "--max-message-bytes",
             str(c.max_message_bytes),
+            *(() if c.auto_create_topics else ("--no-auto-create-topics",)),
+            "--num-partitions",
+            str(c.num_partitions),
+            "--group-initial-rebalance-delay-ms",
+            str(c.group_initial_rebalance_delay_ms),
+            "--group-min-session-timeout-ms",
+            str(c.group_min_session_timeout_ms),
             "--control-stdin",
             cwd=REPO_ROOT,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=self._stderr(),
+            # Its own session: a Ctrl-C on the terminal reaches the parent alone, which then
+            # stops the followers before the leader (so they see no leader vanish).
+            start_new_session=True,
         )
         assert self.leader.stdout is not None
         line = await asyncio.wait_for(self.leader.stdout.readline(), 30)
         if not line.startswith(b"bootstrap "):
             await self.stop()
-            raise RuntimeError(f"the leader did not start: {line!r}")
+            if line.startswith(b"error "):
+                raise ClusterStartError(line[6:].decode().strip())
+            raise ClusterStartError(f"the leader did not start (it said {line!r})")
         self.port = int(line.split(b":")[-1])
         if self.start_followers:  # else: replicas the leader waits for, that never come
             for broker_id in c.follower_ids:
@@ -143,6 +165,7 @@ class Cluster:
             stdin=asyncio.subprocess.PIPE,  # its end, if we die, ends the follower too
             stdout=asyncio.subprocess.DEVNULL,
             stderr=self._stderr(),
+            start_new_session=True,
         )
 
     def pause(self, *broker_ids: int) -> None:
@@ -179,21 +202,14 @@ class Cluster:
                     return stats
 
     async def stop(self) -> None:
-        """SIGTERM everything (SIGCONT first, for paused followers); SIGKILL what lingers."""
-        processes = [*self.followers.values()]
+        """SIGTERM the followers, then the leader (SIGCONT first, for paused followers).
+
+        In that order, so that no follower sees its leader go and reports it. What lingers
+        past 10 s is killed.
+        """
+        await _terminate(list(self.followers.values()))
         if self.leader is not None:
-            processes.append(self.leader)
-        for process in processes:
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGCONT)
-                    process.terminate()
-        for process in processes:
-            try:
-                await asyncio.wait_for(process.wait(), 10)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+            await _terminate([self.leader])
 
     def returncodes(self) -> dict[str, int | None]:
         """Each process's exit status (``None``: still running)."""
@@ -201,3 +217,17 @@ class Cluster:
         if self.leader is not None:
             codes["leader"] = self.leader.returncode
         return codes
+
+
+async def _terminate(processes: list[asyncio.subprocess.Process]) -> None:
+    for process in processes:
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)
+                process.terminate()
+    for process in processes:
+        try:
+            await asyncio.wait_for(process.wait(), 10)
+        except TimeoutError:
+            process.kill()
+            await process.wait()

@@ -1,11 +1,18 @@
-"""The demo: a leader and two followers, a seeded acks=all load through aiokafka, two pauses.
+"""The demo: a leader and two followers, a seeded acks=all load through aiokafka, two pauses,
+and a consumer group that loses a member.
 
 Timeline (seconds from the start of the load, for the default 12 s):
 
 * 0: producers (acks=all) and long-polling consumers start; every ack waits in the produce
-  purgatory for the followers, every idle poll in the fetch purgatory.
+  purgatory for the followers, every idle poll in the fetch purgatory. A consumer group of two
+  members, A here and B in a process of its own, splits the topic's partitions: their joins
+  wait in the rebalance purgatory (`DelayedJoin`), their sessions in the heartbeat purgatory
+  (`DelayedHeartbeat`).
 * 25 %: follower 2 is frozen (SIGSTOP). Acks wait, since the high watermark cannot pass it, until
   ``replica.lag.time.max.ms`` removes it from the ISR; the slowest ones time out.
+* 35 %: group member B is killed (SIGKILL, no goodbye). Its session expires after
+  ``session.timeout.ms``, the group rebalances, and A takes all partitions, resuming B's from the
+  offsets B committed.
 * 50 %: follower 1 is frozen too. When it leaves the ISR, the ISR is the leader alone, below
   ``min.insync.replicas=2``: the acks waiting are answered ``NOT_ENOUGH_REPLICAS_AFTER_APPEND``
   and new produces are refused at once with ``NOT_ENOUGH_REPLICAS``.
@@ -33,7 +40,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from .cluster import Cluster, ClusterConfig
+from .cluster import REPO_ROOT, Cluster, ClusterConfig
 
 __all__ = ("run_demo",)
 
@@ -43,6 +50,10 @@ PRODUCERS = 16
 CONSUMERS = 4
 RATE = 30.0  # records per second, per producer
 REQUEST_TIMEOUT_MS = 1000
+GROUP = "order-readers"
+SESSION_TIMEOUT_MS = 2000
+HEARTBEAT_INTERVAL_MS = 300
+KILL_MEMBER_AT = 0.35
 
 ERROR_NAMES = {
     0: "NONE",
@@ -65,6 +76,79 @@ class Tally:
     @property
     def in_flight(self) -> int:
         return self.sent - len(self.acked) - sum(self.failed.values())
+
+
+@dataclass
+class GroupView:
+    """What the two group members saw: their partitions over time, what they read."""
+
+    a_partitions: list[int] = field(default_factory=list)
+    b_partitions: list[int] = field(default_factory=list)
+    a_before_kill: list[int] = field(default_factory=list)
+    a_read: int = 0
+    b_read: int = 0
+    b_killed: bool = False
+    member_b: asyncio.subprocess.Process | None = None
+
+    def line(self) -> str:
+        b = "killed" if self.b_killed else _partitions(self.b_partitions)
+        return f"group: A {_partitions(self.a_partitions)} B {b}"
+
+    def kill_b(self) -> None:
+        self.a_before_kill = list(self.a_partitions)
+        self.b_killed = True
+        if self.member_b is not None:
+            self.member_b.kill()
+
+
+def _partitions(partitions: list[int]) -> str:
+    return ",".join(map(str, partitions)) or "-"
+
+
+async def _group_member_a(bootstrap: str, view: GroupView, done: asyncio.Event) -> None:
+    """Member A: aiokafka's quick-start consumer with a group id, in this process."""
+    consumer = AIOKafkaConsumer(
+        TOPIC,
+        bootstrap_servers=bootstrap,
+        group_id=GROUP,
+        auto_offset_reset="earliest",
+        enable_auto_commit=True,
+        auto_commit_interval_ms=500,
+        session_timeout_ms=SESSION_TIMEOUT_MS,
+        heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS,
+        fetch_max_wait_ms=200,
+    )
+    await consumer.start()
+    try:
+        while not done.is_set():
+            batches = await consumer.getmany(timeout_ms=200)
+            view.a_read += sum(len(records) for records in batches.values())
+            view.a_partitions = sorted(tp.partition for tp in consumer.assignment())
+    finally:
+        await consumer.stop()
+
+
+async def _group_member_b(bootstrap: str, view: GroupView) -> None:
+    """Member B: the same consumer in a process of its own (``member``), so it can be killed."""
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "examples.minibroker", "member", "--bootstrap", bootstrap),
+        *("--group", GROUP, "--topic", TOPIC),
+        *("--session-timeout-ms", str(SESSION_TIMEOUT_MS)),
+        *("--heartbeat-interval-ms", str(HEARTBEAT_INTERVAL_MS)),
+        cwd=REPO_ROOT,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    view.member_b = process
+    assert process.stdout is not None
+    while line := await process.stdout.readline():
+        word, _, rest = line.decode().strip().partition(" ")
+        if word == "assigned":
+            view.b_partitions = [int(p) for p in rest.split(",") if p]
+        elif word == "read":
+            view.b_read += int(rest)
+    await process.wait()
 
 
 async def _produce(
@@ -140,7 +224,13 @@ def _isr_sizes(stats: dict[str, Any]) -> str:
 
 
 async def _progress(
-    cluster: Cluster, tally: Tally, started: float, stop: asyncio.Event, notes: list[str]
+    cluster: Cluster,
+    tally: Tally,
+    view: GroupView,
+    *,
+    started: float,
+    stop: asyncio.Event,
+    notes: list[str],
 ) -> None:
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
@@ -152,16 +242,25 @@ async def _progress(
             f"  t={time.monotonic() - started:5.1f}s  acked {len(tally.acked):6d}  "
             f"waiting {tally.in_flight:4d}  failed {sum(tally.failed.values()):4d}  "
             f"ISR sizes {_isr_sizes(stats)}  parked: produce {delayed['produce']:3d} "
-            f"fetch {delayed['fetch']:2d} follower {delayed['follower-fetch']}{note}",
+            f"fetch {delayed['fetch']:2d} follower {delayed['follower-fetch']} "
+            f"rebalance {delayed['rebalance']} heartbeat {delayed['heartbeat']}  "
+            f"{view.line()}{note}",
             flush=True,
         )
 
 
 async def _schedule(
-    cluster: Cluster, seconds: float, started: float, stop: asyncio.Event, notes: list[str]
+    cluster: Cluster,
+    view: GroupView,
+    *,
+    seconds: float,
+    started: float,
+    stop: asyncio.Event,
+    notes: list[str],
 ) -> None:
     steps: list[tuple[float, str, Callable[[], None]]] = [
         (0.25, "pause follower 2 (SIGSTOP)", lambda: cluster.pause(2)),
+        (KILL_MEMBER_AT, "kill group member B (SIGKILL)", view.kill_b),
         (0.50, "pause follower 1 (SIGSTOP)", lambda: cluster.pause(1)),
         (0.70, "resume followers 1 and 2 (SIGCONT)", lambda: cluster.resume(1, 2)),
     ]
@@ -178,7 +277,7 @@ async def _settled_stats(cluster: Cluster) -> dict[str, Any]:
     for _ in range(50):
         stats = await cluster.stats()
         gauges = stats["purgatories"]
-        if gauges["produce"]["delayed"] == 0 and gauges["fetch"]["delayed"] == 0:
+        if all(gauges[name]["delayed"] == 0 for name in ("produce", "fetch", "rebalance")):
             break
         await asyncio.sleep(0.05)
     return stats
@@ -193,11 +292,19 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 async def _drive(
-    cluster: Cluster, rng: random.Random, seconds: float, tally: Tally
+    cluster: Cluster, rng: random.Random, seconds: float, tally: Tally, view: GroupView
 ) -> dict[str, Any]:
     """The load, the faults and the read-back; returns the leader's statistics at the end."""
     stop, done = asyncio.Event(), asyncio.Event()
     notes: list[str] = []
+    # The group first, so that it has settled (one generation, two members) when the load starts.
+    members = [
+        asyncio.create_task(_group_member_a(cluster.bootstrap, view, done)),
+        asyncio.create_task(_group_member_b(cluster.bootstrap, view)),
+    ]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (view.a_partitions and view.b_partitions):
+        await asyncio.sleep(0.05)
     consumers = [
         asyncio.create_task(
             _consume(list(range(i, PARTITIONS, CONSUMERS)), cluster.bootstrap, tally, done)
@@ -211,20 +318,36 @@ async def _drive(
         )
         for i in range(PRODUCERS)
     ]
-    schedule = asyncio.create_task(_schedule(cluster, seconds, started, stop, notes))
-    progress = asyncio.create_task(_progress(cluster, tally, started, stop, notes))
+    schedule = asyncio.create_task(
+        _schedule(cluster, view, seconds=seconds, started=started, stop=stop, notes=notes)
+    )
+    progress = asyncio.create_task(
+        _progress(cluster, tally, view, started=started, stop=stop, notes=notes)
+    )
     await asyncio.gather(*producers, schedule, progress)
-    # Read back: every acknowledged record must be at its offset.
+    # Read back: every acknowledged record must be at its offset; and the group must have
+    # moved the killed member's partitions (on a slow machine that can outlast a short run).
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and not tally.acked.keys() <= tally.consumed.keys():
+    while time.monotonic() < deadline and not (
+        tally.acked.keys() <= tally.consumed.keys()
+        and (not view.b_killed or view.a_partitions == list(range(PARTITIONS)))
+    ):
         await asyncio.sleep(0.1)
     done.set()
-    await asyncio.gather(*consumers)
+    if view.member_b is not None and view.member_b.returncode is None:
+        view.member_b.kill()  # the run was too short to reach its kill
+    await asyncio.gather(*consumers, *members)
     return await _settled_stats(cluster)
 
 
-async def run_demo(*, seed: int = 7, seconds: float = 12.0) -> dict[str, Any]:
-    """Run the demo, print progress and the summary; return the figures (for a test)."""
+async def run_demo(
+    *, seed: int = 7, seconds: float = 12.0, broker_log: str | None = None
+) -> dict[str, Any]:
+    """Run the demo, print progress and the summary; return the figures (for a test).
+
+    The brokers' own logs (ISR changes, rebalances, refused connections) go to `broker_log`
+    if given (kept), else to an anonymous temporary file that vanishes with the demo.
+    """
     rng = random.Random(seed)
     config = ClusterConfig(
         topics={TOPIC: PARTITIONS},
@@ -233,29 +356,33 @@ async def run_demo(*, seed: int = 7, seconds: float = 12.0) -> dict[str, Any]:
         replica_fetch_wait_max_ms=200,
     )
     tally = Tally()
-    # The brokers' own logs (ISR changes, refused connections) go to a file kept for reading.
-    with tempfile.NamedTemporaryFile(prefix="minibroker-", suffix=".log", delete=False) as log:
+    view = GroupView()
+    log_file = open(broker_log, "wb") if broker_log else tempfile.TemporaryFile()  # noqa: SIM115
+    where = broker_log or "not kept (--broker-log PATH keeps them)"
+    with log_file as log:
         print(
             f"minibroker demo: leader + 2 followers on loopback, topic {TOPIC!r} x{PARTITIONS}, "
             f"min.insync.replicas=2, replica.lag.time.max.ms=1000, seed {seed}\n"
             f"  {PRODUCERS} aiokafka producers (acks=all, request_timeout_ms="
             f"{REQUEST_TIMEOUT_MS}) at ~{RATE * PRODUCERS:.0f} records/s, {CONSUMERS} consumers "
-            f"long-polling (fetch_max_wait_ms=500); broker logs: {log.name}",
+            f"long-polling (fetch_max_wait_ms=500); broker logs: {where}",
             flush=True,
         )
         started = time.monotonic()
         async with Cluster(config, log=log) as cluster:
-            stats = await _drive(cluster, rng, seconds, tally)
+            stats = await _drive(cluster, rng, seconds, tally, view)
     lost = [key for key, value in tally.acked.items() if tally.consumed.get(key) != value]
-    summary = _summary(tally, stats, lost, time.monotonic() - started)
+    summary = _summary(tally, view, stats, lost, time.monotonic() - started)
     print(summary["table"], flush=True)
     if lost:
         print(f"LOST: {len(lost)} acknowledged records not found at their offsets", file=sys.stderr)
+    if not summary["group_ok"]:
+        print("GROUP: member A did not take over member B's partitions", file=sys.stderr)
     return summary
 
 
 def _summary(
-    tally: Tally, stats: dict[str, Any], lost: list[Any], elapsed: float
+    tally: Tally, view: GroupView, stats: dict[str, Any], lost: list[Any], elapsed: float
 ) -> dict[str, Any]:
     counters: dict[str, int] = stats["counters"]
     answers = {
@@ -268,6 +395,12 @@ def _summary(
     names = ("produce", "fetch", "follower-fetch")
     changes: list[str] = stats["isr_changes"]
     acked = len(tally.acked)
+    group: dict[str, Any] = stats["groups"].get(GROUP, {})
+    group_ok = (
+        view.b_killed
+        and view.a_partitions == list(range(PARTITIONS))
+        and counters.get("group members expired", 0) >= 1
+    )
     rows: list[tuple[str, str]] = [
         ("records sent by the producers (acks=all)", f"{tally.sent}"),
         ("  acknowledged", f"{acked}"),
@@ -313,6 +446,20 @@ def _summary(
             " / ".join(str(gauges[n]["delayed"]) for n in names),
         ),
         (
+            "peak / end num_delayed(): rebalance, heartbeat",
+            f"{peaks.get('rebalance.delayed', 0)}, {peaks.get('heartbeat.delayed', 0)} / "
+            f"{gauges['rebalance']['delayed']}, {gauges['heartbeat']['delayed']}",
+        ),
+        (
+            f"group {GROUP!r}: generations / members expired",
+            f"{group.get('generation', 0)} / {counters.get('group members expired', 0)}",
+        ),
+        (
+            "  member A's partitions: before / after B was killed",
+            f"{_partitions(view.a_before_kill)} / {_partitions(view.a_partitions)}",
+        ),
+        ("  records read by A / by B", f"{view.a_read} / {view.b_read}"),
+        (
             "ISR changes: shrinks / expansions",
             f"{sum('left' in c for c in changes)} / {sum('rejoined' in c for c in changes)}",
         ),
@@ -330,6 +477,9 @@ def _summary(
         "acked": acked,
         "failed": dict(tally.failed),
         "lost": len(lost),
+        "group_ok": group_ok,
+        "group": group,
+        "a_partitions": (view.a_before_kill, view.a_partitions),
         "answers": answers,
         "isr_changes": changes,
         "gauges": gauges,

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import io
 import logging
+import math
 import signal
 from typing import Any
 
@@ -28,6 +29,7 @@ log = logging.getLogger("minibroker.follower")
 
 _FETCH_VERSION = 12
 _METADATA_VERSION = 9
+_METADATA_REFRESH_S = 0.2
 
 
 class _Connection:
@@ -63,20 +65,30 @@ async def _replicate(
     logs: dict[tuple[str, int], PartitionLog],
     max_wait_ms: int,
 ) -> None:
-    """Connect, learn the partitions, then fetch forever (until the connection breaks)."""
+    """Connect, then fetch forever (until the connection breaks).
+
+    The partitions are learnt from the leader's Metadata, asked again every 0.2 s: topics are
+    created on first use, and a new one is replicated from its first record.
+    """
     client_id = f"minibroker-follower-{broker_id}"
+    loop = asyncio.get_running_loop()
     conn = _Connection(*await asyncio.open_connection(host, port))
     try:
-        metadata = await conn.call(
-            MetadataRequest(topics=None, allow_auto_topic_creation=False),
-            MetadataResponse,
-            _METADATA_VERSION,
-            client_id,
-        )
-        for topic in metadata.topics:
-            for partition in topic.partitions:
-                logs.setdefault((topic.name, partition.partition_index), PartitionLog())
+        refreshed = -math.inf
         while True:
+            if loop.time() - refreshed >= _METADATA_REFRESH_S:
+                # Topics appear on first use: learn the new partitions (Kafka's controller
+                # would tell the replicas; asking the leader now and then does it here).
+                refreshed = loop.time()
+                metadata = await conn.call(
+                    MetadataRequest(topics=None, allow_auto_topic_creation=False),
+                    MetadataResponse,
+                    _METADATA_VERSION,
+                    client_id,
+                )
+                for topic in metadata.topics:
+                    for partition in topic.partitions:
+                        logs.setdefault((topic.name, partition.partition_index), PartitionLog())
             by_topic: dict[str, list[Any]] = {}
             for (topic_name, index), partition_log in sorted(logs.items()):
                 by_topic.setdefault(topic_name, []).append(
@@ -117,6 +129,8 @@ async def _replicate(
                     refused = refused or data.error_code != Errors.NONE
             if refused:
                 await asyncio.sleep(0.1)  # an error is answered at once: do not spin on it
+            elif not logs:  # no topic yet: the empty fetch only said hello; wait for one
+                await asyncio.sleep(_METADATA_REFRESH_S)
     finally:
         await conn.close()
 

@@ -24,12 +24,26 @@ from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.consumer import (
     FetchRequest,
     FetchResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    SyncGroupRequest,
+    SyncGroupResponse,
 )
 from kafka.protocol.metadata import (
     ApiVersionsRequest,
     ApiVersionsResponse,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
     MetadataRequest,
     MetadataResponse,
 )
@@ -42,19 +56,34 @@ from kafka.protocol.producer import (
 
 __all__ = (
     "SERVED",
+    "ApiVersionsRequest",
     "BadFrame",
     "Errors",
     "FetchRequest",
     "FetchResponse",
+    "FindCoordinatorRequest",
+    "FindCoordinatorResponse",
+    "HeartbeatRequest",
+    "HeartbeatResponse",
     "InitProducerIdRequest",
     "InitProducerIdResponse",
+    "JoinGroupRequest",
+    "JoinGroupResponse",
+    "LeaveGroupRequest",
+    "LeaveGroupResponse",
     "ListOffsetsRequest",
     "ListOffsetsResponse",
     "MetadataRequest",
     "MetadataResponse",
+    "OffsetCommitRequest",
+    "OffsetCommitResponse",
+    "OffsetFetchRequest",
+    "OffsetFetchResponse",
     "ProduceRequest",
     "ProduceResponse",
     "Request",
+    "SyncGroupRequest",
+    "SyncGroupResponse",
     "api_versions_response",
     "decode_request",
     "encode_response",
@@ -65,25 +94,41 @@ __all__ = (
 class Errors:
     """Kafka error codes the broker answers with (Kafka's numbers, from kafka-python's table)."""
 
-    NONE = kerrors.NoError.errno
-    OFFSET_OUT_OF_RANGE = kerrors.OffsetOutOfRangeError.errno
-    CORRUPT_MESSAGE = kerrors.CorruptRecordError.errno
-    UNKNOWN_TOPIC_OR_PARTITION = kerrors.UnknownTopicOrPartitionError.errno
-    REQUEST_TIMED_OUT = kerrors.RequestTimedOutError.errno
-    REPLICA_NOT_AVAILABLE = kerrors.ReplicaNotAvailableError.errno
-    MESSAGE_TOO_LARGE = kerrors.MessageSizeTooLargeError.errno
-    NOT_ENOUGH_REPLICAS = kerrors.NotEnoughReplicasError.errno
-    NOT_ENOUGH_REPLICAS_AFTER_APPEND = kerrors.NotEnoughReplicasAfterAppendError.errno
-    INVALID_REQUIRED_ACKS = kerrors.InvalidRequiredAcksError.errno
-    UNSUPPORTED_VERSION = kerrors.UnsupportedVersionError.errno
-    INVALID_REQUEST = kerrors.InvalidRequestError.errno
-    UNSUPPORTED_FOR_MESSAGE_FORMAT = kerrors.UnsupportedForMessageFormatError.errno
+    NONE: int = kerrors.NoError.errno
+    OFFSET_OUT_OF_RANGE: int = kerrors.OffsetOutOfRangeError.errno
+    CORRUPT_MESSAGE: int = kerrors.CorruptRecordError.errno
+    UNKNOWN_TOPIC_OR_PARTITION: int = kerrors.UnknownTopicOrPartitionError.errno
+    REQUEST_TIMED_OUT: int = kerrors.RequestTimedOutError.errno
+    REPLICA_NOT_AVAILABLE: int = kerrors.ReplicaNotAvailableError.errno
+    MESSAGE_TOO_LARGE: int = kerrors.MessageSizeTooLargeError.errno
+    NOT_ENOUGH_REPLICAS: int = kerrors.NotEnoughReplicasError.errno
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND: int = kerrors.NotEnoughReplicasAfterAppendError.errno
+    INVALID_REQUIRED_ACKS: int = kerrors.InvalidRequiredAcksError.errno
+    UNSUPPORTED_VERSION: int = kerrors.UnsupportedVersionError.errno
+    INVALID_REQUEST: int = kerrors.InvalidRequestError.errno
+    UNSUPPORTED_FOR_MESSAGE_FORMAT: int = kerrors.UnsupportedForMessageFormatError.errno
+    COORDINATOR_NOT_AVAILABLE: int = kerrors.CoordinatorNotAvailableError.errno
+    ILLEGAL_GENERATION: int = kerrors.IllegalGenerationError.errno
+    INCONSISTENT_GROUP_PROTOCOL: int = kerrors.InconsistentGroupProtocolError.errno
+    INVALID_GROUP_ID: int = kerrors.InvalidGroupIdError.errno
+    UNKNOWN_MEMBER_ID: int = kerrors.UnknownMemberIdError.errno
+    INVALID_SESSION_TIMEOUT: int = kerrors.InvalidSessionTimeoutError.errno
+    REBALANCE_IN_PROGRESS: int = kerrors.RebalanceInProgressError.errno
+    MEMBER_ID_REQUIRED: int = kerrors.MemberIdRequiredError.errno
 
 
 #: API key -> (min, max) version this broker serves: what ApiVersions advertises. The ranges stop
 #: where a version would need something the broker does not have: Produce v12+ and Fetch v13+
 #: address topics by id, Metadata v13 and ListOffsets v7+ add features left out. The minimums
 #: are Kafka 4's (Produce v3 and Fetch v4 are the first with record batches v2).
+#:
+#: The group APIs are the classic protocol, from the oldest version kafka-python's schemas
+#: read (aiokafka 0.14 speaks FindCoordinator v0-1, JoinGroup v0-5, SyncGroup v0-3, Heartbeat
+#: and LeaveGroup v0-1, OffsetCommit and OffsetFetch v0-3) up to the newest kafka-python 3 asks
+#: for (JoinGroup 7, SyncGroup 5, OffsetCommit and OffsetFetch 8); librdkafka takes the newest
+#: both sides know. JoinGroup v8+ and LeaveGroup's reasons add nothing a member needs, OffsetCommit
+#: v9+ and OffsetFetch v9+ belong to the new (KIP-848) protocol or address topics by id,
+#: FindCoordinator v5+ to transactions and share groups.
 SERVED: dict[int, tuple[int, int]] = {
     ProduceRequest.API_KEY: (3, 11),
     FetchRequest.API_KEY: (4, 12),
@@ -91,6 +136,13 @@ SERVED: dict[int, tuple[int, int]] = {
     MetadataRequest.API_KEY: (0, 12),
     ApiVersionsRequest.API_KEY: (0, 3),
     InitProducerIdRequest.API_KEY: (0, 4),
+    FindCoordinatorRequest.API_KEY: (0, 4),
+    JoinGroupRequest.API_KEY: (0, 7),
+    SyncGroupRequest.API_KEY: (0, 5),
+    HeartbeatRequest.API_KEY: (0, 4),
+    LeaveGroupRequest.API_KEY: (0, 5),
+    OffsetCommitRequest.API_KEY: (2, 8),
+    OffsetFetchRequest.API_KEY: (1, 8),
 }
 
 
