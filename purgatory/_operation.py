@@ -350,24 +350,31 @@ def expire_due(
         expired += 1
         if record is not None:
             record(op)
-        interrupt = None
         try:
             op._result = op.on_complete()
-        except Exception as exc:  # noqa: BLE001 - delivered to the awaiters
-            op._fail(exc)
         except BaseException as exc:  # noqa: BLE001 - the operation's failure
             op._fail(exc)
             if isinstance(exc, KeyboardInterrupt | SystemExit):
-                interrupt = exc
+                _expired_then_raise(op, exc)
         try:
             op.on_expiration()
-        except BaseException as exc:  # noqa: BLE001 - reported; the reaper must go on
+        except BaseException as exc:
             report_exception(f"{type(op).__qualname__}.on_expiration raised", exc, operation=op)
             if isinstance(exc, KeyboardInterrupt | SystemExit):
-                interrupt = interrupt or exc
+                op._wake_awaiters()
+                raise
         future = op._future
         if future is not None and not future.done():
             future.set_result(None)
-        if interrupt is not None:
-            raise interrupt
     return expired
+
+
+def _expired_then_raise(op: DelayedOperation[Any], interrupt: BaseException) -> None:
+    """`op`'s `on_complete` raised an interrupt as it expired: finish the expiry (its
+    `on_expiration`, its awaiters), then let the interrupt go on."""
+    try:
+        op.on_expiration()
+    except BaseException as exc:  # noqa: BLE001 - reported; the interrupt goes on
+        report_exception(f"{type(op).__qualname__}.on_expiration raised", exc, operation=op)
+    op._wake_awaiters()
+    raise interrupt

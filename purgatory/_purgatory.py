@@ -196,7 +196,6 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_completed",
         "_delayed",
         "_driven",
-        "_estimated",
         "_expired",
         "_in_flight",
         "_lists",
@@ -205,6 +204,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_max_pending",
         "_max_timeout",
         "_name",
+        "_owed",
         "_owner_thread",
         "_passes",
         "_purge_interval",
@@ -264,10 +264,13 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._lists: WatcherLists[Op] = WatcherLists()
         # The purge queue of the lists, shared by protocol (see `purgatory._watchers`).
         self._purge_queue = self._lists.queue
-        # Kafka's purge rule: operations registered since the last purge (``estimated``)
-        # against those in the timer (``numDelayed``); the wheel keeps no count of its own.
+        # Kafka's purge rule: purge once ``estimated - numDelayed > purgeInterval``, where
+        # ``estimated`` counts the operations registered since the last purge. `_owed` is that
+        # difference, kept as it changes: a registered operation that enters the timer leaves
+        # it unchanged, so the watch path pays nothing for it. The wheel keeps no count of its
+        # own: `_delayed` is numDelayed.
         self._purge_interval = purge_interval
-        self._estimated = 0
+        self._owed = 0
         self._delayed = 0
         self._purging = False
         # Due lists of the timer passes under way, so that a shutdown inside one cancels them.
@@ -402,13 +405,13 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._refuse(op)
             raise
         op._owner = self
-        self._estimated += 1
         try:
             if state & ASYNC:
                 self._attempt(op)
             else:
                 claimed = op.try_complete()
                 if op._state & FINISHED:
+                    self._owed += 1  # registered, never timed
                     return True
                 if claimed:
                     report_false_claim(op, claimed)
@@ -689,9 +692,11 @@ class DelayedOperationPurgatory(Generic[Op]):
         )
         expired = 0
         if due:
-            self._delayed -= len(due)
+            taken = len(due)
+            self._delayed -= taken
+            self._owed += taken
             expired = self._expire(due)
-        if self._purging or self._estimated - self._delayed > self._purge_interval:
+        if self._purging or self._owed > self._purge_interval:
             if not self._purging:
                 self._purging = True
                 self._reset_estimate()
@@ -703,7 +708,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         """Kafka's ``estimated = numDelayed`` as a purge starts. Operations a timer pass under
         way took from the wheel but has not expired yet still count: they finish after this
         purge, so the next one must see them."""
-        self._estimated = self._delayed + sum(map(len, self._in_flight))
+        self._owed = sum(map(len, self._in_flight))
 
     def _expire(self, due: list[Op]) -> int:
         """Expire the pending operations of `due` (see `expire_due`); if a callback interrupts
@@ -723,6 +728,7 @@ class DelayedOperationPurgatory(Generic[Op]):
                     if not op._state & FINISHED:
                         wheel.add(op, op._deadline)
                         self._delayed += 1
+                        self._owed -= 1
             raise
         finally:
             in_flight.pop()
@@ -731,7 +737,7 @@ class DelayedOperationPurgatory(Generic[Op]):
 
     def _next_timer_pass(self) -> float:
         """The tick at which a timer pass next has work; ``math.inf`` if none."""
-        if self._purging or self._estimated - self._delayed > self._purge_interval:
+        if self._purging or self._owed > self._purge_interval:
             return self._wheel.current_tick
         return self._wheel.next_deadline()
 
@@ -754,14 +760,15 @@ class DelayedOperationPurgatory(Generic[Op]):
             del bucket[op]
             op._bucket = None
             self._delayed -= 1
+            self._owed += 1
+            if self._owed > self._purge_interval:
+                self._purge_due()
         if outcome == "completed":
             self._completed += 1
         else:
             self._cancelled += 1
         if op._listed:  # the purge-queue protocol (`purgatory._watchers`)
             self._purge_queue[op] = None
-        if self._estimated - self._delayed > self._purge_interval:
-            self._purge_due()
         if self._log is not None:
             self._record_end(op, outcome)
 
