@@ -17,9 +17,10 @@ on paths that run once per operation. Each field has one writer:
   that failed). It is how the operation reaches the purgatory, with one call, ``_owner._settled(
   op, outcome)``, when it completes or is cancelled (`Owner`); the operation knows nothing else
   of it (Kafka's operation knows nothing of its purgatory).
-- ``_bucket``, ``_deadline``: the timing wheel (`purgatory._wheel.TimerEntry`); ``_bucket`` is
-  ``None`` from construction until the wheel takes the operation.
-- ``_keys``, ``_listed``, ``_marks``: the watcher lists (`purgatory._watchers`), which set them
+- ``_bucket``, ``_deadline``: the timing wheel's `TimerEntry` protocol (in ``_wheel.py``):
+  ``_bucket`` is ``None`` from construction until the wheel takes the operation, and the
+  purgatory takes a settled operation out of its bucket by the two steps that protocol names.
+- ``_keys``, ``_listed``, ``_marks``: the watcher lists (`_watchers.py`), which set them
   when they register the operation.
 
 Only the fields every operation needs from birth are written in ``__init__``; the others are
@@ -32,7 +33,7 @@ import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Generator
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from ._asyncio import (
     CancelledError,
@@ -41,9 +42,6 @@ from ._asyncio import (
     report_exception,
 )
 from ._errors import OperationCancelled, PurgatoryClosed
-
-if TYPE_CHECKING:
-    from ._wheel import Bucket
 
 __all__ = ("DelayedOperation", "Owner", "expire_due")
 
@@ -139,7 +137,7 @@ class DelayedOperation(ABC, Generic[T_co]):
         self._timeout = timeout
         self._state = 0
         self._owner: Owner | None = None
-        self._bucket: Bucket | None = None
+        self._bucket: Any = None  # the timing wheel's (its `TimerEntry` protocol)
         self._future: Any = None
 
     # -- the three methods to implement -------------------------------------------------------
