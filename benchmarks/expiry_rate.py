@@ -19,16 +19,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import gc
+import json
 import math
+import platform
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from .baselines import LeanFutureTimer
 from .ours import OursTarget
 
-__all__ = ("main", "p99_lateness_ms", "sustained_rate")
+__all__ = ("load", "main", "p99_lateness_ms", "sustained_rate", "target_row")
+
+RESULTS_JSON = Path(__file__).with_name("expiry_rate.json")
 
 Factory = Callable[[], Any]
 CONTENDERS: dict[str, Factory] = {"ours": OursTarget, "A-lean": LeanFutureTimer}
@@ -109,6 +115,51 @@ def sustained_rate(
     return low, tried
 
 
+def load() -> dict[str, Any] | None:
+    """The committed figures, if any."""
+    if not RESULTS_JSON.exists():
+        return None
+    results: dict[str, Any] = json.loads(RESULTS_JSON.read_text())
+    return results
+
+
+def target_row(results: dict[str, Any]) -> list[str]:
+    """The targets table's row: the rate each contender sustains, ours beside A-lean's."""
+    rates = results["rates"]
+    ours, lean = rates.get("ours"), rates.get("A-lean")
+    measured = f"ours {ours:,.0f}/s" if ours is not None else "ours not measured"
+    if lean:
+        measured += f", A-lean {lean:,.0f}/s"
+        if ours is not None:
+            measured += f" ({ours / lean:.2f}x)"
+    measured += f" (`benchmarks.expiry_rate`, {results['date']})"
+    return [
+        f"Expirations per second one core sustains with p99 lateness <= {results['limit_ms']:g} ms",
+        "reported, beside A-lean",
+        measured,
+        "reported",
+    ]
+
+
+def _write(args: argparse.Namespace, found: dict[str, float], tried: dict[str, Any]) -> None:
+    from .report import render_markdown
+
+    here = Path(__file__).parent
+    results = load() or {"rates": {}, "tried": {}}
+    results.update(
+        date=datetime.date.today().isoformat(),
+        python=platform.python_version(),
+        limit_ms=args.limit_ms,
+        seconds=args.seconds,
+        timeout=args.timeout,
+    )
+    results["rates"].update(found)
+    results["tried"].update(tried)
+    RESULTS_JSON.write_text(json.dumps(results, indent=2) + "\n")
+    main_results = json.loads((here / "results.json").read_text())
+    (here / "RESULTS.md").write_text(render_markdown(main_results, "w2.png"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.expiry_rate",
@@ -122,12 +173,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--contenders", nargs="+", choices=sorted(CONTENDERS), default=list(CONTENDERS)
     )
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help=f"keep the figures in {RESULTS_JSON.name} and the target row in RESULTS.md",
+    )
     args = parser.parse_args(argv)
     found: dict[str, float] = {}
+    tried: dict[str, Any] = {}
     for name in args.contenders:
         print(f"{name}:", flush=True)
         began = time.monotonic()
-        found[name], _ = sustained_rate(
+        found[name], tried[name] = sustained_rate(
             CONTENDERS[name],
             seconds=args.seconds,
             timeout=args.timeout,
@@ -139,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  sustained {found[name]:,.0f}/s ({time.monotonic() - began:.0f} s)", flush=True)
     if "ours" in found and "A-lean" in found and found["A-lean"]:
         print(f"ours / A-lean: {found['ours'] / found['A-lean']:.2f}x")
+    if args.write:
+        _write(args, found, tried)
     return 0
 
 

@@ -269,7 +269,10 @@ class WatcherLists(Generic[Op]):
             self._tidy(key, ops, single)
             raise
         if single is None:
-            if not ops and lists.get(key) is ops:
+            # Emptied? (`not ops` would call ThresholdWatchers.__len__, a Python call per trigger.)
+            plain_keyed = type(ops) is dict
+            emptied = not ops if plain_keyed else not (ops.plain or ops.cells)  # type: ignore[union-attr]
+            if emptied and lists.get(key) is ops:
                 del lists[key]
         elif single._state & FINISHED and lists.get(key) is ops:  # (`ops` is `single`)
             del lists[key]  # the common end of a lone watcher's trigger, inlined
