@@ -7,13 +7,20 @@ operations are left on the lists of their other keys and removed in bulk by a *p
 timer pass once enough have piled up (``purge_interval``), because removing them eagerly from
 every list would cost more than the rare purge.
 
-Ours, added: watchers at a threshold (see `purgatory._watchers`), so a trigger that carries the
-value reached re-tries only the operations that can now complete. The purge visits only the
+Ours, added: watchers at a threshold (see `purgatory._thresholds`), so a trigger that carries
+the value reached re-tries only the operations that can now complete. The purge visits only the
 operations that finished while still on a list, not every watched entry, so its cost follows the
 garbage, not the number of pending operations; on the event loop it runs in bounded slices, so a
 burst of garbage never stalls the expirations. The purgatory holds an operation only while a
 list or the timer does: one that has left them all is forgotten at once, whatever its result.
 
+The purgatory is a facade over parts that each own their state: `WatcherLists` (every key's
+watchers, the trigger loop, cancel, the purge; `purgatory._watchers`), the `TimingWheel`
+(`purgatory._wheel`) and the operations themselves (`purgatory._operation`, whose docstring lists
+which fields of an operation belong to whom). It checks arguments, binds to a loop, composes the
+parts, counts the gauges, decides when to purge (Kafka's rule) and runs the timer pass. An
+operation reaches it through one call when it settles (`_settled`); everything else goes from
+the facade down.
 """
 
 from __future__ import annotations
