@@ -23,7 +23,6 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 import pytest
-import yaml
 from markdown_blocks import FENCE, ROOT, chains, run_chain
 
 import purgatory
@@ -271,10 +270,17 @@ def test_the_license_is_in_both(wheel: Path, sdist: Path) -> None:
     assert metadata.get_all("License-File") == ["LICENSE"]
 
 
+def mkdocs_setting(key: str) -> str:
+    """A top-level ``key: value`` of mkdocs.yml."""
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    match = re.search(rf"^{key}: (\S+)$", config, re.MULTILINE)
+    assert match, f"mkdocs.yml has no {key}"
+    return match[1]
+
+
 def published_urls() -> tuple[str, str]:
     """The documentation site's and the repository's URLs, as mkdocs.yml gives them."""
-    config = yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=yaml.BaseLoader)
-    site, repo = config["site_url"], config["repo_url"]
+    site, repo = mkdocs_setting("site_url"), mkdocs_setting("repo_url")
     assert site.startswith("https://"), site
     assert site.endswith("/"), site
     assert repo.startswith("https://"), repo
