@@ -46,14 +46,17 @@ __all__ = (
 
 T = TypeVar("T")
 
-#: An ASGI event, as ``receive()`` returns it (the same type as Starlette's ``Message``).
 Message: TypeAlias = MutableMapping[str, Any]
-#: An ASGI ``receive`` callable (the same type as Starlette's ``Receive``).
-Receive: TypeAlias = Callable[[], Awaitable[Message]]
+"""An ASGI event, as ``receive()`` returns it (the same type as Starlette's ``Message``)."""
 
-#: nginx's status for "client closed request", for the response to a client that is gone (an
-#: ASGI server drops whatever is sent after the disconnect; the status only shows in logs).
+Receive: TypeAlias = Callable[[], Awaitable[Message]]
+"""An ASGI ``receive`` callable (the same type as Starlette's ``Receive``)."""
+
 CLIENT_CLOSED_REQUEST: Final = 499
+"""nginx's status for "client closed request", for the response to a client that is gone.
+
+An ASGI server drops whatever is sent after the disconnect; the status only shows in logs.
+"""
 
 
 class ClientDisconnected(Exception):
