@@ -1,8 +1,8 @@
 """Tie a parked request to its HTTP connection, for handlers served by an ASGI server.
 
 A long-poll handler parks its request with ``await purgatory.watch(op, keys)``. Cancelling the
-task that awaits ``watch`` cancels the operation, but most ASGI servers (uvicorn with Starlette
-or FastAPI among them) do **not** cancel a handler whose client went away: they report the
+task that awaits ``watch`` cancels the operation, but an ASGI server need not cancel a handler
+whose client went away, and uvicorn (serving Starlette or FastAPI) does not: it reports the
 disconnect only as an ``http.disconnect`` message from ``receive()``, which a handler parked in
 ``watch`` never calls. The operation then stays in the purgatory until it completes or expires,
 and the answer is written to nobody.
