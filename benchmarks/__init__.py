@@ -1,4 +1,4 @@
-"""Benchmarks of purgatory against the baselines of shared/WORKLOAD.md.
+"""Benchmarks of purgatory against hand-written asyncio baselines (see ``baselines``).
 
 Run ``python -m benchmarks`` (``--help`` for the options). Modules, one job each:
 

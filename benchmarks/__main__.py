@@ -59,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="purgatory benchmarks: W1 (Kafka's TestPurgatoryPerformance) and W2 "
-        "(pending-count scaling) against baselines A, B, C and the Floor (shared/WORKLOAD.md).",
+        "(pending-count scaling) against hand-written asyncio baselines A, A-lean, B, C and "
+        "the Floor.",
     )
     parser.add_argument("--quick", action="store_true", help="short smoke run (about a minute)")
     parser.add_argument(

@@ -1,4 +1,4 @@
-"""The baselines of WORKLOAD.md, written the way a careful asyncio user would write them.
+"""The baselines, written the way a careful asyncio user would write them.
 
 - **A** (`FutureTimer`): one ``asyncio.Future`` per request, ``loop.call_later`` for its timeout and
   ``dict[key, list[waiter]]``; completion cancels the timer handle and sets the result. A finished

@@ -16,7 +16,7 @@ between two rows is the price of that step at N pending:
 - ``watch``: the public ``try_complete_else_watch`` itself; the difference to ``+wheel`` is the
   validation and bookkeeping around the steps (state checks, loop binding check, event-log hook,
   ``max_pending``, the reaper's wake-up check).
-- ``watch at threshold``: the same with ``{key: threshold}``, the threshold path of issue 8.
+- ``watch at threshold``: the same with ``{key: threshold}``, the threshold path.
 
 Every variant runs with the cyclic GC enabled (as in W2) and disabled; the difference is the GC's
 share. CPU time (``time.process_time``) per operation, median over the repetitions. The variants

@@ -1,4 +1,4 @@
-"""Would expiring in bounded slices lower W2's expiry lateness? (issue 8, item 5)
+"""Would expiring in bounded slices lower W2's expiry lateness?
 
 ``python -m benchmarks.expiry_slices [--n 1000000] [--repeat 3] [--slice 4096]`` runs W2's
 expiry phase for our purgatory alone: N operations on keys of their own, deadlines uniform in

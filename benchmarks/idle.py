@@ -1,6 +1,6 @@
 """Idle cost: how often the reaper wakes the loop when little or nothing is due.
 
-The target (issue 3): a purgatory with nothing due wakes the loop no more than once per
+The target: a purgatory with nothing due wakes the loop no more than once per
 ``max(1 s, next deadline)``, and with sparse operations the reaper wakes once per due bucket, not
 once per tick. Counted with ``statistics().timer_passes`` (one per reaper wake-up) on the stock
 asyncio loop, in real time:

@@ -1,4 +1,4 @@
-"""W1: Kafka's ``TestPurgatoryPerformance``, asyncio edition (see WORKLOAD.md).
+"""W1: Kafka's ``TestPurgatoryPerformance``, asyncio edition.
 
 An open-loop generator issues requests at Poisson arrival times for a target rate, catching up in
 bounded bursts when it is behind; each request is watched on 3 distinct keys of a key space for

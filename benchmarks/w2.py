@@ -1,4 +1,4 @@
-"""W2: N operations pending at once (see WORKLOAD.md).
+"""W2: N operations pending at once.
 
 One repetition, on a fresh loop:
 

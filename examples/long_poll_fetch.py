@@ -7,9 +7,12 @@ that topic with ``check_and_complete(topic, size)``: each fetch watches its topi
 the topic must reach to satisfy it, so a produce re-tries only those it may satisfy.
 ``GET /stats`` shows the purgatory's gauges and counters.
 
-A parked fetch is tied to its client's connection (`cancel_on_disconnect`): Starlette on uvicorn
-does not cancel a handler whose client went away, so without the tie an abandoned fetch would stay
-in the purgatory until its ``max_wait_ms``. ``docs/long-poll.md`` explains why and what it costs.
+A parked fetch is tied to its client's connection (``purgatory.asgi.cancel_on_disconnect``):
+Starlette on uvicorn does not cancel a handler whose client went away, so without the tie an
+abandoned fetch would stay in the purgatory until its ``max_wait_ms``. The service (the logs and
+the purgatory) is created in the application's lifespan and kept on ``app.state``, so each start
+of the application gets a purgatory of its own. The documentation's "Long-poll over HTTP" page
+explains why and what it costs.
 
 Run (needs the ``examples`` extra: ``pip install -e '.[examples]'``):
 ``python examples/long_poll_fetch.py --port 8080``, then for instance
@@ -20,80 +23,18 @@ Run (needs the ``examples`` extra: ``pip install -e '.[examples]'``):
 from __future__ import annotations
 
 import argparse
-import asyncio
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TypeVar
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory, OperationCancelled
-
-T = TypeVar("T")
-
-#: nginx's status for "client closed request"; uvicorn drops it, as the client is gone.
-CLIENT_CLOSED_REQUEST = 499
-
-
-class ClientDisconnected(Exception):
-    """The client closed its connection before the awaited outcome was ready."""
-
-
-async def wait_for_disconnect(receive: Receive) -> None:
-    """Return once the ASGI server reports that the client closed the connection.
-
-    An ASGI server tells the application about a disconnect only through ``receive()``: after
-    the request body, the next ``receive()`` blocks until it returns ``http.disconnect`` (uvicorn
-    also returns it once the response is sent, so this never outlives the request).
-    """
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def cancel_on_disconnect(receive: Receive, awaitable: Awaitable[T]) -> T:
-    """Await `awaitable`, but cancel it and raise `ClientDisconnected` if the client goes first.
-
-    Starlette on uvicorn keeps running a handler whose client disconnected, so a handler that
-    simply awaits ``purgatory.watch(...)`` keeps its operation parked (counted by ``watched()``
-    and ``num_delayed()``, holding its timer entry and whatever it references) until the
-    operation completes or expires, and then writes its answer to nobody. Racing the watch
-    against the disconnect and cancelling the loser ties the operation to the connection:
-    cancelling the task that awaits ``watch`` cancels the operation, which leaves the timer at
-    once (``statistics().cancelled`` counts it).
-
-    Cost: two Tasks per parked request (the watch and the listener), on top of the handler's
-    own; the purgatory itself still has no task or timer per operation.
-
-    Args:
-        receive: The request's ASGI ``receive`` (``request.receive`` in Starlette). The caller
-            must have read the request body already, since this consumes ``receive``.
-        awaitable: What to wait for, typically ``purgatory.watch(op, keys)``.
-
-    Raises:
-        ClientDisconnected: The client closed the connection first; `awaitable` was cancelled.
-    """
-    watching = asyncio.ensure_future(awaitable)
-    listening = asyncio.ensure_future(wait_for_disconnect(receive))
-    try:
-        await asyncio.wait((watching, listening), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        # Also reached when this handler itself is cancelled (a server that does cancel, or a
-        # forced shutdown): neither task may outlive it.
-        listening.cancel()
-        if not watching.done():
-            watching.cancel()
-    if not watching.done():
-        # Let the watch see its cancellation now, so the operation is gone on return.
-        await asyncio.wait((watching,))
-        listening.result()  # re-raises if receive() itself failed
-        raise ClientDisconnected
-    return watching.result()
+from purgatory.asgi import CLIENT_CLOSED_REQUEST, ClientDisconnected, cancel_on_disconnect
 
 
 class TopicLog:
@@ -151,7 +92,7 @@ class DelayedFetch(DelayedOperation[dict[str, object]]):
 
 
 class FetchService:
-    """The log, the fetch purgatory and the two handlers.
+    """The logs and the fetch purgatory: one per start of the application (see `make_app`).
 
     Args:
         tie_to_connection: Cancel a parked fetch when its client disconnects (the right thing;
@@ -167,54 +108,59 @@ class FetchService:
         )
         self.tie_to_connection = tie_to_connection
 
-    async def fetch(self, request: Request) -> Response:
-        query = request.query_params
-        topic = query["topic"]
-        fetch = DelayedFetch(
-            self.logs[topic],
-            topic,
-            offset=int(query.get("offset", "0")),
-            min_bytes=int(query.get("min_bytes", "1")),
-            max_wait=int(query.get("max_wait_ms", "500")) / 1000,
-        )
-        # A threshold watch: a produce re-tries only the fetches its bytes may satisfy.
-        watching = self.purgatory.watch(fetch, {topic: fetch.threshold})
-        try:
-            if self.tie_to_connection:
-                result = await cancel_on_disconnect(request.receive, watching)
-            else:
-                result = await watching
-        except ClientDisconnected:
-            return Response(status_code=CLIENT_CLOSED_REQUEST)
-        except OperationCancelled as exc:  # cancel_for_key, or the purgatory shut down
-            return JSONResponse({"error": f"fetch cancelled: {exc}"}, status_code=503)
-        return JSONResponse({**result, "expired": fetch.is_expired})
 
-    async def produce(self, request: Request) -> Response:
-        topic = request.query_params["topic"]
-        log = self.logs[topic]
-        offset = log.append(await request.body())
-        woken = self.purgatory.check_and_complete(topic, log.size)
-        return JSONResponse({"offset": offset, "woken": woken})
+def service_of(request: Request) -> FetchService:
+    """The running application's service, which its lifespan put on ``app.state``."""
+    service: FetchService = request.app.state.service
+    return service
 
-    async def stats(self, request: Request) -> Response:
-        """The purgatory's gauges and counters, to watch abandoned fetches come and go."""
-        stats = self.purgatory.statistics()
-        return JSONResponse(
-            {
-                "watched": stats.watched,
-                "delayed": stats.delayed,
-                "completed": stats.completed,
-                "expired": stats.expired,
-                "cancelled": stats.cancelled,
-            }
-        )
 
-    @asynccontextmanager
-    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        """Shut the purgatory down with the application: its reaper stops, waiters get 503."""
-        async with self.purgatory:
-            yield
+async def fetch(request: Request) -> Response:
+    service = service_of(request)
+    query = request.query_params
+    topic = query["topic"]
+    fetch = DelayedFetch(
+        service.logs[topic],
+        topic,
+        offset=int(query.get("offset", "0")),
+        min_bytes=int(query.get("min_bytes", "1")),
+        max_wait=int(query.get("max_wait_ms", "500")) / 1000,
+    )
+    # A threshold watch: a produce re-tries only the fetches its bytes may satisfy.
+    watching = service.purgatory.watch(fetch, {topic: fetch.threshold})
+    try:
+        if service.tie_to_connection:
+            result = await cancel_on_disconnect(request.receive, watching)
+        else:
+            result = await watching
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    except OperationCancelled as exc:  # cancel_for_key, or the purgatory shut down
+        return JSONResponse({"error": f"fetch cancelled: {exc}"}, status_code=503)
+    return JSONResponse({**result, "expired": fetch.is_expired})
+
+
+async def produce(request: Request) -> Response:
+    service = service_of(request)
+    topic = request.query_params["topic"]
+    log = service.logs[topic]
+    offset = log.append(await request.body())
+    woken = service.purgatory.check_and_complete(topic, log.size)
+    return JSONResponse({"offset": offset, "woken": woken})
+
+
+async def stats(request: Request) -> Response:
+    """The purgatory's gauges and counters, to watch abandoned fetches come and go."""
+    stats = service_of(request).purgatory.statistics()
+    return JSONResponse(
+        {
+            "watched": stats.watched,
+            "delayed": stats.delayed,
+            "completed": stats.completed,
+            "expired": stats.expired,
+            "cancelled": stats.cancelled,
+        }
+    )
 
 
 async def bad_request(request: Request, exc: Exception) -> Response:
@@ -222,20 +168,31 @@ async def bad_request(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=400)
 
 
-def make_app(service: FetchService | None = None) -> Starlette:
-    """The ASGI application (``uvicorn --factory examples.long_poll_fetch:make_app`` works)."""
-    service = service or FetchService()
-    app = Starlette(
+def make_app(*, tie_to_connection: bool = True, purge_interval: int = 1000) -> Starlette:
+    """The ASGI application (``uvicorn --factory examples.long_poll_fetch:make_app`` works).
+
+    Each start of the application (its lifespan) creates a new `FetchService`, puts it on
+    ``app.state.service`` and shuts its purgatory down when the application stops: waiters get
+    503, and a later start (a second test client on the same application) gets a new one.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        app.state.service = FetchService(
+            tie_to_connection=tie_to_connection, purge_interval=purge_interval
+        )
+        async with app.state.service.purgatory:
+            yield
+
+    return Starlette(
         routes=[
-            Route("/fetch", service.fetch, methods=["GET"]),
-            Route("/produce", service.produce, methods=["POST"]),
-            Route("/stats", service.stats, methods=["GET"]),
+            Route("/fetch", fetch, methods=["GET"]),
+            Route("/produce", produce, methods=["POST"]),
+            Route("/stats", stats, methods=["GET"]),
         ],
         exception_handlers={KeyError: bad_request, ValueError: bad_request},
-        lifespan=service.lifespan,
+        lifespan=lifespan,
     )
-    app.state.service = service
-    return app
 
 
 if __name__ == "__main__":

@@ -2,8 +2,19 @@
 
 An asyncio-native port of Apache Kafka's ``DelayedOperationPurgatory``: a hierarchical timing
 wheel driven by one reaper coroutine, keyed watcher lists, and `DelayedOperation` subclasses
-that are awaitable. The README has an example; the documentation (the repository's ``docs/``,
-a site that ``make docs`` builds) has the contract, in ``docs/contract.md``.
+that are awaitable. Subclass `DelayedOperation`, park it with ``await purgatory.watch(op, keys)``
+on a `DelayedOperationPurgatory`, and call ``check_and_complete(key)`` when what it waits for
+may have changed.
+
+Documentation (getting started, the contract, the API reference, a page per use):
+https://asyncio-purgatory.github.io/asyncio-purgatory/
+
+Source, examples and issues: https://github.com/asyncio-purgatory/asyncio-purgatory (the source
+distribution carries the documentation's sources, ``docs/``, too).
+
+Modules: ``purgatory.testing`` (`ManualClock`, ``check_invariants``: virtual time for tests),
+``purgatory.asgi`` (``cancel_on_disconnect``: tie a parked request to its HTTP connection) and
+``purgatory.pipeline`` (Spark jobs; the ``spark`` extra).
 """
 
 from __future__ import annotations

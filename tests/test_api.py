@@ -25,7 +25,7 @@ from purgatory.testing import ManualClock, check_invariants
 
 def test_all_is_exactly_the_public_names() -> None:
     public = {name for name in vars(purgatory) if not name.startswith("_")}
-    public -= {"annotations", "testing", "pipeline"}
+    public -= {"annotations", "testing", "pipeline", "asgi"}
     assert set(purgatory.__all__) == public
     assert isinstance(purgatory.__all__, tuple)
     for name in purgatory.__all__:
@@ -37,7 +37,7 @@ def test_import_pulls_in_only_the_standard_library() -> None:
     code = (
         "import sys\n"
         "before = set(sys.modules)\n"
-        "import purgatory, purgatory.testing\n"
+        "import purgatory, purgatory.testing, purgatory.asgi\n"
         "names = {m.split('.')[0] for m in set(sys.modules) - before}\n"
         "print(sorted(n for n in names if n not in sys.stdlib_module_names "
         "and n not in ('purgatory', '__main__')))\n"

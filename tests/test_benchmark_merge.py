@@ -1,4 +1,4 @@
-"""``python -m benchmarks --merge`` and the report's issue-8 rows, on the committed JSON.
+"""``python -m benchmarks --merge`` and the report's W1-threshold rows, on the committed JSON.
 
 Measures nothing: a partial run is simulated by editing a copy of ``benchmarks/results.json``.
 """
@@ -113,7 +113,9 @@ def test_threshold_targets_judge_against_a_and_w1_force() -> None:
 
     fast = render_markdown(_with_threshold_rows(results, max(1.6 * a_rate, 150_000)), None)
     assert target_row(fast, "W1-threshold 20/60: rate vs A's W1-key rate").endswith("| met |")
-    assert target_row(fast, "W1-threshold 20/60: rate sustained (issue 8)").endswith("| met |")
+    assert target_row(
+        fast, "W1-threshold 20/60: rate sustained (threshold watchers target)"
+    ).endswith("| met |")
     cpu = target_row(fast, "W1-threshold 20/60: CPU per request vs W1-force 20/60")
     assert cpu.endswith("| met |")
 

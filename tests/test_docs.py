@@ -21,6 +21,7 @@ import pytest
 from markdown_blocks import ROOT, Block, chains, doc_files, examples, parse, run_chain
 
 import purgatory
+import purgatory.asgi
 import purgatory.testing
 
 CHAINS = [chain for path in doc_files() for chain in chains(path)]
@@ -29,6 +30,8 @@ NOT_RUN = [block for block in BLOCKS if block.not_run is not None]
 EXAMPLES = [(path, example) for path in doc_files() for example in examples(path)]
 # What users never see: the project's internal notes live outside the repository.
 OUTSIDE = re.compile(r"shared/|\bAPI\.md|\bSTYLE\.md|\bWORKLOAD\.md")
+# ... and its issue tracker is not theirs: "as issue 7 reported" means nothing to a reader.
+INTERNAL = re.compile(r"\bissues? \d+|\bissue-\d+|\bissues \d+ and \d+", re.IGNORECASE)
 
 
 def test_every_page_has_runnable_code_and_few_exceptions() -> None:
@@ -82,7 +85,7 @@ def test_shown_examples_exist_and_are_tested() -> None:
 
 
 def test_readme_blocks_stand_alone() -> None:
-    """Issue 7 item 12: each README block works when copied on its own."""
+    """Each README block works when copied on its own."""
     readme = [block for block in BLOCKS if block.path.name == "README.md"]
     assert readme
     assert not [block.where for block in readme if block.continues or block.not_run]
@@ -124,7 +127,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_api_reference_documents_every_public_name(site: Path) -> None:
     api_source = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
     api_html = (site / "api.html").read_text(encoding="utf-8")
-    for module in (purgatory, purgatory.testing):
+    for module in (purgatory, purgatory.testing, purgatory.asgi):
         for name in module.__all__:
             qualified = f"{module.__name__}.{name}"
             assert f"::: {qualified}\n" in api_source, f"{qualified} missing from docs/api.md"
@@ -217,3 +220,83 @@ def test_the_package_reports_only_as_the_errors_page_says() -> None:
             if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("getLogger"):
                 names = [ast.literal_eval(arg) for arg in node.args]
                 assert names == ["purgatory"], f"{where} logs on {names}"
+
+
+def test_what_users_read_names_no_internal_issue() -> None:
+    """No issue number where a user reads: the docs, the changelog, the package, the examples,
+    the benchmark reports the docs point to, and ``python -m benchmarks --help``."""
+    sources = [*doc_files(), ROOT / "CHANGELOG.md", *sorted((ROOT / "benchmarks").glob("*.md"))]
+    for directory in ("purgatory", "examples"):
+        sources += sorted((ROOT / directory).rglob("*.py"))
+    found = {
+        path.relative_to(ROOT).as_posix(): INTERNAL.findall(path.read_text(encoding="utf-8"))
+        for path in sources
+    }
+    assert not {name: hits for name, hits in found.items() if hits}
+    helped = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert "W1" in helped
+    assert not INTERNAL.findall(helped)
+    assert not OUTSIDE.findall(helped)
+
+
+def test_internal_reference_pattern() -> None:
+    """The pattern above catches the phrasings that were found, and not ordinary prose."""
+    for text in ("as issue 7 reported", "(issue 8)", "the issue-8 targets", "Issues 7 and 8"):
+        assert INTERNAL.search(text), text
+    for text in ("an issue with 3 keys", "issues and pull requests", "tissue 4"):
+        assert not INTERNAL.search(text), text
+
+
+def test_the_built_site_names_no_internal_issue(site: Path) -> None:
+    for page in site.rglob("*.html"):
+        found = INTERNAL.findall(page.read_text(encoding="utf-8"))
+        assert not found, f"built {page.relative_to(site)} refers to {found}"
+
+
+def test_the_site_ships_no_build_leftovers(site: Path) -> None:
+    """Only what a reader's browser needs: no tool settings, caches, build hooks or sources."""
+    files = [path.relative_to(site) for path in site.rglob("*") if path.is_file()]
+    assert len(files) > 20, files
+    leftovers = [
+        path.as_posix()
+        for path in files
+        if path.suffix in {".py", ".pyc", ".toml", ".cfg", ".ini", ".md"}
+        or any(part.startswith(".") or part == "__pycache__" for part in path.parts)
+    ]
+    assert not leftovers
+
+
+def test_the_site_searches_from_the_disk(site: Path) -> None:
+    """``make docs`` says to open build/site/index.html: search must work from file:// too.
+
+    From file:// a page can load scripts but not fetch JSON, nor start a Web Worker. The offline
+    plugin writes the search index as a script as well, the theme loads that script when the
+    page is a file, and the Worker shim (served from the site itself, not from a CDN) starts the
+    search worker there. Nothing a page loads comes from the network.
+    """
+    index = (site / "search" / "search_index.js").read_text(encoding="utf-8")
+    assert index.startswith("var __index = {")
+    (bundle,) = (site / "assets" / "javascripts").glob("bundle.*.min.js")
+    assert "search/search_index.js" in bundle.read_text(encoding="utf-8")
+    shim = "assets/javascripts/iframe-worker-shim.js"
+    assert "window.Worker" in (site / shim).read_text(encoding="utf-8")
+    # 404.html is for a web server (its links are absolute paths); the disk never shows it.
+    pages = sorted(page for page in site.glob("*.html") if page.name != "404.html")
+    assert len(pages) > 10
+    for page in pages:
+        html = page.read_text(encoding="utf-8")
+        assert f'<script src="{shim}">' in html, page.name
+        assert 'class="md-search"' in html, page.name
+        fetched = re.findall(
+            r"<script[^>]* src=\"(https?:[^\"]+)|<link[^>]* href=\"(https?:[^\"]+)", html
+        )
+        remote = [url for script, link in fetched for url in (script, link) if url]
+        canonical = [url for url in remote if f'rel="canonical" href="{url}"' in html]
+        assert remote == canonical, f"{page.name} loads {remote} from the network"

@@ -19,15 +19,14 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from starlette.types import Message
+from starlette.applications import Starlette
 
 from examples import long_poll_fetch, produce_acks_all
-from purgatory import DelayedOperationPurgatory
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 #: Every wait in these tests is bounded by this, so a broken server fails instead of hanging.
 BOUND = 10
-#: Concurrent long-polls that disconnect; issue 7 saw the leak with 300, 50 shows it as well.
+#: Concurrent long-polls that disconnect; the leak shows with 300 as with 50.
 CLIENTS = 50
 
 
@@ -69,11 +68,11 @@ async def until(condition: Callable[[], bool], what: str) -> None:
 
 @asynccontextmanager
 async def serving(
-    service: long_poll_fetch.FetchService,
-) -> AsyncIterator[tuple[uvicorn.Server, str]]:
-    """Run the example's app under uvicorn on a free 127.0.0.1 port; yield it and its URL."""
+    app: Starlette,
+) -> AsyncIterator[tuple[uvicorn.Server, str, long_poll_fetch.FetchService]]:
+    """Run `app` under uvicorn on a free 127.0.0.1 port; yield it, its URL and its service."""
     config = uvicorn.Config(
-        long_poll_fetch.make_app(service),
+        app,
         host="127.0.0.1",
         port=0,  # the kernel picks a free port
         lifespan="on",
@@ -87,8 +86,9 @@ async def serving(
     await until(lambda: server.started or running.done(), "started")
     assert server.started, "uvicorn did not start"
     port = server.servers[0].sockets[0].getsockname()[1]
+    service: long_poll_fetch.FetchService = app.state.service  # the lifespan made it
     try:
-        yield server, f"http://127.0.0.1:{port}"
+        yield server, f"http://127.0.0.1:{port}", service
     finally:
         server.should_exit = True
         await asyncio.wait_for(running, BOUND)
@@ -108,9 +108,8 @@ def client() -> httpx.AsyncClient:
 
 @pytest.mark.asyncio
 async def test_long_poll_fetch_over_real_http() -> None:
-    service = long_poll_fetch.FetchService()
-    purgatory = service.purgatory
-    async with serving(service) as (_, base), client() as http:
+    async with serving(long_poll_fetch.make_app()) as (_, base, service), client() as http:
+        purgatory = service.purgatory
         parked = asyncio.create_task(
             http.get(f"{base}/fetch", params={"topic": "t", "min_bytes": 10, "max_wait_ms": 20000})
         )
@@ -138,6 +137,26 @@ async def test_long_poll_fetch_over_real_http() -> None:
         assert purgatory.num_delayed() == 0
         stats = purgatory.statistics()
         assert (stats.completed, stats.expired, stats.cancelled) == (1, 1, 0)
+
+
+@pytest.mark.asyncio
+async def test_the_app_starts_again_with_a_new_purgatory() -> None:
+    """The lifespan creates the purgatory: a second start of one app object works as the first.
+
+    (A purgatory created once, at import, is closed by the first shutdown: the second start
+    would answer every fetch with 503 ``PurgatoryClosed``.)
+    """
+    app = long_poll_fetch.make_app()
+    services = []
+    for _ in range(2):
+        async with serving(app) as (_, base, service), client() as http:
+            services.append(service)
+            await round_trip(http, base)
+            assert service.purgatory.statistics().expired == 1
+    first, second = services
+    assert first is not second
+    assert first.purgatory.closed
+    assert second.purgatory.closed
 
 
 async def park_then_disconnect(
@@ -171,10 +190,9 @@ async def round_trip(http: httpx.AsyncClient, base: str) -> None:
 
 @pytest.mark.asyncio
 async def test_disconnected_long_polls_leave_nothing_behind() -> None:
-    """Issue 7 item 11: with the fetch tied to the connection, an abandoned fetch is cancelled."""
-    service = long_poll_fetch.FetchService(purge_interval=0)
-    purgatory = service.purgatory
-    async with serving(service) as (server, base):
+    """With the fetch tied to the connection, an abandoned fetch is cancelled."""
+    async with serving(long_poll_fetch.make_app(purge_interval=0)) as (server, base, service):
+        purgatory = service.purgatory
         await park_then_disconnect(server, base, service)
         await until(lambda: purgatory.statistics().cancelled == CLIENTS, "cancelled")
         await until(lambda: purgatory.watched() == 0, "purged from the watcher lists")
@@ -207,9 +225,9 @@ async def test_naive_handler_leaks_disconnected_long_polls() -> None:
     server has seen all the connections close and served another request; only their 60 s
     timeout (here: `cancel_for_key`, to end the test) would let them go.
     """
-    service = long_poll_fetch.FetchService(tie_to_connection=False, purge_interval=0)
-    purgatory = service.purgatory
-    async with serving(service) as (server, base):
+    app = long_poll_fetch.make_app(tie_to_connection=False, purge_interval=0)
+    async with serving(app) as (server, base, service):
+        purgatory = service.purgatory
         await park_then_disconnect(server, base, service)
         async with client() as http:
             await round_trip(http, base)
@@ -221,44 +239,6 @@ async def test_naive_handler_leaks_disconnected_long_polls() -> None:
         assert len(purgatory.cancel_for_key("quiet")) == CLIENTS
         await until(lambda: not server.server_state.tasks, "handlers finished")
         assert (purgatory.watched(), purgatory.num_delayed()) == (0, 0)
-
-
-@pytest.mark.asyncio
-async def test_cancel_on_disconnect_when_the_handler_itself_is_cancelled() -> None:
-    """A server that does cancel its handler: both helper tasks go, and the operation with them."""
-    gone = asyncio.Event()
-
-    async def receive() -> Message:
-        await gone.wait()  # the client never leaves: only the handler's cancellation ends this
-        return {"type": "http.disconnect"}
-
-    async with DelayedOperationPurgatory[long_poll_fetch.DelayedFetch]("fetch") as purgatory:
-        fetch = long_poll_fetch.DelayedFetch(long_poll_fetch.TopicLog(), "t", 0, 1, 60)
-        handler = asyncio.create_task(
-            long_poll_fetch.cancel_on_disconnect(receive, purgatory.watch(fetch, ["t"]))
-        )
-        await until(lambda: purgatory.num_delayed() == 1, "parked")
-        handler.cancel()
-        await asyncio.wait((handler,), timeout=BOUND)
-        assert handler.cancelled()
-        await until(lambda: fetch.is_cancelled, "cancelled")
-        assert purgatory.num_delayed() == 0
-        assert purgatory.statistics().cancelled == 1
-
-
-@pytest.mark.asyncio
-async def test_cancel_on_disconnect_reraises_a_failing_receive() -> None:
-    """An error from ``receive()`` is not a disconnect: it propagates; the watch is cancelled."""
-
-    async def receive() -> Message:
-        raise ConnectionResetError("receive failed")
-
-    async with DelayedOperationPurgatory[long_poll_fetch.DelayedFetch]("fetch") as purgatory:
-        fetch = long_poll_fetch.DelayedFetch(long_poll_fetch.TopicLog(), "t", 0, 1, 60)
-        with pytest.raises(ConnectionResetError, match="receive failed"):
-            await long_poll_fetch.cancel_on_disconnect(receive, purgatory.watch(fetch, ["t"]))
-        assert fetch.is_cancelled
-        assert purgatory.num_delayed() == 0
 
 
 class CountingFetch(long_poll_fetch.DelayedFetch):

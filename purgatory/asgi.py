@@ -1,0 +1,131 @@
+"""Tie a parked request to its HTTP connection, for handlers served by an ASGI server.
+
+A long-poll handler parks its request with ``await purgatory.watch(op, keys)``. Cancelling the
+task that awaits ``watch`` cancels the operation, but an ASGI server need not cancel a handler
+whose client went away, and uvicorn (serving Starlette or FastAPI) does not: it reports the
+disconnect only as an ``http.disconnect`` message from ``receive()``, which a handler parked in
+``watch`` never calls. The operation then stays in the purgatory until it completes or expires,
+and the answer is written to nobody.
+
+`cancel_on_disconnect` races the watch against that message and cancels the loser::
+
+    from purgatory.asgi import (
+        CLIENT_CLOSED_REQUEST, ClientDisconnected, cancel_on_disconnect,
+    )
+
+    async def fetch(request: Request) -> Response:
+        op = DelayedFetch(...)
+        try:
+            result = await cancel_on_disconnect(
+                request.receive, purgatory.watch(op, ["topic-0"])
+            )
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it
+        return JSONResponse(result)
+
+This module uses only the standard library: ``receive`` is any ASGI receive callable
+(Starlette's and FastAPI's ``request.receive``, or the one a raw ASGI application is given).
+The documentation's "Long-poll over HTTP" and "Serving with Starlette and FastAPI" pages show
+complete applications and how to test them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final, TypeAlias, TypeVar
+
+__all__ = (
+    "CLIENT_CLOSED_REQUEST",
+    "ClientDisconnected",
+    "Message",
+    "Receive",
+    "cancel_on_disconnect",
+    "wait_for_disconnect",
+)
+
+T = TypeVar("T")
+
+Message: TypeAlias = MutableMapping[str, Any]
+"""An ASGI event, as ``receive()`` returns it (the same type as Starlette's ``Message``)."""
+
+Receive: TypeAlias = Callable[[], Awaitable[Message]]
+"""An ASGI ``receive`` callable (the same type as Starlette's ``Receive``)."""
+
+CLIENT_CLOSED_REQUEST: Final = 499
+"""nginx's status for "client closed request", for the response to a client that is gone.
+
+An ASGI server drops whatever is sent after the disconnect; the status only shows in logs.
+"""
+
+
+class ClientDisconnected(Exception):
+    """The client closed its connection before the awaited outcome was ready.
+
+    Raised by `cancel_on_disconnect`, which has cancelled the awaited watch (and so the
+    operation) by then. It is not a `purgatory.PurgatoryError`: nothing went wrong in the
+    purgatory, the request simply has nobody left to answer.
+    """
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Return once the ASGI server reports that the client closed the connection.
+
+    After the request body, the next ``receive()`` blocks until it returns
+    ``http.disconnect`` (uvicorn also returns it once the response is sent, so this never
+    outlives the request). Other messages (the rest of a body nobody read) are skipped.
+
+    Args:
+        receive: The request's ASGI ``receive``.
+    """
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def cancel_on_disconnect(receive: Receive, awaitable: Awaitable[T]) -> T:
+    """Await `awaitable`, but cancel it and raise `ClientDisconnected` if the client goes first.
+
+    Racing the watch against the disconnect ties the operation to the connection: when the
+    client goes, the task awaiting ``watch`` is cancelled, which cancels the operation (it
+    leaves the timer at once, ``num_delayed()`` drops, ``statistics().cancelled`` counts it; it
+    leaves the watcher lists at the next purge). When this function returns or raises, by any
+    path, neither of its two tasks is still running: if the caller itself is cancelled (a server
+    that does cancel handlers, a forced shutdown, an ``asyncio.timeout``), both are cancelled and
+    the `CancelledError` propagates.
+
+    If the outcome and the disconnect arrive in the same loop iteration, the outcome wins.
+
+    Cost: two Tasks per parked request (the awaitable and the listener) on top of the handler's
+    own; the purgatory itself still has no task or timer per operation.
+
+    Args:
+        receive: The request's ASGI ``receive`` (``request.receive`` in Starlette and FastAPI).
+            Read the request body first (``await request.body()``): this consumes ``receive``.
+        awaitable: What to wait for, typically ``purgatory.watch(op, keys)``. A coroutine is
+            wrapped in a Task at once.
+
+    Returns:
+        What `awaitable` returned.
+
+    Raises:
+        ClientDisconnected: The client closed the connection first; `awaitable` was cancelled.
+        Exception: Whatever `awaitable` raised (``OperationCancelled``, ``PurgatoryClosed``,
+            ``PurgatoryFull``, an error of ``on_complete``), or whatever ``receive()`` raised.
+    """
+    watching = asyncio.ensure_future(awaitable)
+    listening = asyncio.ensure_future(wait_for_disconnect(receive))
+    try:
+        done, _ = await asyncio.wait((watching, listening), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        # Also reached when this coroutine is cancelled: neither task may outlive it.
+        listening.cancel()
+        watching.cancel()  # cancels the watch, and so the operation, unless already done
+        await asyncio.wait((watching, listening))
+    failed = None if listening.cancelled() else listening.exception()
+    if watching in done:
+        return watching.result()
+    if not watching.cancelled():
+        watching.exception()  # an error raised while it was cancelled: nobody awaits it now
+    if failed is not None:
+        raise failed  # receive() itself failed: that is not a disconnect
+    raise ClientDisconnected

@@ -1,0 +1,264 @@
+"""`purgatory.asgi`: a parked request is tied to its connection, on a real server and alone.
+
+The server tests run a plain ASGI application (no framework) under a real uvicorn on a free
+loopback port, in the test's own event loop, and a real HTTP client (httpx) over TCP: a client
+that goes away is a real socket close, and only uvicorn's ``http.disconnect`` tells the handler.
+The other tests drive `cancel_on_disconnect` with a hand-made ``receive``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from helpers import FlagOperation
+
+from purgatory import DelayedOperationPurgatory, OperationCancelled, PurgatoryClosed
+from purgatory.asgi import (
+    CLIENT_CLOSED_REQUEST,
+    ClientDisconnected,
+    Message,
+    Receive,
+    cancel_on_disconnect,
+    wait_for_disconnect,
+)
+
+#: Every wait here is bounded by this, so a broken helper fails instead of hanging.
+BOUND = 10
+
+Scope = MutableMapping[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class LongPoll:
+    """A plain ASGI application: each request parks a `FlagOperation` on the key ``"k"``.
+
+    It records how each request ended (``"answered"``, ``"disconnected"``) and sets `ended`.
+    """
+
+    def __init__(self, purgatory: DelayedOperationPurgatory[FlagOperation]) -> None:
+        self.purgatory = purgatory
+        self.operations: list[FlagOperation] = []
+        self.outcomes: list[str] = []
+        self.ended = asyncio.Event()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        assert scope["type"] == "http"
+        op = FlagOperation(timeout=60)
+        self.operations.append(op)
+        try:
+            result = await cancel_on_disconnect(receive, self.purgatory.watch(op, ["k"]))
+        except ClientDisconnected:
+            self.outcomes.append("disconnected")
+            await send({"type": "http.response.start", "status": CLIENT_CLOSED_REQUEST})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        finally:
+            self.ended.set()
+        self.outcomes.append("answered")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": result.encode()})
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Wait until `condition()` holds, polling the loop (for state nobody signals)."""
+    try:
+        async with asyncio.timeout(BOUND):
+            while not condition():
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        pytest.fail(f"still not {what} after {BOUND} s")
+
+
+@asynccontextmanager
+async def serving(app: LongPoll) -> AsyncIterator[tuple[uvicorn.Server, str]]:
+    """Run `app` under uvicorn on a free 127.0.0.1 port; yield the server and its URL."""
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=0,
+        lifespan="off",
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+    )
+    server = uvicorn.Server(config)
+    running = asyncio.create_task(server.serve())
+    await until(lambda: server.started or running.done(), "started")
+    assert server.started, "uvicorn did not start"
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield server, f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(running, BOUND)
+
+
+def client() -> httpx.AsyncClient:
+    return httpx.AsyncClient(timeout=httpx.Timeout(BOUND * 3), verify=ssl.create_default_context())
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_disconnects_mid_wait_cancels_its_operation() -> None:
+    async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
+        app = LongPoll(purgatory)
+        async with serving(app) as (server, base), client() as http:
+            poll = asyncio.create_task(http.get(f"{base}/"))
+            await until(lambda: purgatory.num_delayed() == 1, "parked")
+            poll.cancel()  # httpx closes the socket mid-response, as a closed tab would
+            await asyncio.wait((poll,), timeout=BOUND)
+            assert poll.cancelled()
+            async with asyncio.timeout(BOUND):
+                await app.ended.wait()  # set only once the handler's wait has ended
+            (op,) = app.operations
+            assert app.outcomes == ["disconnected"]
+            assert op.is_cancelled
+            assert not op.is_completed
+            assert op.calls == []
+            assert purgatory.num_delayed() == 0
+            assert purgatory.statistics().cancelled == 1
+            assert purgatory.cancel_for_key("k") == []  # nothing left pending on the key
+            await until(lambda: not server.server_state.tasks, "handler finished")
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_stays_gets_the_outcome() -> None:
+    async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
+        app = LongPoll(purgatory)
+        async with serving(app) as (_, base), client() as http:
+            poll = asyncio.create_task(http.get(f"{base}/"))
+            await until(lambda: purgatory.num_delayed() == 1, "parked")
+            app.operations[0].ready = True
+            assert purgatory.check_and_complete("k") == 1
+            response = await asyncio.wait_for(poll, BOUND)
+            assert (response.status_code, response.text) == (200, "op done")
+            assert app.outcomes == ["answered"]
+            stats = purgatory.statistics()
+            assert (stats.completed, stats.cancelled, stats.delayed) == (1, 0, 0)
+
+
+def receive_from(*messages: Message) -> tuple[Receive, asyncio.Event]:
+    """A ``receive`` that returns `messages`, then blocks until the returned event is set."""
+    queue = list(messages)
+    gone = asyncio.Event()
+
+    async def receive() -> Message:
+        if queue:
+            return queue.pop(0)
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    return receive, gone
+
+
+@pytest.mark.asyncio
+async def test_the_disconnect_cancels_the_operation_before_the_helper_returns() -> None:
+    receive, gone = receive_from({"type": "http.request", "body": b"", "more_body": False})
+    async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
+        op = FlagOperation(timeout=60)
+        handler = asyncio.create_task(cancel_on_disconnect(receive, purgatory.watch(op, ["k"])))
+        await until(lambda: purgatory.num_delayed() == 1, "parked")
+        tasks = len(asyncio.all_tasks())
+        gone.set()
+        with pytest.raises(ClientDisconnected):
+            await handler
+        assert op.is_cancelled  # already: no waiting for it
+        assert purgatory.num_delayed() == 0
+        assert len(asyncio.all_tasks()) == tasks - 3  # the handler and its two tasks are gone
+
+
+@pytest.mark.asyncio
+async def test_when_the_handler_itself_is_cancelled_both_tasks_go_with_it() -> None:
+    """A server that does cancel its handler: the operation is cancelled with it, at once."""
+    receive, _ = receive_from()  # the client never leaves
+    async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
+        op = FlagOperation(timeout=60)
+        handler = asyncio.create_task(cancel_on_disconnect(receive, purgatory.watch(op, ["k"])))
+        await until(lambda: purgatory.num_delayed() == 1, "parked")
+        tasks = len(asyncio.all_tasks())
+        handler.cancel()
+        await asyncio.wait((handler,), timeout=BOUND)
+        assert handler.cancelled()
+        assert op.is_cancelled
+        assert purgatory.num_delayed() == 0
+        assert purgatory.statistics().cancelled == 1
+        assert len(asyncio.all_tasks()) == tasks - 3  # the handler and its two tasks are gone
+
+
+@pytest.mark.asyncio
+async def test_a_failing_receive_propagates_and_cancels_the_watch() -> None:
+    """An error from ``receive()`` is not a disconnect: it propagates; the watch is cancelled."""
+
+    async def receive() -> Message:
+        raise ConnectionResetError("receive failed")
+
+    async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
+        op = FlagOperation(timeout=60)
+        with pytest.raises(ConnectionResetError, match="receive failed"):
+            await cancel_on_disconnect(receive, purgatory.watch(op, ["k"]))
+        assert op.is_cancelled
+        assert purgatory.num_delayed() == 0
+
+
+@pytest.mark.asyncio
+async def test_the_outcome_wins_a_tie_with_the_disconnect() -> None:
+    """Both ready in the same loop iteration: the caller gets the outcome, not the error."""
+    receive, _ = receive_from({"type": "http.disconnect"})
+    async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
+        op = FlagOperation(timeout=60)
+        op.ready = True  # completes inside the watch call, without suspending
+        assert await cancel_on_disconnect(receive, purgatory.watch(op, ["k"])) == "op done"
+        assert op.is_completed
+
+
+@pytest.mark.asyncio
+async def test_what_the_awaitable_raises_propagates() -> None:
+    receive, gone = receive_from()
+    async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
+        op = FlagOperation(timeout=60)
+        handler = asyncio.create_task(cancel_on_disconnect(receive, purgatory.watch(op, ["k"])))
+        await until(lambda: purgatory.num_delayed() == 1, "parked")
+        tasks = len(asyncio.all_tasks())
+        assert purgatory.cancel_for_key("k") == [op]
+        with pytest.raises(OperationCancelled):
+            await handler
+        assert len(asyncio.all_tasks()) == tasks - 3  # the listener is gone too
+    with pytest.raises(PurgatoryClosed):
+        await cancel_on_disconnect(receive, purgatory.watch(FlagOperation(60), ["k"]))
+    assert not gone.is_set()
+
+
+@pytest.mark.asyncio
+async def test_wait_for_disconnect_skips_other_messages() -> None:
+    receive, gone = receive_from(
+        {"type": "http.request", "body": b"a", "more_body": True},
+        {"type": "http.request", "body": b"b", "more_body": False},
+    )
+    waiting = asyncio.create_task(wait_for_disconnect(receive))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    gone.set()
+    await asyncio.wait_for(waiting, BOUND)
+    assert waiting.done()
+
+
+def test_the_helper_needs_no_framework() -> None:
+    """``import purgatory.asgi`` imports the standard library only (no Starlette, no uvicorn)."""
+    check = (
+        "import sys, purgatory.asgi; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'starlette', 'uvicorn', 'fastapi', 'httpx', 'anyio'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
