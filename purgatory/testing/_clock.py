@@ -129,8 +129,15 @@ class ManualClock:
             raise ValueError(
                 f"seconds must be a finite number >= 0 (time never goes backwards), got {seconds!r}"
             )
-        self._now += seconds
+        now = self._now = self._now + seconds
         expired = 0
-        for purgatory in self._alive():
-            expired += purgatory._run_timer_pass(self._now)
+        dead = False
+        for ref in self._purgatories:  # (a replay calls this at every event: no list built)
+            purgatory = ref()
+            if purgatory is None:
+                dead = True
+            else:
+                expired += purgatory._run_timer_pass(now)
+        if dead:
+            self._alive()
         return expired
