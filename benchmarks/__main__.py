@@ -71,6 +71,11 @@ def _parser() -> argparse.ArgumentParser:
         "that mode only), w2, floor (W2 for the Floor alone), idle; W2's values of N: --sizes",
     )
     parser.add_argument(
+        "--w1-match",
+        metavar="REGEX",
+        help="run only the W1 settings whose name this finds, e.g. '20/60$' (with --merge)",
+    )
+    parser.add_argument(
         "--merge",
         action="store_true",
         help="fold this run into the existing JSON instead of replacing it: the settings, sizes "
@@ -118,7 +123,7 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path, Path]:
     )
 
 
-def _measure(config: Config, only: Sequence[str]) -> dict[str, Any]:
+def _measure(config: Config, only: Sequence[str], w1_match: str | None = None) -> dict[str, Any]:
     log = default_log
     with_uvloop = uvloop_available()
     if not with_uvloop:
@@ -130,7 +135,7 @@ def _measure(config: Config, only: Sequence[str]) -> dict[str, Any]:
     modes = [mode for mode in MODES if "w1" in only or f"w1-{mode}" in only]
     if modes:
         log("W1: rate search per setting and contender, then confirmation repetitions")
-        results["w1"] = run_w1(w1_contenders(with_uvloop), config, log, modes)
+        results["w1"] = run_w1(w1_contenders(with_uvloop), config, log, modes, w1_match)
     if "w2" in only or "floor" in only:
         contenders = w2_contenders(with_uvloop)
         if "w2" not in only:
@@ -151,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report_only:
         results = json.loads(json_path.read_text())
     else:
-        results = _measure(_config(args), args.only)
+        results = _measure(_config(args), args.only, args.w1_match)
         if args.merge and json_path.exists():
             results = merge_results(json.loads(json_path.read_text()), results)
         json_path.write_text(json.dumps(results, indent=1) + "\n")

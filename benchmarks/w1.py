@@ -30,6 +30,7 @@ import gc
 import heapq
 import math
 import random
+import re
 import sys
 import time
 from collections.abc import Callable, Collection, Hashable
@@ -483,9 +484,11 @@ def run_w1(
     config: Config,
     log: Callable[[str], None],
     modes: Collection[str] = MODES,
+    match: str | None = None,
 ) -> dict[str, Any]:
-    """Every W1 setting of `modes` for every contender (W1-threshold: `THRESHOLD_CONTENDERS`
-    only); one warm-up probe per contender first."""
+    """Every W1 setting of `modes` (whose name `match`, a regular expression, finds, if given)
+    for every contender (W1-threshold: `THRESHOLD_CONTENDERS` only); one warm-up probe per
+    contender first."""
     warm_setting = SETTINGS[0]
     warm_pools = make_pools(warm_setting, config.seed)
     for contender in contenders:
@@ -494,7 +497,7 @@ def run_w1(
     settings = []
     previous: dict[str, float | None] = {}
     for setting in SETTINGS:
-        if setting.mode not in modes:
+        if setting.mode not in modes or (match and not re.search(match, setting.name)):
             continue
         if setting.mode == "threshold":
             running = [c for c in contenders if c.name in THRESHOLD_CONTENDERS]
