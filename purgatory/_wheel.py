@@ -108,6 +108,10 @@ class TimingWheel:
         "_leads",
         "_levels",
         "_limit1",
+        "_memo_bucket",
+        "_memo_due",
+        "_memo_high",
+        "_memo_low",
         "_overdue",
         "_push_count",
         "_slots1",
@@ -144,6 +148,14 @@ class TimingWheel:
         self._lead1 = 0
         self._slots1: list[Bucket] = []
         self._limit1 = 0
+        # The bucket the last `add` chose, the deadlines [low, high) for which `add` would choose
+        # it again, and its due tick: entries come in bursts with one deadline (or one span), and
+        # the choice stays right until `advance` (or `next_deadline`) changes the wheel, which
+        # forgets it (`_forget_memo`). An empty range to begin with.
+        self._memo_low = 0
+        self._memo_high = 0
+        self._memo_bucket = self._overdue
+        self._memo_due = 0
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -219,6 +231,7 @@ class TimingWheel:
                 return heap[0][0]
             heapq.heappop(heap)
             bucket.expiration = -1
+            self._forget_memo()
         return math.inf
 
     # -- mutation -----------------------------------------------------------------------------
@@ -234,6 +247,11 @@ class TimingWheel:
         O(log buckets) when the bucket was unused).
         """
         entry._deadline = deadline
+        if self._memo_low <= deadline < self._memo_high:  # the last add's bucket
+            bucket = self._memo_bucket
+            bucket[entry] = None
+            entry._bucket = bucket
+            return self._memo_due
         current = self._current[0]
         if deadline <= current:
             bucket = self._overdue
@@ -244,6 +262,10 @@ class TimingWheel:
                 bucket.expiration = deadline
                 self._push(bucket, deadline)
             due = deadline
+            self._memo_low = deadline
+            self._memo_high = deadline + 1
+            self._memo_bucket = bucket
+            self._memo_due = due
         elif deadline < self._limit1:
             # The first overflow level, inlined: request timeouts (seconds) all land here.
             span = self._span1
@@ -254,11 +276,22 @@ class TimingWheel:
             if bucket.expiration != start:
                 bucket.expiration = start
                 self._push(bucket, due)
+            # The deadlines this level puts in this bucket (level 0 takes those below).
+            low = current + self._wheel_size
+            self._memo_low = start if start > low else low
+            high = start + span
+            self._memo_high = high if high < self._limit1 else self._limit1
+            self._memo_bucket = bucket
+            self._memo_due = due
         else:
             bucket, due = self._overflow_bucket(deadline)
         bucket[entry] = None
         entry._bucket = bucket
         return due
+
+    def _forget_memo(self) -> None:
+        """The wheel is changing: the last add's choice of bucket may no longer hold."""
+        self._memo_high = self._memo_low
 
     def remove(self, entry: TimerEntry) -> bool:
         """Stop holding `entry`; ``False`` if it was not held. Runtime complexity: O(1)."""
@@ -282,6 +315,7 @@ class TimingWheel:
 
         Runtime complexity: O(due entries + due buckets * log buckets), plus O(entries cascaded).
         """
+        self._forget_memo()
         due: list[Any] = []
         overdue = self._overdue
         if overdue:
@@ -354,6 +388,14 @@ class TimingWheel:
                         item[3] is bucket and item[0] == self.due_tick(bucket)
                         for item in self._heap
                     ), f"{bucket!r} not in the heap"
+        if self._memo_low < self._memo_high:  # the last add's choice still holds
+            memo = self._memo_bucket
+            assert memo.level >= 0, "the memo names the overdue bucket"
+            start = memo.expiration
+            assert current < self._memo_low, "the memo covers ticks already due"
+            assert start <= self._memo_low, f"the memo starts before {memo!r}"
+            assert self._memo_high <= start + self._spans[memo.level], f"memo beyond {memo!r}"
+            assert self._memo_due == self.due_tick(memo), f"memo due tick wrong for {memo!r}"
         for entry in self._overdue:
             held += 1
             assert entry._bucket is self._overdue
@@ -473,6 +515,7 @@ class TimingWheel:
         self._active = None
         self._todo = []
         bucket.expiration = -1
+        self._forget_memo()
 
 
 def _deadline_of(entry: Any) -> int:
