@@ -261,7 +261,7 @@ def test_in_order_thresholds_take_the_run_and_out_of_order_ones_the_heap() -> No
     assert list(watchers.plain) == ["a", "e", "b", "c"]  # threshold order, then watch order
     watchers.release(8)
     assert list(watchers.plain) == ["a", "e", "b", "c", "d"]
-    watchers._check()
+    check_threshold_watchers(watchers)
 
 
 def test_a_finished_operation_released_on_another_key_is_dropped_not_retried() -> None:

@@ -1,8 +1,8 @@
 """The watcher lists (`purgatory._watchers`), through the purgatory: registration is all or
 nothing, a key's lists count each operation once, and what has left every list is released.
 
-`check_invariants` checks the lists, their counts and the purge queue after each step (with the
-timing wheel and what ties the two together).
+`check_watchers` checks the lists, their counts and the purge queue after a step;
+`check_invariants`, at the end of a test, checks them with the timing wheel and what ties the two.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from purgatory import (
     DelayedOperation,
     DelayedOperationPurgatory,
 )
-from purgatory.testing import ManualClock, check_invariants
+from purgatory.testing import ManualClock, check_invariants, check_watchers
 
 # -- registration ---------------------------------------------------------------------------------
 
@@ -77,7 +77,7 @@ async def test_a_bad_key_registers_nothing(keys: Any) -> None:
         op = make(30)
         with pytest.raises(TypeError):
             p.try_complete_else_watch(op, keys)
-        check_invariants(p)
+        check_watchers(p)
         assert p.watched() == 2
         assert p.num_delayed() == 1
         assert not p.try_complete_else_watch(op, ["orders"])  # it can be watched again
@@ -108,7 +108,7 @@ def test_cancel_for_key_inside_a_trigger_of_that_key_counts_each_list_once() -> 
     first.ready = True
     p.check_and_complete("k")
     assert victim.is_cancelled
-    check_invariants(p)
+    check_watchers(p)
     assert (first._listed, victim._listed) == (0, 1)
     assert p.purge() == 1
     assert p.watched() == 0
@@ -170,7 +170,7 @@ def test_a_key_listed_twice_is_watched_once_per_listing() -> None:
     _, p = make()
     op = FlagOperation(1)
     p.try_complete_else_watch(op, ["a", "a", "b"])
-    check_invariants(p)
+    check_watchers(p)
     assert p.cancel_for_key("a") == [op]
     assert op.is_cancelled
     check_invariants(p)

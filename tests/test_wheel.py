@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import pytest
 
 from purgatory._wheel import Bucket, TimingWheel
+from purgatory.testing._invariants import check_timing_wheel
 
 
 class Entry:
@@ -113,8 +114,11 @@ SIZE = 5
 
 
 @pytest.fixture
-def wheel() -> TimingWheel:
-    return TimingWheel(SIZE, start_tick=START)
+def wheel() -> Iterator[TimingWheel]:
+    """A fresh wheel; whatever the test did, it must be left consistent."""
+    wheel = TimingWheel(SIZE, start_tick=START)
+    yield wheel
+    check_timing_wheel(wheel)
 
 
 def test_add_valid_entry(wheel: TimingWheel) -> None:
