@@ -1,17 +1,24 @@
-"""Threshold watchers: a trigger that carries the value reached re-tries only what can complete."""
+"""Threshold watchers (`purgatory._thresholds`): a trigger that carries the value reached re-tries
+only what can complete."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import random
 import threading
 import weakref
+from collections.abc import Hashable
 from typing import Any
 
 import pytest
+from helpers import FlagOperation
 
-from purgatory import DelayedOperation, DelayedOperationPurgatory
+from purgatory import (
+    DelayedOperation,
+    DelayedOperationPurgatory,
+)
 from purgatory._thresholds import ThresholdWatchers
 from purgatory.testing import ManualClock, check_invariants
 from purgatory.testing._invariants import check_threshold_watchers
@@ -239,3 +246,78 @@ def test_dead_cells_are_compacted_away_as_they_pile_up(order: str) -> None:
         watchers.pop(member)
     assert len(watchers.run) + len(watchers.heap) < 400
     check_threshold_watchers(watchers)
+
+
+# -- thresholds in increasing order ---------------------------------------------------------------
+
+
+def test_in_order_thresholds_take_the_run_and_out_of_order_ones_the_heap() -> None:
+    watchers: ThresholdWatchers[str] = ThresholdWatchers({})
+    for name, threshold in [("a", 1), ("b", 3), ("c", 3), ("d", 7), ("e", 2), ("f", 9)]:
+        watchers.add(name, threshold)
+    assert [cell[2] for cell in watchers.run] == ["a", "b", "c", "d", "f"]
+    assert [cell[2] for cell in watchers.heap] == ["e"]
+    watchers.release(3)
+    assert list(watchers.plain) == ["a", "e", "b", "c"]  # threshold order, then watch order
+    watchers.release(8)
+    assert list(watchers.plain) == ["a", "e", "b", "c", "d"]
+    check_threshold_watchers(watchers)
+
+
+def test_a_finished_operation_released_on_another_key_is_dropped_not_retried() -> None:
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[Any]("both", clock=clock)
+    tries: list[str] = []
+
+    class Counted(FlagOperation):
+        def try_complete(self) -> bool:
+            tries.append(self.name)
+            return super().try_complete()
+
+    first, other = Counted(30.0, "first"), Counted(30.0, "other")
+    p.try_complete_else_watch(first, {"x": 5, "y": 5})
+    p.try_complete_else_watch(other, {"y": 6})
+    first.ready = True
+    assert p.check_and_complete("x", 5) == 1
+    tries.clear()
+    assert p.check_and_complete("y", 10) == 0
+    assert tries == ["other"]
+    assert p.watched() == 1
+    check_invariants(p)
+
+
+# -- NaN is refused -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [math.nan, float("nan")])
+def test_a_nan_threshold_or_value_is_refused(bad: float) -> None:
+    _clock, p = manual()
+    good = FlagOperation(30)
+    p.try_complete_else_watch(good, {"hw": 5})
+    with pytest.raises(ValueError, match="does not order against itself"):
+        p.try_complete_else_watch(FlagOperation(30), {"hw": bad})
+    check_invariants(p)
+    p.try_complete_else_watch(FlagOperation(30), {"hw": 3})
+    with pytest.raises(ValueError, match="does not order against itself"):
+        p.check_and_complete("hw", bad)
+    good.ready = True
+    assert p.check_and_complete("hw", 100) == 1
+    check_invariants(p)
+
+
+@pytest.mark.parametrize("watchers", ["none", "lone plain", "plain", "threshold"])
+def test_a_nan_reached_is_always_refused(watchers: str) -> None:
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("nan", clock=clock)
+    keys: dict[Hashable, Any] = {}
+    if watchers == "lone plain":
+        p.try_complete_else_watch(FlagOperation(1.0, "a"), ["k"])
+    elif watchers == "plain":
+        p.try_complete_else_watch(FlagOperation(1.0, "a"), ["k"])
+        p.try_complete_else_watch(FlagOperation(1.0, "b"), ["k"])
+    elif watchers == "threshold":
+        keys["k"] = 5
+        p.try_complete_else_watch(FlagOperation(1.0, "a"), keys)
+    with pytest.raises(ValueError, match="does not order against itself"):
+        p.check_and_complete("k", math.nan)
+    check_invariants(p)

@@ -5,8 +5,8 @@ already held, included), removes them from anywhere (preferring the bucket whose
 way), adds removed or returned entries again, and advances time by small and large steps,
 backwards, and the reaper's way (to `next_deadline()` again and again), each advance with a
 random cascade budget or none. After every step the wheel must hold exactly the model's entries,
-consistently (`check_wheel`); every advance must return exactly the entries due, by (deadline,
-insertion order).
+consistently (`check_timing_wheel`); every advance must return exactly the entries due, by
+(deadline, insertion order).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from purgatory._wheel import Bucket, TimingWheel
-from purgatory.testing._invariants import check_wheel
+from purgatory.testing._invariants import check_timing_wheel
 
 
 class Entry:
@@ -132,7 +132,7 @@ class WheelModel(RuleBasedStateMachine):
     @invariant()
     def holds_exactly_the_model(self) -> None:
         wheel = self.wheel
-        check_wheel(wheel)
+        check_timing_wheel(wheel)
         assert set(wheel) == set(self.held)
         assert len(wheel) == len(self.held)
         wake = wheel.next_deadline()

@@ -2,8 +2,11 @@
 
 Each owner of state checks its own (``_check``, as sortedcontainers' lists do): the timing
 wheel its buckets, the watcher lists their keys, counts and purge queue, one key's threshold
-watchers their cells, and the purgatory what ties them together. These functions are the
-public way to call them from tests.
+watchers their cells, and the purgatory what ties them together. These functions are the way
+tests call them: one per owner, each reached through the purgatory, and one for everything.
+
+`check_timing_wheel` and `check_threshold_watchers` take the internal object itself, for the
+project's own tests of those classes alone; they are not exported.
 """
 
 from __future__ import annotations
@@ -14,27 +17,58 @@ from .._purgatory import DelayedOperationPurgatory
 from .._thresholds import ThresholdWatchers
 from .._wheel import TimingWheel
 
-__all__ = ("check_invariants", "check_threshold_watchers", "check_wheel")
+__all__ = (
+    "check_invariants",
+    "check_threshold_watchers",
+    "check_timing_wheel",
+    "check_watchers",
+    "check_wheel",
+)
 
 
 def check_invariants(purgatory: DelayedOperationPurgatory[Any]) -> None:
     """Raise ``AssertionError`` if `purgatory`'s wheel, watcher lists or their ties disagree.
 
-    Checked: every timed entry sits in the bucket it points to, inside that bucket's span, and is
-    pending; the size counter matches; bucket heap entries agree with bucket expirations; no
-    watcher list is empty; the entry count is right; every pending watched operation is timed;
-    every finished operation still on a watcher list is queued for the purge, and the purge queue
-    holds nothing that has left every list; each operation counts the lists that hold it;
-    threshold watchers are in their run or heap, once, and dead cells are counted.
+    Runs `check_wheel` and `check_watchers`, then checks what ties the two together: every
+    timed operation is pending and this purgatory's, every pending operation on a watcher list
+    is timed, and the count of delayed operations is the wheel's size.
     """
-    purgatory._check()
+    _purgatory(purgatory, "check_invariants")._check()
+
+
+def check_wheel(purgatory: DelayedOperationPurgatory[Any]) -> None:
+    """Raise ``AssertionError`` if `purgatory`'s timing wheel is inconsistent.
+
+    Checked: every timed entry sits, once, in the bucket it points to, inside that bucket's
+    span, and is not yet due (overdue ones excepted); the size counter matches; every non-empty
+    bucket is in the heap at its due tick, or is the cascade under way.
+    """
+    _purgatory(purgatory, "check_wheel")._wheel._check()
+
+
+def check_watchers(purgatory: DelayedOperationPurgatory[Any]) -> None:
+    """Raise ``AssertionError`` if `purgatory`'s watcher lists are inconsistent.
+
+    Checked: no key has an empty list; each operation on a list watches that key and counts the
+    lists that hold it; the entry count is right; every finished operation still on a list is
+    queued for the purge, and the purge queue holds nothing that has left every list; each
+    key's threshold watchers are in their run or their heap, once, and dead cells are counted.
+    """
+    _purgatory(purgatory, "check_watchers")._lists._check()
+
+
+def check_timing_wheel(wheel: TimingWheel) -> None:
+    """`check_wheel` for a `TimingWheel` on its own, whatever its entries are."""
+    wheel._check()
 
 
 def check_threshold_watchers(watchers: ThresholdWatchers[Any]) -> None:
-    """Raise ``AssertionError`` if one key's threshold watchers are inconsistent."""
+    """Raise ``AssertionError`` if one key's threshold watchers (on their own) are inconsistent."""
     watchers._check()
 
 
-def check_wheel(wheel: TimingWheel) -> None:
-    """Raise ``AssertionError`` if `wheel` is inconsistent, whatever its entries are."""
-    wheel._check()
+def _purgatory(obj: object, check: str) -> DelayedOperationPurgatory[Any]:
+    """`obj` if it is a purgatory; a clear error if a test passed something else."""
+    if not isinstance(obj, DelayedOperationPurgatory):
+        raise TypeError(f"{check}() takes a DelayedOperationPurgatory, got {obj!r}")
+    return obj

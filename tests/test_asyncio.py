@@ -1,4 +1,5 @@
-"""The purgatory on a real event loop (the stock asyncio loop and uvloop, see conftest.py).
+"""The purgatory on a real event loop (the stock asyncio loop and uvloop, see conftest.py): the
+reaper, async attempts, awaiting and cancelling, one timer handle, threadsafe triggers, anyio.
 
 Real time on a shared machine is noisy, so timing assertions are one-sided where it matters:
 exact lower bounds (an operation never expires early, measured on the loop's own clock) and
@@ -10,13 +11,19 @@ loop times are floats of a large magnitude whose differences carry rounding nois
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import gc
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
+import anyio
 import pytest
+import uvloop
+from helpers import DelayedFuture, FlagOperation, Recorder
 
 from purgatory import (
     DelayedOperation,
@@ -25,11 +32,15 @@ from purgatory import (
     PurgatoryClosed,
 )
 from purgatory._purgatory import CASCADE_SLICE, PURGE_SLICE
-from purgatory.testing import ManualClock
+from purgatory.testing import ManualClock, check_invariants
 
 TICK = 0.001  # the default tick
+
+
 # The documented tolerance (1e-6 tick) plus float noise of subtracting two loop times.
 SLACK = 1e-6 * TICK + 1e-9
+
+
 LOOSE = 1.0  # generous upper bound for "promptly" on a loaded 2-core machine
 
 
@@ -1003,3 +1014,746 @@ async def test_expiry_during_an_async_attempt() -> None:
         assert (op.completions, op.expirations) == (1, 1)
         assert p.statistics().expired == 1
         assert p.statistics().completed == 0
+
+
+# -- one clock: the loop's ------------------------------------------------------------------------
+
+
+async def outcome_of(op: DelayedOperation[Any]) -> Any:
+    return await op
+
+
+class Stamped(DelayedOperation[float]):
+    def __init__(self, timeout: float) -> None:
+        super().__init__(timeout)
+        self.watched_at = time.monotonic()
+
+    def try_complete(self) -> bool:
+        return False
+
+    def on_complete(self) -> float:
+        return time.monotonic()
+
+    def on_expiration(self) -> None:
+        pass
+
+
+@pytest.mark.asyncio
+async def test_never_early_by_the_monotonic_clock() -> None:
+    async with DelayedOperationPurgatory[Stamped]("monotonic") as p:
+        ops = []
+        for index in range(600):
+            op = Stamped(0.001 + (index % 17) * 0.0007)
+            p.try_complete_else_watch(op, ["k"])
+            ops.append(op)
+            if index % 50 == 0:
+                await asyncio.sleep(0)
+        results = await asyncio.wait_for(asyncio.gather(*(outcome_of(op) for op in ops)), 10.0)
+    early = [
+        (op.watched_at + op.timeout - ended)
+        for op, ended in zip(ops, results, strict=True)
+        if ended < op.watched_at + op.timeout
+    ]
+    assert early == []
+
+
+def test_a_patched_loop_time_is_the_one_clock() -> None:
+    loop = asyncio.new_event_loop()
+    virtual = [time.monotonic() + 1000.0]
+    try:
+        with mock.patch.object(loop, "time", side_effect=lambda: virtual[0]):
+
+            async def scenario() -> bool:
+                async with DelayedOperationPurgatory[FlagOperation]("virtual") as p:
+                    op = FlagOperation(10.0)
+                    p.try_complete_else_watch(op, ["k"])
+                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)
+                    early = op.is_completed
+                    virtual[0] += 10.0 + 0.002  # past the deadline rounded up to the tick
+                    for _ in range(20):
+                        await asyncio.sleep(0)
+                        if op.is_completed:
+                            break
+                    return not early and op.is_expired
+
+            assert loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+
+# -- the reaper cannot be killed by accident ------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_reaper_cancelled_from_outside_comes_back() -> None:
+    recorder = Recorder()
+    asyncio.get_running_loop().set_exception_handler(recorder)
+    async with DelayedOperationPurgatory[FlagOperation]("cancel-all") as p:
+        op = FlagOperation(0.05)
+        waiter = asyncio.create_task(p.watch(op, ["k"]))
+        await asyncio.sleep(0)
+        me = asyncio.current_task()
+        for task in asyncio.all_tasks():  # a shutdown helper that cancels "all other tasks"
+            if task is not me and task is not waiter:
+                task.cancel()
+        assert await asyncio.wait_for(waiter, 5.0) == "op done"
+        assert op.is_expired
+        assert p._reaper is not None
+        assert p._reaper.restarts == 1
+        # Idle when cancelled: it comes back with the next watch.
+        for task in asyncio.all_tasks():
+            if task is not me:
+                task.cancel()
+        await asyncio.sleep(0.01)
+        late = FlagOperation(0.02)
+        assert await asyncio.wait_for(p.watch(late, ["k"]), 5.0) == "op done"
+        assert late.is_expired
+        assert p._reaper.restarts == 2
+    assert [c["message"].split(";")[0] for c in recorder.contexts] == [
+        "the reaper of purgatory 'cancel-all' ended unexpectedly (CancelledError)"
+    ] * 2
+
+
+class Custom(BaseException):
+    pass
+
+
+class Raises(FlagOperation):
+    def __init__(self, timeout: float, where: str, error: BaseException) -> None:
+        super().__init__(timeout, where)
+        self.where = where
+        self.error = error
+
+    def on_complete(self) -> str:
+        super().on_complete()
+        if self.where == "on_complete":
+            raise self.error
+        return "fine"
+
+    def on_expiration(self) -> None:
+        super().on_expiration()
+        if self.where == "on_expiration":
+            raise self.error
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("where", ["on_complete", "on_expiration"])
+@pytest.mark.parametrize("error", [Custom("mine"), asyncio.CancelledError("leaked")])
+async def test_a_base_exception_in_an_expiry_callback_is_that_operations_failure(
+    where: str, error: BaseException
+) -> None:
+    recorder = Recorder()
+    asyncio.get_running_loop().set_exception_handler(recorder)
+    async with DelayedOperationPurgatory[FlagOperation]("base-exc") as p:
+        bad = Raises(0.01, where, error)
+        bad_waiter = asyncio.create_task(p.watch(bad, ["k"]))
+        bystanders = [FlagOperation(0.02 + 0.01 * i) for i in range(3)]
+        waiters = [asyncio.create_task(p.watch(op, ["k"])) for op in bystanders]
+        assert await asyncio.wait_for(asyncio.gather(*waiters), 5.0) == ["op done"] * 3
+        outcome = await asyncio.wait_for(asyncio.gather(bad_waiter, return_exceptions=True), 5.0)
+        if where == "on_complete" and isinstance(error, asyncio.CancelledError):
+            # Raised as such, it would cancel the awaiting task: it comes as a RuntimeError.
+            assert isinstance(outcome[0], RuntimeError)
+            assert outcome[0].__cause__ is error
+        elif where == "on_complete":
+            assert list(outcome) == [error]
+        else:
+            assert list(outcome) == ["fine"]
+            assert recorder.exceptions == [error]
+        later = FlagOperation(0.01)
+        assert await asyncio.wait_for(p.watch(later, ["k"]), 5.0) == "op done"
+        check_invariants(p)
+
+
+@pytest.mark.parametrize("factory", [asyncio.new_event_loop, uvloop.new_event_loop])
+@pytest.mark.parametrize("where", ["on_complete", "on_expiration"])
+def test_a_keyboard_interrupt_in_an_expiry_propagates_and_the_reaper_goes_on(
+    factory: Callable[[], asyncio.AbstractEventLoop], where: str
+) -> None:
+    loop = factory()
+    recorder = Recorder()
+    loop.set_exception_handler(recorder)
+    p = DelayedOperationPurgatory[FlagOperation]("interrupt")
+    bad = Raises(0.01, where, KeyboardInterrupt())
+    bystanders = [FlagOperation(0.01) for _ in range(3)]
+
+    async def watch_all() -> list[asyncio.Task[str]]:
+        tasks = [loop.create_task(p.watch(bad, ["k"]))]
+        tasks += [loop.create_task(p.watch(op, ["k"])) for op in bystanders]
+        return tasks
+
+    try:
+        tasks = loop.run_until_complete(watch_all())
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(asyncio.sleep(1.0))
+        check_invariants(p)
+        assert bad.is_expired
+        # The loop goes on (an application that handles Ctrl-C and keeps serving).
+        done = loop.run_until_complete(
+            asyncio.wait_for(asyncio.gather(*tasks[1:], return_exceptions=True), 5.0)
+        )
+        assert done == ["op done"] * 3
+        assert all(op.is_expired for op in bystanders)
+
+        async def one_more() -> str:
+            return await p.watch(FlagOperation(0.01), ["k"])
+
+        assert loop.run_until_complete(asyncio.wait_for(one_more(), 5.0)) == "op done"
+        loop.run_until_complete(p.shutdown())
+        gathered = loop.run_until_complete(asyncio.gather(tasks[0], return_exceptions=True))
+        if where == "on_complete":  # the awaiter learns of it, without a second interrupt
+            assert isinstance(gathered[0], RuntimeError)
+            assert isinstance(gathered[0].__cause__, KeyboardInterrupt)
+        else:
+            assert list(gathered) == ["fine"]
+    finally:
+        loop.close()
+
+
+def test_the_reaper_comes_back_in_a_program_without_tasks() -> None:
+    """A callback-based server (no task but the reaper) that handles Ctrl-C and goes on."""
+    loop = asyncio.new_event_loop()
+    recorder = Recorder()
+    loop.set_exception_handler(recorder)
+    p = DelayedOperationPurgatory[FlagOperation]("callbacks")
+    bad = Raises(0.01, "on_expiration", KeyboardInterrupt())
+    bystander = FlagOperation(0.2)
+    try:
+        loop.call_soon(p.try_complete_else_watch, bad, ["k"])
+        loop.call_soon(p.try_complete_else_watch, bystander, ["k"])
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_forever()
+        loop.call_later(1.0, loop.stop)
+        loop.run_forever()
+        assert bystander.is_expired
+        assert p._reaper is not None
+        assert p._reaper.restarts == 1
+        loop.run_until_complete(p.shutdown())
+    finally:
+        loop.close()
+
+
+def test_no_reaper_comes_back_for_a_loop_that_winds_down() -> None:
+    """More than purge_interval handlers parked, no shutdown: asyncio.run cancels them all."""
+    recorder = Recorder()
+    p = DelayedOperationPurgatory[FlagOperation]("wind-down", purge_interval=10)
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(recorder)
+        tasks = [asyncio.create_task(p.watch(FlagOperation(30), [i])) for i in range(30)]
+        await asyncio.sleep(0)
+        assert not any(task.done() for task in tasks)
+
+    asyncio.run(main())
+    assert p._reaper is not None
+    assert p._reaper.restarts == 0
+    assert recorder.contexts == []
+
+
+class Boom(Exception):
+    pass
+
+
+class RaisingComplete(FlagOperation):
+    def on_complete(self) -> str:
+        super().on_complete()
+        raise Boom("on_complete")
+
+
+class RaisingExpiration(FlagOperation):
+    def on_expiration(self) -> None:
+        super().on_expiration()
+        raise Boom("on_expiration")
+
+
+@pytest.mark.asyncio
+async def test_reaper_survives_raising_callbacks() -> None:
+    recorder = Recorder()
+    asyncio.get_running_loop().set_exception_handler(recorder)
+    async with DelayedOperationPurgatory[FlagOperation]("survivor") as p:
+        first = RaisingExpiration(0.01)
+        p.try_complete_else_watch(first, ["k"])
+        second = RaisingComplete(0.03)
+        with pytest.raises(Boom):
+            await p.watch(second, ["k"])
+        assert first.is_expired
+        third = FlagOperation(0.01)
+        assert await p.watch(third, ["k"]) == "op done"
+        assert third.is_expired
+    assert [str(e) for e in recorder.exceptions] == ["on_expiration"]
+
+
+# -- async attempts run in a task and a context of their own --------------------------------------
+
+
+probe: contextvars.ContextVar[str] = contextvars.ContextVar("probe", default="caller")
+
+
+class Bounded(DelayedOperation[str]):
+    """An attempt bounded by its own timeout, which sets a context variable."""
+
+    def __init__(self) -> None:
+        super().__init__(30.0)
+        self.outcomes: list[str] = []
+
+    async def try_complete(self) -> bool:
+        token = probe.set("attempt")
+        try:
+            async with asyncio.timeout(0.01):
+                await asyncio.sleep(1)
+        except TimeoutError:
+            self.outcomes.append("timed out")
+        probe.reset(token)
+        probe.set("leaked?")
+        return False
+
+    def on_complete(self) -> str:
+        return "done"
+
+    def on_expiration(self) -> None:
+        pass
+
+
+@pytest.mark.asyncio
+async def test_an_async_attempt_runs_in_its_own_task_and_context() -> None:
+    recorder = Recorder()
+    asyncio.get_running_loop().set_exception_handler(recorder)
+    async with DelayedOperationPurgatory[Bounded]("own-task") as p:
+        op = Bounded()
+        assert not p.try_complete_else_watch(op, ["k"])
+        await until(lambda: len(op.outcomes) == 1)
+        p.check_and_complete("k")  # as a notify handler would: it must not be cancelled
+        await asyncio.sleep(0.05)  # this task was not cancelled by the attempt's timeout
+        assert probe.get() == "caller"
+        await until(lambda: len(op.outcomes) == 2)
+
+        def from_thread() -> None:
+            p.check_and_complete_threadsafe("k")
+
+        thread = threading.Thread(target=from_thread)
+        thread.start()
+        thread.join()
+        await until(lambda: len(op.outcomes) == 3)
+        assert op.outcomes == ["timed out"] * 3
+        assert probe.get() == "caller"
+    assert recorder.contexts == []
+
+
+class AsyncBaseRaising(DelayedOperation[str]):
+    def __init__(self) -> None:
+        super().__init__(30.0)
+        self.attempts = 0
+
+    async def try_complete(self) -> bool:
+        self.attempts += 1
+        await asyncio.sleep(0)  # raised after a suspension, inside the attempt's task
+        if self.attempts == 1:
+            raise Custom("first attempt")
+        return self.force_complete()
+
+    def on_complete(self) -> str:
+        return "second time lucky"
+
+    def on_expiration(self) -> None:
+        pass
+
+
+@pytest.mark.asyncio
+async def test_an_async_attempt_raising_a_base_exception_does_not_jam_the_operation() -> None:
+    recorder = Recorder()
+    asyncio.get_running_loop().set_exception_handler(recorder)
+    async with DelayedOperationPurgatory[AsyncBaseRaising]("jam") as p:
+        op = AsyncBaseRaising()
+        p.try_complete_else_watch(op, ["k"])
+        await until(lambda: op.attempts == 1 and not p._attempts.running(op))
+        p.check_and_complete("k")
+        assert await asyncio.wait_for(outcome_of(op), 5.0) == "second time lucky"
+    assert [type(e) for e in recorder.exceptions] == [Custom]
+
+
+class Gated(DelayedOperation[str]):
+    def __init__(self) -> None:
+        super().__init__(30.0)
+        self.ready = False
+        self.attempts = 0
+        self.gate = asyncio.Event()
+
+    async def try_complete(self) -> bool:
+        self.attempts += 1
+        ready = self.ready
+        await self.gate.wait()
+        return self.force_complete() if ready else False
+
+    def on_complete(self) -> str:
+        return "done"
+
+    def on_expiration(self) -> None:
+        pass
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("when", ["before it starts", "with a trigger pending"])
+async def test_an_attempt_cancelled_from_outside_runs_again(when: str) -> None:
+    recorder = Recorder()
+    asyncio.get_running_loop().set_exception_handler(recorder)
+    async with DelayedOperationPurgatory[Gated]("attempts") as p:
+        op = Gated()
+        op.gate.set()
+        p.try_complete_else_watch(op, ["k"])
+        if when == "with a trigger pending":
+            await until(lambda: op.attempts == 1)
+            op.gate.clear()
+            await until(lambda: op.attempts == 1)
+            p.check_and_complete("k")  # a second attempt is owed to this trigger
+            await until(lambda: op.attempts == 2)
+            op.ready = True
+            p.check_and_complete("k")  # pending behind the running attempt
+        (task,) = p._attempts.tasks
+        task.cancel()  # "cancel all other tasks"
+        op.ready = True
+        op.gate.set()
+        assert await asyncio.wait_for(outcome_of(op), 5.0) == "done"
+        assert not op.is_expired
+    assert all("cancelled from outside" in c["message"] for c in recorder.contexts)
+    assert len(recorder.contexts) == 1
+
+
+# -- anyio on its asyncio backend -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_uvloop", [False, True], ids=["asyncio", "uvloop"])
+def test_watch_under_anyio_task_groups_and_cancel_scopes(use_uvloop: bool) -> None:
+    results: dict[str, object] = {}
+
+    async def main() -> None:
+        async with DelayedOperationPurgatory[FlagOperation]("anyio") as purgatory:
+            completed = FlagOperation(30, "completed")
+            abandoned = FlagOperation(30, "abandoned")
+            expiring = FlagOperation(0.02, "expiring")
+
+            async def wait(op: FlagOperation) -> None:
+                results[op.name] = await purgatory.watch(op, ["k"])
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(wait, completed)
+                group.start_soon(wait, expiring)
+                with anyio.move_on_after(0.05) as scope:
+                    await purgatory.watch(abandoned, ["other"])
+                assert scope.cancelled_caught
+                completed.ready = True
+                purgatory.check_and_complete("k")
+            results["abandoned"] = abandoned.is_cancelled
+            results["expired"] = expiring.is_expired
+            results["delayed"] = purgatory.num_delayed()
+
+    anyio.run(main, backend="asyncio", backend_options={"use_uvloop": use_uvloop})
+    assert results == {
+        "completed": "completed done",
+        "expiring": "expiring done",
+        "abandoned": True,
+        "expired": True,
+        "delayed": 0,
+    }
+
+
+# -- Ported from Kafka's SystemTimerReaperTest ----------------------------------------------------
+# With the real-time parts of Kafka's DelayedOperationTest. The purgatory's own reaper coroutine
+# drives expirations from the loop's clock. The machine may be slow and shared: lower bounds
+# ("never early") are asserted exactly, in the loop's own time; upper bounds only loosely, to catch
+# a reaper that never wakes, not one that is a little late.
+
+
+# API.md: deadlines are rounded up and the current time down, each with a tolerance of about
+# 1e-6 tick for float rounding; with the default 1 ms tick that is 1 ns each way.
+FLOAT_SLACK = 2e-9
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+class TimedOp(DelayedOperation[str]):
+    """Kafka's ``MockDelayedOperation``, recording the loop time of each callback."""
+
+    def __init__(self, timeout: float, name: str = "op", log: list[str] | None = None) -> None:
+        super().__init__(timeout)
+        self.name = name
+        self.log = log
+        self.completable = False
+        self.calls: list[str] = []
+        self.completed_at: float | None = None
+        self.expired_at: float | None = None
+
+    def try_complete(self) -> bool:
+        if self.completable:
+            return self.force_complete()
+        return False
+
+    def on_complete(self) -> str:
+        self.calls.append("complete")
+        self.completed_at = now()
+        return f"{self.name} done"
+
+    def on_expiration(self) -> None:
+        self.calls.append("expire")
+        self.expired_at = now()
+        if self.log is not None:
+            self.log.append(self.name)
+
+
+def record_loop_errors() -> list[dict[str, Any]]:
+    errors: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+    return errors
+
+
+def assert_expired_on_time(op: TimedOp, watched_at: float) -> None:
+    """Expired, not before its deadline, and not absurdly late."""
+    assert op.is_expired, op
+    assert op.calls == ["complete", "expire"]
+    assert op.expired_at is not None
+    assert op.expired_at >= watched_at + op.timeout - FLOAT_SLACK, "expired before its deadline"
+    assert op.expired_at < watched_at + op.timeout + LOOSE, "the reaper did not wake up"
+
+
+@pytest.mark.asyncio
+async def test_request_expiry() -> None:
+    """Kafka ``DelayedOperationTest.testRequestExpiry``: r1 (20 ms) expires via the reaper."""
+    async with DelayedOperationPurgatory[TimedOp]("mock") as purgatory:
+        r1 = TimedOp(0.020, "r1")
+        r2 = TimedOp(200.0, "r2")
+        start = now()
+        assert not purgatory.try_complete_else_watch(r1, ["test1"])
+        assert not purgatory.try_complete_else_watch(r2, ["test2"])
+        assert not r1.is_completed
+        async with asyncio.timeout(LOOSE + 5):
+            assert await r1 == "r1 done"
+        assert_expired_on_time(r1, start)
+        assert now() >= start + 0.020 - FLOAT_SLACK
+        assert not r2.is_completed
+        assert purgatory.num_delayed() == 1
+    assert r2.is_cancelled
+
+
+@pytest.mark.asyncio
+async def test_reaper() -> None:
+    """Kafka ``SystemTimerReaperTest.testReaper``: three deadlines, each met, in order."""
+    async with DelayedOperationPurgatory[TimedOp]("reaper") as purgatory:
+        log: list[str] = []
+        ops = [TimedOp(0.03 * i, f"t{i}", log) for i in (1, 2, 3)]
+        start = now()
+        waiters = [asyncio.create_task(purgatory.watch(op, [op.name])) for op in ops]
+        async with asyncio.timeout(LOOSE + 5):
+            results = await asyncio.gather(*waiters)
+        assert results == ["t1 done", "t2 done", "t3 done"]
+        assert log == ["t1", "t2", "t3"]
+        for op in ops:
+            assert_expired_on_time(op, start)
+        assert purgatory.statistics().expired == 3
+
+
+@pytest.mark.asyncio
+async def test_zero_timeout_expires_on_the_next_reaper_pass() -> None:
+    async with DelayedOperationPurgatory[TimedOp]("reaper") as purgatory:
+        op = TimedOp(0)
+        start = now()
+        assert not purgatory.try_complete_else_watch(op, ["k"])
+        assert not op.is_completed  # not inside the watch call
+        assert purgatory.num_delayed() == 1
+        async with asyncio.timeout(LOOSE + 5):
+            await op
+        assert_expired_on_time(op, start)
+
+
+@pytest.mark.asyncio
+async def test_reaper_shutdown_is_prompt() -> None:
+    """Kafka ``testReaperClose``: closing stops the reaper, however far its next deadline."""
+    tasks_before = asyncio.all_tasks()
+    purgatory = DelayedOperationPurgatory[TimedOp]("reaper")
+    pending = TimedOp(100.0, "pending")
+    waiter = asyncio.create_task(purgatory.watch(pending, ["k"]))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    started = time.monotonic()
+    async with asyncio.timeout(LOOSE + 5):
+        await purgatory.shutdown()
+        with pytest.raises(PurgatoryClosed):
+            await waiter
+    assert time.monotonic() - started < LOOSE
+    assert pending.is_cancelled
+    assert pending.calls == []
+    assert asyncio.all_tasks() - tasks_before == set(), "shutdown left a task running"
+    await purgatory.shutdown()  # idempotent
+    with pytest.raises(PurgatoryClosed):
+        purgatory.try_complete_else_watch(TimedOp(1.0), ["k"])
+
+
+@pytest.mark.asyncio
+async def test_nothing_expires_after_shutdown() -> None:
+    purgatory = DelayedOperationPurgatory[TimedOp]("reaper")
+    op = TimedOp(0.02)
+    purgatory.try_complete_else_watch(op, ["k"])
+    await purgatory.shutdown()
+    await asyncio.sleep(0.05)
+    assert op.calls == []
+    assert op.is_cancelled
+    with pytest.raises(PurgatoryClosed):
+        await op
+
+
+@pytest.mark.asyncio
+async def test_shared_timer_between_consumers() -> None:
+    """Kafka ``testSharedTimerBetweenConsumers``: the reaper re-arms after going idle."""
+    async with DelayedOperationPurgatory[TimedOp]("shared-reaper") as purgatory:
+        consumer1 = TimedOp(0.02, "consumer1")
+        consumer2 = TimedOp(0.04, "consumer2")
+        start = now()
+        purgatory.try_complete_else_watch(consumer1, ["c1"])
+        purgatory.try_complete_else_watch(consumer2, ["c2"])
+        async with asyncio.timeout(LOOSE + 5):
+            await consumer1
+            await consumer2
+        assert_expired_on_time(consumer1, start)
+        assert_expired_on_time(consumer2, start)
+        assert purgatory.num_delayed() == 0
+        await asyncio.sleep(0.03)  # nothing timed: the reaper sleeps with no deadline
+
+        late = TimedOp(0.02, "late")
+        late_start = now()
+        purgatory.try_complete_else_watch(late, ["c2"])
+        async with asyncio.timeout(LOOSE + 5):
+            await late
+        assert_expired_on_time(late, late_start)
+
+
+@pytest.mark.asyncio
+async def test_an_earlier_deadline_wakes_the_reaper_sooner() -> None:
+    """The reaper sleeps toward a 60 s deadline; a 20 ms operation must not wait for it."""
+    async with DelayedOperationPurgatory[TimedOp]("reaper") as purgatory:
+        far = TimedOp(60.0, "far")
+        purgatory.try_complete_else_watch(far, ["k"])
+        await asyncio.sleep(0.01)  # let the reaper go to sleep
+        near = TimedOp(0.02, "near")
+        start = now()
+        purgatory.try_complete_else_watch(near, ["k"])
+        async with asyncio.timeout(LOOSE + 5):
+            await near
+        assert_expired_on_time(near, start)
+        assert not far.is_completed
+
+
+class RaisingTimedOp(TimedOp):
+    def __init__(self, timeout: float, name: str, where: str) -> None:
+        super().__init__(timeout, name)
+        self.where = where
+
+    def on_complete(self) -> str:
+        result = super().on_complete()
+        if self.where == "on_complete":
+            raise ValueError(f"{self.name}: on_complete failed")
+        return result
+
+    def on_expiration(self) -> None:
+        super().on_expiration()
+        if self.where == "on_expiration":
+            raise RuntimeError(f"{self.name}: on_expiration failed")
+
+
+@pytest.mark.asyncio
+async def test_reaper_keeps_running_after_a_callback_raises() -> None:
+    errors = record_loop_errors()
+    async with DelayedOperationPurgatory[TimedOp]("reaper") as purgatory:
+        bad_expiry = RaisingTimedOp(0.01, "bad_expiry", "on_expiration")
+        bad_complete = RaisingTimedOp(0.01, "bad_complete", "on_complete")
+        good = TimedOp(0.03, "good")
+        start = now()
+        purgatory.try_complete_else_watch(bad_expiry, ["k"])
+        failing = asyncio.create_task(purgatory.watch(bad_complete, ["k"]))
+        async with asyncio.timeout(LOOSE + 5):
+            assert await purgatory.watch(good, ["k"]) == "good done"
+            with pytest.raises(ValueError, match="bad_complete: on_complete failed"):
+                await failing
+            assert await bad_expiry == "bad_expiry done"
+        assert_expired_on_time(good, start)
+        assert bad_expiry.calls == bad_complete.calls == ["complete", "expire"]
+        # The on_expiration error has no awaiter: it reaches the loop's exception handler.
+        # The on_complete error went to its awaiter instead, and is not reported twice.
+        reported = [ctx.get("exception") for ctx in errors]
+        assert len(reported) == 1
+        assert isinstance(reported[0], RuntimeError)
+        assert str(reported[0]) == "bad_expiry: on_expiration failed"
+
+        # And the reaper is still alive for what comes next.
+        later = TimedOp(0.02, "later")
+        later_start = now()
+        purgatory.try_complete_else_watch(later, ["k"])
+        async with asyncio.timeout(LOOSE + 5):
+            await later
+        assert_expired_on_time(later, later_start)
+        assert purgatory.statistics().expired == 4
+
+
+@pytest.mark.asyncio
+async def test_purge_runs_without_waiting_for_an_expiry() -> None:
+    """With a reaper, a due purge runs promptly, not at the next deadline (here 100 s away)."""
+    async with DelayedOperationPurgatory[TimedOp]("reaper", purge_interval=0) as purgatory:
+        op = TimedOp(100.0)
+        purgatory.try_complete_else_watch(op, ["a", "b", "c"])
+        assert purgatory.watched() == 3
+        assert op.force_complete()
+        deadline = time.monotonic() + LOOSE
+        while purgatory.watched() and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        assert purgatory.watched() == 0
+        stats = purgatory.statistics()
+        assert (stats.purged, stats.keys, stats.delayed) == (3, 0, 0)
+
+
+class TimedDelayedFuture(DelayedFuture):
+    """Kafka's ``DelayedFuture``, noting when it completed."""
+
+    completed_at: float | None = None
+
+    def on_complete(self) -> int:
+        self.completed_at = now()
+        return super().on_complete()
+
+
+@pytest.mark.asyncio
+async def test_delayed_future_expires_on_the_reaper() -> None:
+    """Kafka ``testDelayedFuture``, its last case: one future never completes."""
+    loop = asyncio.get_running_loop()
+    async with DelayedOperationPurgatory[DelayedFuture]("testDelayedFuture") as purgatory:
+        futures: list[asyncio.Future[int]] = [loop.create_future(), loop.create_future()]
+        op = TimedDelayedFuture(0.05, futures)
+        start = now()
+        assert not purgatory.try_complete_else_watch(op, ["futures"])
+        for future in futures:
+            future.add_done_callback(lambda _: purgatory.check_and_complete("futures"))
+        futures[0].set_result(40)
+        async with asyncio.timeout(LOOSE + 5):
+            assert await op == 40
+        assert op.is_expired
+        assert op.completed_at is not None
+        assert op.completed_at >= start + 0.05 - FLOAT_SLACK
+        assert isinstance(futures[1].exception(), TimeoutError)
+
+
+@pytest.mark.asyncio
+async def test_cancelled_watch_leaves_the_timer_at_once() -> None:
+    """Cancelling the task awaiting ``watch`` cancels the operation: it never expires."""
+    async with DelayedOperationPurgatory[TimedOp]("reaper") as purgatory:
+        op = TimedOp(0.03)
+        waiter = asyncio.create_task(purgatory.watch(op, ["k"]))
+        await asyncio.sleep(0)
+        assert purgatory.num_delayed() == 1
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert op.is_cancelled
+        assert purgatory.num_delayed() == 0
+        await asyncio.sleep(0.06)
+        assert op.calls == []
+        with pytest.raises(OperationCancelled):
+            await op

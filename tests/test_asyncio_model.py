@@ -25,7 +25,7 @@ TICK = 0.001
 
 
 class Fatal(BaseException):
-    """Not an ``Exception``: what used to kill the reaper from within."""
+    """Not an ``Exception``: raised from an expiry callback, it must not end the reaper."""
 
 
 class Op(DelayedOperation[str]):

@@ -1,4 +1,4 @@
-"""Property tests of the sans-IO core against a small reference model, in virtual time.
+"""The whole purgatory (`purgatory._purgatory`) against a small reference model, in virtual time.
 
 Everything here runs on a `ManualClock` without an event loop. The model keeps time exactly (as
 fractions of the decimal values the test means), so it never shares the implementation's float
@@ -754,7 +754,7 @@ def test_one_big_advance_equals_many_small_ones(
         max_size=150,
     ),
 )
-# Regression: two operations due on one tick, parked in buckets of two different levels that
+# Two operations due on one tick, parked in buckets of two different levels that
 # cascade in the same advance (the later-watched one must not overtake the earlier one).
 @example(
     tick=1.0,

@@ -1,4 +1,5 @@
-"""Kafka's ``TimerTaskListTest`` and ``TimingWheelTest``, ported to the internal wheel.
+"""The timing wheel (`purgatory._wheel`): Kafka's ``TimerTaskListTest`` and ``TimingWheelTest``,
+ported, then cascades, removal and order. Its model-based test is test_wheel_model.py.
 
 Kafka's wheel works in milliseconds with a ``tickMs``; ours works in integer ticks (the purgatory
 converts seconds), so Kafka's ``startMs = 1000, tickMs = 10, wheelSize = 5`` becomes
@@ -12,11 +13,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import pytest
 
 from purgatory._wheel import Bucket, TimingWheel
+from purgatory.testing._invariants import check_timing_wheel
 
 
 class Entry:
@@ -42,7 +44,7 @@ def bucket_size(bucket: Bucket | None) -> int:
     return 0 if bucket is None else len(bucket)
 
 
-# -- TimerTaskListTest -----------------------------------------------------------------------
+# -- Ported from Kafka's TimerTaskListTest --------------------------------------------------------
 
 
 def test_timer_task_list_all() -> None:
@@ -105,15 +107,18 @@ def test_bucket_delay() -> None:
     assert wheel.next_deadline() - wheel.current_tick == 5
 
 
-# -- TimingWheelTest (startMs = 1000, tickMs = 10, wheelSize = 5) ----------------------------
+# -- Ported from Kafka's TimingWheelTest (startMs = 1000, tickMs = 10, wheelSize = 5) -------------
 
 START = 100
 SIZE = 5
 
 
 @pytest.fixture
-def wheel() -> TimingWheel:
-    return TimingWheel(SIZE, start_tick=START)
+def wheel() -> Iterator[TimingWheel]:
+    """A fresh wheel; whatever the test did, it must be left consistent."""
+    wheel = TimingWheel(SIZE, start_tick=START)
+    yield wheel
+    check_timing_wheel(wheel)
 
 
 def test_add_valid_entry(wheel: TimingWheel) -> None:

@@ -1,0 +1,144 @@
+"""`purgatory.testing.ManualClock`: time that moves only when the test says so, and
+`advance_to`, which runs a timer pass at each tick where an attached purgatory has work."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from helpers import FlagOperation
+
+from purgatory import (
+    DelayedOperation,
+    DelayedOperationPurgatory,
+)
+from purgatory.testing import ManualClock, check_invariants
+
+
+@pytest.mark.parametrize("seconds", [-1.0, math.nan, math.inf])
+def test_manual_clock_never_goes_backwards(seconds: float) -> None:
+    clock = ManualClock(5.0)
+    with pytest.raises(ValueError, match="backwards"):
+        clock.advance(seconds)
+    assert clock.now() == 5.0
+
+
+def test_manual_clock_rejects_bad_start() -> None:
+    with pytest.raises(ValueError, match="finite"):
+        ManualClock(math.nan)
+    with pytest.raises(TypeError):
+        ManualClock("0")  # type: ignore[arg-type]
+
+
+# -- advance_to -----------------------------------------------------------------------------------
+
+
+class Stamped(DelayedOperation[float]):
+    """Records the clock's time when it expires."""
+
+    def __init__(self, clock: ManualClock, timeout: float) -> None:
+        super().__init__(timeout)
+        self.clock = clock
+        self.expired_at = math.nan
+
+    def try_complete(self) -> bool:
+        return False
+
+    def on_complete(self) -> float:
+        return self.clock.now()
+
+    def on_expiration(self) -> None:
+        self.expired_at = self.clock.now()
+
+
+def test_advance_to_expires_each_operation_at_its_own_tick() -> None:
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[Stamped]("stamped", clock=clock)
+    ops = [Stamped(clock, timeout) for timeout in (0.005, 0.0021, 0.3, 2.5)]
+    for index, op in enumerate(ops):
+        p.try_complete_else_watch(op, [index])
+    assert clock.advance_to(1.0) == 3
+    assert clock.now() == 1.0
+    # Deadlines rounded up to the 1 ms tick; the pass ran there, not at the end of the move.
+    assert [op.expired_at for op in ops[:3]] == pytest.approx([0.005, 0.003, 0.3])
+    assert not ops[3].is_completed
+    assert clock.advance_to(3.0) == 1
+    assert ops[3].expired_at == pytest.approx(2.5)
+    check_invariants(p)
+
+
+def test_advance_to_runs_a_pass_only_where_there_is_work() -> None:
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[Stamped]("sparse", clock=clock)
+    p.try_complete_else_watch(Stamped(clock, 0.5), ["a"])
+    p.try_complete_else_watch(Stamped(clock, 0.5), ["b"])
+    p.try_complete_else_watch(Stamped(clock, 5.0), ["c"])  # cascades down a level first
+    before = p.statistics().timer_passes
+    clock.advance_to(1.0)
+    assert p.statistics().timer_passes - before == 1  # one tick had work: 0.5 s
+    clock.advance_to(10.0)
+    passes = p.statistics().timer_passes - before
+    assert 2 <= passes <= 4  # the cascade of the 5 s deadline, then its expiry
+    assert p.statistics().expired == 3
+
+
+def test_advance_to_runs_due_work_and_purges_at_the_current_time() -> None:
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("purge", clock=clock, purge_interval=2)
+    ops = [FlagOperation(60.0, str(i)) for i in range(4)]
+    for op in ops:
+        p.try_complete_else_watch(op, ["k", op.name])
+    for op in ops[:3]:
+        op.force_complete()
+    assert p.watched() == 8  # finished entries stay on the lists until a purge
+    clock.advance_to(clock.now())  # a purge is owed: it runs now, without moving time
+    assert clock.now() == 0.0
+    assert p.watched() == 2
+    check_invariants(p)
+
+
+def test_advance_to_serves_every_attached_purgatory_in_time_order() -> None:
+    clock = ManualClock()
+    order: list[tuple[str, float]] = []
+
+    class Noted(Stamped):
+        def on_expiration(self) -> None:
+            order.append((self.name, self.clock.now()))
+
+        def __init__(self, name: str, timeout: float) -> None:
+            super().__init__(clock, timeout)
+            self.name = name
+
+    first = DelayedOperationPurgatory[Noted]("first", clock=clock)
+    second = DelayedOperationPurgatory[Noted]("second", clock=clock)
+    second.try_complete_else_watch(Noted("b", 0.1), ["x"])
+    first.try_complete_else_watch(Noted("a", 0.2), ["x"])
+    second.try_complete_else_watch(Noted("c", 0.3), ["x"])
+    clock.advance_to(1.0)
+    assert [name for name, _ in order] == ["b", "a", "c"]
+    assert [at for _, at in order] == pytest.approx([0.1, 0.2, 0.3])
+
+
+@pytest.mark.parametrize(
+    ("when", "error"),
+    [(-0.5, ValueError), (math.nan, ValueError), (math.inf, ValueError), ("1", TypeError)],
+)
+def test_advance_to_refuses_the_past_and_non_times(when: Any, error: type[Exception]) -> None:
+    clock = ManualClock(start=1.0)
+    with pytest.raises(error, match="when must be"):
+        clock.advance_to(when)
+    assert clock.now() == 1.0
+
+
+def test_advance_to_stops_a_callback_that_keeps_adding_work_due_at_once() -> None:
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[Any]("runaway", clock=clock)
+
+    class Again(Stamped):
+        def on_expiration(self) -> None:
+            p.try_complete_else_watch(Again(clock, 0.0), ["k"])
+
+    p.try_complete_else_watch(Again(clock, 0.0), ["k"])
+    with pytest.raises(RuntimeError, match="keeps having work"):
+        clock.advance_to(1.0)
