@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import gc
+import math
 import threading
 import time
 import weakref
@@ -1742,9 +1743,13 @@ async def test_delayed_future_expires_on_the_reaper() -> None:
 
 @pytest.mark.asyncio
 async def test_cancelled_watch_leaves_the_timer_at_once() -> None:
-    """Cancelling the task awaiting ``watch`` cancels the operation: it never expires."""
+    """Cancelling the task awaiting ``watch`` cancels the operation: it never expires.
+
+    The timeout is long enough that a stalled machine cannot expire the operation before the
+    cancellation lands; that it left the timer is read off the timer itself.
+    """
     async with DelayedOperationPurgatory[TimedOp]("reaper") as purgatory:
-        op = TimedOp(0.03)
+        op = TimedOp(5.0)
         waiter = asyncio.create_task(purgatory.watch(op, ["k"]))
         await asyncio.sleep(0)
         assert purgatory.num_delayed() == 1
@@ -1753,7 +1758,8 @@ async def test_cancelled_watch_leaves_the_timer_at_once() -> None:
             await waiter
         assert op.is_cancelled
         assert purgatory.num_delayed() == 0
-        await asyncio.sleep(0.06)
+        assert purgatory.statistics().next_deadline_in == math.inf
+        check_invariants(purgatory)
         assert op.calls == []
         with pytest.raises(OperationCancelled):
             await op
