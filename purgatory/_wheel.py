@@ -112,6 +112,7 @@ class TimingWheel:
         "_memo_due",
         "_memo_high",
         "_memo_low",
+        "_memo_until",
         "_overdue",
         "_push_count",
         "_slots1",
@@ -149,11 +150,12 @@ class TimingWheel:
         self._slots1: list[Bucket] = []
         self._limit1 = 0
         # The bucket the last `add` chose, the deadlines [low, high) for which `add` would choose
-        # it again, and its due tick: entries come in bursts with one deadline (or one span), and
-        # the choice stays right until `advance` (or `next_deadline`) changes the wheel, which
-        # forgets it (`_forget_memo`). An empty range to begin with.
+        # it again, and its due tick: entries come in bursts with one deadline (or one span).
+        # The choice holds until the current tick reaches `until` (the bucket falls due, or level
+        # 0 grows into the range), or the bucket is dropped (`_forget_memo`). Empty at first.
         self._memo_low = 0
         self._memo_high = 0
+        self._memo_until = 0
         self._memo_bucket = self._overdue
         self._memo_due = 0
 
@@ -264,6 +266,7 @@ class TimingWheel:
             due = deadline
             self._memo_low = deadline
             self._memo_high = deadline + 1
+            self._memo_until = deadline
             self._memo_bucket = bucket
             self._memo_due = due
         elif deadline < self._limit1:
@@ -276,11 +279,17 @@ class TimingWheel:
             if bucket.expiration != start:
                 bucket.expiration = start
                 self._push(bucket, due)
-            # The deadlines this level puts in this bucket (level 0 takes those below).
-            low = current + self._wheel_size
-            self._memo_low = start if start > low else low
+            # The deadlines this level puts in this bucket: level 0 takes those below `low`, and
+            # will take `low` itself once the current tick passes `low - wheel_size`.
+            size = self._wheel_size
+            low = current + size
+            if start > low:
+                low = start
+            self._memo_low = low
             high = start + span
             self._memo_high = high if high < self._limit1 else self._limit1
+            until = low - size + 1
+            self._memo_until = due if due < until else until
             self._memo_bucket = bucket
             self._memo_due = due
         else:
@@ -315,7 +324,8 @@ class TimingWheel:
 
         Runtime complexity: O(due entries + due buckets * log buckets), plus O(entries cascaded).
         """
-        self._forget_memo()
+        if now >= self._memo_until:  # the last add's choice no longer holds
+            self._memo_high = self._memo_low
         due: list[Any] = []
         overdue = self._overdue
         if overdue:
@@ -396,6 +406,9 @@ class TimingWheel:
             assert start <= self._memo_low, f"the memo starts before {memo!r}"
             assert self._memo_high <= start + self._spans[memo.level], f"memo beyond {memo!r}"
             assert self._memo_due == self.due_tick(memo), f"memo due tick wrong for {memo!r}"
+            assert current < self._memo_until <= self._memo_low, "memo outlives its range"
+            if memo.level:
+                assert current + self._wheel_size <= self._memo_low, "level 0 took the memo's"
         for entry in self._overdue:
             held += 1
             assert entry._bucket is self._overdue
