@@ -53,7 +53,7 @@ def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_spark, "get_session", refuse)
 
 
-def fails(argv: Sequence[str], capsys: pytest.CaptureFixture[str], *named: object) -> str:
+def fails(argv: Sequence[object], capsys: pytest.CaptureFixture[str], *named: object) -> str:
     """Run the command line; check exit 2 and one line on stderr naming `named`; the line."""
     assert _cli.main([str(a) for a in argv]) == 2
     captured = capsys.readouterr()
