@@ -68,13 +68,20 @@ _SETTINGS: Final = (
 def number(value: float) -> str:
     """The chart's one number format: three significant digits, thousands grouped, no exponent.
 
-    >>> [number(v) for v in (0.001, 0.5, 1, 2.0, 15.934, 1024, 123456.7)]
-    ['0.001', '0.5', '1', '2', '15.9', '1,024', '123,457']
+    Trailing zeros show only where they carry information (the value was rounded to them).
+
+    >>> [number(v) for v in (0.001, 0.1 + 0.2, 1, 15.934, 15.996, 99.96, 1024, 123456.7)]
+    ['0.001', '0.3', '1', '15.9', '16.0', '100', '1,024', '123,457']
     """
     if value == 0 or abs(value) >= 100:
         return f"{round(value):,}"
     digits = max(0, 2 - math.floor(math.log10(abs(value))))
-    return f"{value:.{digits}f}".rstrip("0").rstrip(".")
+    text = f"{value:.{digits}f}"
+    if abs(float(text)) >= 100:  # rounded up to the next power of ten (99.96)
+        return f"{round(value):,}"
+    if math.isclose(float(text), value, rel_tol=1e-9) and "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
 
 
 def _setting(
