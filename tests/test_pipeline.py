@@ -228,6 +228,8 @@ def write_trace(path: Path, **changes: Any) -> str:
         ({"timeout": pa.array(["1", "2"])}, "column 'timeout' has type string"),
         ({"timeout": pa.array([1.0, -0.5])}, "op_id=1: column 'timeout' is negative"),
         ({"timeout": pa.array([math.inf, 1.0])}, "op_id=0: column 'timeout' is not finite"),
+        # 2**53 ticks of 1 ms are 9e12 s: the purgatory would refuse it inside a Spark task.
+        ({"timeout": pa.array([1e13, 1.0])}, "op_id=0: column 'timeout' is beyond the timer's"),
         ({"op_id": pa.array([3, 3], pa.int64())}, "duplicate op_id 3 in purgatory 'p'"),
         ({"condition_at": pa.array([0.25, 0.4])}, "op_id=1: column 'condition_at' is before"),
         ({"keys": pa.array([["a"], []], pa.list_(pa.string()))}, "column 'keys' is empty"),

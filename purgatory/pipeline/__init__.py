@@ -9,22 +9,29 @@
 
 Command line: ``python -m purgatory.pipeline --help``. Schemas: ``docs/pipeline-schemas.md``.
 Only this subpackage imports pyspark; ``import purgatory`` stays standard-library only.
+
+The names below are imported on first use, so ``import purgatory.pipeline`` and the command
+line's ``--help`` work without the ``spark`` extra; using a name then says what to install.
 """
 
 from __future__ import annotations
 
-from ._generate import TRACE_SCHEMA as TRACE_SCHEMA
-from ._generate import W1 as W1
-from ._jobs import SHARED_SUMMARY_COLUMNS as SHARED_SUMMARY_COLUMNS
-from ._jobs import TraceError as TraceError
-from ._jobs import analyze as analyze
-from ._jobs import generate as generate
-from ._jobs import load_trace as load_trace
-from ._jobs import replay as replay
-from ._jobs import trace_from_log as trace_from_log
-from ._replay import ReplayConfig as ReplayConfig
-from ._replay import replay_table as replay_table
-from ._spark import get_session as get_session
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._generate import TRACE_SCHEMA as TRACE_SCHEMA
+    from ._generate import W1 as W1
+    from ._jobs import SHARED_SUMMARY_COLUMNS as SHARED_SUMMARY_COLUMNS
+    from ._jobs import TraceError as TraceError
+    from ._jobs import analyze as analyze
+    from ._jobs import generate as generate
+    from ._jobs import load_trace as load_trace
+    from ._jobs import replay as replay
+    from ._jobs import trace_from_log as trace_from_log
+    from ._replay import ReplayConfig as ReplayConfig
+    from ._replay import replay_table as replay_table
+    from ._spark import get_session as get_session
 
 __all__ = (
     "SHARED_SUMMARY_COLUMNS",
@@ -40,3 +47,40 @@ __all__ = (
     "replay_table",
     "trace_from_log",
 )
+
+_HOME = {
+    "TRACE_SCHEMA": "_generate",
+    "W1": "_generate",
+    "SHARED_SUMMARY_COLUMNS": "_jobs",
+    "TraceError": "_jobs",
+    "analyze": "_jobs",
+    "generate": "_jobs",
+    "load_trace": "_jobs",
+    "replay": "_jobs",
+    "trace_from_log": "_jobs",
+    "ReplayConfig": "_replay",
+    "replay_table": "_replay",
+    "get_session": "_spark",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its private module on first use (PEP 562)."""
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        module = importlib.import_module(f"{__name__}.{home}")
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            f"purgatory.pipeline.{name} needs the Spark extra (no module {exc.name!r}): "
+            "pip install 'asyncio-purgatory[spark]'",
+            name=exc.name,
+        ) from exc
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
-__all__ = ("sweep_chart",)
+__all__ = ("config_labels", "number", "sweep_chart")
 
 
 def sweep_chart(rows: Sequence[Mapping[str, Any]], path: str, title: str) -> None:
     """Write a PNG of one bar per configuration (summed over purgatories) in three panels.
 
-    `rows` are replay summary rows (one per purgatory and configuration).
+    `rows` are replay summary rows (one per purgatory and configuration). Each bar is labelled
+    with the settings that differ between configurations; those the same for all go once under
+    the title. Every number on the chart is written by `number`.
     """
     import matplotlib
 
@@ -29,7 +32,7 @@ def sweep_chart(rows: Sequence[Mapping[str, Any]], path: str, title: str) -> Non
         agg["wait_p99"] = max(agg["wait_p99"], row["wait_p99"] or 0.0)
         agg["peak_watched"] = max(agg["peak_watched"], row["peak_watched"])
     ids = sorted(by_config)
-    labels = [_label(by_config[i]["row"]) for i in ids]
+    labels, common = config_labels([by_config[i]["row"] for i in ids])
     expired = [100 * by_config[i]["expired"] / max(1, by_config[i]["operations"]) for i in ids]
     p99 = [1000 * by_config[i]["wait_p99"] for i in ids]
     watched = [by_config[i]["peak_watched"] for i in ids]
@@ -42,17 +45,68 @@ def sweep_chart(rows: Sequence[Mapping[str, Any]], path: str, title: str) -> Non
     for ax, (values, name, color) in zip(axes, panels, strict=True):
         bars = ax.bar(range(len(ids)), values, color=color)
         ax.set_ylabel(name)
-        ax.bar_label(bars, fmt="%.3g", fontsize=8)
+        ax.bar_label(bars, fmt=number, fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     axes[-1].set_xticks(range(len(ids)), labels, rotation=30, ha="right", fontsize=8)
-    fig.suptitle(title)
+    fig.suptitle(f"{title}\n{common}" if common else title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def _label(row: Mapping[str, Any]) -> str:
-    return (
-        f"timeout x{row['timeout_scale']:g}, rate x{row['rate_scale']:g}\n"
-        f"tick {row['tick'] * 1000:g} ms, wheel {row['wheel_size']}"
-    )
+#: (summary column, label, factor to the shown unit, unit) of each configuration setting.
+_SETTINGS: Final = (
+    ("tick", "tick", 1000.0, " ms"),
+    ("wheel_size", "wheel", 1, ""),
+    ("purge_interval", "purge", 1, ""),
+    ("timeout_scale", "timeout x", 1, ""),
+    ("rate_scale", "rate x", 1, ""),
+    ("trigger", "trigger", None, ""),
+)
+
+
+def number(value: float) -> str:
+    """The chart's one number format: three significant digits, thousands grouped, no exponent.
+
+    Trailing zeros show only where they carry information (the value was rounded to them).
+
+    >>> [number(v) for v in (0.001, 0.1 + 0.2, 1, 15.934, 15.996, 99.96, 1024, 123456.7)]
+    ['0.001', '0.3', '1', '15.9', '16.0', '100', '1,024', '123,457']
+    """
+    if value == 0 or abs(value) >= 100:
+        return f"{round(value):,}"
+    digits = max(0, 2 - math.floor(math.log10(abs(value))))
+    text = f"{value:.{digits}f}"
+    if abs(float(text)) >= 100:  # rounded up to the next power of ten (99.96)
+        return f"{round(value):,}"
+    if math.isclose(float(text), value, rel_tol=1e-9) and "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
+def _setting(
+    row: Mapping[str, Any], column: str, name: str, factor: float | None, unit: str
+) -> str:
+    value = row[column]
+    shown = str(value) if factor is None else number(value * factor)
+    return f"{name}{shown}{unit}" if name.endswith("x") else f"{name} {shown}{unit}"
+
+
+def config_labels(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], str]:
+    """A label per configuration row with only the settings that vary, and the common ones.
+
+    >>> rows = [
+    ...     {"tick": 0.001, "wheel_size": 1024, "purge_interval": 1000, "timeout_scale": t,
+    ...      "rate_scale": 1.0, "trigger": "key"}
+    ...     for t in (0.5, 1.0)
+    ... ]
+    >>> config_labels(rows)
+    (['timeout x0.5', 'timeout x1'], 'tick 1 ms, wheel 1,024, purge 1,000, rate x1, trigger key')
+    """
+    varying = [s for s in _SETTINGS if len({row[s[0]] for row in rows}) > 1]
+    constant = [s for s in _SETTINGS if s not in varying]
+    labels = [", ".join(_setting(row, *s) for s in varying) for row in rows]
+    if not varying:
+        labels = [f"configuration {row.get('config_id', i)}" for i, row in enumerate(rows)]
+    common = ", ".join(_setting(rows[0], *s) for s in constant) if rows else ""
+    return labels, common

@@ -1,39 +1,121 @@
-"""The command line: ``python -m purgatory.pipeline generate | replay | analyze | sweep``."""
+"""The command line: ``python -m purgatory.pipeline generate | replay | analyze | sweep``.
+
+Parsing imports neither Spark nor numpy nor pyarrow, so ``--help`` works (and says what to
+install) without the Spark extra. A command then checks its paths and settings
+(`purgatory.pipeline._checks`) before it starts a Spark session, and any error ends in one line
+on stderr: exit status 2 for bad input, 1 for anything else; ``--verbose`` shows the full trace.
+"""
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
-from ._generate import W1
-from ._replay import ReplayConfig
+from ._checks import (
+    EXTRA_MODULES,
+    InputError,
+    check_configs,
+    check_directory,
+    check_event_logs,
+    check_output,
+    check_trace,
+    missing_extra,
+)
 
-__all__ = ("main",)
+if TYPE_CHECKING:
+    from ._generate import W1
+    from ._replay import ReplayConfig
 
-_DEFAULT_W1 = W1()
+__all__ = ("build_parser", "main", "one_line")
+
+#: `purgatory.pipeline.W1`'s defaults, written out so that parsing needs no numpy (a test checks
+#: that they agree).
+W1_DEFAULTS: Final = {
+    "purgatories": 4,
+    "operations": 100_000,
+    "rate": 1000.0,
+    "timeout": 0.2,
+    "p50": 0.02,
+    "p75": 0.06,
+    "keys": 100,
+    "keys_per_op": 3,
+    "key_skew": 0.0,
+    "never": 0.0,
+    "seed": 1,
+    "chunk": 200_000,
+}
+#: `purgatory.pipeline.ReplayConfig`'s defaults, as comma lists (checked by the same test).
+GRID_DEFAULTS: Final = {"tick": "0.001", "wheel_size": "1024", "purge_interval": "1000"}
+_PROG: Final = "python -m purgatory.pipeline"
 
 
 def _floats(text: str) -> list[float]:
     try:
-        return [float(part) for part in text.split(",") if part.strip()]
+        values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected numbers separated by commas, got {text!r}"
         ) from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected at least one number, got {text!r}")
+    return values
 
 
 def _ints(text: str) -> list[int]:
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected integers separated by commas, got {text!r}"
         ) from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected at least one integer, got {text!r}")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default (none for flags and required options); keeps the examples."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            action.required
+            or action.default in (None, False, argparse.SUPPRESS)
+            or "%(default)" in text
+        ):
+            return text
+        return f"{text} (default: %(default)s)".strip()
+
+
+def _requirements() -> str:
+    missing = missing_extra((*EXTRA_MODULES, "matplotlib"))
+    lines = [
+        "Needs the Spark extra and Java 17 or later: pip install 'asyncio-purgatory[spark]'.",
+    ]
+    if missing:
+        lines.append(f"Not installed here: {missing.split(' (', 1)[1].split(')', 1)[0]}.")
+    return "\n".join(lines)
+
+
+def _examples(*commands: str) -> str:
+    return "examples:\n" + "\n".join(f"  {_PROG} {command}" for command in commands)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -43,38 +125,75 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         help="Spark master (default local[*]; ignored under spark-submit, which sets it)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="on an error, show the full Python and JVM traces, and keep Spark's warnings",
+    )
 
 
 def _add_w1(parser: argparse.ArgumentParser, operations: int) -> None:
-    w = _DEFAULT_W1
+    w = W1_DEFAULTS
     group = parser.add_argument_group("W1 trace (Kafka's TestPurgatoryPerformance model)")
-    group.add_argument("--purgatories", type=int, default=w.purgatories)
-    group.add_argument("--operations", type=int, default=operations, help="per purgatory")
-    group.add_argument("--rate", type=float, default=w.rate, help="arrivals/s per purgatory")
-    group.add_argument("--timeout", type=float, default=w.timeout, help="seconds")
-    group.add_argument("--p50", type=float, default=w.p50, help="latency median, seconds")
-    group.add_argument("--p75", type=float, default=w.p75, help="latency p75, seconds")
-    group.add_argument("--keys", type=int, default=w.keys, help="key space per purgatory")
-    group.add_argument("--keys-per-op", type=int, default=w.keys_per_op)
-    group.add_argument("--key-skew", type=float, default=w.key_skew, help="Zipf exponent")
-    group.add_argument("--never", type=float, default=w.never, help="share never completing")
-    group.add_argument("--seed", type=int, default=w.seed)
-    group.add_argument("--chunk", type=int, default=w.chunk, help="operations per task")
+    group.add_argument(
+        "--purgatories", type=_positive_int, default=w["purgatories"], help="purgatories"
+    )
+    group.add_argument(
+        "--operations", type=_positive_int, default=operations, help="operations per purgatory"
+    )
+    group.add_argument("--rate", type=float, default=w["rate"], help="arrivals/s per purgatory")
+    group.add_argument("--timeout", type=float, default=w["timeout"], help="seconds")
+    group.add_argument("--p50", type=float, default=w["p50"], help="latency median, seconds")
+    group.add_argument("--p75", type=float, default=w["p75"], help="latency p75, seconds")
+    group.add_argument(
+        "--keys", type=_positive_int, default=w["keys"], help="key space per purgatory"
+    )
+    group.add_argument(
+        "--keys-per-op", type=_positive_int, default=w["keys_per_op"], help="keys per operation"
+    )
+    group.add_argument("--key-skew", type=float, default=w["key_skew"], help="Zipf exponent")
+    group.add_argument(
+        "--never", type=float, default=w["never"], help="share of operations never completing"
+    )
+    group.add_argument("--seed", type=int, default=w["seed"], help="seed of every draw")
+    group.add_argument(
+        "--chunk", type=_positive_int, default=w["chunk"], help="operations per task"
+    )
 
 
 def _add_grid(parser: argparse.ArgumentParser, timeout: str, rate: str) -> None:
+    g = GRID_DEFAULTS
     group = parser.add_argument_group("configuration grid (comma lists; the cartesian product)")
-    group.add_argument("--tick", type=_floats, default=[0.001], help="seconds")
-    group.add_argument("--wheel-size", type=_ints, default=[1024])
-    group.add_argument("--purge-interval", type=_ints, default=[1000])
-    group.add_argument("--timeout-scale", type=_floats, default=_floats(timeout))
-    group.add_argument("--rate-scale", type=_floats, default=_floats(rate))
-    group.add_argument("--trigger", choices=("key", "force"), default="key")
-    group.add_argument("--partitions", type=int, default=None, help="default: one per group")
-    group.add_argument("--event-log", default=None, help="directory for the replay's event logs")
+    group.add_argument("--tick", type=_floats, default=g["tick"], help="seconds")
+    group.add_argument(
+        "--wheel-size", type=_ints, default=g["wheel_size"], help="slots per wheel level"
+    )
+    group.add_argument(
+        "--purge-interval", type=_ints, default=g["purge_interval"], help="Kafka's purgeInterval"
+    )
+    group.add_argument(
+        "--timeout-scale", type=_floats, default=timeout, help="every timeout times this"
+    )
+    group.add_argument(
+        "--rate-scale", type=_floats, default=rate, help="arrivals this many times faster"
+    )
+    group.add_argument(
+        "--trigger",
+        choices=("key", "force"),
+        default="key",
+        help="key: check_and_complete on the first key; force: force_complete",
+    )
+    group.add_argument(
+        "--partitions", type=_positive_int, default=None, help="default: four per core"
+    )
+    group.add_argument(
+        "--event-log", default=None, help="directory for the replay's event logs (default: none)"
+    )
 
 
 def _w1(args: argparse.Namespace) -> W1:
+    from ._generate import W1
+
     return W1(
         purgatories=args.purgatories,
         operations=args.operations,
@@ -92,6 +211,8 @@ def _w1(args: argparse.Namespace) -> W1:
 
 
 def _grid(args: argparse.Namespace) -> list[ReplayConfig]:
+    from ._replay import ReplayConfig
+
     return [
         ReplayConfig(tick, wheel, purge, timeout, rate, args.trigger)
         for tick, wheel, purge, timeout, rate in itertools.product(
@@ -101,28 +222,71 @@ def _grid(args: argparse.Namespace) -> list[ReplayConfig]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
+    """The argument parser of every subcommand (imports no part of the Spark extra)."""
     parser = argparse.ArgumentParser(
-        prog="python -m purgatory.pipeline",
-        description="Record, replay and analyse purgatory workloads on Spark.",
+        prog=_PROG,
+        description="Record, replay and analyse purgatory workloads on Spark.\n" + _requirements(),
+        epilog=_examples(
+            "sweep --out sweep/",
+            "generate --out trace/ --purgatories 8 --operations 1000000",
+            "replay --trace trace/ --out replay/ --tick 0.001,0.01 --timeout-scale 0.5,1",
+            "generate --from-log events/ --out night/",
+            "analyze --log events/ --out analysis/ --window 60",
+        )
+        + f"\n\n'{_PROG} COMMAND --help' lists each command's options.",
+        formatter_class=_Formatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="write a seeded W1 trace, or a trace from event logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, summary: str, *examples: str) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name,
+            help=summary,
+            description=f"{summary[0].upper()}{summary[1:]}.\n{_requirements()}",
+            epilog=_examples(*examples),
+            formatter_class=_Formatter,
+        )
+
+    gen = command(
+        "generate",
+        "write a seeded W1 trace, or a trace from event logs",
+        "generate --out trace/",
+        "generate --out trace/ --purgatories 8 --operations 1000000 --timeout 0.5",
+        "generate --from-log events/ --out night/",
+    )
     gen.add_argument("--out", required=True, help="trace directory (Parquet)")
-    gen.add_argument("--from-log", default=None, help="make the trace from these event logs")
-    _add_w1(gen, _DEFAULT_W1.operations)
+    gen.add_argument(
+        "--from-log", default=None, help="make the trace from the event logs (*.jsonl) here"
+    )
+    _add_w1(gen, int(W1_DEFAULTS["operations"]))
     _add_common(gen)
-    rep = sub.add_parser("replay", help="replay a trace over a configuration grid")
-    rep.add_argument("--trace", required=True)
+    rep = command(
+        "replay",
+        "replay a trace over a configuration grid",
+        "replay --trace trace/ --out replay/",
+        "replay --trace trace/ --out replay/ --tick 0.001,0.01 --rate-scale 1,2 "
+        "--event-log events/",
+    )
+    rep.add_argument("--trace", required=True, help="trace: a Parquet file or directory")
     rep.add_argument("--out", required=True, help="output directory: operations/, summary/")
     _add_grid(rep, "1", "1")
     _add_common(rep)
-    ana = sub.add_parser("analyze", help="summaries of recorded event logs")
+    ana = command(
+        "analyze",
+        "summaries of recorded event logs",
+        "analyze --log events/ --out analysis/",
+        "analyze --log events/ --out analysis/ --window 1",
+    )
     ana.add_argument("--log", required=True, help="directory of *.jsonl event logs")
     ana.add_argument("--out", required=True, help="output: summary/ keys/ windows/ waits/")
     ana.add_argument("--window", type=float, default=60.0, help="seconds per time window")
     _add_common(ana)
-    swp = sub.add_parser("sweep", help="generate, replay a grid, print the summary, chart it")
+    swp = command(
+        "sweep",
+        "generate, replay a grid, print the summary, chart it",
+        "sweep --out sweep/",
+        "sweep --out sweep/ --operations 100000 --timeout-scale 0.5,1,2 --rate-scale 1,2,4",
+    )
     swp.add_argument("--out", required=True, help="directory: trace/, replay/, sweep.png")
     _add_w1(swp, 20_000)
     _add_grid(swp, "0.5,1,2", "1,2,4")
@@ -131,30 +295,115 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; errors in the input are one line on stderr and exit status 2."""
-    args = build_parser().parse_args(argv)
-    from ._jobs import TraceError
-    from ._spark import JavaMissing
+    """Run one subcommand; every error is one line on stderr (exit 2 for bad input, else 1).
 
+    With ``--verbose``, errors propagate with their full traces instead.
+    """
+    args = build_parser().parse_args(argv)
+    where = f"{_PROG.split()[-1]} {args.command}: error:"
     try:
         return _run(args)
-    except (TraceError, JavaMissing, FileExistsError, ValueError) as exc:
-        print(f"purgatory.pipeline {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        if args.verbose:
+            raise
+        print(f"{where} interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.verbose:
+            raise
+        bad_input = _is_input_error(exc)
+        text = one_line(exc)
+        if not bad_input:
+            text += " (--verbose shows the full trace)"
+        print(f"{where} {text}", file=sys.stderr)
+        return 2 if bad_input else 1
+
+
+def _is_input_error(exc: BaseException) -> bool:
+    """Bad input or environment (exit 2): our checks' errors, a missing Java, an output clash."""
+    if isinstance(exc, ValueError | FileExistsError):
+        return not type(exc).__module__.startswith(("pyspark", "py4j"))
+    spark = sys.modules.get(f"{__package__}._spark")
+    missing_java = getattr(spark, "JavaMissing", None)
+    return missing_java is not None and isinstance(exc, missing_java)
+
+
+_EXCEPTION_LINE: Final = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b.*$")
+_LONGEST: Final = 500
+
+
+def one_line(exc: BaseException) -> str:
+    """One line saying what went wrong: our own message, or the gist of a Spark/JVM error.
+
+    A Python error inside a Spark task comes back wrapped in JVM text around the task's
+    traceback; its last line (``ValueError: ...``) is the one that says what happened.
+    """
+    own = not type(exc).__module__.startswith(("pyspark", "py4j"))
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    start = next((i for i, line in enumerate(lines) if "Traceback (most recent call" in line), None)
+    if start is not None:
+        task = list(
+            itertools.takewhile(lambda line: not line.startswith("at "), lines[start + 1 :])
+        )
+        found = [line for line in task if _EXCEPTION_LINE.match(line)]
+        if found:
+            return f"in a Spark task: {found[-1]}"[:_LONGEST]
+    first = next(
+        (line for line in lines if not line.startswith("An error occurred while calling")),
+        lines[0],
+    ).removeprefix(": ")
+    if own and not _is_input_error(exc):
+        first = f"{type(exc).__name__}: {first}"
+    return first[:_LONGEST]
+
+
+def _check(args: argparse.Namespace) -> tuple[W1 | None, list[ReplayConfig]]:
+    """Every check that needs no Spark session: the extra, the settings, the paths."""
+    command = args.command
+    needs = (*EXTRA_MODULES, "matplotlib") if command == "sweep" else EXTRA_MODULES
+    missing = missing_extra(needs)
+    if missing:
+        raise InputError(missing)
+    configs = _grid(args) if command in ("replay", "sweep") else []
+    from_log = getattr(args, "from_log", None)
+    w1 = _w1(args) if command in ("generate", "sweep") and not from_log else None
+    check_configs(configs, None if w1 is None else w1.timeout)
+    if getattr(args, "event_log", None):
+        check_directory(args.event_log, "event-log directory")
+    if command == "generate":
+        if from_log:
+            check_event_logs(from_log)
+        check_output(args.out, overwrite=args.overwrite, inputs=[from_log] if from_log else [])
+    elif command == "replay":
+        check_trace(args.trace)
+        check_output(args.out, overwrite=args.overwrite, inputs=[args.trace])
+    elif command == "analyze":
+        if not (args.window > 0 and math.isfinite(args.window)):
+            raise InputError(
+                f"--window must be a finite number of seconds > 0, got {args.window!r}"
+            )
+        check_event_logs(args.log)
+        check_output(args.out, overwrite=args.overwrite, inputs=[args.log])
+    else:
+        out = args.out.rstrip("/")
+        check_directory(out, "output")
+        check_output(f"{out}/trace", overwrite=args.overwrite)
+        check_output(f"{out}/replay", overwrite=args.overwrite)
+    return w1, configs
 
 
 def _run(args: argparse.Namespace) -> int:
+    w1, configs = _check(args)
+    from . import _spark
     from ._jobs import analyze, generate, replay, trace_from_log
-    from ._spark import get_session
 
     command = args.command
-    configs = _grid(args) if command in ("replay", "sweep") else []
-    w1 = (
-        _w1(args)
-        if command in ("generate", "sweep") and not getattr(args, "from_log", None)
-        else None
-    )
-    spark = get_session(args.master, f"purgatory-pipeline-{command}")
+    spark = _spark.get_session(args.master, f"purgatory-pipeline-{command}")
+    if not args.verbose:
+        # Spark logs a failed task's traces itself, before the driver sees the error.
+        spark.sparkContext.setLogLevel("FATAL")
     started = time.perf_counter()
     if command == "generate":
         if args.from_log:

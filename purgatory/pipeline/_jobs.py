@@ -19,6 +19,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ._checks import horizon_limits
 from ._generate import TRACE_SCHEMA, W1, chunk_plan, generate_chunk
 from ._replay import OUTPUT_SCHEMA, ReplayConfig, replay_batches
 from ._spark import atomic_output
@@ -88,13 +89,14 @@ def generate(spark: SparkSession, w1: W1, out: str, *, overwrite: bool = False) 
 # -- trace loading and validation --------------------------------------------------------------
 
 
-def load_trace(spark: SparkSession, path: str) -> DataFrame:
+def load_trace(spark: SparkSession, path: str, configs: Sequence[ReplayConfig] = ()) -> DataFrame:
     """Read a trace (schema version 1) and check it whole; raise `TraceError` on bad input.
 
     Checked: the columns and their types (numbers of any width are cast to double, integers to
-    long, integer keys to strings); no nulls where none may be; timeouts finite and >= 0;
-    arrivals finite; conditions not NaN, not infinite, not before the arrival; keys non-empty;
-    operation ids unique per purgatory. Costs one scan and one aggregation by id.
+    long, integer keys to strings); no nulls where none may be; timeouts finite and >= 0, and
+    (scaled) within the timer's horizon under each of `configs`; arrivals finite; conditions not
+    NaN, not infinite, not before the arrival; keys non-empty; operation ids unique per
+    purgatory. Costs one scan and one aggregation by id.
 
     Returns:
         The trace with exactly the columns of `TRACE_SCHEMA`, in that order.
@@ -153,6 +155,13 @@ def load_trace(spark: SparkSession, path: str) -> DataFrame:
             (F.col("timeout").isNull(), "column 'timeout' is null"),
             (_not_finite(F.col("timeout")), "column 'timeout' is not finite"),
             (F.col("timeout") < 0, "column 'timeout' is negative"),
+            *(
+                (
+                    F.col("timeout") * F.lit(scale) > F.lit(limit),
+                    f"column 'timeout' is beyond the timer's horizon ({label})",
+                )
+                for scale, limit, label in horizon_limits(configs)
+            ),
             (F.col("keys").isNull(), "column 'keys' is null"),
             (F.size("keys") == 0, "column 'keys' is empty"),
             (F.exists("keys", lambda k: k.isNull()), "column 'keys' holds a null key"),
@@ -249,7 +258,7 @@ def replay(
     """
     if not configs:
         raise ValueError("replay needs at least one configuration")
-    trace = load_trace(spark, trace_path)
+    trace = load_trace(spark, trace_path, configs)
     by_id = dict(enumerate(configs))
     grid = spark.createDataFrame(
         [

@@ -22,6 +22,7 @@ and at most ``OUTPUT_ROWS`` finished rows. A whole group's trace is never in mem
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -359,8 +360,14 @@ def replay_batches(
                 seen.add((name, config_id))
                 log = None
                 if event_log_dir is not None:
-                    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-                    log = _group_log(event_log_dir, f"{safe}-c{config_id}")
+                    # Readable, and injective thanks to the hash of the exact name; no leading
+                    # "_" or "." (Spark skips such files), bounded length.
+                    safe = "".join(
+                        c if (c.isascii() and c.isalnum()) or c in "-." else "_" for c in name
+                    )
+                    safe = safe.lstrip("_.")[:64] or "p"
+                    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+                    log = _group_log(event_log_dir, f"{safe}-{digest}-c{config_id}")
                 group = _Group(name, config_id, configs[config_id], log, check)
                 last_arrival = -math.inf
             config = group.config

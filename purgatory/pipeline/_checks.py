@@ -1,0 +1,363 @@
+"""Checks of a command's inputs, outputs and settings that run before Spark starts.
+
+Starting Spark costs seconds, and Spark reports a missing path, a torn Parquet file or an event
+log given as a trace as pages of JVM and Py4J traces. These checks look at the local files first
+(pure Python, plus pyarrow's Parquet footer reader) and raise `InputError` with one line that
+names the file, so the command line can stop before a session exists.
+
+Only local paths are checked: a path with a scheme (``hdfs://``, ``s3a://``) is left to Spark,
+and so is a path without one under ``spark-submit``, whose default filesystem may be a cluster's.
+What needs the data (nulls, duplicate ids, timeouts beyond the timer's horizon) stays in the
+validation scan of `purgatory.pipeline.load_trace`; `horizon_limits` gives it its limits.
+
+Imports only the standard library and the core package; pyarrow is imported where a Parquet
+file is read, so the command line can say what is missing when the Spark extra is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Final
+
+from .. import DelayedOperationPurgatory
+from ..testing import ManualClock
+
+if TYPE_CHECKING:
+    from ._replay import ReplayConfig
+
+__all__ = (
+    "EVENT_LOG_SUFFIXES",
+    "EXTRA_MODULES",
+    "HORIZON_TICKS",
+    "TRACE_COLUMNS",
+    "InputError",
+    "check_configs",
+    "check_directory",
+    "check_event_logs",
+    "check_output",
+    "check_trace",
+    "horizon_limits",
+    "local_path",
+    "missing_extra",
+)
+
+#: The timer's horizon: a deadline at most this many ticks ahead (the purgatory refuses more).
+HORIZON_TICKS: Final = 2**53
+#: The columns every trace file must have (trace schema version 1).
+TRACE_COLUMNS: Final = ("purgatory", "op_id", "arrival", "keys", "timeout", "condition_at")
+#: The files `analyze` and ``generate --from-log`` read; ``*.part`` files are still being written.
+EVENT_LOG_SUFFIXES: Final = (".jsonl",)
+#: What the Spark extra brings that every command needs.
+EXTRA_MODULES: Final = ("pyspark", "pyarrow", "numpy")
+_MAGIC: Final = b"PAR1"
+_INSTALL: Final = "pip install 'asyncio-purgatory[spark]'"
+
+
+class InputError(ValueError):
+    """A path, file or setting that a command cannot use; the message is one line."""
+
+
+def missing_extra(modules: Sequence[str] = EXTRA_MODULES) -> str | None:
+    """The hint to install the Spark extra if one of `modules` cannot be imported, else ``None``.
+
+    Looks the modules up without importing them (``--help`` must stay cheap and work anywhere).
+    """
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return f"this command needs the Spark extra (no module {name!r}): {_INSTALL}"
+    return None
+
+
+def local_path(path: str) -> str | None:
+    """The local file path Spark will read for `path`, or ``None`` if Spark resolves it elsewhere.
+
+    ``file:`` URIs are local; other schemes are not; a plain path is local unless this driver
+    runs under ``spark-submit``, whose default filesystem may be HDFS.
+    """
+    if path.startswith("file://"):
+        return path.removeprefix("file://") or "/"
+    if path.startswith("file:"):
+        return path.removeprefix("file:")
+    if "://" in path or os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    return path
+
+
+def _hidden(name: str) -> bool:
+    """Spark skips files and directories whose names start with ``_`` or ``.``."""
+    return name.startswith(("_", "."))
+
+
+def _files(root: str) -> Iterator[str]:
+    """Every file Spark would list under `root` (a directory), in a stable order."""
+    for directory, subdirs, names in os.walk(root):
+        subdirs[:] = sorted(d for d in subdirs if not _hidden(d))
+        for name in sorted(names):
+            if not _hidden(name):
+                yield os.path.join(directory, name)
+
+
+def _is_event_log(name: str) -> bool:
+    return name.endswith(EVENT_LOG_SUFFIXES) or name.endswith(
+        tuple(suffix + ".part" for suffix in EVENT_LOG_SUFFIXES)
+    )
+
+
+def _existing(path: str, what: str) -> None:
+    if not os.path.exists(path):
+        raise InputError(f"{what} {path}: no such file or directory")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"{what} {path}: permission denied")
+
+
+def check_trace(path: str) -> None:
+    """Check a trace before Spark reads it: a readable Parquet file, or a directory of them.
+
+    Checked: the path exists; it holds Parquet files and no event logs; every file starts and
+    ends with the Parquet magic and its footer reads (a truncated copy fails here); every file
+    has the trace's columns, of usable types; the files agree on each column's type.
+
+    Raises:
+        InputError: The first problem found, naming the file (and the column).
+    """
+    local = local_path(path)
+    if local is None:
+        return
+    _existing(local, "trace")
+    files = list(_files(local)) if os.path.isdir(local) else [local]
+    logs = [f for f in files if _is_event_log(os.path.basename(f))]
+    if logs:
+        raise InputError(
+            f"trace {path} holds event logs ({logs[0]}), not a Parquet trace: make a trace "
+            f"from them with 'generate --from-log {path} --out TRACE', or summarise them "
+            f"with 'analyze --log {path} --out DIR'"
+        )
+    if not files:
+        raise InputError(f"trace {path}: no Parquet files in this directory")
+    first: dict[str, tuple[str, str]] = {}  # column -> (type, file that had it first)
+    for file in files:
+        for name, kind in _trace_columns(file).items():
+            seen = first.setdefault(name, (kind, file))
+            if seen[0] != kind:
+                raise InputError(
+                    f"trace file {file}: column {name!r} has type {kind}, but {seen[1]} has "
+                    f"{seen[0]}; all files of a trace must agree on column types"
+                )
+
+
+def _trace_columns(file: str) -> dict[str, str]:
+    """The columns of one trace file and their types; `InputError` if it is not a usable one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    size = os.path.getsize(file)
+    if size < 12:
+        raise InputError(f"trace file {file}: not a Parquet file ({size} bytes)")
+    try:
+        with open(file, "rb") as f:
+            head = f.read(4)
+            f.seek(-4, os.SEEK_END)
+            tail = f.read(4)
+    except OSError as exc:
+        raise InputError(f"trace file {file}: cannot read it: {exc.strerror}") from None
+    if head != _MAGIC:
+        raise InputError(f"trace file {file}: not a Parquet file (it does not start with PAR1)")
+    if tail != _MAGIC:
+        raise InputError(
+            f"trace file {file}: truncated or still being written (no PAR1 footer at its end, "
+            f"{size} bytes)"
+        )
+    try:
+        schema = pq.read_schema(file)
+    except (OSError, pa.ArrowException) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"trace file {file}: unreadable Parquet footer: {reason}") from None
+    missing = [name for name in TRACE_COLUMNS if name not in schema.names]
+    if missing:
+        raise InputError(
+            f"trace file {file}: missing column {missing[0]!r} (it has {sorted(schema.names)}; "
+            "see docs/pipeline-schemas.md)"
+        )
+    for name in TRACE_COLUMNS:
+        kind = schema.field(name).type
+        expected = _usable(name, kind)
+        if expected:
+            raise InputError(
+                f"trace file {file}: column {name!r} has type {kind}, expected {expected}"
+            )
+    return {field.name: str(field.type) for field in schema}
+
+
+def _usable(name: str, kind: object) -> str | None:
+    """``None`` if a trace column of this Arrow type can be read, else what it should be."""
+    import pyarrow as pa
+
+    t = pa.types
+    assert isinstance(kind, pa.DataType)
+    if name == "purgatory":
+        return None if t.is_string(kind) or t.is_large_string(kind) else "a string"
+    if name == "op_id":
+        return None if t.is_integer(kind) else "an integer"
+    if name == "keys":
+        ok = (t.is_list(kind) or t.is_large_list(kind)) and (
+            t.is_string(kind.value_type)
+            or t.is_large_string(kind.value_type)
+            or t.is_integer(kind.value_type)
+        )
+        return None if ok else "a list of strings"
+    numeric = t.is_integer(kind) or t.is_floating(kind) or t.is_decimal(kind)
+    return None if numeric else "a number (seconds)"
+
+
+def check_event_logs(path: str) -> None:
+    """Check an event-log input before Spark reads it: ``*.jsonl`` files, or a directory of them.
+
+    Raises:
+        InputError: The path is missing, holds no event log (an empty directory, a Parquet
+            trace: the message says what to run instead), or is a file of another kind.
+    """
+    local = local_path(path)
+    if local is None:
+        return
+    _existing(local, "event log")
+    if not os.path.isdir(local):
+        if not local.endswith(EVENT_LOG_SUFFIXES):
+            raise InputError(
+                f"event log {path}: not an event log file (expected a name ending in "
+                f"{' or '.join(EVENT_LOG_SUFFIXES)}, or a directory of them)"
+            )
+        return
+    files = list(_files(local))
+    if any(os.path.basename(f).endswith(EVENT_LOG_SUFFIXES) for f in files):
+        return
+    if any(f.endswith(".parquet") or _starts_with_magic(f) for f in files):
+        raise InputError(
+            f"event log {path} holds Parquet files, not event logs (*.jsonl): if it is a trace, "
+            f"replay it with 'replay --trace {path} --out DIR'"
+        )
+    still = [f for f in files if _is_event_log(os.path.basename(f))]
+    if still:
+        raise InputError(
+            f"event log {path}: no finished event log, only files still being written "
+            f"({still[0]}); flush or close the recorder first"
+        )
+    raise InputError(f"event log {path}: no event logs (*.jsonl) in this directory")
+
+
+def _starts_with_magic(file: str) -> bool:
+    try:
+        with open(file, "rb") as f:
+            return f.read(4) == _MAGIC
+    except OSError:
+        return False
+
+
+def check_output(
+    path: str, *, overwrite: bool, inputs: Sequence[str] = (), what: str = "output"
+) -> None:
+    """Check that a job can write `path` (a directory it creates whole) before Spark starts.
+
+    Raises:
+        InputError: `path` exists and `overwrite` is false; it is, contains or lies inside one
+            of `inputs`; or the nearest existing directory above it is a file or not writable.
+    """
+    local = local_path(path)
+    if local is None:
+        return
+    target = os.path.realpath(local)
+    for source in inputs:
+        source_local = local_path(source)
+        if source_local is None:
+            continue
+        real = os.path.realpath(source_local)
+        if target == real or _inside(target, real) or _inside(real, target):
+            raise InputError(
+                f"{what} {path} overlaps the input {source}: writing it would destroy the "
+                "input; choose another directory"
+            )
+    if os.path.lexists(local):
+        if not overwrite:
+            raise InputError(f"{what} {path} already exists (pass --overwrite to replace it)")
+        return
+    parent = os.path.dirname(os.path.abspath(local))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise InputError(f"{what} {path}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{what} {path}: cannot create it in {parent} (permission denied)")
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def check_directory(path: str, what: str) -> None:
+    """Check that `path` is, or can be created as, a writable directory (an event-log target).
+
+    Raises:
+        InputError: It is a file, or cannot be created or written.
+    """
+    local = local_path(path)
+    if local is None:
+        return
+    existing = os.path.abspath(local)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise InputError(f"{what} {path}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"{what} {path}: cannot write in {existing} (permission denied)")
+
+
+def check_configs(configs: Sequence[ReplayConfig], timeout: float | None = None) -> None:
+    """Check each configuration as the replay's purgatory will, and `timeout` against its horizon.
+
+    Builds the purgatory of each configuration (its own argument checks apply: a wheel of one
+    slot, a negative purge interval), so a bad setting fails here in one line and not inside a
+    Spark task.
+
+    Raises:
+        InputError: A setting the purgatory refuses, or `timeout` (scaled) beyond the horizon.
+    """
+    for config in configs:
+        try:
+            DelayedOperationPurgatory(
+                "check",
+                tick=config.tick,
+                wheel_size=config.wheel_size,
+                purge_interval=config.purge_interval,
+                clock=ManualClock(),
+            )
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"configuration {config.label()}: {exc}") from None
+    if timeout is not None:
+        for scale, limit, label in horizon_limits(configs):
+            if timeout * scale > limit:
+                raise InputError(
+                    f"timeout {timeout!r} s x{scale:g} is beyond the timer's horizon "
+                    f"({label}); use a shorter timeout or a coarser tick"
+                )
+
+
+def horizon_limits(configs: Sequence[ReplayConfig]) -> list[tuple[float, float, str]]:
+    """(timeout scale, the longest scaled timeout in seconds, a description) per configuration.
+
+    A trace's timeout ``t`` replays as ``t * scale``, and the purgatory refuses it beyond
+    `HORIZON_TICKS` ticks: the validation scan of the trace checks ``t * scale <= limit``.
+    """
+    limits: dict[tuple[float, float], str] = {}
+    for config in configs:
+        limit = HORIZON_TICKS * float(config.tick)
+        limits.setdefault(
+            (config.timeout_scale, limit),
+            f"2**53 ticks: {limit:.3g} s at tick {config.tick:g} s, timeout x"
+            f"{config.timeout_scale:g}",
+        )
+    return [(scale, limit, label) for (scale, limit), label in limits.items()]

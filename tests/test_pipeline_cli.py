@@ -1,0 +1,529 @@
+"""The pipeline's command line without Spark: checks before a session, one-line errors, --help.
+
+Every bad input must end in one line on stderr naming the file, with exit status 2, before a
+Spark session starts: the `no_spark` fixture makes starting one fail the test. ``--help`` runs in
+a subprocess where numpy, pyarrow and pyspark cannot be imported. Also: the replay's event-log
+file names of different purgatories never collide, and the sweep chart's labels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import doctest
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import purgatory._purgatory
+from purgatory.pipeline import W1, ReplayConfig, _chart, _checks, _cli, _spark, replay_table
+from purgatory.pipeline._checks import InputError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Runs ``python -m purgatory.pipeline ARGS`` with the Spark extra's modules unimportable.
+WITHOUT_EXTRA = """
+import runpy, sys
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {"numpy", "pyarrow", "pyspark", "pandas", "matplotlib"}:
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+        return None
+
+sys.meta_path.insert(0, Block())
+runpy.run_module("purgatory.pipeline", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.fixture(autouse=True)
+def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starting a Spark session fails the test: every error here must come before one."""
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a Spark session was started")
+
+    monkeypatch.setattr(_spark, "get_session", refuse)
+
+
+def fails(argv: Sequence[object], capsys: pytest.CaptureFixture[str], *named: object) -> str:
+    """Run the command line; check exit 2 and one line on stderr naming `named`; the line."""
+    assert _cli.main([str(a) for a in argv]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    line = lines[0]
+    assert line.startswith(f"purgatory.pipeline {argv[0]}: error: "), line
+    assert "Traceback" not in line
+    for thing in named:
+        assert str(thing) in line, line
+    return line
+
+
+def write_trace(path: Path, **changes: Any) -> Path:
+    """A valid two-row trace file with some columns replaced (None: removed)."""
+    columns: dict[str, Any] = {
+        "purgatory": pa.array(["p", "p"]),
+        "op_id": pa.array([0, 1], pa.int64()),
+        "arrival": pa.array([0.0, 0.5]),
+        "keys": pa.array([["a"], ["a", "b"]]),
+        "timeout": pa.array([1.0, 1.0]),
+        "condition_at": pa.array([0.25, None], pa.float64()),
+    }
+    for name, value in changes.items():
+        if value is None:
+            del columns[name]
+        else:
+            columns[name] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def replay_args(trace: Path, out: Path, *more: object) -> list[object]:
+    return ["replay", "--trace", trace, "--out", out, *more]
+
+
+# -- traces ------------------------------------------------------------------------------------
+
+
+def test_a_missing_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = fails(replay_args(tmp_path / "nope", tmp_path / "out"), capsys, tmp_path / "nope")
+    assert "no such file or directory" in line
+
+
+def test_event_logs_given_as_a_trace_say_what_to_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = tmp_path / "events"
+    logs.mkdir()
+    (logs / "p-0123456789ab-000000.jsonl").write_text("{}\n")
+    line = fails(replay_args(logs, tmp_path / "out"), capsys, logs)
+    assert "holds event logs" in line
+    assert f"generate --from-log {logs}" in line
+    assert f"analyze --log {logs}" in line
+
+
+def test_an_empty_trace_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "trace").mkdir()
+    (tmp_path / "trace" / "_SUCCESS").write_text("")  # hidden from Spark, and from the check
+    line = fails(replay_args(tmp_path / "trace", tmp_path / "out"), capsys, tmp_path / "trace")
+    assert "no Parquet files" in line
+
+
+def test_a_truncated_parquet_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_trace(tmp_path / "trace" / "part-0.parquet")
+    file = write_trace(tmp_path / "trace" / "part-1.parquet")
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2])
+    line = fails(replay_args(tmp_path / "trace", tmp_path / "out"), capsys, file)
+    assert "truncated" in line
+
+
+def test_a_file_that_is_not_parquet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_trace(tmp_path / "trace" / "part-0.parquet")
+    notes = tmp_path / "trace" / "notes.txt"
+    notes.write_text("Spark reads every file of the directory, this one too\n")
+    line = fails(replay_args(tmp_path / "trace", tmp_path / "out"), capsys, notes)
+    assert "not a Parquet file" in line
+
+
+def test_a_parquet_file_with_a_broken_footer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "trace.parquet"
+    file.write_bytes(b"PAR1" + b"\x00" * 40 + b"\xff\xff\x00\x00PAR1")
+    line = fails(replay_args(file, tmp_path / "out"), capsys, file)
+    assert "unreadable Parquet footer" in line
+
+
+def test_files_that_disagree_on_column_types(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = write_trace(tmp_path / "trace" / "part-0.parquet")
+    second = write_trace(
+        tmp_path / "trace" / "part-1.parquet", timeout=pa.array([1, 2], pa.int64())
+    )
+    line = fails(replay_args(tmp_path / "trace", tmp_path / "out"), capsys, second, first)
+    assert "column 'timeout' has type int64" in line
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"keys": None}, "missing column 'keys'"),
+        ({"purgatory": pa.array([1, 2])}, "column 'purgatory' has type int64, expected a string"),
+        ({"timeout": pa.array(["1", "2"])}, "column 'timeout' has type string, expected a number"),
+    ],
+)
+def test_a_trace_file_without_the_trace_columns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict[str, Any], message: str
+) -> None:
+    file = write_trace(tmp_path / "trace" / "part-0.parquet", **changes)
+    line = fails(replay_args(tmp_path / "trace", tmp_path / "out"), capsys, file)
+    assert message in line
+
+
+def test_a_valid_trace_passes_the_checks(tmp_path: Path) -> None:
+    write_trace(tmp_path / "trace" / "part-0.parquet")
+    write_trace(tmp_path / "trace" / "sub" / "part-1.parquet")
+    (tmp_path / "trace" / ".part-0.parquet.crc").write_bytes(b"crc")
+    _checks.check_trace(str(tmp_path / "trace"))
+    _checks.check_trace(f"file://{tmp_path / 'trace' / 'part-0.parquet'}")
+    _checks.check_trace("hdfs://nowhere/trace")  # not local: left to Spark
+
+
+def test_a_plain_path_under_spark_submit_is_left_to_spark(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")
+    _checks.check_trace(str(tmp_path / "nope"))  # the cluster's default filesystem may have it
+    with pytest.raises(InputError, match="no such file"):
+        _checks.check_trace(f"file:{tmp_path / 'nope'}")
+
+
+# -- settings ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--wheel-size", "1"], "wheel_size must be at least 2"),
+        (["--purge-interval", "-1"], "purge_interval must be >= 0"),
+        (["--tick", "0"], "tick must be a finite number > 0"),
+    ],
+)
+def test_a_setting_the_purgatory_refuses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: list[str], message: str
+) -> None:
+    file = write_trace(tmp_path / "trace.parquet")
+    fails(replay_args(file, tmp_path / "out", *option), capsys, message)
+
+
+def test_a_sweep_timeout_beyond_the_horizon(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = fails(["sweep", "--out", tmp_path / "s", "--timeout", "5e12"], capsys, "5000000000000.0")
+    assert "beyond the timer's horizon" in line
+    assert "x2" in line  # the default grid's longest timeout scale is the one beyond
+
+
+def test_horizon_limits_match_the_purgatory() -> None:
+    assert purgatory._purgatory.MAX_TIMEOUT_TICKS == _checks.HORIZON_TICKS
+    limits = _checks.horizon_limits(
+        [ReplayConfig(tick=0.001), ReplayConfig(tick=0.001), ReplayConfig(timeout_scale=2.0)]
+    )
+    assert [(scale, limit) for scale, limit, _ in limits] == [
+        (1.0, 2**53 * 0.001),
+        (2.0, 2**53 * 0.001),
+    ]
+
+
+def test_a_bad_window(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "events").mkdir()
+    fails(
+        ["analyze", "--log", tmp_path / "events", "--out", tmp_path / "o", "--window", "0"],
+        capsys,
+        "--window",
+    )
+
+
+# -- event logs --------------------------------------------------------------------------------
+
+
+def test_analyze_of_an_empty_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "events").mkdir()
+    line = fails(["analyze", "--log", tmp_path / "events", "--out", tmp_path / "o"], capsys)
+    assert f"event log {tmp_path / 'events'}: no event logs (*.jsonl)" in line
+
+
+def test_analyze_of_files_still_being_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    part = tmp_path / "events" / "p-0123456789ab-000000.jsonl.part"
+    part.parent.mkdir()
+    part.write_text("{}\n")
+    line = fails(["analyze", "--log", tmp_path / "events", "--out", tmp_path / "o"], capsys, part)
+    assert "still being written" in line
+
+
+@pytest.mark.parametrize("command", ["analyze", "generate"])
+def test_a_trace_given_as_event_logs_says_what_to_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    trace = tmp_path / "trace"
+    write_trace(trace / "part-0.snappy.parquet")
+    option = "--log" if command == "analyze" else "--from-log"
+    line = fails([command, option, trace, "--out", tmp_path / "o"], capsys, trace)
+    assert "holds Parquet files, not event logs" in line
+    assert f"replay --trace {trace}" in line
+
+
+def test_a_missing_event_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = fails(["analyze", "--log", tmp_path / "nope", "--out", tmp_path / "o"], capsys)
+    assert f"event log {tmp_path / 'nope'}: no such file or directory" in line
+
+
+# -- outputs -----------------------------------------------------------------------------------
+
+
+def test_an_existing_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "out").mkdir()
+    line = fails(["generate", "--out", tmp_path / "out"], capsys, tmp_path / "out")
+    assert "already exists (pass --overwrite" in line
+
+
+def test_an_output_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    line = fails(["generate", "--out", tmp_path / "file" / "out"], capsys, tmp_path / "file")
+    assert "is a file, not a directory" in line
+
+
+def test_an_output_that_would_replace_its_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "trace"
+    write_trace(trace / "part-0.parquet")
+    for out in (trace, trace / "replay"):
+        line = fails(replay_args(trace, out, "--overwrite"), capsys, trace)
+        assert "overlaps the input" in line
+
+
+def test_an_event_log_directory_that_is_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = write_trace(tmp_path / "trace.parquet")
+    (tmp_path / "events").write_text("")
+    line = fails(replay_args(file, tmp_path / "out", "--event-log", tmp_path / "events"), capsys)
+    assert f"event-log directory {tmp_path / 'events'}" in line
+
+
+def test_sweep_outputs_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "s" / "replay").mkdir(parents=True)
+    fails(["sweep", "--out", tmp_path / "s"], capsys, tmp_path / "s" / "replay", "already exists")
+
+
+# -- other errors: one line, the trace only with --verbose --------------------------------------
+
+
+def test_other_errors_are_one_line_and_verbose_shows_the_trace(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("gateway gone\n\tat org.apache.spark.Something(Something.scala:1)")
+
+    monkeypatch.setattr(_spark, "get_session", broken)
+    argv = ["generate", "--out", str(tmp_path / "out")]
+    assert _cli.main(argv) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "purgatory.pipeline generate: error: RuntimeError: gateway gone "
+        "(--verbose shows the full trace)"
+    ]
+    with pytest.raises(RuntimeError, match="gateway gone"):
+        _cli.main([*argv, "--verbose"])
+
+
+def test_one_line_of_a_spark_task_error() -> None:
+    """What PySpark raises for a Python error in a task: JVM text around the task's traceback."""
+
+    class PythonException(Exception):
+        pass
+
+    PythonException.__module__ = "pyspark.errors.exceptions.captured"
+    text = (
+        "\n  An exception was thrown from the Python worker. Please see the stack trace below.\n"
+        "Traceback (most recent call last):\n"
+        '  File "/x/worker.py", line 1, in main\n'
+        "    process()\n"
+        "ValueError: timeout 1e+20 s is beyond the timer's horizon\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner.handle(PythonRunner.scala:1)\n"
+    )
+    assert _cli.one_line(PythonException(text)) == (
+        "in a Spark task: ValueError: timeout 1e+20 s is beyond the timer's horizon"
+    )
+
+    class Py4JJavaError(Exception):
+        pass
+
+    Py4JJavaError.__module__ = "py4j.protocol"
+    text = (
+        "An error occurred while calling o42.parquet.\n"
+        ": org.apache.spark.SparkException: [FAILED_READ_FILE] Error while reading file x.\n"
+        "\tat org.apache.spark.sql.errors.QueryExecutionErrors$.cannotReadFilesError(x:1)\n"
+    )
+    assert _cli.one_line(Py4JJavaError(text)) == (
+        "org.apache.spark.SparkException: [FAILED_READ_FILE] Error while reading file x."
+    )
+
+
+# -- --help and the extra ----------------------------------------------------------------------
+
+
+def without_extra(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTRA, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        ((), ["examples:", "sweep --out sweep/", "COMMAND --help"]),
+        (("generate",), ["--rate RATE", "(default: 1000.0)", "(default: 100000)", "examples:"]),
+        (("replay",), ["(default: 0.001)", "(default: 1024)", "(default: key)", "examples:"]),
+        (("analyze",), ["(default: 60.0)", "examples:"]),
+        (("sweep",), ["(default: 0.5,1,2)", "(default: 20000)", "examples:"]),
+    ],
+)
+def test_help_works_without_the_extra_and_shows_defaults(
+    command: tuple[str, ...], shown: list[str]
+) -> None:
+    done = without_extra(*command, "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    for text in [*shown, "pip install 'asyncio-purgatory[spark]'", "Not installed here"]:
+        assert text in done.stdout
+    assert "(default: None)" not in done.stdout
+    assert "(default: False)" not in done.stdout
+
+
+def test_a_command_without_the_extra_says_what_to_install(tmp_path: Path) -> None:
+    done = without_extra("replay", "--trace", str(tmp_path), "--out", str(tmp_path / "o"))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "purgatory.pipeline replay: error: this command needs the Spark extra "
+        "(no module 'pyspark'): pip install 'asyncio-purgatory[spark]'"
+    ]
+
+
+def test_the_python_api_says_what_to_install_without_the_extra() -> None:
+    code = WITHOUT_EXTRA.split("runpy.run_module", maxsplit=1)[0] + (
+        "import purgatory.pipeline\n"
+        "try:\n"
+        "    from purgatory.pipeline import replay\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "asyncio-purgatory[spark]" in done.stdout
+
+
+def test_the_help_defaults_are_the_library_defaults() -> None:
+    assert dataclasses.asdict(W1()) == _cli.W1_DEFAULTS
+    config = ReplayConfig()
+    assert {
+        "tick": f"{config.tick:g}",
+        "wheel_size": str(config.wheel_size),
+        "purge_interval": str(config.purge_interval),
+    } == _cli.GRID_DEFAULTS
+
+
+# -- replay event logs -------------------------------------------------------------------------
+
+
+def test_purgatories_never_share_an_event_log_file(tmp_path: Path) -> None:
+    """Names that map to the same safe characters, or start with what Spark hides."""
+    names = ["orders eu", "orders/eu", "orders_eu", "_orders", ".orders", "x" * 300]
+    rows = [(name, i, float(i), ["k"], 1.0, None) for i, name in enumerate(names)]
+    columns = list(zip(*rows, strict=True))
+    trace = pa.table(
+        {
+            "purgatory": pa.array(columns[0], pa.string()),
+            "op_id": pa.array(columns[1], pa.int64()),
+            "arrival": pa.array(columns[2], pa.float64()),
+            "keys": pa.array(columns[3], pa.list_(pa.string())),
+            "timeout": pa.array(columns[4], pa.float64()),
+            "condition_at": pa.array(columns[5], pa.float64()),
+        }
+    )
+    replay_table(trace, {0: ReplayConfig()}, event_log_dir=str(tmp_path))
+    files = sorted(tmp_path.glob("*.jsonl"))
+    assert len(files) == len(names)
+    found = set()
+    for file in files:
+        assert not file.name.startswith(("_", ".")), file.name
+        assert len(file.name) < 120, file.name
+        lines = [json.loads(line) for line in file.read_text().splitlines()]
+        assert len(lines) == 1
+        found.add(lines[0]["purgatory"])
+    assert found == {f"{name}@0" for name in names}
+
+
+# -- the chart ---------------------------------------------------------------------------------
+
+
+def summary_row(config_id: int, **settings: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "config_id": config_id,
+        "tick": 0.001,
+        "wheel_size": 1024,
+        "purge_interval": 1000,
+        "timeout_scale": 1.0,
+        "rate_scale": 1.0,
+        "trigger": "key",
+        "operations": 1000,
+        "expired": 159,
+        "wait_p99": 0.2,
+        "peak_watched": 12345,
+    }
+    return {**row, **settings}
+
+
+def test_chart_labels_show_only_what_varies() -> None:
+    rows = [
+        summary_row(0, timeout_scale=0.5, tick=0.01),
+        summary_row(1, timeout_scale=1.0, tick=0.01),
+        summary_row(2, timeout_scale=2.0, tick=0.01),
+    ]
+    labels, common = _chart.config_labels(rows)
+    assert labels == ["timeout x0.5", "timeout x1", "timeout x2"]
+    assert common == "tick 10 ms, wheel 1,024, purge 1,000, rate x1, trigger key"
+    labels, common = _chart.config_labels([summary_row(0)])
+    assert labels == ["configuration 0"]
+    labels, _ = _chart.config_labels([summary_row(0), summary_row(1, trigger="force")])
+    assert labels == ["trigger key", "trigger force"]
+
+
+def test_chart_numbers_and_docstring_examples() -> None:
+    assert [_chart.number(v) for v in (0.0, 0.000123, 15.934, 99.96, 1024, 12345.6)] == [
+        "0",
+        "0.000123",
+        "15.9",
+        "100",
+        "1,024",
+        "12,346",
+    ]
+    assert doctest.testmod(_chart, raise_on_error=False).failed == 0
+
+
+def test_chart_is_written(tmp_path: Path) -> None:
+    rows = [summary_row(0, rate_scale=1.0), summary_row(1, rate_scale=2.0)]
+    _chart.sweep_chart(rows, str(tmp_path / "sweep.png"), "a sweep")
+    assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_input_error_is_a_value_error() -> None:
+    assert issubclass(InputError, ValueError)
