@@ -479,3 +479,52 @@ def test_a_cascade_whose_entries_were_all_removed_leaves_nothing_due() -> None:
     assert len(wheel) == 0
     assert wheel.next_deadline() == math.inf
     assert wheel.cascading is None
+
+
+# -- The bucket an insert remembers --------------------------------------------------------------
+
+
+def test_a_burst_with_one_deadline_shares_one_bucket_and_comes_back_in_order() -> None:
+    wheel = TimingWheel(8, start_tick=0)
+    entries = [Entry(i) for i in range(5)]
+    for entry in entries:
+        assert wheel.add(entry, 3) == 3
+    assert {id(entry._bucket) for entry in entries} == {id(entries[0]._bucket)}
+    check_timing_wheel(wheel)
+    assert names(wheel.advance(3)) == [0, 1, 2, 3, 4]
+
+
+def test_the_remembered_bucket_is_not_used_once_level_zero_covers_the_deadline() -> None:
+    """An overflow bucket's range shrinks as level 0 grows into it: a deadline level 0 now
+    covers goes to level 0, not to the bucket the previous insert chose."""
+    wheel = TimingWheel(8, start_tick=0)  # level 1: spans of 4 ticks, level 0 covers 8 ticks
+    wheel.add(Entry("zeroth"), 13)  # creates level 1
+    first = Entry("first")
+    wheel.add(first, 13)  # level 1, bucket [12, 16), due at its cascade, tick 8
+    assert first._bucket is not None
+    assert first._bucket.level == 1
+    wheel.advance(6)  # level 0 now covers [6, 14): 12 and 13 are level 0's, 14 and 15 still not
+    second = Entry("second")
+    assert wheel.add(second, 12) == 12
+    assert second._bucket is not None
+    assert second._bucket.level == 0
+    third = Entry("third")
+    wheel.add(third, 15)
+    assert third._bucket is first._bucket
+    check_timing_wheel(wheel)
+    assert names(wheel.advance(20)) == ["second", "zeroth", "first", "third"]
+
+
+def test_a_bucket_dropped_as_empty_is_not_reused_without_being_scheduled_again() -> None:
+    """A bucket emptied by removals is dropped when the wheel looks for its next deadline; an
+    insert for the same tick afterwards must schedule it again, not reuse it silently."""
+    wheel = TimingWheel(8, start_tick=0)
+    gone = Entry("gone")
+    wheel.add(gone, 5)
+    assert wheel.remove(gone)
+    assert wheel.next_deadline() == math.inf  # the empty bucket is dropped here
+    back = Entry("back")
+    assert wheel.add(back, 5) == 5
+    assert wheel.next_deadline() == 5
+    check_timing_wheel(wheel)
+    assert names(wheel.advance(5)) == ["back"]
