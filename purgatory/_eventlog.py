@@ -19,16 +19,26 @@ Operations still open at `close` are written with ``"outcome": "open"`` and ``"e
 null``; at `flush` they stay in memory and are written when they end. The line schema (version
 1) is documented in ``docs/pipeline-schemas.md``.
 
+Standard JSON only. A number JSON cannot hold (an infinite threshold, a NaN from ``fields=``)
+is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``: strict parsers accept
+every line, and Spark's JSON reader reads these strings back as doubles.
+
+Failures. A write that fails (a full disk, a removed directory) raises to the caller (the
+purgatory reports it and settles the operation regardless) after counting the lines it lost in
+`lost_lines`: the failed batch, and the lines of a file that can no longer be published. A file
+is never left with part of a line: after a failed write it is cut back to its last whole batch.
+
 Not thread-safe: a purgatory calls its recorder from the one thread its loop runs on.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import uuid
 from collections.abc import Callable, Hashable, Mapping
-from typing import IO, TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 from ._events import Outcome
 
@@ -75,9 +85,10 @@ class JsonLinesEventLog:
         "_buffer_lines",
         "_directory",
         "_ended",
+        "_fd",
         "_fields",
-        "_file",
         "_file_bytes",
+        "_file_lines",
         "_ids",
         "_key",
         "_key_cache",
@@ -91,6 +102,7 @@ class JsonLinesEventLog:
         "_seq",
         "_token",
         "closed_files",
+        "lost_lines",
         "unmatched_ends",
     )
 
@@ -124,14 +136,17 @@ class JsonLinesEventLog:
         self._key_cache: dict[tuple[Hashable, ...], str] = {}
         self._one_key_cache: dict[Hashable, str] = {}
         self._name_cache: dict[str, str] = {}
-        self._file: IO[bytes] | None = None
+        self._fd = -1
         self._file_bytes = 0
+        self._file_lines = 0
         self._part = ""
         self._seq = 0
         self.closed_files: list[str] = []
         """Paths of the complete ``.jsonl`` files written so far, in order."""
         self.unmatched_ends = 0
         """`record_end` calls for operations this recorder never saw watched (none expected)."""
+        self.lost_lines = 0
+        """Lines that could not be written or published (each loss also raised its error)."""
 
     def __repr__(self) -> str:
         return (
@@ -221,37 +236,78 @@ class JsonLinesEventLog:
             return
         self._ended = []
         data = "".join(ended).encode()
-        file = self._file
-        if file is None:
-            name = f"{self._prefix}-{self._token}-{self._seq:06d}.jsonl.part"
-            self._seq += 1
-            self._part = os.path.join(self._directory, name)
-            file = self._file = open(self._part, "xb")  # noqa: SIM115 - kept open across calls
-            self._file_bytes = 0
-        file.write(data)
+        try:
+            if self._fd < 0:
+                name = f"{self._prefix}-{self._token}-{self._seq:06d}.jsonl.part"
+                self._seq += 1
+                self._part = os.path.join(self._directory, name)
+                self._fd = os.open(self._part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                self._file_bytes = self._file_lines = 0
+            _write_all(self._fd, data)
+        except OSError as exc:
+            self._lose(len(ended), exc)
+            raise
         self._file_bytes += len(data)
+        self._file_lines += len(ended)
         if self._file_bytes >= self._max_bytes:
             self._publish()
 
-    def _publish(self) -> None:
-        file = self._file
-        if file is None:
+    def _lose(self, lines: int, exc: OSError) -> None:
+        """Count a failed batch; cut the file back to its whole batches, or give it up."""
+        self.lost_lines += lines
+        exc.add_note(f"event log: {lines} lines lost ({self.lost_lines} so far)")
+        if self._fd < 0:
             return
-        self._file = None
-        file.close()
+        try:
+            os.ftruncate(self._fd, self._file_bytes)
+            os.lseek(self._fd, self._file_bytes, os.SEEK_SET)
+        except OSError:
+            self._abandon()
+
+    def _abandon(self) -> None:
+        """Give up the current file: its lines are lost (it may hold part of a line)."""
+        self.lost_lines += self._file_lines
+        fd, self._fd = self._fd, -1
+        self._file_lines = 0
+        try:
+            os.close(fd)
+        finally:
+            if os.path.exists(self._part):
+                os.remove(self._part)
+
+    def _publish(self) -> None:
+        fd = self._fd
+        if fd < 0:
+            return
         final = self._part.removesuffix(".part")
-        os.replace(self._part, final)
+        try:
+            os.close(fd)
+            self._fd = -1
+            os.replace(self._part, final)
+        except OSError as exc:
+            lines = self._file_lines
+            self.lost_lines += lines
+            self._fd = -1
+            self._file_lines = 0
+            exc.add_note(f"event log: {lines} lines lost ({self.lost_lines} so far)")
+            raise
+        self._file_lines = 0
         self.closed_files.append(final)
 
     def _line(self, watch: _Watch, outcome: str, ended_at: float | None) -> str:
         """One operation's line, rendered when it ends so that nothing of it stays referenced.
 
         Floats go through ``%s``, which is their shortest round-tripping ``repr`` (valid JSON
-        for the finite numbers a clock gives); names and keys are JSON-encoded once and
-        remembered. Strings are not tracked by the cyclic GC, tuples and operations are: holding
-        a batch of lines rather than of watches keeps the collector's work down.
+        for finite numbers; the others become strings, see `_number`); names and keys are
+        JSON-encoded once and remembered. Strings are not tracked by the cyclic GC, tuples and
+        operations are: holding a batch of lines rather than of watches keeps the collector's
+        work down.
         """
         purgatory, ident, keys, thresholds, watched_at, timeout, deadline, fields = watch
+        total = watched_at + timeout + deadline + (0.0 if ended_at is None else ended_at)
+        if total - total != 0.0:  # a NaN or an infinity among them (rare): spelled as strings
+            watched_at, timeout, deadline = _number(watched_at), _number(timeout), _number(deadline)
+            ended_at = None if ended_at is None else _number(ended_at)
         name = self._name_cache.get(purgatory)
         if name is None:
             name = self._name_cache[purgatory] = json.dumps(purgatory)
@@ -262,15 +318,13 @@ class JsonLinesEventLog:
             name,
             ident if type(ident) is int else json.dumps(ident),
             text,
-            "null" if thresholds is None else json.dumps(list(thresholds), default=str),
+            "null" if thresholds is None else _json(list(thresholds)),
             watched_at,
             timeout,
             deadline,
             outcome,
             "null" if ended_at is None else ended_at,
-            ""
-            if fields is None
-            else ',"fields":' + json.dumps(fields, default=str, separators=(",", ":")),
+            "" if fields is None else ',"fields":' + _json(fields),
         )
 
     def _render_keys(self, keys: tuple[Hashable, ...]) -> str:
@@ -289,3 +343,41 @@ class JsonLinesEventLog:
             parts.append(text)
         joined = cache[keys] = ",".join(parts)
         return joined
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of `data` (``os.write`` may write less than asked)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+_NON_FINITE: Final = {math.inf: '"Infinity"', -math.inf: '"-Infinity"'}
+
+
+def _number(value: Any) -> Any:
+    """A time as JSON: the float itself if finite, else the string ``"NaN"``/``"[-]Infinity"``."""
+    if value - value == 0.0:
+        return value
+    return _NON_FINITE.get(value, '"NaN"')
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every non-finite float replaced by its string (recursively in containers)."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _json(value: Any) -> str:
+    """Standard JSON of `value` (``str()`` for what JSON does not know; see `_finite`)."""
+    try:
+        return json.dumps(value, default=str, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(value), default=str, separators=(",", ":"), allow_nan=False)

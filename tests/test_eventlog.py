@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
+import math
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import FlagOperation
 
-from purgatory import JsonLinesEventLog
+from purgatory import DelayedOperationPurgatory, JsonLinesEventLog
 from purgatory._events import EventLog
 
 
@@ -111,3 +116,149 @@ def test_two_recorders_share_a_directory(tmp_path: Path) -> None:
 def test_bad_arguments(tmp_path: Path, argument: str, value: int) -> None:
     with pytest.raises(ValueError, match=argument):
         JsonLinesEventLog(tmp_path, **{argument: value})  # type: ignore[arg-type]
+
+
+# -- standard JSON only -----------------------------------------------------------------------
+
+
+def _refuse(token: str) -> Any:
+    raise ValueError(f"not standard JSON: {token}")
+
+
+def strict_lines(directory: Path) -> list[dict[str, Any]]:
+    """Every line, parsed by a reader that refuses NaN and Infinity."""
+    return [
+        json.loads(line, parse_constant=_refuse)
+        for path in sorted(directory.glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+
+
+def test_non_finite_numbers_are_written_as_strings(tmp_path: Path) -> None:
+    log = JsonLinesEventLog(
+        tmp_path,
+        fields=lambda op: {"nan": math.nan, "deep": [{"inf": -math.inf}], "ok": 1.5},
+    )
+    op, other = FlagOperation(1.0, "a"), FlagOperation(1.0, "b")
+    log.record_watch("p", op, ("k", "j"), (math.inf, None), 1.0, 2.0)
+    log.record_watch("p", other, ("k",), None, math.nan, math.inf)
+    log.record_end("p", op, "completed", 1.5)
+    log.record_end("p", other, "expired", -math.inf)
+    log.close()
+    first, second = strict_lines(tmp_path)
+    assert first["thresholds"] == ["Infinity", None]
+    assert first["fields"] == {"nan": "NaN", "deep": [{"inf": "-Infinity"}], "ok": 1.5}
+    assert (second["watched_at"], second["deadline"], second["ended_at"]) == (
+        "NaN",
+        "Infinity",
+        "-Infinity",
+    )
+    assert second["timeout"] == 1.0
+
+
+# -- writes that fail -------------------------------------------------------------------------
+
+
+def ended(log: JsonLinesEventLog, count: int, start: int = 0) -> None:
+    for i in range(start, start + count):
+        op = FlagOperation(1.0, f"op{i}")
+        watch(log, "p", op, ("k",), float(i))
+        log.record_end("p", op, "completed", i + 0.5)
+
+
+def test_a_removed_directory_counts_every_line_it_could_not_publish(tmp_path: Path) -> None:
+    directory = tmp_path / "logs"
+    log = JsonLinesEventLog(directory, buffer_lines=2)
+    ended(log, 2)
+    log.flush()
+    ended(log, 4, start=2)  # two batches written to the open ".part" file
+    shutil.rmtree(directory)
+    with pytest.raises(FileNotFoundError) as publish:
+        log.flush()  # the file's rename fails: its four lines are lost
+    assert log.lost_lines == 4
+    assert "4 lines lost" in "".join(publish.value.__notes__)
+    with pytest.raises(FileNotFoundError):
+        ended(log, 2, start=6)  # a new file cannot be created: the batch of two is lost
+    assert log.lost_lines == 6
+    ended(log, 1, start=8)
+    with pytest.raises(FileNotFoundError):
+        log.close()  # the seventh line, still buffered, is lost too
+    assert log.lost_lines == 7
+    assert len(log.closed_files) == 1
+    directory.mkdir()
+    ended(log, 2, start=9)  # the recorder goes on once it can write again
+    log.close()
+    assert [x["watched_at"] for x in lines(directory)] == [9.0, 10.0]
+    assert log.lost_lines == 7
+
+
+class _FailingWrites:
+    """``os.write`` that fails after writing `partial` bytes, `failures` times."""
+
+    def __init__(self, failures: int, partial: int) -> None:
+        self.failures = failures
+        self.partial = partial
+        self.real = os.write
+
+    def __call__(self, fd: int, data: Any) -> int:
+        if self.failures:
+            self.failures -= 1
+            if self.partial:
+                self.real(fd, bytes(data[: self.partial]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.real(fd, data)
+
+
+def test_a_failed_write_loses_its_batch_and_never_leaves_part_of_a_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = JsonLinesEventLog(tmp_path, buffer_lines=2)
+    ended(log, 2)
+    monkeypatch.setattr(os, "write", _FailingWrites(failures=1, partial=17))
+    with pytest.raises(OSError, match="No space left"):
+        ended(log, 2, start=2)
+    assert log.lost_lines == 2
+    ended(log, 2, start=4)
+    log.close()
+    assert [x["watched_at"] for x in strict_lines(tmp_path)] == [0.0, 1.0, 4.0, 5.0]
+    assert log.lost_lines == 2
+
+
+def test_a_failed_open_loses_its_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = JsonLinesEventLog(tmp_path, buffer_lines=3)
+    real = os.open
+
+    def failing_open(*args: Any, **kwargs: Any) -> int:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(os, "open", failing_open)
+    with pytest.raises(PermissionError):
+        ended(log, 3)
+    log.close()  # nothing left to write
+    assert log.lost_lines == 3
+    monkeypatch.setattr(os, "open", real)
+    ended(log, 1, start=3)
+    log.close()
+    assert [x["watched_at"] for x in lines(tmp_path)] == [3.0]
+    assert log.lost_lines == 3
+
+
+@pytest.mark.asyncio
+async def test_a_purgatory_whose_recorder_lost_lines_settles_and_reports(
+    tmp_path: Path,
+) -> None:
+    contexts: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: contexts.append(ctx))
+    directory = tmp_path / "logs"
+    log = JsonLinesEventLog(directory, buffer_lines=1)
+    async with DelayedOperationPurgatory[FlagOperation]("lost", event_log=log) as p:
+        first = FlagOperation(30.0, "first")
+        p.try_complete_else_watch(first, ["a"])
+        shutil.rmtree(directory)
+        first.ready = True
+        assert p.check_and_complete("a") == 1
+        assert await p.watch(FlagOperation(0.01, "second"), ["b"]) is not None
+    # Each line was a batch: the first's file could not be created, nor the second's.
+    assert log.lost_lines == 2
+    assert len(contexts) == 2
+    assert all("event log" in ctx["message"] for ctx in contexts)
