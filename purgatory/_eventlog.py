@@ -19,6 +19,18 @@ Operations still open at `close` are written with ``"outcome": "open"`` and ``"e
 null``; at `flush` they stay in memory and are written when they end. The line schema (version
 1) is documented in ``docs/pipeline-schemas.md``.
 
+Wall-clock time. Times in the log are the purgatory's clock (``loop.time()``: seconds since
+some unspecified point, not comparable across hosts or restarts). Each file therefore carries
+*anchors*: lines ``{"v":2,"anchor":{"clock":C,"utc":U}}`` saying that the purgatory's clock read
+``C`` when the system clock (``time.time()``) read ``U``. The recorder reads both clocks itself,
+never per operation: once per batch it writes, an anchor goes first in each new file and again
+before a batch whenever the two clocks have moved apart by more than `ANCHOR_DRIFT` since the
+last anchor (a step of the system clock, a suspend). It must know the purgatory's clock for
+that (`clock`, default ``time.monotonic``, which is what asyncio's and uvloop's loops use); it
+checks it against the first operation that ends, and if the two disagree by more than
+`SAME_CLOCK` (a `ManualClock`, a replay's virtual time) it writes no anchor and says why in
+`anchor_error`. ``clock=None`` turns anchors off.
+
 Standard JSON only. A number JSON cannot hold (an infinite threshold, a NaN from ``fields=``)
 is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``: strict parsers accept
 every line, and Spark's JSON reader reads these strings back as doubles.
@@ -36,6 +48,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 import uuid
 from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any, Final, final
@@ -45,13 +58,19 @@ from ._events import Outcome
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
 
-__all__ = ("EVENT_LOG_VERSION", "JsonLinesEventLog")
+__all__ = ("ANCHOR_DRIFT", "EVENT_LOG_VERSION", "SAME_CLOCK", "JsonLinesEventLog")
 
 #: The ``"v"`` field of every line; bumped on any incompatible change of the line schema.
-EVENT_LOG_VERSION: Final = 1
+EVENT_LOG_VERSION: Final = 2
+#: Seconds the two clocks may move apart (against the last anchor) before a new anchor is
+#: written: a UTC time computed from a log is this close to what ``time.time()`` said.
+ANCHOR_DRIFT: Final = 0.001
+#: Seconds an operation's end time may differ from the recorder's `clock` for the two to be
+#: taken as one clock (they are read microseconds apart; a pause of the process can add more).
+SAME_CLOCK: Final = 1.0
 
 _LINE = (
-    '{"v":1,"purgatory":%s,"id":%s,"keys":[%s],"thresholds":%s,"watched_at":%s,"timeout":%s,'
+    '{"v":2,"purgatory":%s,"id":%s,"keys":[%s],"thresholds":%s,"watched_at":%s,"timeout":%s,'
     '"deadline":%s,"outcome":"%s","ended_at":%s%s}\n'
 )
 # Key tuples whose JSON rendering is remembered; past this the cache starts over (unique keys
@@ -76,13 +95,19 @@ class JsonLinesEventLog:
         op_id: Called once per operation at its watch for the line's ``"id"`` (an int or a str);
             ``None``: a counter per purgatory name, from 0 in watch order.
         key: Renders one key as a string for ``"keys"``; default ``str``.
+        clock: The purgatory's clock, read (with ``time.time()``) to anchor the log to UTC;
+            default ``time.monotonic``, the clock of asyncio's event loops. ``None``: no
+            anchors (the times are not of a real clock, as in a replay).
 
     Raises:
         ValueError: `max_bytes` or `buffer_lines` is < 1.
     """
 
     __slots__ = (
+        "_anchor",
+        "_anchor_due",
         "_buffer_lines",
+        "_clock",
         "_directory",
         "_ended",
         "_fd",
@@ -92,6 +117,7 @@ class JsonLinesEventLog:
         "_ids",
         "_key",
         "_key_cache",
+        "_limit",
         "_max_bytes",
         "_name_cache",
         "_one_key_cache",
@@ -101,6 +127,8 @@ class JsonLinesEventLog:
         "_prefix",
         "_seq",
         "_token",
+        "_unchecked",
+        "anchor_error",
         "closed_files",
         "lost_lines",
         "unmatched_ends",
@@ -116,6 +144,7 @@ class JsonLinesEventLog:
         fields: Callable[[Any], Mapping[str, Any]] | None = None,
         op_id: Callable[[Any], int | str] | None = None,
         key: Callable[[Hashable], str] = str,
+        clock: Callable[[], float] | None = time.monotonic,
     ) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1, got {max_bytes!r}")
@@ -147,6 +176,15 @@ class JsonLinesEventLog:
         """`record_end` calls for operations this recorder never saw watched (none expected)."""
         self.lost_lines = 0
         """Lines that could not be written or published (each loss also raised its error)."""
+        self.anchor_error: str | None = None if clock is not None else "no clock given"
+        """Why this recorder writes no anchor; ``None`` while it does (or will, once checked)."""
+        self._clock = clock
+        # The anchor written last (clock, utc); None until the clock has been checked.
+        self._anchor: tuple[float, float] | None = None
+        # The first end checks the clock (a batch of one), then batches are `buffer_lines`.
+        self._limit = 1 if clock is not None else buffer_lines
+        self._anchor_due = False
+        self._unchecked = clock is not None
 
     def __repr__(self) -> str:
         return (
@@ -194,7 +232,11 @@ class JsonLinesEventLog:
             return
         ended = self._ended
         ended.append(self._line(watch, outcome, ended_at))
-        if len(ended) >= self._buffer_lines:
+        if len(ended) >= self._limit:
+            if self._unchecked:
+                self._check_clock(ended_at)
+                if len(ended) < self._limit:
+                    return
             self._write_batch()
 
     def flush(self) -> None:
@@ -230,14 +272,56 @@ class JsonLinesEventLog:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _check_clock(self, ended_at: float) -> None:
+        """At the first end: is `clock` the purgatory's? (`ended_at` was read just now.)"""
+        self._limit = self._buffer_lines
+        self._unchecked = False
+        clock = self._clock
+        assert clock is not None
+        now = clock()
+        if abs(now - ended_at) <= SAME_CLOCK:
+            self._anchor_due = True
+            return
+        self._clock = None
+        self.anchor_error = (
+            f"an operation ended at {ended_at!r} while the recorder's clock read {now!r}: "
+            "the purgatory has another clock, so no UTC anchor is written"
+        )
+
+    def _anchor_line(self, new_file: bool) -> str:
+        """An anchor line if this batch needs one (a new file, or the clocks drifted), else ''."""
+        clock = self._clock
+        if clock is None or not (self._anchor_due or self._anchor is not None):
+            return ""
+        best = None
+        for _ in range(3):  # the reading with the least time between its two wall-clock reads
+            before = time.time()
+            at = clock()
+            after = time.time()
+            if best is None or after - before < best[2]:
+                best = (at, (before + after) / 2, after - before)
+        assert best is not None
+        at, utc, _ = best
+        last = self._anchor
+        if (
+            not new_file
+            and last is not None
+            and abs((utc - at) - (last[1] - last[0])) <= (ANCHOR_DRIFT)
+        ):
+            return ""
+        self._anchor = (at, utc)
+        self._anchor_due = False
+        return f'{{"v":2,"anchor":{{"clock":{at!r},"utc":{utc!r}}}}}\n'
+
     def _write_batch(self) -> None:
         ended = self._ended
         if not ended:
             return
         self._ended = []
-        data = "".join(ended).encode()
         try:
-            if self._fd < 0:
+            new_file = self._fd < 0
+            data = (self._anchor_line(new_file) + "".join(ended)).encode()
+            if new_file:
                 name = f"{self._prefix}-{self._token}-{self._seq:06d}.jsonl.part"
                 self._seq += 1
                 self._part = os.path.join(self._directory, name)

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +16,24 @@ import pytest
 from helpers import FlagOperation
 
 from purgatory import DelayedOperationPurgatory, JsonLinesEventLog
+from purgatory._eventlog import ANCHOR_DRIFT, SAME_CLOCK
 from purgatory._events import EventLog
+from purgatory.testing import ManualClock
 
 
-def lines(directory: Path) -> list[dict[str, Any]]:
-    """Every line of every complete file, in file order."""
+def every_line(directory: Path) -> list[dict[str, Any]]:
+    """Every line of every complete file, in file order, anchors included."""
     out: list[dict[str, Any]] = []
     for path in sorted(directory.glob("*.jsonl")):
         text = path.read_text()
         assert text.endswith("\n"), f"{path} does not end with a whole line"
         out.extend(json.loads(line) for line in text.splitlines())
     return out
+
+
+def lines(directory: Path) -> list[dict[str, Any]]:
+    """Every operation's line of every complete file, in file order."""
+    return [line for line in every_line(directory) if "anchor" not in line]
 
 
 def watch(
@@ -47,7 +55,7 @@ def test_one_line_per_operation_written_at_its_end(tmp_path: Path) -> None:
     first = lines(tmp_path)
     assert [line["id"] for line in first] == [1, 0]  # end order; ids per purgatory, watch order
     assert first[1] == {
-        "v": 1,
+        "v": 2,
         "purgatory": "produce",
         "id": 0,
         "keys": ["t-0", "7"],
@@ -126,12 +134,13 @@ def _refuse(token: str) -> Any:
 
 
 def strict_lines(directory: Path) -> list[dict[str, Any]]:
-    """Every line, parsed by a reader that refuses NaN and Infinity."""
-    return [
+    """Every operation's line, parsed by a reader that refuses NaN and Infinity."""
+    parsed = [
         json.loads(line, parse_constant=_refuse)
         for path in sorted(directory.glob("*.jsonl"))
         for line in path.read_text().splitlines()
     ]
+    return [line for line in parsed if "anchor" not in line]
 
 
 def test_non_finite_numbers_are_written_as_strings(tmp_path: Path) -> None:
@@ -262,3 +271,99 @@ async def test_a_purgatory_whose_recorder_lost_lines_settles_and_reports(
     assert log.lost_lines == 2
     assert len(contexts) == 2
     assert all("event log" in ctx["message"] for ctx in contexts)
+
+
+# -- anchors to UTC ---------------------------------------------------------------------------
+
+
+class Clocks:
+    """The purgatory's clock and the system clock, moved by hand (``time.time`` patched)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, now: float, wall: float) -> None:
+        self.now = now
+        self.wall = wall
+        self.reads = 0
+        monkeypatch.setattr(time, "time", self.time)
+
+    def time(self) -> float:
+        self.reads += 1
+        return self.wall
+
+    def clock(self) -> float:
+        return self.now
+
+    def move(self, seconds: float, wall_extra: float = 0.0) -> None:
+        self.now += seconds
+        self.wall += seconds + wall_extra
+
+
+def test_each_file_starts_with_an_anchor_and_drift_re_anchors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clocks = Clocks(monkeypatch, now=1865.0, wall=1_790_000_000.0)
+    log = JsonLinesEventLog(tmp_path, buffer_lines=2, clock=clocks.clock)
+
+    def one(name: str) -> None:
+        op = FlagOperation(1.0, name)
+        log.record_watch("p", op, ("k",), None, clocks.now, clocks.now + 1.0)
+        clocks.move(0.25)
+        log.record_end("p", op, "completed", clocks.now)
+
+    one("a")  # the first end checks the clock: the same as the events'
+    assert log.anchor_error is None
+    one("b")
+    one("c")
+    clocks.move(10.0, wall_extra=ANCHOR_DRIFT / 2)  # within the bound: no new anchor
+    one("d")
+    clocks.move(10.0, wall_extra=-0.5)  # the system clock stepped back half a second
+    one("e")
+    one("f")
+    log.flush()
+    one("g")  # a new file starts with an anchor
+    log.close()
+    files = sorted(tmp_path.glob("*.jsonl"))
+    assert len(files) == 2
+    first = [json.loads(line) for line in files[0].read_text().splitlines()]
+    kinds = ["anchor" if "anchor" in line else "op" for line in first]
+    assert kinds == ["anchor", "op", "op", "op", "op", "anchor", "op", "op"]
+    start, stepped = first[0], first[5]
+    assert start == {"v": 2, "anchor": {"clock": 1865.5, "utc": 1_790_000_000.5}}
+    assert stepped["anchor"]["utc"] - stepped["anchor"]["clock"] == pytest.approx(
+        1_790_000_000.0 - 1865.0 + ANCHOR_DRIFT / 2 - 0.5
+    )
+    second = [json.loads(line) for line in files[1].read_text().splitlines()]
+    assert "anchor" in second[0]
+    assert [x["id"] for x in second[1:]] == [6]
+
+
+def test_a_purgatory_on_another_clock_gets_no_anchor(tmp_path: Path) -> None:
+    log = JsonLinesEventLog(tmp_path)  # time.monotonic, but the events are on a ManualClock
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("virtual", clock=clock, event_log=log)
+    p.try_complete_else_watch(FlagOperation(1.0), ["k"])
+    clock.advance(2.0)
+    log.close()
+    assert log.anchor_error is not None
+    assert "another clock" in log.anchor_error
+    assert [line["outcome"] for line in every_line(tmp_path)] == ["expired"]
+
+
+def test_no_clock_no_anchor(tmp_path: Path) -> None:
+    log = JsonLinesEventLog(tmp_path, clock=None)
+    ended(log, 3)
+    log.close()
+    assert log.anchor_error == "no clock given"
+    assert len(every_line(tmp_path)) == 3
+
+
+@pytest.mark.asyncio
+async def test_a_live_purgatory_is_anchored_to_the_system_clock(tmp_path: Path) -> None:
+    log = JsonLinesEventLog(tmp_path)
+    async with DelayedOperationPurgatory[FlagOperation]("live", event_log=log) as p:
+        assert await p.watch(FlagOperation(0.001), ["k"]) is not None
+    anchor, line = every_line(tmp_path)
+    assert log.anchor_error is None
+    offset = anchor["anchor"]["utc"] - anchor["anchor"]["clock"]
+    # The anchor's offset is the system clock's against the loop's (read here, once more).
+    assert offset == pytest.approx(time.time() - time.monotonic(), abs=SAME_CLOCK)
+    assert line["watched_at"] <= anchor["anchor"]["clock"]

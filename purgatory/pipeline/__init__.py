@@ -21,6 +21,7 @@ from ._jobs import analyze as analyze
 from ._jobs import generate as generate
 from ._jobs import load_trace as load_trace
 from ._jobs import replay as replay
+from ._jobs import trace_anchors as trace_anchors
 from ._jobs import trace_from_log as trace_from_log
 from ._replay import ReplayConfig as ReplayConfig
 from ._replay import replay_table as replay_table
@@ -38,5 +39,6 @@ __all__ = (
     "load_trace",
     "replay",
     "replay_table",
+    "trace_anchors",
     "trace_from_log",
 )
