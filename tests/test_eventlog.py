@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from helpers import FlagOperation
 
-from purgatory import DelayedOperationPurgatory, JsonLinesEventLog
+from purgatory import ArrowEventLog, DelayedOperationPurgatory, JsonLinesEventLog
 from purgatory._eventlog import ANCHOR_DRIFT, SAME_CLOCK
 from purgatory._events import EventLog
 from purgatory.testing import ManualClock
@@ -37,7 +38,11 @@ def lines(directory: Path) -> list[dict[str, Any]]:
 
 
 def watch(
-    log: JsonLinesEventLog, name: str, op: FlagOperation, keys: tuple[Any, ...], at: float
+    log: JsonLinesEventLog | ArrowEventLog,
+    name: str,
+    op: FlagOperation,
+    keys: tuple[Any, ...],
+    at: float,
 ) -> None:
     log.record_watch(name, op, keys, None, at, at + op.timeout)
 
@@ -168,7 +173,7 @@ def test_non_finite_numbers_are_written_as_strings(tmp_path: Path) -> None:
 # -- writes that fail -------------------------------------------------------------------------
 
 
-def ended(log: JsonLinesEventLog, count: int, start: int = 0) -> None:
+def ended(log: JsonLinesEventLog | ArrowEventLog, count: int, start: int = 0) -> None:
     for i in range(start, start + count):
         op = FlagOperation(1.0, f"op{i}")
         watch(log, "p", op, ("k",), float(i))
@@ -185,7 +190,7 @@ def test_a_removed_directory_counts_every_line_it_could_not_publish(tmp_path: Pa
     with pytest.raises(FileNotFoundError) as publish:
         log.flush()  # the file's rename fails: its four lines are lost
     assert log.lost_lines == 4
-    assert "4 lines lost" in "".join(publish.value.__notes__)
+    assert "4 records lost" in "".join(publish.value.__notes__)
     with pytest.raises(FileNotFoundError):
         ended(log, 2, start=6)  # a new file cannot be created: the batch of two is lost
     assert log.lost_lines == 6
@@ -367,3 +372,122 @@ async def test_a_live_purgatory_is_anchored_to_the_system_clock(tmp_path: Path) 
     # The anchor's offset is the system clock's against the loop's (read here, once more).
     assert offset == pytest.approx(time.time() - time.monotonic(), abs=SAME_CLOCK)
     assert line["watched_at"] <= anchor["anchor"]["clock"]
+
+
+# -- the columnar recorder --------------------------------------------------------------------
+
+
+def arrow_rows(directory: Path) -> list[dict[str, Any]]:
+    """Every row of every published Arrow stream, in file order."""
+    rows: list[dict[str, Any]] = []
+    for path in sorted(directory.glob("*.arrows")):
+        with pa.ipc.open_stream(pa.memory_map(str(path))) as reader:
+            assert reader.schema.metadata == {b"purgatory.event_log": b"2"}
+            rows.extend(reader.read_all().to_pylist())
+    return rows
+
+
+def feed(log: JsonLinesEventLog | ArrowEventLog) -> None:
+    """The same calls for both recorders: plain and threshold watches, odd keys, all outcomes."""
+    a, b, c = FlagOperation(0.5, "a"), FlagOperation(0.25, "b"), FlagOperation(1.0, "c")
+    log.record_watch("produce", a, ("t-0", 7), None, 1.0, 1.5)
+    log.record_watch("produce", b, ("t-1",), (3, None), 1.5, 1.75)
+    log.record_watch("fetch", c, (("topic", 3),), (math.inf,), 2.0, 3.0)
+    log.record_end("produce", b, "expired", 1.75)
+    log.record_end("produce", a, "completed", 1.125)
+    log.close()
+
+
+def test_the_arrow_recorder_writes_what_the_json_one_does(tmp_path: Path) -> None:
+    def fields(op: FlagOperation) -> dict[str, Any]:
+        return {"name": op.name, "nan": math.nan}
+
+    feed(JsonLinesEventLog(tmp_path / "json", fields=fields, clock=None))
+    feed(ArrowEventLog(tmp_path / "arrow", fields=fields, clock=None))
+    expected = strict_lines(tmp_path / "json")
+    rows = arrow_rows(tmp_path / "arrow")
+    assert len(rows) == len(expected) == 3
+    for line, row in zip(expected, rows, strict=True):
+        assert row.pop("anchor") is None
+        row["id"] = int(row["id"])
+        for name in ("thresholds", "fields"):
+            row[name] = None if row[name] is None else json.loads(row[name])
+        del line["v"]
+        assert row == line
+    assert rows[2]["keys"] == ["('topic', 3)"]
+    assert rows[2]["outcome"] == "open"
+
+
+def test_arrow_files_are_published_whole_and_a_part_file_reads_to_its_last_batch(
+    tmp_path: Path,
+) -> None:
+    log = ArrowEventLog(tmp_path, max_bytes=2500, buffer_lines=2, op_id=lambda op: op.name)
+    ended(log, 11)
+    assert len(list(tmp_path.glob("*.arrows.part"))) == 1
+    assert len(log.closed_files) >= 2
+    published = [row["watched_at"] for row in arrow_rows(tmp_path)]
+    assert published == [float(i) for i in range(len(published))]
+    log.close()
+    assert [row["id"] for row in arrow_rows(tmp_path)] == [f"op{i}" for i in range(11)]
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_arrow_rows_carry_the_anchor_and_keys_go_through_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clocks = Clocks(monkeypatch, now=50.0, wall=1_790_000_000.0)
+    log = ArrowEventLog(tmp_path, buffer_lines=2, clock=clocks.clock, key=repr)
+    for i in range(4):
+        op = FlagOperation(1.0)
+        log.record_watch("p", op, ("k", i), None, clocks.now, clocks.now + 1.0)
+        clocks.move(0.5)
+        log.record_end("p", op, "completed", clocks.now)
+    log.close()
+    rows = arrow_rows(tmp_path)
+    assert [row["keys"] for row in rows] == [["'k'", str(i)] for i in range(4)]
+    assert {(row["anchor"]["clock"], row["anchor"]["utc"]) for row in rows} == {
+        (51.0, 1_790_000_001.0)
+    }
+
+
+def read_batches(data: bytes) -> tuple[int, BaseException | None]:
+    """Rows of the whole batches of an Arrow stream, and the error that stopped the reading."""
+    rows = 0
+    reader = pa.ipc.open_stream(pa.py_buffer(data))
+    try:
+        while True:
+            rows += reader.read_next_batch().num_rows
+    except StopIteration:
+        return rows, None
+    except OSError as exc:
+        return rows, exc
+
+
+def test_a_killed_process_leaves_an_arrow_part_file_readable_to_its_last_batch(
+    tmp_path: Path,
+) -> None:
+    log = ArrowEventLog(tmp_path, buffer_lines=2, clock=None)
+    ended(log, 6)  # three batches in the ".part" file
+    (part,) = tmp_path.glob("*.arrows.part")
+    data = part.read_bytes()
+    assert read_batches(data) == (6, None)
+    rows, error = read_batches(data[:-10])  # killed while writing the third batch
+    assert rows == 4
+    assert error is not None
+
+
+@pytest.mark.parametrize("recorder", [JsonLinesEventLog, ArrowEventLog])
+def test_either_recorder_counts_a_failed_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recorder: type[JsonLinesEventLog]
+) -> None:
+    log = recorder(tmp_path, buffer_lines=2, clock=None)
+    ended(log, 2)
+    monkeypatch.setattr(os, "write", _FailingWrites(failures=1, partial=17))
+    with pytest.raises(OSError, match="No space left"):
+        ended(log, 2, start=2)
+    monkeypatch.undo()
+    ended(log, 2, start=4)
+    log.close()
+    assert log.lost_lines == 2
+    read = lines if recorder is JsonLinesEventLog else arrow_rows
+    assert [x["watched_at"] for x in read(tmp_path)] == [0.0, 1.0, 4.0, 5.0]
