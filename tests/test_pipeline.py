@@ -29,7 +29,7 @@ from helpers import FlagOperation
 from pyspark.sql import SparkSession
 
 import purgatory
-from purgatory import JsonLinesEventLog
+from purgatory import ArrowEventLog, JsonLinesEventLog
 from purgatory.pipeline import (
     SHARED_SUMMARY_COLUMNS,
     W1,
@@ -232,17 +232,20 @@ NIGHT: Final = datetime(2026, 11, 24, 21, 0, 0, tzinfo=UTC)
 
 
 def record_night(
-    directory: Path, name: str, clock_start: float, *, anchored: bool = True
-) -> JsonLinesEventLog:
+    directory: Path,
+    name: str,
+    clock_start: float,
+    *,
+    anchored: bool = True,
+    recorder: type[JsonLinesEventLog] | type[ArrowEventLog] = JsonLinesEventLog,
+) -> JsonLinesEventLog | ArrowEventLog:
     """Ten operations, one a second from `NIGHT`, each completed half a second later, recorded
     by a host whose clock read `clock_start` at `NIGHT` (``time.time`` moved with it)."""
     now = [clock_start]
     wall = NIGHT.timestamp() - clock_start
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(time, "time", lambda: wall + now[0])
-        log = JsonLinesEventLog(
-            directory, buffer_lines=4, clock=(lambda: now[0]) if anchored else None
-        )
+        log = recorder(directory, buffer_lines=4, clock=(lambda: now[0]) if anchored else None)
         for i in range(10):
             op = FlagOperation(1.0)
             now[0] = clock_start + i
@@ -259,6 +262,7 @@ def test_analyze_puts_two_hosts_on_utc_and_filters_a_utc_range(
     logs = tmp_path / "logs"
     assert record_night(logs / "a", "host-a", 1865.0).anchor_error is None
     record_night(logs / "b", "host-b", 52.25)  # another host, another boot
+    record_night(logs / "c", "host-c", 7.0, recorder=ArrowEventLog)  # and the columnar format
     record_night(logs / "old", "unanchored", 3000.0, anchored=False)
     analyze(spark, str(logs), str(tmp_path / "all"), window=5.0)
     windows = pq.read_table(tmp_path / "all" / "windows").to_pylist()
@@ -273,7 +277,7 @@ def test_analyze_puts_two_hosts_on_utc_and_filters_a_utc_range(
         ("utc", night, NIGHT.replace(tzinfo=None), 5),
         ("utc", night + 5, NIGHT.replace(second=5, tzinfo=None), 5),
     ]
-    assert seen["host-a"] == seen["host-b"] == expected
+    assert seen["host-a"] == seen["host-b"] == seen["host-c"] == expected
     assert seen["unanchored"] == [("clock", 3000.0, None, 5), ("clock", 3005.0, None, 5)]
 
     with pytest.raises(TraceError, match=r"old/.*no UTC anchor"):
@@ -289,6 +293,7 @@ def test_analyze_puts_two_hosts_on_utc_and_filters_a_utc_range(
     assert {row["purgatory"]: row["operations"] for row in summary.collect()} == {
         "host-a": 5,
         "host-b": 5,
+        "host-c": 5,
     }
 
     recorded = str(tmp_path / "trace")

@@ -21,7 +21,8 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from .._eventlog import EVENT_LOG_VERSION
+from .._eventlog_arrow import ARROW_VERSION_KEY
+from .._recorder import EVENT_LOG_VERSION
 from ._generate import TRACE_SCHEMA, W1, chunk_plan, generate_chunk
 from ._replay import OUTPUT_SCHEMA, ReplayConfig, replay_batches
 from ._spark import atomic_output
@@ -402,9 +403,10 @@ def _pdisc(p: float, column: str) -> Column:
 
 
 def load_event_log(spark: SparkSession, path: str) -> DataFrame:
-    """Read every event log under `path` (``*.part`` files, still being written, skipped).
+    """Read every event log under `path`: ``*.jsonl`` and ``*.arrows`` files (``*.part`` files,
+    still being written, skipped).
 
-    Each operation's row has the line's fields and ``utc_offset``: seconds to add to its times
+    Each operation's row has the record's fields and ``utc_offset``: seconds to add to its times
     (``watched_at``, ``deadline``, ``ended_at``) for UTC seconds since the epoch, from its file's
     anchor at or before its watch (the file's first anchor if none is); null when its file has
     no anchor (schema version 1, or a recorder that could not anchor: its times stay seconds of
@@ -414,20 +416,21 @@ def load_event_log(spark: SparkSession, path: str) -> DataFrame:
         TraceError: No file, a malformed line, a line of another schema version, or a line
             missing a field its outcome requires.
     """
-    return _load_event_log(spark, path).drop("_file")
+    return _load_event_log(_raw_event_log(spark, path)).drop("_file")
 
 
-def _load_event_log(spark: SparkSession, path: str) -> DataFrame:
-    """`load_event_log`, with each row's ``_file``."""
+def _raw_event_log(spark: SparkSession, path: str) -> DataFrame:
+    """Every record (operations and anchors) of both formats, checked, with its ``_file``."""
     try:
-        raw = (
+        lines = (
             spark.read.schema(EVENT_LOG_SCHEMA)
             .option("mode", "FAILFAST")
             .option("recursiveFileLookup", "true")
             .option("pathGlobFilter", "*.jsonl")
             .json(path)
         )
-        raw = raw.withColumn("_file", F.col("_metadata.file_path"))
+        lines = lines.withColumn("_file", F.col("_metadata.file_path"))
+        raw = lines.unionByName(_arrow_records(spark, path))
     except AnalysisException as exc:
         raise TraceError(f"event log {path}: {_first_line(exc)}") from None
     is_anchor = F.col("anchor").isNotNull()
@@ -461,18 +464,140 @@ def _load_event_log(spark: SparkSession, path: str) -> DataFrame:
             .limit(1)
             .collect()
         )
-    except Exception as exc:  # noqa: BLE001 - Spark's errors for malformed JSON, re-worded
-        raise TraceError(f"event log {path}: {_first_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - Spark's errors for malformed input, re-worded
+        raise TraceError(f"event log {path}: {_worker_error(exc)}") from None
     if bad:
         row = bad[0]
         raise TraceError(
             f"event log file {row['_file']}: line of purgatory={row['purgatory']!r} "
             f"id={row['id']!r}: {row['_problem']}"
         )
+    return raw
+
+
+def _load_event_log(raw: DataFrame) -> DataFrame:
+    """The operations of `_raw_event_log`, each with its ``utc_offset`` and ``_file``."""
+    is_anchor = F.col("anchor").isNotNull()
     anchors = raw.where(is_anchor).select(
         "_file", F.col("anchor.clock").alias("clock"), F.col("anchor.utc").alias("utc")
     )
     return _with_utc_offset(raw.where(~is_anchor).drop("anchor"), anchors)
+
+
+def _worker_error(exc: BaseException) -> str:
+    """The one useful line of an error, out of a Python worker's traceback if need be."""
+    text = str(exc)
+    for line in reversed(text.splitlines()):
+        if line.startswith(_ArrowStreamError.__name__ + ": "):
+            return line.split(": ", 1)[1]
+    return _first_line(exc)
+
+
+class _ArrowStreamError(ValueError):
+    """An ``.arrows`` file that is not an `ArrowEventLog` stream (raised in a Python worker)."""
+
+
+_ARROW_RECORDS: Final = T.StructType(
+    [*EVENT_LOG_SCHEMA.fields, T.StructField("_file", T.StringType())]
+)
+
+
+def _arrow_records(spark: SparkSession, path: str) -> DataFrame:
+    """The records of every ``*.arrows`` file under `path`, shaped as JSON lines are read.
+
+    Spark has no reader for Arrow IPC streams: each file is read whole (``binaryFile``, any
+    file system Spark knows) and parsed by pyarrow in a Python worker. An operation's row keeps
+    its columns; the distinct anchors its batches carry become anchor records.
+    """
+    files = (
+        spark.read.format("binaryFile")
+        .option("recursiveFileLookup", "true")
+        .option("pathGlobFilter", "*.arrows")
+        .load(path)
+        .select("path", "content")
+    )
+    out = _arrow_out_schema()
+
+    def parse(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for name, content in zip(
+                batch.column("path").to_pylist(), batch.column("content").to_pylist(), strict=True
+            ):
+                yield from _parse_arrow_file(name, content, out)
+
+    return files.mapInArrow(parse, _ARROW_RECORDS)
+
+
+def _arrow_out_schema() -> pa.Schema:
+    return pa.schema(
+        [
+            ("v", pa.int32()),
+            ("purgatory", pa.string()),
+            ("id", pa.string()),
+            ("keys", pa.list_(pa.string())),
+            ("watched_at", pa.float64()),
+            ("timeout", pa.float64()),
+            ("deadline", pa.float64()),
+            ("outcome", pa.string()),
+            ("ended_at", pa.float64()),
+            ("anchor", pa.struct([("clock", pa.float64()), ("utc", pa.float64())])),
+            ("_file", pa.string()),
+        ]
+    )
+
+
+def _parse_arrow_file(name: str, content: bytes, out: pa.Schema) -> Iterator[pa.RecordBatch]:
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(content))
+        metadata = reader.schema.metadata or {}
+        version = metadata.get(ARROW_VERSION_KEY.encode())
+        if version != str(EVENT_LOG_VERSION).encode():
+            raise _ArrowStreamError(
+                f"event log file {name}: not an event-log Arrow stream of schema version "
+                f"{EVENT_LOG_VERSION} (metadata {metadata!r})"
+            )
+        anchors: dict[tuple[float, float], None] = {}
+        for batch in reader:
+            n = batch.num_rows
+            if not n:
+                continue
+            anchor = batch.column("anchor")[0].as_py()
+            if anchor is not None:
+                anchors[anchor["clock"], anchor["utc"]] = None
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.repeat(pa.scalar(EVENT_LOG_VERSION, pa.int32()), n),
+                    *(batch.column(f.name) for f in out if f.name in _ARROW_KEPT),
+                    pa.nulls(n, out.field("anchor").type),
+                    pa.repeat(pa.scalar(name, pa.string()), n),
+                ],
+                schema=out,
+            )
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise _ArrowStreamError(f"event log file {name}: unreadable Arrow stream: {exc}") from None
+    if anchors:
+        n = len(anchors)
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.repeat(pa.scalar(EVENT_LOG_VERSION, pa.int32()), n),
+                *(pa.nulls(n, f.type) for f in out if f.name in _ARROW_KEPT),
+                pa.array([{"clock": c, "utc": u} for c, u in anchors], out.field("anchor").type),
+                pa.repeat(pa.scalar(name, pa.string()), n),
+            ],
+            schema=out,
+        )
+
+
+_ARROW_KEPT: Final = (
+    "purgatory",
+    "id",
+    "keys",
+    "watched_at",
+    "timeout",
+    "deadline",
+    "outcome",
+    "ended_at",
+)
 
 
 def _with_utc_offset(ops: DataFrame, anchors: DataFrame) -> DataFrame:
@@ -499,14 +624,10 @@ def _with_utc_offset(ops: DataFrame, anchors: DataFrame) -> DataFrame:
     ).drop("_afile", "_lo", "_hi")
 
 
-def _anchors_of(spark: SparkSession, path: str) -> list[dict[str, float]]:
-    """The distinct anchors of the event logs under `path`, by UTC (for a trace's metadata)."""
+def _anchors_of(raw: DataFrame) -> list[dict[str, float]]:
+    """The distinct anchors of the records `raw`, by UTC (for a trace's metadata)."""
     rows = (
-        spark.read.schema(EVENT_LOG_SCHEMA)
-        .option("recursiveFileLookup", "true")
-        .option("pathGlobFilter", "*.jsonl")
-        .json(path)
-        .where(F.col("anchor").isNotNull())
+        raw.where(F.col("anchor").isNotNull())
         .select("anchor.clock", "anchor.utc")
         .distinct()
         .orderBy("utc", "clock")
@@ -582,7 +703,7 @@ def analyze(
     """
     if not (window > 0 and math.isfinite(window)):
         raise ValueError(f"window must be a finite number of seconds > 0, got {window!r}")
-    log = _load_event_log(spark, log_path)
+    log = _load_event_log(_raw_event_log(spark, log_path))
     if since is not None or until is not None:
         log = _in_utc_range(log, since, until)
     log = log.drop("_file").persist(StorageLevel.MEMORY_AND_DISK)
@@ -710,8 +831,9 @@ def trace_from_log(spark: SparkSession, log_path: str, out: str, *, overwrite: b
     Returns:
         The number of rows written.
     """
-    log = _load_event_log(spark, log_path)
-    anchors = json.dumps(_anchors_of(spark, log_path))
+    raw = _raw_event_log(spark, log_path)
+    log = _load_event_log(raw)
+    anchors = json.dumps(_anchors_of(raw))
     trace = log.select(
         "purgatory",
         F.col("id").cast("long").alias("op_id"),
