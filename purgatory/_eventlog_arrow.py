@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping
+from operator import itemgetter
 from typing import Any, Final, final
 
 from ._eventlog import _json
@@ -32,7 +33,6 @@ __all__ = ("ARROW_VERSION_KEY", "ArrowEventLog", "arrow_schema")
 
 #: The schema-metadata key holding the event-log schema version.
 ARROW_VERSION_KEY: Final = "purgatory.event_log"
-_KEY_CACHE_LIMIT = 65536
 
 
 def _pyarrow() -> Any:
@@ -94,7 +94,7 @@ class ArrowEventLog(FileRecorder):
         ImportError: pyarrow is not installed.
     """
 
-    __slots__ = ("_key", "_key_cache", "_pa", "_schema")
+    __slots__ = ("_key", "_pa", "_schema")
 
     def __init__(
         self,
@@ -121,7 +121,6 @@ class ArrowEventLog(FileRecorder):
             clock=clock,
         )
         self._key = key
-        self._key_cache: dict[tuple[Hashable, ...], tuple[str, ...]] = {}
 
     def __enter__(self) -> ArrowEventLog:
         return self
@@ -139,24 +138,23 @@ class ArrowEventLog(FileRecorder):
         """`batch` as one IPC record-batch message (see the module docstring)."""
         pa = self._pa
         schema = self._schema
-        ended: tuple[Sequence[Any], ...] = tuple(zip(*batch, strict=True))
-        watches, outcomes, ends = ended
-        columns: tuple[Sequence[Any], ...] = tuple(zip(*watches, strict=True))
-        names, ids, keys, thresholds, watched, timeouts, deadlines, fields = columns
         n = len(batch)
-        string = pa.string()
+        watches = list(map(_FIRST, batch))
+        names, ids, keys, thresholds, watched, timeouts, deadlines, fields = (
+            list(map(get, watches)) for get in _WATCH_COLUMNS
+        )
         double = pa.float64()
         anchor_type = schema.field("anchor").type
         arrays = [
-            pa.array(names, string),
+            _repeated_strings(pa, names),
             self._id_column(ids),
             self._key_column(keys),
             _json_column(pa, thresholds, lambda t: _json(list(t))),
             pa.array(watched, double),
             pa.array(timeouts, double),
             pa.array(deadlines, double),
-            pa.array(outcomes, string),
-            pa.array(ends, double),
+            _repeated_strings(pa, list(map(_SECOND, batch))),
+            pa.array(list(map(_THIRD, batch)), double),
             _json_column(pa, fields, _json),
             pa.nulls(n, anchor_type)
             if anchor is None
@@ -165,35 +163,41 @@ class ArrowEventLog(FileRecorder):
         data: bytes = pa.RecordBatch.from_arrays(arrays, schema=schema).serialize().to_pybytes()
         return data
 
-    def _id_column(self, ids: Sequence[Any]) -> Any:
+    def _id_column(self, ids: list[Any]) -> Any:
         pa = self._pa
         try:
             return pa.array(ids, pa.int64()).cast(pa.string())
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            return pa.array([str(i) for i in ids], pa.string())
+            return pa.array([i if type(i) is str else str(i) for i in ids], pa.string())
 
-    def _key_column(self, keys: Sequence[tuple[Hashable, ...]]) -> Any:
+    def _key_column(self, keys: list[tuple[Hashable, ...]]) -> Any:
+        """The keys as list<string>: each distinct key tuple of the batch rendered once."""
         pa = self._pa
-        kind = pa.list_(pa.string())
-        if self._key is str:
-            try:  # string keys, the common case: one C-level conversion
-                return pa.array(keys, kind)
-            except (pa.ArrowInvalid, pa.ArrowTypeError):
-                pass
-        cache = self._key_cache
-        if len(cache) >= _KEY_CACHE_LIMIT:
-            cache.clear()
+        seen: dict[tuple[Hashable, ...], int] = {}
+        setdefault = seen.setdefault
+        indices = [setdefault(k, len(seen)) for k in keys]
         render = self._key
-        rendered = []
-        for key_tuple in keys:
-            text = cache.get(key_tuple)
-            if text is None:
-                text = cache[key_tuple] = tuple(render(k) for k in key_tuple)
-            rendered.append(text)
-        return pa.array(rendered, kind)
+        if render is str and all(type(k) is str for key_tuple in seen for k in key_tuple):
+            distinct: list[Any] = list(seen)
+        else:
+            distinct = [[render(k) for k in key_tuple] for key_tuple in seen]
+        return pa.array(distinct, pa.list_(pa.string())).take(pa.array(indices, pa.int32()))
 
 
-def _json_column(pa: Any, values: Sequence[Any], render: Callable[[Any], str]) -> Any:
+_FIRST: Final = itemgetter(0)
+_SECOND: Final = itemgetter(1)
+_THIRD: Final = itemgetter(2)
+_WATCH_COLUMNS: Final = tuple(itemgetter(i) for i in range(8))
+
+
+def _repeated_strings(pa: Any, values: list[str]) -> Any:
+    """A string column; one conversion when every value is the same (one purgatory's name)."""
+    if values and values.count(values[0]) == len(values):
+        return pa.repeat(pa.scalar(values[0], pa.string()), len(values))
+    return pa.array(values, pa.string())
+
+
+def _json_column(pa: Any, values: list[Any], render: Callable[[Any], str]) -> Any:
     """A string column of JSON texts, null where `values` holds None (all null: no work)."""
     if values.count(None) == len(values):
         return pa.nulls(len(values), pa.string())
