@@ -11,6 +11,10 @@ manual clock, so the per-batch anchor reads are in), alternated, ``--repetitions
 Reported: the median CPU time per operation, the recorder's own cost (minus the no-recorder
 run), each as a ratio to the no-recorder run, and the bytes written per operation.
 
+``--compare-tree DIR`` also times `JsonLinesEventLog` (and no recorder) of another checkout of the
+project (for instance ``git archive <commit> | tar -x -C DIR``) in child processes, alternated
+with the same in a child process of this tree: what a change of the recorder saved.
+
 Absolute times on this shared 2-core machine drift with the other users' load (reported); the
 ratios come from runs interleaved in the same process, minutes apart at most.
 """
@@ -20,9 +24,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from purgatory import ArrowEventLog, DelayedOperation, DelayedOperationPurgatory, JsonLinesEventLog
@@ -125,6 +132,59 @@ def measure(operations: int, repetitions: int) -> dict[str, Any]:
     }
 
 
+_CHILD = """
+import sys, tempfile, time
+from purgatory import DelayedOperation, DelayedOperationPurgatory, JsonLinesEventLog
+from purgatory.testing import ManualClock
+
+class Op(DelayedOperation[None]):
+    def try_complete(self): return False
+    def on_complete(self): return None
+    def on_expiration(self): pass
+
+def run(n, log):
+    clock = ManualClock()
+    p = DelayedOperationPurgatory("bench", clock=clock, event_log=log)
+    keys = [f"k{i}" for i in range(100)]
+    started = time.process_time()
+    for _ in range(n // 1000):
+        ops = [Op(0.5) for _ in range(1000)]
+        for i, op in enumerate(ops):
+            p.try_complete_else_watch(op, [keys[i % 100]])
+        for op in ops[::2]:
+            op.force_complete()
+        clock.advance(1.0)
+    if log is not None:
+        log.flush()
+    return time.process_time() - started
+
+n = int(sys.argv[1])
+with tempfile.TemporaryDirectory() as d:
+    run(20000, JsonLinesEventLog(d + "/warm"))
+    none = run(n, None)
+    json = run(n, JsonLinesEventLog(d + "/run"))
+print(none / n * 1e6, json / n * 1e6)
+"""
+
+
+def compare_trees(tree: str, operations: int, repetitions: int) -> dict[str, list[float]]:
+    """`JsonLinesEventLog`'s own us/op in `tree` and in this tree, child processes alternated."""
+    here = str(Path(__file__).resolve().parent.parent)
+    out: dict[str, list[float]] = {"other": [], "this": []}
+    for _ in range(repetitions):
+        for name, path in (("other", tree), ("this", here)):
+            done = subprocess.run(
+                [sys.executable, "-c", _CHILD, str(operations)],
+                env={**os.environ, "PYTHONPATH": path},
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            none, json = map(float, done.stdout.split())
+            out[name].append(json - none)
+    return out
+
+
 def report(figures: dict[str, Any]) -> str:
     us = figures["us_per_op"]
     base = us["none"]
@@ -155,11 +215,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.eventlog")
     parser.add_argument("--operations", type=int, default=200_000)
     parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--compare-tree", default=None, help="another checkout: JSON Lines cost")
     args = parser.parse_args(argv)
     before = load_average()
     figures = measure(args.operations, args.repetitions)
     print(f"load before/after: {before} / {load_average()}")
     print(report(figures))
+    if args.compare_tree:
+        costs = compare_trees(args.compare_tree, args.operations, args.repetitions)
+        other, this = (statistics.median(costs[k]) for k in ("other", "this"))
+        print(
+            f"\nJsonLinesEventLog's own cost, child processes alternated: {other:.2f} us/op in "
+            f"{args.compare_tree}, {this:.2f} us/op here ({this / other:.2f}x); samples: "
+            f"{', '.join(f'{v:.2f}' for v in costs['other'])} / "
+            f"{', '.join(f'{v:.2f}' for v in costs['this'])}"
+        )
     return 0
 
 

@@ -491,3 +491,36 @@ def test_either_recorder_counts_a_failed_write(
     assert log.lost_lines == 2
     read = lines if recorder is JsonLinesEventLog else arrow_rows
     assert [x["watched_at"] for x in read(tmp_path)] == [0.0, 1.0, 4.0, 5.0]
+
+
+def test_lines_rendered_by_arrow_mean_what_python_renders(tmp_path: Path) -> None:
+    def record(log: JsonLinesEventLog) -> None:
+        for i in range(50):
+            op = FlagOperation(0.125, f"op{i}")
+            at = 1865.0 + i / 3
+            thresholds = None if i % 3 else (i, None)
+            log.record_watch(f"p{i % 2}", op, (f"k{i % 7}", i % 5), thresholds, at, at + 0.125)
+            log.record_end(f"p{i % 2}", op, "completed" if i % 4 else "expired", at + 0.0625)
+        log.flush()
+
+    fast = JsonLinesEventLog(
+        tmp_path / "auto", clock=None, fields=lambda op: {"name": op.name}, op_id=lambda op: op.name
+    )
+    slow = JsonLinesEventLog(
+        tmp_path / "python",
+        clock=None,
+        fields=lambda op: {"name": op.name},
+        op_id=lambda op: op.name,
+        render="python",
+    )
+    assert fast._arrow is not None  # pyarrow is installed with the test dependencies
+    record(fast)
+    record(slow)
+    auto, python = strict_lines(tmp_path / "auto"), strict_lines(tmp_path / "python")
+    assert len(auto) == 50
+    assert auto == python
+
+
+def test_an_unknown_render_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="render must be 'auto' or 'python', got 'c'"):
+        JsonLinesEventLog(tmp_path, render="c")  # type: ignore[arg-type]
