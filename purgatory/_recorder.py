@@ -295,6 +295,9 @@ class FileRecorder:
             _write_all(self._fd, data)
         except OSError as exc:
             self._lose(len(ended), exc)
+            if self._anchor is not None:  # the anchor may have gone with the batch: write again
+                self._anchor = None
+                self._anchor_due = True
             raise
         self._file_bytes += len(data)
         self._file_lines += len(ended)

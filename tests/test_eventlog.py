@@ -524,3 +524,34 @@ def test_lines_rendered_by_arrow_mean_what_python_renders(tmp_path: Path) -> Non
 def test_an_unknown_render_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="render must be 'auto' or 'python', got 'c'"):
         JsonLinesEventLog(tmp_path, render="c")  # type: ignore[arg-type]
+
+
+def test_an_anchor_lost_with_a_failed_batch_is_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clocks = Clocks(monkeypatch, now=10.0, wall=1_790_000_000.0)
+    log = JsonLinesEventLog(tmp_path, buffer_lines=2, clock=clocks.clock)
+
+    def one() -> None:
+        op = FlagOperation(1.0)
+        log.record_watch("p", op, ("k",), None, clocks.now, clocks.now + 1.0)
+        clocks.move(0.5)
+        log.record_end("p", op, "completed", clocks.now)
+
+    one()
+    one()  # the file starts, with its anchor
+    clocks.move(1.0, wall_extra=0.25)  # the system clock steps: the next batch re-anchors...
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "write", _FailingWrites(failures=1, partial=0))
+        one()
+        with pytest.raises(OSError, match="No space left"):
+            one()  # ...but that batch is lost, its anchor with it
+    one()
+    one()
+    log.close()
+    anchors = [line["anchor"] for line in every_line(tmp_path) if "anchor" in line]
+    assert len(anchors) == 2
+    assert anchors[1]["utc"] - anchors[1]["clock"] == pytest.approx(
+        anchors[0]["utc"] - anchors[0]["clock"] + 0.25
+    )
+    assert log.lost_lines == 2
