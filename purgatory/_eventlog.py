@@ -23,7 +23,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Final, Literal, final
 
-from ._recorder import ANCHOR_DRIFT, EVENT_LOG_VERSION, SAME_CLOCK, Ended, FileRecorder
+from ._recorder import ANCHOR_DRIFT, EVENT_LOG_VERSION, SAME_CLOCK, Batch, FileRecorder
 
 __all__ = ("ANCHOR_DRIFT", "EVENT_LOG_VERSION", "SAME_CLOCK", "JsonLinesEventLog")
 
@@ -104,12 +104,10 @@ class JsonLinesEventLog(FileRecorder):
 
     # -- rendering ----------------------------------------------------------------------------
 
-    def _render(self, batch: list[Ended], anchor: tuple[float, float] | None, new: bool) -> bytes:
+    def _render(self, batch: Batch, anchor: tuple[float, float] | None, new: bool) -> bytes:
         """Every line of `batch`, built column by column (see the module docstring)."""
-        n = len(batch)
-        watches = list(map(_FIRST, batch))
-        outcomes = list(map(_SECOND, batch))
-        ends = list(map(_THIRD, batch))
+        watches, outcomes, ends = batch
+        n = len(watches)
         names, ids, keys, thresholds, watched, timeouts, deadlines, fields = (
             list(map(get, watches)) for get in _WATCH_COLUMNS
         )
@@ -258,9 +256,6 @@ class JsonLinesEventLog(FileRecorder):
         return joined
 
 
-_FIRST: Final = itemgetter(0)
-_SECOND: Final = itemgetter(1)
-_THIRD: Final = itemgetter(2)
 _WATCH_COLUMNS: Final = tuple(itemgetter(i) for i in range(8))
 
 

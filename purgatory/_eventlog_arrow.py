@@ -27,7 +27,7 @@ from operator import itemgetter
 from typing import Any, Final, final
 
 from ._eventlog import _json
-from ._recorder import EVENT_LOG_VERSION, Ended, FileRecorder
+from ._recorder import EVENT_LOG_VERSION, Batch, FileRecorder
 
 __all__ = ("ARROW_VERSION_KEY", "ArrowEventLog", "arrow_schema")
 
@@ -134,12 +134,12 @@ class ArrowEventLog(FileRecorder):
         data: bytes = self._schema.serialize().to_pybytes()
         return data
 
-    def _render(self, batch: list[Ended], anchor: tuple[float, float] | None, new: bool) -> bytes:
+    def _render(self, batch: Batch, anchor: tuple[float, float] | None, new: bool) -> bytes:
         """`batch` as one IPC record-batch message (see the module docstring)."""
         pa = self._pa
         schema = self._schema
-        n = len(batch)
-        watches = list(map(_FIRST, batch))
+        watches, outcomes, ends = batch
+        n = len(watches)
         names, ids, keys, thresholds, watched, timeouts, deadlines, fields = (
             list(map(get, watches)) for get in _WATCH_COLUMNS
         )
@@ -153,8 +153,8 @@ class ArrowEventLog(FileRecorder):
             pa.array(watched, double),
             pa.array(timeouts, double),
             pa.array(deadlines, double),
-            _repeated_strings(pa, list(map(_SECOND, batch))),
-            pa.array(list(map(_THIRD, batch)), double),
+            _repeated_strings(pa, outcomes),
+            pa.array(ends, double),
             _json_column(pa, fields, _json),
             pa.nulls(n, anchor_type)
             if anchor is None
@@ -184,9 +184,6 @@ class ArrowEventLog(FileRecorder):
         return pa.array(distinct, pa.list_(pa.string())).take(pa.array(indices, pa.int32()))
 
 
-_FIRST: Final = itemgetter(0)
-_SECOND: Final = itemgetter(1)
-_THIRD: Final = itemgetter(2)
 _WATCH_COLUMNS: Final = tuple(itemgetter(i) for i in range(8))
 
 

@@ -58,8 +58,9 @@ SAME_CLOCK: Final = 1.0
 
 #: One open operation: (purgatory, id, keys, thresholds, watched_at, timeout, deadline, fields).
 Watch = tuple[str, Any, tuple[Hashable, ...], Any, float, float, float, Any]
-#: One finished operation on the batch: (its watch, outcome, ended_at or None if still open).
-Ended = tuple[Watch, str, float | None]
+#: The finished operations of a batch, as three parallel lists: their watches, outcomes and end
+#: times (None for an operation still open at `close`).
+Batch = tuple[list[Watch], list[str], list[float | None]]
 
 
 class FileRecorder:
@@ -72,15 +73,19 @@ class FileRecorder:
         "_clock",
         "_directory",
         "_ended",
+        "_ends",
         "_fd",
         "_fields",
         "_file_bytes",
         "_file_lines",
         "_ids",
+        "_last_name",
         "_limit",
         "_max_bytes",
+        "_next_id",
         "_op_id",
         "_open",
+        "_outcomes",
         "_part",
         "_prefix",
         "_seq",
@@ -120,7 +125,13 @@ class FileRecorder:
         self._op_id = op_id
         self._ids: dict[str, int] = {}
         self._open: dict[DelayedOperation[Any], Watch] = {}
-        self._ended: list[Ended] = []
+        self._ended: list[Watch] = []
+        self._outcomes: list[str] = []
+        self._ends: list[float | None] = []
+        # The id counter of the purgatory named last (most recorders serve one purgatory);
+        # `_ids` holds the others' while another is served.
+        self._last_name: str | None = None
+        self._next_id = 0
         self._fd = -1
         self._file_bytes = 0
         self._file_lines = 0
@@ -160,12 +171,11 @@ class FileRecorder:
         deadline: float,
     ) -> None:
         """Remember `op` until it ends. Runtime complexity: O(1) (plus `fields` and `op_id`)."""
-        if self._op_id is None:
-            ids = self._ids
-            ident: Any = ids.get(purgatory, 0)
-            ids[purgatory] = ident + 1
+        if purgatory is self._last_name:
+            ident: Any = self._next_id
+            self._next_id = ident + 1
         else:
-            ident = self._op_id(op)
+            ident = self._new_id(purgatory, op)
         fields = self._fields
         self._open[op] = (
             purgatory,
@@ -187,7 +197,9 @@ class FileRecorder:
             self.unmatched_ends += 1
             return
         ended = self._ended
-        ended.append((watch, outcome, ended_at))
+        ended.append(watch)
+        self._outcomes.append(outcome)
+        self._ends.append(ended_at)
         if len(ended) >= self._limit:
             if self._unchecked:
                 self._check_clock(ended_at)
@@ -216,13 +228,15 @@ class FileRecorder:
         The recorder may be used again afterwards: it starts a new file.
         """
         if self._open:
-            self._ended.extend((watch, "open", None) for watch in self._open.values())
+            self._ended.extend(self._open.values())
+            self._outcomes.extend(["open"] * len(self._open))
+            self._ends.extend([None] * len(self._open))
             self._open.clear()
         self.flush()
 
     # -- for subclasses -----------------------------------------------------------------------
 
-    def _render(self, batch: list[Ended], anchor: tuple[float, float] | None, new: bool) -> bytes:
+    def _render(self, batch: Batch, anchor: tuple[float, float] | None, new: bool) -> bytes:
         """The bytes of `batch` for the current file.
 
         `anchor` is the anchor in force (``None`` before the first); `new` says it is new to the
@@ -235,6 +249,18 @@ class FileRecorder:
         return b""
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _new_id(self, purgatory: str, op: DelayedOperation[Any]) -> Any:
+        """The id of `op`: from `op_id`, or the counter of another purgatory than the last."""
+        if self._op_id is not None:
+            return self._op_id(op)
+        ids = self._ids
+        if self._last_name is not None:
+            ids[self._last_name] = self._next_id
+        ident = ids.get(purgatory, 0)
+        self._last_name = purgatory
+        self._next_id = ident + 1
+        return ident
 
     def _check_clock(self, ended_at: float) -> None:
         """At the first end: is `clock` the purgatory's? (`ended_at` was read just now.)"""
@@ -280,11 +306,12 @@ class FileRecorder:
         ended = self._ended
         if not ended:
             return
-        self._ended = []
+        batch = (ended, self._outcomes, self._ends)
+        self._ended, self._outcomes, self._ends = [], [], []
         try:
             new_file = self._fd < 0
             new_anchor = self._take_anchor(new_file)
-            data = self._render(ended, self._anchor, new_anchor)
+            data = self._render(batch, self._anchor, new_anchor)
             if new_file:
                 data = self._file_start() + data
                 name = f"{self._prefix}-{self._token}-{self._seq:06d}{self._suffix}.part"

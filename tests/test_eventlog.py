@@ -555,3 +555,22 @@ def test_an_anchor_lost_with_a_failed_batch_is_written_again(
         anchors[0]["utc"] - anchors[0]["clock"] + 0.25
     )
     assert log.lost_lines == 2
+
+
+def test_ids_count_per_purgatory_whatever_the_order(tmp_path: Path) -> None:
+    log = JsonLinesEventLog(tmp_path, clock=None)
+    names = ["p", "q", "p", "p", "q", "r", "p"]
+    for i, name in enumerate(names):
+        op = FlagOperation(1.0)
+        log.record_watch("".join(name), op, ("k",), None, float(i), i + 1.0)  # equal, not same
+        log.record_end(name, op, "completed", i + 0.5)
+    log.close()
+    assert [(x["purgatory"], x["id"]) for x in lines(tmp_path)] == [
+        ("p", 0),
+        ("q", 0),
+        ("p", 1),
+        ("p", 2),
+        ("q", 1),
+        ("r", 0),
+        ("p", 3),
+    ]

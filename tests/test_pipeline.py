@@ -264,6 +264,10 @@ def test_analyze_puts_two_hosts_on_utc_and_filters_a_utc_range(
     record_night(logs / "b", "host-b", 52.25)  # another host, another boot
     record_night(logs / "c", "host-c", 7.0, recorder=ArrowEventLog)  # and the columnar format
     record_night(logs / "old", "unanchored", 3000.0, anchored=False)
+    (logs / "old" / "v1.jsonl").write_text(  # a file of the first schema version
+        '{"v":1,"purgatory":"v1","id":0,"keys":["k"],"thresholds":null,"watched_at":12.5,'
+        '"timeout":1.0,"deadline":13.5,"outcome":"expired","ended_at":13.5}\n'
+    )
     analyze(spark, str(logs), str(tmp_path / "all"), window=5.0)
     windows = pq.read_table(tmp_path / "all" / "windows").to_pylist()
     seen: dict[str, list[tuple[Any, ...]]] = {}
@@ -279,6 +283,7 @@ def test_analyze_puts_two_hosts_on_utc_and_filters_a_utc_range(
     ]
     assert seen["host-a"] == seen["host-b"] == seen["host-c"] == expected
     assert seen["unanchored"] == [("clock", 3000.0, None, 5), ("clock", 3005.0, None, 5)]
+    assert seen["v1"] == [("clock", 10.0, None, 1)]
 
     with pytest.raises(TraceError, match=r"old/.*no UTC anchor"):
         analyze(spark, str(logs), str(tmp_path / "refused"), since=NIGHT)

@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_grid(rep, "1", "1")
     _add_common(rep)
     ana = sub.add_parser("analyze", help="summaries of recorded event logs")
-    ana.add_argument("--log", required=True, help="directory of *.jsonl event logs")
+    ana.add_argument("--log", required=True, help="directory of event logs (*.jsonl, *.arrows)")
     ana.add_argument("--out", required=True, help="output: summary/ keys/ windows/ waits/")
     ana.add_argument("--window", type=float, default=60.0, help="seconds per time window")
     for name, edge in (("--since", "from"), ("--until", "before")):
