@@ -2,9 +2,12 @@
 
 The hot path, the files, anchors and failures are `FileRecorder`'s (``_recorder.py``). This
 module renders a batch: every line of it at once, column by column (names and keys JSON-encoded
-once and remembered, the floats through one ``%``-format per line), with the anchor line first
-when the batch carries one. Files are ``<prefix>-<token>-<seq>.jsonl``. Operations still open
-at `close` are written with ``"outcome": "open"`` and ``"ended_at": null``.
+once and remembered), with the anchor line first when the batch carries one. With pyarrow
+installed, the lines are joined by its C++ kernels (numbers as their shortest decimal text);
+without it, or for a batch holding a non-finite time or an operation still open, by one
+``%``-format per line (numbers as Python's ``repr``). The lines mean the same either way.
+Files are ``<prefix>-<token>-<seq>.jsonl``. Operations still open at `close` are written with
+``"outcome": "open"`` and ``"ended_at": null``.
 
 Standard JSON only. A number JSON cannot hold (an infinite threshold, a NaN from ``fields=``,
 a non-finite time) is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``:
