@@ -26,6 +26,7 @@ from ._errors import PurgatoryClosed as PurgatoryClosed
 from ._errors import PurgatoryError as PurgatoryError
 from ._errors import PurgatoryFull as PurgatoryFull
 from ._eventlog import JsonLinesEventLog as JsonLinesEventLog
+from ._eventlog_arrow import ArrowEventLog as ArrowEventLog
 from ._events import EventLog as EventLog
 from ._operation import DelayedOperation as DelayedOperation
 from ._purgatory import DelayedOperationPurgatory as DelayedOperationPurgatory
@@ -34,6 +35,7 @@ from ._purgatory import PurgatoryStatistics as PurgatoryStatistics
 __version__ = "0.1.0"
 
 __all__ = (
+    "ArrowEventLog",
     "Clock",
     "DelayedOperation",
     "DelayedOperationPurgatory",

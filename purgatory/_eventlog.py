@@ -1,98 +1,72 @@
 """`JsonLinesEventLog`: an `EventLog` that writes one JSON line per operation, at its end.
 
-Theory of operation. A purgatory given ``event_log=`` calls `record_watch` when an operation
-enters and `record_end` when its fate is settled (see ``_events.py``). The recorder keeps a small
-tuple per *open* operation (keyed by the operation's identity) from its watch to its end, and
-at the end renders its line (one ``%``-format; the watch tuple and the operation are released at
-once) onto a buffer. No I/O on the hot path: the buffer is written in one piece when it holds
-``buffer_lines`` lines, on `flush` and on `close`.
+The hot path, the files, anchors and failures are `FileRecorder`'s (``_recorder.py``). This
+module renders a batch: every line of it at once, column by column (names and keys JSON-encoded
+once and remembered), with the anchor line first when the batch carries one. With pyarrow
+installed, the lines are joined by its C++ kernels (numbers as their shortest decimal text);
+without it, or for a batch holding a non-finite time or an operation still open, by one
+``%``-format per line (numbers as Python's ``repr``). The lines mean the same either way.
+Files are ``<prefix>-<token>-<seq>.jsonl``. Operations still open at `close` are written with
+``"outcome": "open"`` and ``"ended_at": null``.
 
-Files. Lines go to ``<prefix>-<token>-<seq>.jsonl.part`` in `directory`; when that file reaches
-``max_bytes`` (checked after each batch, so a file can exceed it by one batch) or on `flush` /
-`close`, it is closed and renamed to ``<prefix>-<token>-<seq>.jsonl``. A ``.jsonl`` file is
-therefore complete and only ever holds whole lines; readers (the pipeline's ``analyze``) read
-``*.jsonl`` and ignore ``*.part``. `token` is random per recorder, so several processes may share
-a directory. `flush` publishes: everything that ended so far is in a ``.jsonl`` file when it
-returns (a purgatory calls it from ``shutdown``, after cancelling what was pending).
+Standard JSON only. A number JSON cannot hold (an infinite threshold, a NaN from ``fields=``,
+a non-finite time) is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``:
+strict parsers accept every line, and Spark's JSON reader reads these strings back as doubles.
 
-Operations still open at `close` are written with ``"outcome": "open"`` and ``"ended_at":
-null``; at `flush` they stay in memory and are written when they end. The line schema (version
-1) is documented in ``docs/pipeline-schemas.md``.
-
-Not thread-safe: a purgatory calls its recorder from the one thread its loop runs on.
+The line schema (version 2) is documented in ``docs/pipeline-schemas.md``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-import uuid
-from collections.abc import Callable, Hashable, Mapping
-from typing import IO, TYPE_CHECKING, Any, Final, final
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from operator import itemgetter
+from typing import Any, Final, Literal, final
 
-from ._events import Outcome
+from ._recorder import ANCHOR_DRIFT, EVENT_LOG_VERSION, SAME_CLOCK, Batch, FileRecorder
 
-if TYPE_CHECKING:
-    from ._operation import DelayedOperation
-
-__all__ = ("EVENT_LOG_VERSION", "JsonLinesEventLog")
-
-#: The ``"v"`` field of every line; bumped on any incompatible change of the line schema.
-EVENT_LOG_VERSION: Final = 1
+__all__ = ("ANCHOR_DRIFT", "EVENT_LOG_VERSION", "SAME_CLOCK", "JsonLinesEventLog")
 
 _LINE = (
-    '{"v":1,"purgatory":%s,"id":%s,"keys":[%s],"thresholds":%s,"watched_at":%s,"timeout":%s,'
+    '{"v":2,"purgatory":%s,"id":%s,"keys":[%s],"thresholds":%s,"watched_at":%s,"timeout":%s,'
     '"deadline":%s,"outcome":"%s","ended_at":%s%s}\n'
 )
 # Key tuples whose JSON rendering is remembered; past this the cache starts over (unique keys
 # such as request ids would otherwise grow it without bound).
 _KEY_CACHE_LIMIT = 65536
 
-_Watch = tuple[str, Any, tuple[Hashable, ...], Any, float, float, float, Any]
-
 
 @final
-class JsonLinesEventLog:
+class JsonLinesEventLog(FileRecorder):
     """Record each operation's lifecycle as one JSON line, written when the operation ends.
 
     Args:
         directory: Where the files go (created if missing).
         prefix: The start of every file name.
         max_bytes: Rotate to a new file once the current one holds at least this many bytes.
-        buffer_lines: Finished operations kept before a batch is formatted and written.
+        buffer_lines: Finished operations kept before a batch is rendered and written.
         fields: Called once per operation at its watch; the mapping it returns is written as
             the line's ``"fields"`` object (values JSON-encoded, ``str()`` for anything JSON does
             not know). For instance ``fields=lambda op: {"request_id": op.request_id}``.
         op_id: Called once per operation at its watch for the line's ``"id"`` (an int or a str);
             ``None``: a counter per purgatory name, from 0 in watch order.
         key: Renders one key as a string for ``"keys"``; default ``str``.
+        clock: The purgatory's clock, read (with ``time.time()``) once per batch to anchor the
+            log to UTC; default ``time.monotonic``, the clock of asyncio's event loops.
+            ``None``: no anchors (the times are not of a real clock, as in a replay).
+        render: ``"auto"``: render batches with pyarrow's C++ kernels when pyarrow is
+            installed (numbers then appear as their shortest decimal text, ``1`` for ``1.0``),
+            else in Python; ``"python"``: always in Python (numbers as Python's ``repr``). The
+            lines mean the same either way.
 
     Raises:
-        ValueError: `max_bytes` or `buffer_lines` is < 1.
+        ValueError: `max_bytes` or `buffer_lines` is < 1, or `render` is unknown.
     """
 
-    __slots__ = (
-        "_buffer_lines",
-        "_directory",
-        "_ended",
-        "_fields",
-        "_file",
-        "_file_bytes",
-        "_ids",
-        "_key",
-        "_key_cache",
-        "_max_bytes",
-        "_name_cache",
-        "_one_key_cache",
-        "_op_id",
-        "_open",
-        "_part",
-        "_prefix",
-        "_seq",
-        "_token",
-        "closed_files",
-        "unmatched_ends",
-    )
+    __slots__ = ("_arrow", "_key", "_key_cache", "_name_cache", "_one_key_cache")
 
     def __init__(
         self,
@@ -104,108 +78,26 @@ class JsonLinesEventLog:
         fields: Callable[[Any], Mapping[str, Any]] | None = None,
         op_id: Callable[[Any], int | str] | None = None,
         key: Callable[[Hashable], str] = str,
+        clock: Callable[[], float] | None = time.monotonic,
+        render: Literal["auto", "python"] = "auto",
     ) -> None:
-        if max_bytes < 1:
-            raise ValueError(f"max_bytes must be >= 1, got {max_bytes!r}")
-        if buffer_lines < 1:
-            raise ValueError(f"buffer_lines must be >= 1, got {buffer_lines!r}")
-        self._directory = os.fspath(directory)
-        os.makedirs(self._directory, exist_ok=True)
-        self._prefix = prefix
-        self._token = uuid.uuid4().hex[:12]
-        self._max_bytes = max_bytes
-        self._buffer_lines = buffer_lines
-        self._fields = fields
-        self._op_id = op_id
+        if render not in ("auto", "python"):
+            raise ValueError(f"render must be 'auto' or 'python', got {render!r}")
+        super().__init__(
+            directory,
+            ".jsonl",
+            prefix=prefix,
+            max_bytes=max_bytes,
+            buffer_lines=buffer_lines,
+            fields=fields,
+            op_id=op_id,
+            clock=clock,
+        )
         self._key = key
-        self._ids: dict[str, int] = {}
-        self._open: dict[DelayedOperation[Any], _Watch] = {}
-        self._ended: list[str] = []
+        self._arrow = _pyarrow_compute() if render == "auto" else None
         self._key_cache: dict[tuple[Hashable, ...], str] = {}
         self._one_key_cache: dict[Hashable, str] = {}
         self._name_cache: dict[str, str] = {}
-        self._file: IO[bytes] | None = None
-        self._file_bytes = 0
-        self._part = ""
-        self._seq = 0
-        self.closed_files: list[str] = []
-        """Paths of the complete ``.jsonl`` files written so far, in order."""
-        self.unmatched_ends = 0
-        """`record_end` calls for operations this recorder never saw watched (none expected)."""
-
-    def __repr__(self) -> str:
-        return (
-            f"<JsonLinesEventLog {self._directory!r} open={len(self._open)} "
-            f"buffered={len(self._ended)} files={len(self.closed_files)}>"
-        )
-
-    # -- the EventLog protocol ----------------------------------------------------------------
-
-    def record_watch(
-        self,
-        purgatory: str,
-        op: DelayedOperation[Any],
-        keys: tuple[Hashable, ...],
-        thresholds: tuple[Any, ...] | None,
-        watched_at: float,
-        deadline: float,
-    ) -> None:
-        """Remember `op` until it ends. Runtime complexity: O(1) (plus `fields` and `op_id`)."""
-        if self._op_id is None:
-            ids = self._ids
-            ident: Any = ids.get(purgatory, 0)
-            ids[purgatory] = ident + 1
-        else:
-            ident = self._op_id(op)
-        fields = self._fields
-        self._open[op] = (
-            purgatory,
-            ident,
-            keys,
-            thresholds,
-            watched_at,
-            op._timeout,
-            deadline,
-            None if fields is None else fields(op),
-        )
-
-    def record_end(
-        self, purgatory: str, op: DelayedOperation[Any], outcome: Outcome, ended_at: float
-    ) -> None:
-        """Queue `op`'s line; write a batch when ``buffer_lines`` are queued. O(1) amortised."""
-        watch = self._open.pop(op, None)
-        if watch is None:
-            self.unmatched_ends += 1
-            return
-        ended = self._ended
-        ended.append(self._line(watch, outcome, ended_at))
-        if len(ended) >= self._buffer_lines:
-            self._write_batch()
-
-    def flush(self) -> None:
-        """Write every finished operation and publish the file (rename ``.part`` to ``.jsonl``).
-
-        Operations still open stay in memory and are written when they end (or at `close`).
-        """
-        self._write_batch()
-        self._publish()
-
-    # -- beyond the protocol ------------------------------------------------------------------
-
-    @property
-    def open_operations(self) -> int:
-        """Operations watched and not yet ended."""
-        return len(self._open)
-
-    def close(self) -> None:
-        """Write everything, operations still open included (``"outcome": "open"``); idempotent.
-
-        The recorder may be used again afterwards: it starts a new file.
-        """
-        if self._open:
-            self._ended.extend(self._line(watch, "open", None) for watch in self._open.values())
-            self._open.clear()
-        self.flush()
 
     def __enter__(self) -> JsonLinesEventLog:
         return self
@@ -213,65 +105,141 @@ class JsonLinesEventLog:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # -- internals ----------------------------------------------------------------------------
+    # -- rendering ----------------------------------------------------------------------------
 
-    def _write_batch(self) -> None:
-        ended = self._ended
-        if not ended:
-            return
-        self._ended = []
-        data = "".join(ended).encode()
-        file = self._file
-        if file is None:
-            name = f"{self._prefix}-{self._token}-{self._seq:06d}.jsonl.part"
-            self._seq += 1
-            self._part = os.path.join(self._directory, name)
-            file = self._file = open(self._part, "xb")  # noqa: SIM115 - kept open across calls
-            self._file_bytes = 0
-        file.write(data)
-        self._file_bytes += len(data)
-        if self._file_bytes >= self._max_bytes:
-            self._publish()
-
-    def _publish(self) -> None:
-        file = self._file
-        if file is None:
-            return
-        self._file = None
-        file.close()
-        final = self._part.removesuffix(".part")
-        os.replace(self._part, final)
-        self.closed_files.append(final)
-
-    def _line(self, watch: _Watch, outcome: str, ended_at: float | None) -> str:
-        """One operation's line, rendered when it ends so that nothing of it stays referenced.
-
-        Floats go through ``%s``, which is their shortest round-tripping ``repr`` (valid JSON
-        for the finite numbers a clock gives); names and keys are JSON-encoded once and
-        remembered. Strings are not tracked by the cyclic GC, tuples and operations are: holding
-        a batch of lines rather than of watches keeps the collector's work down.
-        """
-        purgatory, ident, keys, thresholds, watched_at, timeout, deadline, fields = watch
-        name = self._name_cache.get(purgatory)
-        if name is None:
-            name = self._name_cache[purgatory] = json.dumps(purgatory)
-        text = self._key_cache.get(keys)
-        if text is None:
-            text = self._render_keys(keys)
-        return _LINE % (
-            name,
-            ident if type(ident) is int else json.dumps(ident),
-            text,
-            "null" if thresholds is None else json.dumps(list(thresholds), default=str),
-            watched_at,
-            timeout,
-            deadline,
-            outcome,
-            "null" if ended_at is None else ended_at,
-            ""
-            if fields is None
-            else ',"fields":' + json.dumps(fields, default=str, separators=(",", ":")),
+    def _render(self, batch: Batch, anchor: tuple[float, float] | None, new: bool) -> bytes:
+        """Every line of `batch`, built column by column (see the module docstring)."""
+        watches, outcomes, ends = batch
+        n = len(watches)
+        names, ids, keys, thresholds, watched, timeouts, deadlines, fields = (
+            list(map(get, watches)) for get in _WATCH_COLUMNS
         )
+        name_cache = self._name_cache
+        if len(name_cache) > _KEY_CACHE_LIMIT:
+            name_cache.clear()
+        names = [name_cache.get(name) or self._name(name) for name in names]
+        key_cache = self._key_cache
+        keys = [key_cache.get(k) or self._render_keys(k) for k in keys]
+        if thresholds.count(None) != n:
+            thresholds = ["null" if t is None else _json(list(t)) for t in thresholds]
+        else:
+            thresholds = ["null"] * n
+        if fields.count(None) != n:
+            fields = ["" if f is None else ',"fields":' + _json(f) for f in fields]
+        else:
+            fields = [""] * n
+        if (
+            self._arrow is not None
+            and None not in ends
+            and _all_finite(watched, timeouts, deadlines, ends)
+        ):
+            data = self._render_arrow(
+                names, ids, keys, thresholds, (watched, timeouts, deadlines), outcomes, ends, fields
+            )
+        else:
+            data = self._render_python(
+                names, ids, keys, thresholds, (watched, timeouts, deadlines), outcomes, ends, fields
+            )
+        if new and anchor is not None:
+            line = f'{{"v":2,"anchor":{{"clock":{anchor[0]!r},"utc":{anchor[1]!r}}}}}\n'
+            data = line.encode() + data
+        return data
+
+    def _render_python(  # noqa: PLR0917 - the columns of a batch
+        self,
+        names: list[str],
+        ids: list[Any],
+        keys: list[str],
+        thresholds: list[str],
+        times: tuple[list[Any], list[Any], list[Any]],
+        outcomes: list[str],
+        ends: list[Any],
+        fields: list[str],
+    ) -> bytes:
+        """The lines through one ``%``-format each (floats as their ``repr``)."""
+        ids = [i if type(i) is int else json.dumps(i) for i in ids]
+        watched, timeouts, deadlines = (_numbers(c) for c in times)
+        if None in ends:
+            ends = ["null" if e is None else _number(e) for e in ends]
+        else:
+            ends = list(_numbers(ends))
+        rows = zip(
+            names,
+            ids,
+            keys,
+            thresholds,
+            watched,
+            timeouts,
+            deadlines,
+            outcomes,
+            ends,
+            fields,
+            strict=True,
+        )
+        return "".join(map(_LINE.__mod__, rows)).encode()
+
+    def _render_arrow(  # noqa: PLR0917 - the columns of a batch
+        self,
+        names: list[str],
+        ids: list[Any],
+        keys: list[str],
+        thresholds: list[str],
+        times: tuple[list[Any], list[Any], list[Any]],
+        outcomes: list[str],
+        ends: list[Any],
+        fields: list[str],
+    ) -> bytes:
+        """The same lines, joined by Arrow in C++ (numbers as their shortest decimal text).
+
+        Only for batches whose times are all finite and ended (`_render` checks).
+        """
+        assert self._arrow is not None
+        pa, pc = self._arrow
+        string = pa.string()
+
+        def text(values: list[Any]) -> Any:
+            if values.count(values[0]) == len(values):
+                return values[0]  # one value: a scalar, no column
+            return pa.array(values, string)
+
+        def number(values: list[Any]) -> Any:
+            return pc.cast(pa.array(values, pa.float64()), string)
+
+        try:
+            id_column = pa.array(ids, pa.int64()).cast(string)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            id_column = pa.array([i if type(i) is int else json.dumps(i) for i in ids]).cast(string)
+        watched, timeouts, deadlines = times
+        joined = pc.binary_join_element_wise(
+            '{"v":2,"purgatory":',
+            text(names),
+            ',"id":',
+            id_column,
+            ',"keys":[',
+            text(keys),
+            '],"thresholds":',
+            text(thresholds),
+            ',"watched_at":',
+            number(watched),
+            ',"timeout":',
+            number(timeouts),
+            ',"deadline":',
+            number(deadlines),
+            ',"outcome":"',
+            text(outcomes),
+            '","ended_at":',
+            number(ends),
+            text(fields),
+            "}\n",
+            "",
+        )
+        size = pc.sum(pc.binary_length(joined)).as_py()
+        data: bytes = joined.buffers()[2].to_pybytes()[:size]
+        return data
+
+    def _name(self, name: str) -> str:
+        text = self._name_cache[name] = json.dumps(name)
+        return text
 
     def _render_keys(self, keys: tuple[Hashable, ...]) -> str:
         """JSON of `keys` without the brackets, remembered per key tuple and per key (bounded)."""
@@ -289,3 +257,63 @@ class JsonLinesEventLog:
             parts.append(text)
         joined = cache[keys] = ",".join(parts)
         return joined
+
+
+_WATCH_COLUMNS: Final = tuple(itemgetter(i) for i in range(8))
+
+
+def _pyarrow_compute() -> tuple[Any, Any] | None:
+    """pyarrow and its compute module, or None without pyarrow (then lines render in Python)."""
+    try:
+        import pyarrow  # optional: a faster rendering when installed
+        import pyarrow.compute
+    except ImportError:
+        return None
+    return pyarrow, pyarrow.compute
+
+
+def _all_finite(*columns: list[Any]) -> bool:
+    """True if every number of `columns` is finite (C-level sums; an overflow says False)."""
+    total = 0.0
+    for column in columns:
+        total += sum(column)
+    return total - total == 0.0
+
+
+_NON_FINITE: Final = {math.inf: '"Infinity"', -math.inf: '"-Infinity"'}
+
+
+def _numbers(column: Sequence[Any]) -> Sequence[Any]:
+    """A column of floats for ``%s``: itself if all are finite (one C-level sum says so)."""
+    total = sum(column)
+    if total - total == 0.0:
+        return column
+    return [_number(x) for x in column]  # a NaN, an infinity, or an overflow of the sum
+
+
+def _number(value: Any) -> Any:
+    """A float as JSON: itself if finite, else the string ``"NaN"`` or ``"[-]Infinity"``."""
+    if value - value == 0.0:
+        return value
+    return _NON_FINITE.get(value, '"NaN"')
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every non-finite float replaced by its string (recursively in containers)."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _json(value: Any) -> str:
+    """Standard JSON of `value` (``str()`` for what JSON does not know; see `_finite`)."""
+    try:
+        return json.dumps(value, default=str, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(value), default=str, separators=(",", ":"), allow_nan=False)

@@ -283,7 +283,7 @@ class TimingWheel:
             # will take `low` itself once the current tick passes `low - wheel_size`.
             size = self._wheel_size
             low = current + size
-            if start > low:
+            if start > low:  # noqa: PLR1730 - cheaper than max() on the insert path
                 low = start
             self._memo_low = low
             high = start + span

@@ -47,6 +47,21 @@ def test_import_pulls_in_only_the_standard_library() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_the_arrow_event_log_says_what_to_install_without_pyarrow(tmp_path: object) -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['pyarrow'] = None\n"
+        "import purgatory\n"
+        "assert 'ArrowEventLog' in purgatory.__all__\n"
+        "try:\n"
+        f"    purgatory.ArrowEventLog({str(tmp_path)!r})\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "pip install 'asyncio-purgatory[arrow]'" in out.stdout
+
+
 def test_exception_family() -> None:
     for error in (OperationCancelled, PurgatoryClosed, PurgatoryFull):
         assert issubclass(error, PurgatoryError)

@@ -14,18 +14,22 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from helpers import FlagOperation
 from pyspark.sql import SparkSession
 
 import purgatory
+from purgatory import ArrowEventLog, JsonLinesEventLog
 from purgatory.pipeline import (
     SHARED_SUMMARY_COLUMNS,
     W1,
@@ -35,6 +39,7 @@ from purgatory.pipeline import (
     generate,
     replay,
     replay_table,
+    trace_anchors,
     trace_from_log,
 )
 from purgatory.pipeline._cli import main
@@ -219,6 +224,87 @@ def write_trace(path: Path, **changes: Any) -> str:
     path.mkdir()
     pq.write_table(pa.table(columns), path / "part-0.parquet")
     return str(path / "part-0.parquet")
+
+
+# -- wall-clock time ---------------------------------------------------------------------------
+
+NIGHT: Final = datetime(2026, 11, 24, 21, 0, 0, tzinfo=UTC)
+
+
+def record_night(
+    directory: Path,
+    name: str,
+    clock_start: float,
+    *,
+    anchored: bool = True,
+    recorder: type[JsonLinesEventLog] | type[ArrowEventLog] = JsonLinesEventLog,
+) -> JsonLinesEventLog | ArrowEventLog:
+    """Ten operations, one a second from `NIGHT`, each completed half a second later, recorded
+    by a host whose clock read `clock_start` at `NIGHT` (``time.time`` moved with it)."""
+    now = [clock_start]
+    wall = NIGHT.timestamp() - clock_start
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(time, "time", lambda: wall + now[0])
+        log = recorder(directory, buffer_lines=4, clock=(lambda: now[0]) if anchored else None)
+        for i in range(10):
+            op = FlagOperation(1.0)
+            now[0] = clock_start + i
+            log.record_watch(name, op, ("k",), None, now[0], now[0] + 1.0)
+            now[0] += 0.5
+            log.record_end(name, op, "completed", now[0])
+        log.close()
+    return log
+
+
+def test_analyze_puts_two_hosts_on_utc_and_filters_a_utc_range(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    logs = tmp_path / "logs"
+    assert record_night(logs / "a", "host-a", 1865.0).anchor_error is None
+    record_night(logs / "b", "host-b", 52.25)  # another host, another boot
+    record_night(logs / "c", "host-c", 7.0, recorder=ArrowEventLog)  # and the columnar format
+    record_night(logs / "old", "unanchored", 3000.0, anchored=False)
+    (logs / "old" / "v1.jsonl").write_text(  # a file of the first schema version
+        '{"v":1,"purgatory":"v1","id":0,"keys":["k"],"thresholds":null,"watched_at":12.5,'
+        '"timeout":1.0,"deadline":13.5,"outcome":"expired","ended_at":13.5}\n'
+    )
+    analyze(spark, str(logs), str(tmp_path / "all"), window=5.0)
+    windows = pq.read_table(tmp_path / "all" / "windows").to_pylist()
+    seen: dict[str, list[tuple[Any, ...]]] = {}
+    for row in windows:
+        seen.setdefault(row["purgatory"], []).append(
+            (row["time_base"], row["window_start"], row["window_utc"], row["watched"])
+        )
+    night = NIGHT.timestamp()
+    # Both hosts' windows are the same UTC windows, whatever their clocks read.
+    expected = [
+        ("utc", night, NIGHT.replace(tzinfo=None), 5),
+        ("utc", night + 5, NIGHT.replace(second=5, tzinfo=None), 5),
+    ]
+    assert seen["host-a"] == seen["host-b"] == seen["host-c"] == expected
+    assert seen["unanchored"] == [("clock", 3000.0, None, 5), ("clock", 3005.0, None, 5)]
+    assert seen["v1"] == [("clock", 10.0, None, 1)]
+
+    with pytest.raises(TraceError, match=r"old/.*no UTC anchor"):
+        analyze(spark, str(logs), str(tmp_path / "refused"), since=NIGHT)
+    shutil.rmtree(logs / "old")
+    summary = analyze(
+        spark,
+        str(logs),
+        str(tmp_path / "range"),
+        since=NIGHT + timedelta(seconds=2),
+        until=datetime(2026, 11, 24, 21, 0, 7),  # naive: UTC
+    )
+    assert {row["purgatory"]: row["operations"] for row in summary.collect()} == {
+        "host-a": 5,
+        "host-b": 5,
+        "host-c": 5,
+    }
+
+    recorded = str(tmp_path / "trace")
+    assert trace_from_log(spark, str(logs / "a"), recorded) == 10
+    (anchor,) = trace_anchors(spark.read.parquet(recorded))
+    assert anchor["utc"] - anchor["clock"] == pytest.approx(night - 1865.0)
 
 
 @pytest.mark.parametrize(

@@ -241,7 +241,7 @@ def test_a_bad_window(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 def test_analyze_of_an_empty_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "events").mkdir()
     line = fails(["analyze", "--log", tmp_path / "events", "--out", tmp_path / "o"], capsys)
-    assert f"event log {tmp_path / 'events'}: no event logs (*.jsonl)" in line
+    assert f"event log {tmp_path / 'events'}: no event logs (*.jsonl, *.arrows)" in line
 
 
 def test_analyze_of_files_still_being_written(

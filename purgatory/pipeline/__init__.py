@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ._jobs import generate as generate
     from ._jobs import load_trace as load_trace
     from ._jobs import replay as replay
+    from ._jobs import trace_anchors as trace_anchors
     from ._jobs import trace_from_log as trace_from_log
     from ._replay import ReplayConfig as ReplayConfig
     from ._replay import replay_table as replay_table
@@ -45,6 +46,7 @@ __all__ = (
     "load_trace",
     "replay",
     "replay_table",
+    "trace_anchors",
     "trace_from_log",
 )
 
@@ -57,6 +59,7 @@ _HOME = {
     "generate": "_jobs",
     "load_trace": "_jobs",
     "replay": "_jobs",
+    "trace_anchors": "_jobs",
     "trace_from_log": "_jobs",
     "ReplayConfig": "_replay",
     "replay_table": "_replay",

@@ -48,7 +48,7 @@ HORIZON_TICKS: Final = 2**53
 #: The columns every trace file must have (trace schema version 1).
 TRACE_COLUMNS: Final = ("purgatory", "op_id", "arrival", "keys", "timeout", "condition_at")
 #: The files `analyze` and ``generate --from-log`` read; ``*.part`` files are still being written.
-EVENT_LOG_SUFFIXES: Final = (".jsonl",)
+EVENT_LOG_SUFFIXES: Final = (".jsonl", ".arrows")
 #: What the Spark extra brings that every command needs.
 EXTRA_MODULES: Final = ("pyspark", "pyarrow", "numpy")
 _MAGIC: Final = b"PAR1"
@@ -216,7 +216,7 @@ def _usable(name: str, kind: object) -> str | None:
 
 
 def check_event_logs(path: str) -> None:
-    """Check an event-log input before Spark reads it: ``*.jsonl`` files, or a directory of them.
+    """Check an event-log input before Spark reads it: event-log files, or a directory of them.
 
     Raises:
         InputError: The path is missing, holds no event log (an empty directory, a Parquet
@@ -238,8 +238,8 @@ def check_event_logs(path: str) -> None:
         return
     if any(f.endswith(".parquet") or _starts_with_magic(f) for f in files):
         raise InputError(
-            f"event log {path} holds Parquet files, not event logs (*.jsonl): if it is a trace, "
-            f"replay it with 'replay --trace {path} --out DIR'"
+            f"event log {path} holds Parquet files, not event logs (*.jsonl, *.arrows): if it "
+            f"is a trace, replay it with 'replay --trace {path} --out DIR'"
         )
     still = [f for f in files if _is_event_log(os.path.basename(f))]
     if still:
@@ -247,7 +247,7 @@ def check_event_logs(path: str) -> None:
             f"event log {path}: no finished event log, only files still being written "
             f"({still[0]}); flush or close the recorder first"
         )
-    raise InputError(f"event log {path}: no event logs (*.jsonl) in this directory")
+    raise InputError(f"event log {path}: no event logs (*.jsonl, *.arrows) in this directory")
 
 
 def _starts_with_magic(file: str) -> bool:

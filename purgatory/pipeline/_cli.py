@@ -16,6 +16,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from ._checks import (
@@ -277,9 +278,17 @@ def build_parser() -> argparse.ArgumentParser:
         "analyze --log events/ --out analysis/",
         "analyze --log events/ --out analysis/ --window 1",
     )
-    ana.add_argument("--log", required=True, help="directory of *.jsonl event logs")
+    ana.add_argument("--log", required=True, help="directory of event logs (*.jsonl, *.arrows)")
     ana.add_argument("--out", required=True, help="output: summary/ keys/ windows/ waits/")
     ana.add_argument("--window", type=float, default=60.0, help="seconds per time window")
+    for name, edge in (("--since", "from"), ("--until", "before")):
+        ana.add_argument(
+            name,
+            type=_utc,
+            default=None,
+            help=f"only operations watched {edge} this ISO-8601 time (naive: UTC); "
+            "needs logs with a UTC anchor",
+        )
     _add_common(ana)
     swp = command(
         "sweep",
@@ -428,7 +437,15 @@ def _run(args: argparse.Namespace) -> int:
         _done(args.out, rows_out, started)
         return 0
     if command == "analyze":
-        summary = analyze(spark, args.log, args.out, window=args.window, overwrite=args.overwrite)
+        summary = analyze(
+            spark,
+            args.log,
+            args.out,
+            window=args.window,
+            since=args.since,
+            until=args.until,
+            overwrite=args.overwrite,
+        )
         print_table(
             [row.asDict() for row in summary.collect()],
             [
@@ -458,6 +475,9 @@ def _run(args: argparse.Namespace) -> int:
                 ("wait max ms", "wait_max", _ms),
             ],
         )
+        windows = spark.read.parquet(f"{args.out}/windows")
+        if windows.where(windows["time_base"] == "clock").limit(1).count():
+            print("\nwindows: in seconds of the purgatory's clock for logs without a UTC anchor")
         print(f"\nanalysis in {args.out} ({time.perf_counter() - started:.1f} s)")
         return 0
     # sweep
@@ -538,3 +558,14 @@ def print_table(
     print("  ".join(h.rjust(w) for (h, _, _), w in zip(columns, widths, strict=True)))
     for line in cells:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
+
+
+def _utc(text: str) -> datetime:
+    """An ISO-8601 time for ``--since``/``--until``; naive means UTC."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO-8601 time: {text!r} (for instance 2026-11-24T21:00:00Z)"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)

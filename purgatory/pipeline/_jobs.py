@@ -8,8 +8,10 @@ aggregations, the same function for a replay's own operations and for a recorded
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import pyarrow as pa
@@ -19,6 +21,8 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from .._eventlog_arrow import ARROW_VERSION_KEY
+from .._recorder import EVENT_LOG_VERSION
 from ._checks import horizon_limits
 from ._generate import TRACE_SCHEMA, W1, chunk_plan, generate_chunk
 from ._replay import OUTPUT_SCHEMA, ReplayConfig, replay_batches
@@ -33,10 +37,12 @@ __all__ = (
     "load_trace",
     "outcome_summary",
     "replay",
+    "trace_anchors",
     "trace_from_log",
 )
 
-#: The event-log line schema (version 1) as Spark reads it; ``fields`` is left out.
+#: The event-log line schema (versions 1 and 2) as Spark reads it; ``fields`` is left out.
+#: A version-2 line is an operation or an anchor (only ``v`` and ``anchor``).
 EVENT_LOG_SCHEMA: Final = T.StructType(
     [
         T.StructField("v", T.IntegerType()),
@@ -48,8 +54,16 @@ EVENT_LOG_SCHEMA: Final = T.StructType(
         T.StructField("deadline", T.DoubleType()),
         T.StructField("outcome", T.StringType()),
         T.StructField("ended_at", T.DoubleType()),
+        T.StructField(
+            "anchor",
+            T.StructType(
+                [T.StructField("clock", T.DoubleType()), T.StructField("utc", T.DoubleType())]
+            ),
+        ),
     ]
 )
+#: The metadata key, on a trace's ``arrival`` column, of the anchors of the logs it came from.
+TRACE_ANCHORS_KEY: Final = "purgatory.anchors"
 
 _OUTCOMES: Final = ("completed", "expired", "cancelled", "refused", "open")
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
@@ -217,7 +231,8 @@ def _not_finite(column: Column) -> Column:
     return F.isnan(column) | (F.abs(column) == F.lit(math.inf))
 
 
-def _first_problem(checks: Sequence[tuple[Column, str]]) -> Column:
+def _first_problem(checks: Sequence[tuple[Column, str | None]]) -> Column:
+    """The message of the first check that holds (a ``None`` message: no problem, stop)."""
     expr: Any = F
     for condition, message in checks:
         expr = expr.when(condition, F.lit(message))
@@ -397,26 +412,48 @@ def _pdisc(p: float, column: str) -> Column:
 
 
 def load_event_log(spark: SparkSession, path: str) -> DataFrame:
-    """Read every ``*.jsonl`` file under `path` (``*.part`` files, still being written, skipped).
+    """Read every event log under `path`: ``*.jsonl`` and ``*.arrows`` files (``*.part`` files,
+    still being written, skipped).
+
+    Each operation's row has the record's fields and ``utc_offset``: seconds to add to its times
+    (``watched_at``, ``deadline``, ``ended_at``) for UTC seconds since the epoch, from its file's
+    anchor at or before its watch (the file's first anchor if none is); null when its file has
+    no anchor (schema version 1, or a recorder that could not anchor: its times stay seconds of
+    the purgatory's clock).
 
     Raises:
         TraceError: No file, a malformed line, a line of another schema version, or a line
             missing a field its outcome requires.
     """
+    return _load_event_log(_raw_event_log(spark, path)).drop("_file")
+
+
+def _raw_event_log(spark: SparkSession, path: str) -> DataFrame:
+    """Every record (operations and anchors) of both formats, checked, with its ``_file``."""
     try:
-        log = (
+        lines = (
             spark.read.schema(EVENT_LOG_SCHEMA)
             .option("mode", "FAILFAST")
             .option("recursiveFileLookup", "true")
             .option("pathGlobFilter", "*.jsonl")
             .json(path)
         )
-        log = log.withColumn("_file", F.col("_metadata.file_path"))
+        lines = lines.withColumn("_file", F.col("_metadata.file_path"))
+        raw = lines.unionByName(_arrow_records(spark, path))
     except AnalysisException as exc:
         raise TraceError(f"event log {path}: {_first_line(exc)}") from None
+    is_anchor = F.col("anchor").isNotNull()
     problem = _first_problem(
         [
-            (F.col("v").isNull() | (F.col("v") != 1), "field 'v' is not 1 (schema version)"),
+            (
+                F.col("v").isNull() | ~F.col("v").isin(1, EVENT_LOG_VERSION),
+                f"field 'v' is not 1 or {EVENT_LOG_VERSION} (schema version)",
+            ),
+            (
+                is_anchor & (F.col("anchor.clock").isNull() | F.col("anchor.utc").isNull()),
+                "anchor without 'clock' and 'utc'",
+            ),
+            (is_anchor, None),
             (F.col("purgatory").isNull(), "field 'purgatory' is missing"),
             (F.col("id").isNull(), "field 'id' is missing"),
             (F.col("watched_at").isNull(), "field 'watched_at' is missing"),
@@ -430,21 +467,182 @@ def load_event_log(spark: SparkSession, path: str) -> DataFrame:
     )
     try:
         bad = (
-            log.withColumn("_problem", problem)
+            raw.withColumn("_problem", problem)
             .where(F.col("_problem").isNotNull())
             .select("_file", "purgatory", "id", "_problem")
             .limit(1)
             .collect()
         )
-    except Exception as exc:  # noqa: BLE001 - Spark's errors for malformed JSON, re-worded
-        raise TraceError(f"event log {path}: {_first_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - Spark's errors for malformed input, re-worded
+        raise TraceError(f"event log {path}: {_worker_error(exc)}") from None
     if bad:
         row = bad[0]
         raise TraceError(
             f"event log file {row['_file']}: line of purgatory={row['purgatory']!r} "
             f"id={row['id']!r}: {row['_problem']}"
         )
-    return log.drop("_file")
+    return raw
+
+
+def _load_event_log(raw: DataFrame) -> DataFrame:
+    """The operations of `_raw_event_log`, each with its ``utc_offset`` and ``_file``."""
+    is_anchor = F.col("anchor").isNotNull()
+    anchors = raw.where(is_anchor).select(
+        "_file", F.col("anchor.clock").alias("clock"), F.col("anchor.utc").alias("utc")
+    )
+    return _with_utc_offset(raw.where(~is_anchor).drop("anchor"), anchors)
+
+
+def _worker_error(exc: BaseException) -> str:
+    """The one useful line of an error, out of a Python worker's traceback if need be."""
+    text = str(exc)
+    for line in reversed(text.splitlines()):
+        if line.startswith(_ArrowStreamError.__name__ + ": "):
+            return line.split(": ", 1)[1]
+    return _first_line(exc)
+
+
+class _ArrowStreamError(ValueError):
+    """An ``.arrows`` file that is not an `ArrowEventLog` stream (raised in a Python worker)."""
+
+
+_ARROW_RECORDS: Final = T.StructType(
+    [*EVENT_LOG_SCHEMA.fields, T.StructField("_file", T.StringType())]
+)
+
+
+def _arrow_records(spark: SparkSession, path: str) -> DataFrame:
+    """The records of every ``*.arrows`` file under `path`, shaped as JSON lines are read.
+
+    Spark has no reader for Arrow IPC streams: each file is read whole (``binaryFile``, any
+    file system Spark knows) and parsed by pyarrow in a Python worker. An operation's row keeps
+    its columns; the distinct anchors its batches carry become anchor records.
+    """
+    files = (
+        spark.read.format("binaryFile")
+        .option("recursiveFileLookup", "true")
+        .option("pathGlobFilter", "*.arrows")
+        .load(path)
+        .select("path", "content")
+    )
+    out = _arrow_out_schema()
+
+    def parse(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for name, content in zip(
+                batch.column("path").to_pylist(), batch.column("content").to_pylist(), strict=True
+            ):
+                yield from _parse_arrow_file(name, content, out)
+
+    return files.mapInArrow(parse, _ARROW_RECORDS)
+
+
+def _arrow_out_schema() -> pa.Schema:
+    return pa.schema(
+        [
+            ("v", pa.int32()),
+            ("purgatory", pa.string()),
+            ("id", pa.string()),
+            ("keys", pa.list_(pa.string())),
+            ("watched_at", pa.float64()),
+            ("timeout", pa.float64()),
+            ("deadline", pa.float64()),
+            ("outcome", pa.string()),
+            ("ended_at", pa.float64()),
+            ("anchor", pa.struct([("clock", pa.float64()), ("utc", pa.float64())])),
+            ("_file", pa.string()),
+        ]
+    )
+
+
+def _parse_arrow_file(name: str, content: bytes, out: pa.Schema) -> Iterator[pa.RecordBatch]:
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(content))
+        metadata = reader.schema.metadata or {}
+        version = metadata.get(ARROW_VERSION_KEY.encode())
+        if version != str(EVENT_LOG_VERSION).encode():
+            raise _ArrowStreamError(
+                f"event log file {name}: not an event-log Arrow stream of schema version "
+                f"{EVENT_LOG_VERSION} (metadata {metadata!r})"
+            )
+        anchors: dict[tuple[float, float], None] = {}
+        for batch in reader:
+            n = batch.num_rows
+            if not n:
+                continue
+            anchor = batch.column("anchor")[0].as_py()
+            if anchor is not None:
+                anchors[anchor["clock"], anchor["utc"]] = None
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.repeat(pa.scalar(EVENT_LOG_VERSION, pa.int32()), n),
+                    *(batch.column(f.name) for f in out if f.name in _ARROW_KEPT),
+                    pa.nulls(n, out.field("anchor").type),
+                    pa.repeat(pa.scalar(name, pa.string()), n),
+                ],
+                schema=out,
+            )
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise _ArrowStreamError(f"event log file {name}: unreadable Arrow stream: {exc}") from None
+    if anchors:
+        n = len(anchors)
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.repeat(pa.scalar(EVENT_LOG_VERSION, pa.int32()), n),
+                *(pa.nulls(n, f.type) for f in out if f.name in _ARROW_KEPT),
+                pa.array([{"clock": c, "utc": u} for c, u in anchors], out.field("anchor").type),
+                pa.repeat(pa.scalar(name, pa.string()), n),
+            ],
+            schema=out,
+        )
+
+
+_ARROW_KEPT: Final = (
+    "purgatory",
+    "id",
+    "keys",
+    "watched_at",
+    "timeout",
+    "deadline",
+    "outcome",
+    "ended_at",
+)
+
+
+def _with_utc_offset(ops: DataFrame, anchors: DataFrame) -> DataFrame:
+    """`ops` with ``utc_offset`` from the anchor of its ``_file`` in force at its watch.
+
+    An anchor is in force from its clock time to the next anchor's; a file's first anchor also
+    covers what was watched before it (the operations of the file's first batch). Anchors are
+    few (one per file, one more per step of the system clock): they are broadcast.
+    """
+    order = Window.partitionBy("_file").orderBy("clock")
+    spans = anchors.select(
+        F.col("_file").alias("_afile"),
+        (F.col("utc") - F.col("clock")).alias("utc_offset"),
+        F.when(F.row_number().over(order) == 1, F.lit(-math.inf))
+        .otherwise(F.col("clock"))
+        .alias("_lo"),
+        F.coalesce(F.lead("clock").over(order), F.lit(math.inf)).alias("_hi"),
+    )
+    watched = F.col("watched_at")
+    return ops.join(
+        F.broadcast(spans),
+        (F.col("_file") == F.col("_afile")) & (watched >= F.col("_lo")) & (watched < F.col("_hi")),
+        "left",
+    ).drop("_afile", "_lo", "_hi")
+
+
+def _anchors_of(raw: DataFrame) -> list[dict[str, float]]:
+    """The distinct anchors of the records `raw`, by UTC (for a trace's metadata)."""
+    rows = (
+        raw.where(F.col("anchor").isNotNull())
+        .select("anchor.clock", "anchor.utc")
+        .distinct()
+        .orderBy("utc", "clock")
+        .collect()
+    )
+    return [{"clock": row["clock"], "utc": row["utc"]} for row in rows]
 
 
 def _delayed_events(log: DataFrame, by: Sequence[str]) -> DataFrame:
@@ -491,6 +689,8 @@ def analyze(
     out: str,
     *,
     window: float = 60.0,
+    since: datetime | None = None,
+    until: datetime | None = None,
     overwrite: bool = False,
 ) -> DataFrame:
     """Analyse event logs: ``summary/``, ``keys/``, ``windows/`` and ``waits/`` under `out`.
@@ -499,16 +699,23 @@ def analyze(
       computed the same way (``peak_delayed`` from the watch and end times);
     - keys: per (purgatory, key): operations, outcomes, mean and max wait, peak waiters;
     - windows: per (purgatory, window of `window` seconds): watched, completed, expired and
-      cancelled operations (by their end);
+      cancelled operations (by their end); in UTC (``time_base`` ``"utc"``, ``window_utc`` a
+      timestamp) for operations whose log carries an anchor, else in seconds of the
+      purgatory's clock (``time_base`` ``"clock"``, ``window_utc`` null);
     - waits: per (purgatory, outcome): counts of waits by power-of-two milliseconds bucket.
+
+    `since` and `until` (aware datetimes; naive ones are taken as UTC) keep the operations
+    watched in ``[since, until)``; every log must then carry an anchor.
 
     Returns:
         The summary, read back from `out`.
     """
     if not (window > 0 and math.isfinite(window)):
         raise ValueError(f"window must be a finite number of seconds > 0, got {window!r}")
-    log = load_event_log(spark, log_path)
-    log = log.persist(StorageLevel.MEMORY_AND_DISK)
+    log = _load_event_log(_raw_event_log(spark, log_path))
+    if since is not None or until is not None:
+        log = _in_utc_range(log, since, until)
+    log = log.drop("_file").persist(StorageLevel.MEMORY_AND_DISK)
     try:
         peaks = (
             _delayed_events(log, ["purgatory"])
@@ -540,22 +747,31 @@ def analyze(
             .join(key_peaks, ["purgatory", "key"], "left")
             .na.fill(0, ["peak_waiters"])
         )
+        base = F.when(F.col("utc_offset").isNull(), "clock").otherwise("utc").alias("time_base")
+        shift = F.coalesce(F.col("utc_offset"), F.lit(0.0))
         watched = log.select(
             "purgatory",
-            F.floor(F.col("watched_at") / window).alias("_w"),
+            base,
+            F.floor((F.col("watched_at") + shift) / window).alias("_w"),
             F.lit("watched").alias("_kind"),
         )
         ended = log.where(F.col("ended_at").isNotNull()).select(
-            "purgatory", F.floor(F.col("ended_at") / window).alias("_w"), outcome.alias("_kind")
+            "purgatory",
+            base,
+            F.floor((F.col("ended_at") + shift) / window).alias("_w"),
+            outcome.alias("_kind"),
         )
         kinds = ("watched", "completed", "expired", "cancelled")
+        start = F.col("_w") * window
         windows = (
             watched.unionByName(ended)
-            .groupBy("purgatory", "_w")
+            .groupBy("purgatory", "time_base", "_w")
             .agg(*(F.sum(F.when(F.col("_kind") == k, 1).otherwise(0)).alias(k) for k in kinds))
             .select(
                 "purgatory",
-                (F.col("_w") * window).alias("window_start"),
+                "time_base",
+                start.alias("window_start"),
+                F.when(F.col("time_base") == "utc", F.timestamp_seconds(start)).alias("window_utc"),
                 F.lit(window).alias("window_seconds"),
                 *kinds,
             )
@@ -579,11 +795,36 @@ def analyze(
             keys.orderBy("purgatory", F.desc("peak_waiters"), "key").write.parquet(
                 f"{staging}/keys"
             )
-            windows.orderBy("purgatory", "window_start").write.parquet(f"{staging}/windows")
+            windows.orderBy("purgatory", "time_base", "window_start").write.parquet(
+                f"{staging}/windows"
+            )
             waits.orderBy("purgatory", "outcome", "bucket_ms").write.parquet(f"{staging}/waits")
     finally:
         log.unpersist()
     return spark.read.parquet(f"{out}/summary").orderBy("purgatory")
+
+
+def _in_utc_range(log: DataFrame, since: datetime | None, until: datetime | None) -> DataFrame:
+    """The operations watched in ``[since, until)`` (UTC); refused if a log has no anchor."""
+    missing = log.where(F.col("utc_offset").isNull()).select("_file").limit(1).collect()
+    if missing:
+        raise TraceError(
+            f"event log file {missing[0]['_file']}: no UTC anchor (schema version 1, or "
+            "recorded without a wall clock), so --since/--until cannot place its operations"
+        )
+    utc = F.col("watched_at") + F.col("utc_offset")
+    if since is not None:
+        log = log.where(utc >= _epoch(since))
+    if until is not None:
+        log = log.where(utc < _epoch(until))
+    return log
+
+
+def _epoch(moment: datetime) -> float:
+    """Seconds since the epoch of `moment`; a naive datetime is taken as UTC."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
 
 
 def trace_from_log(spark: SparkSession, log_path: str, out: str, *, overwrite: bool = False) -> int:
@@ -591,16 +832,21 @@ def trace_from_log(spark: SparkSession, log_path: str, out: str, *, overwrite: b
 
     A completed operation's condition became true at its completion; any other (expired,
     cancelled, refused, still open) never did as far as the log knows: null. Ids must be
-    integers. Nothing is dropped: every line becomes a row.
+    integers. Nothing is dropped: every line becomes a row. The trace's times stay those of the
+    logs (the purgatory's clock); the logs' anchors go with them, as a JSON list of
+    ``{"clock", "utc"}`` in the metadata of the ``arrival`` column under `TRACE_ANCHORS_KEY`
+    (empty for logs without anchors): `trace_anchors` reads them back.
 
     Returns:
         The number of rows written.
     """
-    log = load_event_log(spark, log_path).withColumn("_file", F.col("_metadata.file_path"))
+    raw = _raw_event_log(spark, log_path)
+    log = _load_event_log(raw)
+    anchors = json.dumps(_anchors_of(raw))
     trace = log.select(
         "purgatory",
         F.col("id").cast("long").alias("op_id"),
-        F.col("watched_at").alias("arrival"),
+        F.col("watched_at").alias("arrival", metadata={TRACE_ANCHORS_KEY: anchors}),
         "keys",
         F.coalesce(F.col("timeout"), F.col("deadline") - F.col("watched_at")).alias("timeout"),
         F.when(F.col("outcome") == "completed", F.col("ended_at")).alias("condition_at"),
@@ -621,6 +867,13 @@ def trace_from_log(spark: SparkSession, log_path: str, out: str, *, overwrite: b
         return trace.count()
     finally:
         trace.unpersist()
+
+
+def trace_anchors(trace: DataFrame) -> list[dict[str, float]]:
+    """The UTC anchors a trace made by `trace_from_log` carries (``[]`` for any other trace)."""
+    metadata = trace.schema["arrival"].metadata
+    anchors: list[dict[str, float]] = json.loads(metadata.get(TRACE_ANCHORS_KEY, "[]"))
+    return anchors
 
 
 def _spark_schema(schema: pa.Schema) -> T.StructType:

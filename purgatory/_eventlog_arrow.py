@@ -1,0 +1,201 @@
+"""`ArrowEventLog`: an `EventLog` that writes Arrow IPC streams, one record batch per batch.
+
+The hot path, the files, anchors and failures are `FileRecorder`'s (``_recorder.py``): raw
+values are kept per operation and nothing is formatted there. This module turns a whole batch
+into one Arrow record batch: each column goes from a Python sequence to Arrow in one C-level
+conversion (keys included, when they are strings), so the per-operation work left in Python is
+a few tuple unpackings. Files are Arrow IPC *streams* (``<prefix>-<token>-<seq>.arrows``): the
+schema, then one record batch per write. A stream needs no footer, so a ``.part`` file left by a
+killed process still reads up to its last whole batch, as a JSON Lines file does.
+
+Columns (schema version 2; `docs/pipeline-schemas.md`): ``purgatory``, ``id`` (string),
+``keys`` (list of string), ``thresholds`` (JSON text, null for a plain watch), ``watched_at``,
+``timeout``, ``deadline``, ``outcome``, ``ended_at`` (null for ``open``), ``fields`` (JSON
+text, null without ``fields=``) and ``anchor`` (``struct<clock, utc>``: the anchor in force
+when the batch was written, null before the first). The schema's metadata holds
+``{"purgatory.event_log": "2"}``. pyarrow is needed (``pip install asyncio-purgatory[arrow]``);
+it is imported when the first recorder is made, so ``import purgatory`` stays standard-library
+only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Hashable, Mapping
+from operator import itemgetter
+from typing import Any, Final, final
+
+from ._eventlog import _json
+from ._recorder import EVENT_LOG_VERSION, Batch, FileRecorder
+
+__all__ = ("ARROW_VERSION_KEY", "ArrowEventLog", "arrow_schema")
+
+#: The schema-metadata key holding the event-log schema version.
+ARROW_VERSION_KEY: Final = "purgatory.event_log"
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow  # optional: only this recorder needs it
+    except ImportError:
+        raise ImportError(
+            "ArrowEventLog needs pyarrow: pip install 'asyncio-purgatory[arrow]' "
+            "(or use JsonLinesEventLog, which needs nothing)"
+        ) from None
+    return pyarrow
+
+
+def arrow_schema() -> Any:
+    """The Arrow schema of an `ArrowEventLog` file (a ``pyarrow.Schema``)."""
+    pa = _pyarrow()
+    return pa.schema(
+        [
+            ("purgatory", pa.string()),
+            ("id", pa.string()),
+            ("keys", pa.list_(pa.string())),
+            ("thresholds", pa.string()),
+            ("watched_at", pa.float64()),
+            ("timeout", pa.float64()),
+            ("deadline", pa.float64()),
+            ("outcome", pa.string()),
+            ("ended_at", pa.float64()),
+            ("fields", pa.string()),
+            ("anchor", pa.struct([("clock", pa.float64()), ("utc", pa.float64())])),
+        ],
+        metadata={ARROW_VERSION_KEY: str(EVENT_LOG_VERSION)},
+    )
+
+
+@final
+class ArrowEventLog(FileRecorder):
+    """Record each operation's lifecycle as one row of an Arrow IPC stream, at its end.
+
+    The same arguments, guarantees and counters as `JsonLinesEventLog` (whole records only,
+    files published by rename, UTC anchors, `lost_lines`); the pipeline's ``analyze`` reads both
+    formats. Needs pyarrow.
+
+    Args:
+        directory: Where the files go (created if missing).
+        prefix: The start of every file name.
+        max_bytes: Rotate to a new file once the current one holds at least this many bytes.
+        buffer_lines: Finished operations kept before a batch is converted and written.
+        fields: Called once per operation at its watch; the mapping it returns is written as
+            JSON text in the ``fields`` column (``str()`` for anything JSON does not know).
+        op_id: Called once per operation at its watch for the ``id`` column (an int or a str,
+            written as a string); ``None``: a counter per purgatory name, from 0 in watch order.
+        key: Renders one key as a string for ``keys``; default ``str``.
+        clock: The purgatory's clock, read (with ``time.time()``) once per batch to anchor the
+            log to UTC; default ``time.monotonic``, the clock of asyncio's event loops.
+            ``None``: no anchors.
+
+    Raises:
+        ValueError: `max_bytes` or `buffer_lines` is < 1.
+        ImportError: pyarrow is not installed.
+    """
+
+    __slots__ = ("_key", "_pa", "_schema")
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        prefix: str = "events",
+        max_bytes: int = 64 * 1024 * 1024,
+        buffer_lines: int = 8192,
+        fields: Callable[[Any], Mapping[str, Any]] | None = None,
+        op_id: Callable[[Any], int | str] | None = None,
+        key: Callable[[Hashable], str] = str,
+        clock: Callable[[], float] | None = time.monotonic,
+    ) -> None:
+        self._pa = _pyarrow()
+        self._schema = arrow_schema()
+        super().__init__(
+            directory,
+            ".arrows",
+            prefix=prefix,
+            max_bytes=max_bytes,
+            buffer_lines=buffer_lines,
+            fields=fields,
+            op_id=op_id,
+            clock=clock,
+        )
+        self._key = key
+
+    def __enter__(self) -> ArrowEventLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- rendering ----------------------------------------------------------------------------
+
+    def _file_start(self) -> bytes:
+        data: bytes = self._schema.serialize().to_pybytes()
+        return data
+
+    def _render(self, batch: Batch, anchor: tuple[float, float] | None, new: bool) -> bytes:
+        """`batch` as one IPC record-batch message (see the module docstring)."""
+        pa = self._pa
+        schema = self._schema
+        watches, outcomes, ends = batch
+        n = len(watches)
+        names, ids, keys, thresholds, watched, timeouts, deadlines, fields = (
+            list(map(get, watches)) for get in _WATCH_COLUMNS
+        )
+        double = pa.float64()
+        anchor_type = schema.field("anchor").type
+        arrays = [
+            _repeated_strings(pa, names),
+            self._id_column(ids),
+            self._key_column(keys),
+            _json_column(pa, thresholds, lambda t: _json(list(t))),
+            pa.array(watched, double),
+            pa.array(timeouts, double),
+            pa.array(deadlines, double),
+            _repeated_strings(pa, outcomes),
+            pa.array(ends, double),
+            _json_column(pa, fields, _json),
+            pa.nulls(n, anchor_type)
+            if anchor is None
+            else pa.repeat(pa.scalar({"clock": anchor[0], "utc": anchor[1]}, anchor_type), n),
+        ]
+        data: bytes = pa.RecordBatch.from_arrays(arrays, schema=schema).serialize().to_pybytes()
+        return data
+
+    def _id_column(self, ids: list[Any]) -> Any:
+        pa = self._pa
+        try:
+            return pa.array(ids, pa.int64()).cast(pa.string())
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            return pa.array([i if type(i) is str else str(i) for i in ids], pa.string())
+
+    def _key_column(self, keys: list[tuple[Hashable, ...]]) -> Any:
+        """The keys as list<string>: each distinct key tuple of the batch rendered once."""
+        pa = self._pa
+        seen: dict[tuple[Hashable, ...], int] = {}
+        setdefault = seen.setdefault
+        indices = [setdefault(k, len(seen)) for k in keys]
+        render = self._key
+        if render is str and all(type(k) is str for key_tuple in seen for k in key_tuple):
+            distinct: list[Any] = list(seen)
+        else:
+            distinct = [[render(k) for k in key_tuple] for key_tuple in seen]
+        return pa.array(distinct, pa.list_(pa.string())).take(pa.array(indices, pa.int32()))
+
+
+_WATCH_COLUMNS: Final = tuple(itemgetter(i) for i in range(8))
+
+
+def _repeated_strings(pa: Any, values: list[str]) -> Any:
+    """A string column; one conversion when every value is the same (one purgatory's name)."""
+    if values and values.count(values[0]) == len(values):
+        return pa.repeat(pa.scalar(values[0], pa.string()), len(values))
+    return pa.array(values, pa.string())
+
+
+def _json_column(pa: Any, values: list[Any], render: Callable[[Any], str]) -> Any:
+    """A string column of JSON texts, null where `values` holds None (all null: no work)."""
+    if values.count(None) == len(values):
+        return pa.nulls(len(values), pa.string())
+    return pa.array([None if v is None else render(v) for v in values], pa.string())
