@@ -1,4 +1,4 @@
-"""The command line: ``python -m purgatory.pipeline generate | replay | analyze | sweep``."""
+"""The command line: ``python -m purgatory.pipeline generate | replay | analyze | sweep | calibrate``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._generate import W1
+from ._load import CostProfile, load_profile
 from ._replay import ReplayConfig
 
 __all__ = ("main",)
@@ -72,6 +73,13 @@ def _add_grid(parser: argparse.ArgumentParser, timeout: str, rate: str) -> None:
     group.add_argument("--trigger", choices=("key", "force"), default="key")
     group.add_argument("--partitions", type=int, default=None, help="default: one per group")
     group.add_argument("--event-log", default=None, help="directory for the replay's event logs")
+    group.add_argument(
+        "--cost-profile",
+        default=None,
+        metavar="PROFILE.json",
+        help="the load model: serve each group as one core with these costs (made by "
+        "'calibrate'); default: the purgatory's work costs nothing",
+    )
 
 
 def _w1(args: argparse.Namespace) -> W1:
@@ -127,6 +135,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_w1(swp, 20_000)
     _add_grid(swp, "0.5,1,2", "1,2,4")
     _add_common(swp)
+    cal = sub.add_parser(
+        "calibrate", help="measure a cost profile for the load model (no Spark needed)"
+    )
+    cal.add_argument("--out", required=True, metavar="PROFILE.json", help="profile file to write")
+    cal.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    cal.add_argument("--quick", action="store_true", help="a rough profile in about a second")
+    cal.add_argument(
+        "--application-cost",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="the application's own CPU seconds per operation, added to every arrival",
+    )
     return parser
 
 
@@ -137,10 +158,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ._spark import JavaMissing
 
     try:
+        if args.command == "calibrate":
+            return _calibrate(args)
         return _run(args)
     except (TraceError, JavaMissing, FileExistsError, ValueError) as exc:
         print(f"purgatory.pipeline {args.command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from ._calibrate import calibrate
+    from ._load import save_profile
+
+    started = time.perf_counter()
+    profile = calibrate(
+        args.loop,
+        quick=args.quick,
+        application=args.application_cost,
+        progress=lambda name: print(f"measuring {name} ...", flush=True),
+    )
+    save_profile(profile, args.out)
+    print(f"profile: {profile.describe()}")
+    print(f"written to {args.out} ({time.perf_counter() - started:.1f} s)")
+    return 0
+
+
+def print_load_model(costs: CostProfile | None) -> None:
+    """Say which load model the replay used: none (zero costs) or the profile's."""
+    if costs is None:
+        print(
+            "load model: none: every event costs 0 s of CPU, so the rate changes nothing "
+            "(--cost-profile PROFILE.json, made by 'calibrate', serves each group as one core)"
+        )
+    else:
+        print(f"load model: each group served by one core; {costs.describe()}")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -149,6 +200,11 @@ def _run(args: argparse.Namespace) -> int:
 
     command = args.command
     configs = _grid(args) if command in ("replay", "sweep") else []
+    costs = (
+        load_profile(args.cost_profile)
+        if command in ("replay", "sweep") and args.cost_profile
+        else None
+    )
     w1 = (
         _w1(args)
         if command in ("generate", "sweep") and not getattr(args, "from_log", None)
@@ -173,9 +229,11 @@ def _run(args: argparse.Namespace) -> int:
             event_log=args.event_log,
             partitions=args.partitions,
             overwrite=args.overwrite,
+            costs=costs,
         )
         rows_out = [row.asDict() for row in summary.collect()]
         print_replay_summary(rows_out)
+        print_load_model(costs)
         _done(args.out, rows_out, started)
         return 0
     if command == "analyze":
@@ -224,9 +282,11 @@ def _run(args: argparse.Namespace) -> int:
         event_log=args.event_log,
         partitions=args.partitions,
         overwrite=args.overwrite,
+        costs=costs,
     )
     rows_out = [row.asDict() for row in summary.collect()]
     print_replay_summary(rows_out)
+    print_load_model(costs)
     from ._chart import sweep_chart
 
     sweep_chart(
@@ -236,6 +296,16 @@ def _run(args: argparse.Namespace) -> int:
         f"timeout {w1.timeout * 1000:g} ms, latency p50/p75 {w1.p50 * 1000:g}/{w1.p75 * 1000:g} ms",
     )
     print(f"chart: {out}/sweep.png")
+    if costs is not None:
+        from ._chart import load_chart
+
+        load_chart(
+            rows_out,
+            f"{out}/load.png" if "://" not in out else "load.png",
+            w1.rate,
+            f"Load model ({costs.loop} loop): W1, {w1.purgatories} purgatories, one core each",
+        )
+        print(f"load chart: {out}/load.png")
     _done(f"{out}/replay", rows_out, started)
     return 0
 
@@ -273,6 +343,9 @@ def print_replay_summary(rows: Sequence[Mapping[str, Any]]) -> None:
             ("peak watched", "peak_watched", str),
             ("peak delayed", "peak_delayed", str),
             ("purges", "purges", str),
+            ("util %", "utilisation", lambda v: f"{100 * v:.1f}"),
+            ("pass late p99 ms", "pass_lateness_p99", _ms),
+            ("pass late max ms", "pass_lateness_max", _ms),
         ],
     )
 
