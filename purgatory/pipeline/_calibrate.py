@@ -75,7 +75,9 @@ def _new_loop(loop: str) -> asyncio.AbstractEventLoop:
         try:
             import uvloop
         except ImportError:
-            raise ValueError("--loop uvloop: uvloop is not installed (pip install uvloop)") from None
+            raise ValueError(
+                "--loop uvloop: uvloop is not installed (pip install uvloop)"
+            ) from None
         new_loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
         return new_loop
     if loop == "asyncio":
@@ -117,9 +119,7 @@ async def _watches(n: int, keys_per_op: int) -> float:
     loop = asyncio.get_running_loop()
     purgatory: DelayedOperationPurgatory[_Op] = DelayedOperationPurgatory("calibrate")
     done = loop.create_future()
-    keys = [
-        tuple(f"k{(i + j * 7) % _KEYS}" for j in range(keys_per_op)) for i in range(_KEYS)
-    ]
+    keys = [tuple(f"k{(i + j * 7) % _KEYS}" for j in range(keys_per_op)) for i in range(_KEYS)]
     left = n
 
     def step() -> None:

@@ -1,4 +1,5 @@
-"""The command line: ``python -m purgatory.pipeline generate | replay | analyze | sweep | calibrate``."""
+"""The command line: ``python -m purgatory.pipeline generate | replay | analyze | sweep``, and
+``calibrate`` (no Spark)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ fires, a timer pass) starts at ``max(its time, busy_until)`` and keeps the core 
 its work costs by the profile. Work queues behind work, timer passes run late, and operations
 wait longer and expire more once the offered work exceeds the core.
 
-A profile is measured by ``python -m purgatory.pipeline calibrate`` (`purgatory.pipeline._calibrate`)
-on the machine and loop that matter, and stored as a small versioned JSON file.
+A profile is measured by ``python -m purgatory.pipeline calibrate`` (in `._calibrate`) on the
+machine and loop that matter, and stored as a small versioned JSON file.
 """
 
 from __future__ import annotations
@@ -108,14 +108,14 @@ def profile_from_json(data: Any, where: str) -> CostProfile:
     missing = [kind for kind in COST_KINDS if kind not in costs and kind != "application"]
     if missing:
         raise ValueError(f"cost profile {where}: missing cost {missing[0]!r}")
-    meta = {}
+    meta: dict[str, Any] = {}
     for name in ("loop", "python", "machine"):
         value = data.get(name, "")
         if not isinstance(value, str):
             raise ValueError(f"cost profile {where}: {name!r} must be a string, got {value!r}")
         meta[name] = value
     try:
-        return CostProfile(**costs, **meta)
+        return CostProfile(**{**costs, **meta})
     except ValueError as exc:
         raise ValueError(f"cost profile {where}: {exc}") from None
 

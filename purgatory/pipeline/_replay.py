@@ -181,6 +181,7 @@ class _Group:
         config: ReplayConfig,
         event_log: JsonLinesEventLog | None,
         check: bool = False,
+        *,
         clock: LoadClock | None = None,
     ) -> None:
         self.name = name
@@ -348,10 +349,11 @@ class _LoadedGroup(_Group):
         config: ReplayConfig,
         event_log: JsonLinesEventLog | None,
         check: bool,
+        *,
         costs: CostProfile,
     ) -> None:
         load = LoadClock()
-        super().__init__(name, config_id, config, event_log, check, load)
+        super().__init__(name, config_id, config, event_log, check, clock=load)
         self.load = load
         self.costs = costs
         self.busy_until = 0.0
@@ -545,7 +547,9 @@ def replay_batches(
                 if costs is None:
                     group = _Group(name, config_id, configs[config_id], log, check)
                 else:
-                    group = _LoadedGroup(name, config_id, configs[config_id], log, check, costs)
+                    group = _LoadedGroup(
+                        name, config_id, configs[config_id], log, check, costs=costs
+                    )
                 last_arrival = -math.inf
             config = group.config
             arrival = arrivals[i]
