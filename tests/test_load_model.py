@@ -301,7 +301,7 @@ def spark() -> SparkSession:
 def test_the_spark_job_with_a_profile_equals_the_replay(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    trace = w1_trace()
+    trace = w1_trace(300)
     path = tmp_path / "trace"
     path.mkdir()
     pq.write_table(trace, path / "part-0.parquet")

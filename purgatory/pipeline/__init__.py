@@ -5,7 +5,9 @@
   `DelayedOperationPurgatory` under `purgatory.testing.ManualClock`, in virtual time;
 - ``analyze``: summaries per purgatory, key and time window of recorded event logs
   (`purgatory.JsonLinesEventLog`);
-- ``sweep``: generate, replay over a grid, print the summary and chart it.
+- ``sweep``: generate, replay over a grid, print the summary and chart it;
+- ``calibrate``: measure a `CostProfile` for the load model (``--cost-profile`` of replay and
+  sweep: each group served as one core serves an event loop).
 
 Command line: ``python -m purgatory.pipeline --help``. Schemas: ``docs/pipeline-schemas.md``.
 Only this subpackage imports pyspark; ``import purgatory`` stays standard-library only.
@@ -22,6 +24,8 @@ from ._jobs import generate as generate
 from ._jobs import load_trace as load_trace
 from ._jobs import replay as replay
 from ._jobs import trace_from_log as trace_from_log
+from ._load import CostProfile as CostProfile
+from ._load import load_profile as load_profile
 from ._replay import ReplayConfig as ReplayConfig
 from ._replay import replay_table as replay_table
 from ._spark import get_session as get_session
@@ -30,11 +34,13 @@ __all__ = (
     "SHARED_SUMMARY_COLUMNS",
     "TRACE_SCHEMA",
     "W1",
+    "CostProfile",
     "ReplayConfig",
     "TraceError",
     "analyze",
     "generate",
     "get_session",
+    "load_profile",
     "load_trace",
     "replay",
     "replay_table",
