@@ -122,6 +122,28 @@ def test_queueing_and_a_late_timer_pass_worked_out_by_hand() -> None:
     assert stats["q"]["busy"] == pytest.approx(2 * MS + 1 * MS + 1.5 * MS)
 
 
+def test_a_late_pass_is_late_from_its_deadline_even_when_its_first_bucket_empties() -> None:
+    slow = costs(completion=5 * MS)
+    trace = trace_table(
+        [
+            ("p", 0, 0.0, 100.0, 0.5 * MS),
+            ("p", 1, 0.1 * MS, 2 * MS, 2.9 * MS),
+            ("p", 2, 0.2 * MS, 3 * MS, None),
+        ]
+    )
+    ops, stats = split(replay_table(trace, {0: ReplayConfig(tick=MS)}, costs=slow))
+    # Op 0's condition (0.5 ms) holds the core until 5.5 ms. Op 1's condition (2.9 ms) comes
+    # before its deadline tick (3 ms), so it is served first, at 5.5 ms: op 1 completes, its
+    # bucket empties, and the next pass has op 2's tick, 4 ms, already past. That pass runs at
+    # 10.5 ms, when the core is free: 6.5 ms late, from op 2's tick.
+    assert ops["p", 1]["outcome"] == "completed"
+    assert ops["p", 1]["ended_at"] == pytest.approx(5.5 * MS)
+    assert ops["p", 2]["outcome"] == "expired"
+    assert ops["p", 2]["ended_at"] == pytest.approx(10.5 * MS)
+    assert stats["p"]["timer_passes"] == 1
+    assert stats["p"]["pass_late_max"] == pytest.approx(6.5 * MS, abs=1e-9)
+
+
 def w1_trace(operations: int = 1500) -> pa.Table:
     w1 = W1(
         purgatories=2,

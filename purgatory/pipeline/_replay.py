@@ -340,7 +340,17 @@ class _LoadedGroup(_Group):
     purged entries of a pass (from `DelayedOperationPurgatory.statistics`).
     """
 
-    __slots__ = ("busy", "busy_until", "costs", "late", "load", "pass_due", "pass_raw", "start")
+    __slots__ = (
+        "busy",
+        "busy_until",
+        "costs",
+        "last_pass",
+        "late",
+        "load",
+        "pass_due",
+        "pass_raw",
+        "start",
+    )
 
     def __init__(
         self,
@@ -361,11 +371,14 @@ class _LoadedGroup(_Group):
         self.start = math.nan
         # Timer-pass lateness in nanoseconds -> passes that late (bounded by the passes run).
         self.late: dict[int, int] = {}
-        # The timer's next pass as the purgatory last said (`pass_raw`), and when it fell due:
-        # a purge that falls due during an event is due at that event's end, not at the tick of
-        # the last pass, which is what the purgatory answers for it.
+        # The timer's next pass as the purgatory last said (`pass_raw`), and when it fell due.
+        # A deadline is due at its tick, which comes after the last pass (that pass expired
+        # everything due by then), however late the core gets to it. A purge owed is answered
+        # with the tick of the last pass: it fell due during the event that made it owed, so it
+        # is due at that event's end.
         self.pass_raw = math.inf
         self.pass_due = math.inf
+        self.last_pass = 0.0
 
     def _served(self, start: float, cost: float, ran_pass: bool) -> None:
         """Book an event served from `start` for `cost` seconds; note when the next pass is due."""
@@ -373,14 +386,18 @@ class _LoadedGroup(_Group):
         self.busy_until = end
         self.busy += cost
         raw = self.load.next_pass_at()
-        if raw != self.pass_raw or ran_pass:
-            if ran_pass and raw <= start:
+        if ran_pass:
+            if raw <= start:
                 raise RuntimeError(
                     f"the timer still has work at {start!r} right after a pass there (a callback "
                     "that keeps adding work due at once?)"
                 )
+            self.last_pass = start
+        if raw != self.pass_raw or ran_pass:
             self.pass_raw = raw
-            self.pass_due = raw if raw >= start else end
+            # (A tick's rounding slack: a deadline tick is a whole tick past the last pass.)
+            purge = raw <= self.last_pass + 1e-3 * self.config.tick
+            self.pass_due = end if purge and raw < start else raw
 
     def _serve_pass(self) -> None:
         due = self.pass_due
