@@ -236,6 +236,20 @@ async def _purges(n: int) -> float:
     return spent / max(1, removed)
 
 
+def _machine() -> str:
+    """The CPU model (Linux), else the architecture; and the operating system."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as file:
+            for line in file:
+                if line.startswith("model name"):
+                    model = line.partition(":")[2].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}, {platform.system()}"
+
+
 def _median(repeats: int, loop: str, scenario: Callable[[], Awaitable[float]]) -> float:
     return statistics.median(_run(loop, scenario) for _ in range(repeats))
 
@@ -250,7 +264,8 @@ def calibrate(
     """Measure every cost of a profile on a loop of kind `loop` (``asyncio`` or ``uvloop``).
 
     Args:
-        quick: Smaller and fewer runs (about a second instead of about ten): a rough profile.
+        quick: Smaller and fewer runs (about two seconds instead of about half a minute): a
+            rough profile.
         application: The application's own CPU seconds per operation, put in as given.
         progress: Told the name of each measurement as it starts.
 
@@ -306,7 +321,7 @@ def calibrate(
         application=application,
         loop=loop,
         python=f"{platform.python_implementation()} {platform.python_version()}",
-        machine=f"{platform.machine()} {platform.processor() or platform.system()}".strip(),
+        machine=_machine(),
     )
 
 

@@ -140,8 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
         "calibrate", help="measure a cost profile for the load model (no Spark needed)"
     )
     cal.add_argument("--out", required=True, metavar="PROFILE.json", help="profile file to write")
-    cal.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
-    cal.add_argument("--quick", action="store_true", help="a rough profile in about a second")
+    cal.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the event loop to measure on (default asyncio)",
+    )
+    cal.add_argument("--quick", action="store_true", help="a rough profile in a few seconds")
     cal.add_argument(
         "--application-cost",
         type=float,
