@@ -335,8 +335,10 @@ class _LoadedGroup(_Group):
 
     Events are served in the order of their times (at one instant: timer passes, conditions,
     the arrival), each from ``max(its time, busy_until)``. What an event costs is counted from
-    the work it did: the tries (``attempts``), the operations it finished, the expiries and
-    purged entries of a pass (from `DelayedOperationPurgatory.statistics`).
+    the work it did: the tries (``attempts``), the operations it finished, the expiries of a
+    pass and the entries it purged. ``purges`` counts the passes that purged (without a
+    profile, the clock moves in which one did: the same but when two such passes fall in one
+    move).
     """
 
     __slots__ = (
