@@ -34,10 +34,15 @@ bench: $(BIN)/python
 	$(BIN)/python -m benchmarks
 
 # The data pipeline in one command (needs Java 17+): a seeded W1 trace, a 3x3 sweep (timeout x
-# rate) replayed on local Spark, the summary table and pipeline-out/sweep.png.
+# rate) replayed on local Spark, the summary table and pipeline-out/sweep.png; then the load
+# model: a cost profile of this machine (50 us of application work per request), and the rate
+# raised past what one core serves (pipeline-load/load.png).
 pipeline: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[spark]'
 	$(BIN)/python -m purgatory.pipeline sweep --out pipeline-out --overwrite
+	$(BIN)/python -m purgatory.pipeline calibrate --out pipeline-profile.json --application-cost 0.00005
+	$(BIN)/python -m purgatory.pipeline sweep --out pipeline-load --overwrite --timeout-scale 1 \
+		--rate-scale 1,4,8,16,32 --cost-profile pipeline-profile.json
 
 clean:
-	rm -rf $(VENV) build pipeline-out *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build pipeline-out pipeline-load pipeline-profile.json *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

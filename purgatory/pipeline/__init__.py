@@ -5,7 +5,9 @@
   `DelayedOperationPurgatory` under `purgatory.testing.ManualClock`, in virtual time;
 - ``analyze``: summaries per purgatory, key and time window of recorded event logs
   (`purgatory.JsonLinesEventLog`);
-- ``sweep``: generate, replay over a grid, print the summary and chart it.
+- ``sweep``: generate, replay over a grid, print the summary and chart it;
+- ``calibrate``: measure a `CostProfile` for the load model (``--cost-profile`` of replay and
+  sweep: each group served as one core serves an event loop).
 
 Command line: ``python -m purgatory.pipeline --help``. Schemas: ``docs/pipeline-schemas.md``.
 Only this subpackage imports pyspark; ``import purgatory`` stays standard-library only.
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
     from ._jobs import replay as replay
     from ._jobs import trace_anchors as trace_anchors
     from ._jobs import trace_from_log as trace_from_log
+    from ._load import CostProfile as CostProfile
+    from ._load import load_profile as load_profile
     from ._replay import ReplayConfig as ReplayConfig
     from ._replay import replay_table as replay_table
     from ._spark import get_session as get_session
@@ -38,11 +42,13 @@ __all__ = (
     "SHARED_SUMMARY_COLUMNS",
     "TRACE_SCHEMA",
     "W1",
+    "CostProfile",
     "ReplayConfig",
     "TraceError",
     "analyze",
     "generate",
     "get_session",
+    "load_profile",
     "load_trace",
     "replay",
     "replay_table",
@@ -61,6 +67,8 @@ _HOME = {
     "replay": "_jobs",
     "trace_anchors": "_jobs",
     "trace_from_log": "_jobs",
+    "CostProfile": "_load",
+    "load_profile": "_load",
     "ReplayConfig": "_replay",
     "replay_table": "_replay",
     "get_session": "_spark",

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-__all__ = ("config_labels", "number", "sweep_chart")
+__all__ = ("config_labels", "load_chart", "number", "saturation_rate", "sweep_chart")
 
 
 def sweep_chart(rows: Sequence[Mapping[str, Any]], path: str, title: str) -> None:
@@ -110,3 +110,91 @@ def config_labels(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], str]:
         labels = [f"configuration {row.get('config_id', i)}" for i, row in enumerate(rows)]
     common = ", ".join(_setting(rows[0], *s) for s in constant) if rows else ""
     return labels, common
+
+
+def saturation_rate(points: Sequence[tuple[float, float]]) -> float | None:
+    """The offered rate at which the core is fully busy, from (rate, utilisation) points.
+
+    Below saturation, utilisation grows in proportion to the rate, so each point with
+    utilisation under 0.9 estimates it as ``rate / utilisation`` (the median is taken). With no
+    such point, the lowest rate at which the core is at least 95 % busy; ``None`` if none is.
+    """
+    below = sorted(rate / u for rate, u in points if 0 < u < 0.9)
+    if below:
+        return below[len(below) // 2]
+    busy = [rate for rate, u in points if u >= 0.95]
+    return min(busy) if busy else None
+
+
+def load_chart(rows: Sequence[Mapping[str, Any]], path: str, base_rate: float, title: str) -> None:
+    """Write a PNG of expired share and lateness against the offered rate, saturation marked.
+
+    One line per configuration other than the rate (worst purgatory of each); the x axis is
+    `base_rate` times ``rate_scale``, in arrivals per second per purgatory.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[tuple[Any, ...], dict[float, dict[str, float]]] = {}
+    for row in rows:
+        key = (row["tick"], row["wheel_size"], row["purge_interval"], row["timeout_scale"])
+        point = series.setdefault(key, {}).setdefault(
+            base_rate * row["rate_scale"],
+            {"expired": 0.0, "operations": 0.0, "late": 0.0, "pass": 0.0, "util": 0.0},
+        )
+        point["expired"] += row["expired"]
+        point["operations"] += row["operations"]
+        point["late"] = max(point["late"], row["lateness_p99"] or 0.0)
+        point["pass"] = max(point["pass"], row["pass_lateness_p99"] or 0.0)
+        point["util"] = max(point["util"], row["utilisation"])
+    fig, axes = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    saturation = []
+    for key, points in sorted(series.items()):
+        rates = sorted(points)
+        label = f"timeout x{number(key[3])}" if len(series) > 1 else None
+        axes[0].plot(
+            rates,
+            [100 * points[r]["expired"] / max(1.0, points[r]["operations"]) for r in rates],
+            marker="o",
+            label=label,
+        )
+        axes[1].plot(
+            rates, [1000 * points[r]["pass"] for r in rates], marker="o", label="timer pass p99"
+        )
+        axes[1].plot(
+            rates,
+            [1000 * points[r]["late"] for r in rates],
+            marker="s",
+            linestyle="--",
+            label="expiry p99",
+        )
+        rate = saturation_rate([(r, points[r]["util"]) for r in rates])
+        if rate is not None:
+            saturation.append(rate)
+    if saturation:
+        rate = min(saturation)
+        for ax in axes:
+            ax.axvline(rate, color="tab:red", linestyle=":")
+        axes[0].annotate(
+            f"saturation ~{number(rate)}/s",
+            (rate, 0),
+            xycoords=("data", "axes fraction"),
+            xytext=(4, 6),
+            textcoords="offset points",
+            color="tab:red",
+        )
+    axes[0].set_ylabel("expired (%)")
+    axes[1].set_ylabel("lateness p99 (ms)")
+    axes[1].set_xlabel("offered rate (arrivals/s per purgatory)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    if len(series) > 1:
+        axes[0].legend(fontsize=8)
+    handles, labels = axes[1].get_legend_handles_labels()
+    axes[1].legend(handles[:2], labels[:2], fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,4 +1,5 @@
-"""The command line: ``python -m purgatory.pipeline generate | replay | analyze | sweep``.
+"""The command line: ``python -m purgatory.pipeline generate | replay | analyze | sweep``, and
+``calibrate``, which measures a cost profile for the load model without Spark.
 
 Parsing imports neither Spark nor numpy nor pyarrow, so ``--help`` works (and says what to
 install) without the Spark extra. A command then checks its paths and settings
@@ -29,6 +30,7 @@ from ._checks import (
     check_trace,
     missing_extra,
 )
+from ._load import CostProfile, load_profile
 
 if TYPE_CHECKING:
     from ._generate import W1
@@ -190,6 +192,13 @@ def _add_grid(parser: argparse.ArgumentParser, timeout: str, rate: str) -> None:
     group.add_argument(
         "--event-log", default=None, help="directory for the replay's event logs (default: none)"
     )
+    group.add_argument(
+        "--cost-profile",
+        default=None,
+        metavar="PROFILE.json",
+        help="the load model: serve each group as one core with these costs (made by "
+        "'calibrate'); default: none, the purgatory's work costs nothing",
+    )
 
 
 def _w1(args: argparse.Namespace) -> W1:
@@ -300,6 +309,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add_w1(swp, 20_000)
     _add_grid(swp, "0.5,1,2", "1,2,4")
     _add_common(swp)
+    cal = sub.add_parser(
+        "calibrate",
+        help="measure a cost profile for the load model (no Spark needed)",
+        description="Measure a cost profile for the load model (no Spark needed): the CPU "
+        "seconds each kind of event costs the real purgatory on a real event loop here.",
+        epilog=_examples("calibrate --out profile.json", "calibrate --out quick.json --quick"),
+        formatter_class=_Formatter,
+    )
+    cal.add_argument("--out", required=True, metavar="PROFILE.json", help="profile file to write")
+    cal.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the event loop to measure on (default asyncio)",
+    )
+    cal.add_argument("--quick", action="store_true", help="a rough profile in a few seconds")
+    cal.add_argument(
+        "--application-cost",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="the application's own CPU seconds per operation, added to every arrival",
+    )
     return parser
 
 
@@ -311,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     where = f"{_PROG.split()[-1]} {args.command}: error:"
     try:
+        if args.command == "calibrate":
+            return _calibrate(args)
         return _run(args)
     except KeyboardInterrupt:
         if args.verbose:
@@ -368,8 +402,11 @@ def one_line(exc: BaseException) -> str:
     return first[:_LONGEST]
 
 
-def _check(args: argparse.Namespace) -> tuple[W1 | None, list[ReplayConfig]]:
-    """Every check that needs no Spark session: the extra, the settings, the paths."""
+def _check(
+    args: argparse.Namespace,
+) -> tuple[W1 | None, list[ReplayConfig], CostProfile | None]:
+    """Every check that needs no Spark session: the extra, the settings, the paths, the cost
+    profile."""
     command = args.command
     needs = (*EXTRA_MODULES, "matplotlib") if command == "sweep" else EXTRA_MODULES
     missing = missing_extra(needs)
@@ -379,6 +416,8 @@ def _check(args: argparse.Namespace) -> tuple[W1 | None, list[ReplayConfig]]:
     from_log = getattr(args, "from_log", None)
     w1 = _w1(args) if command in ("generate", "sweep") and not from_log else None
     check_configs(configs, None if w1 is None else w1.timeout)
+    profile = getattr(args, "cost_profile", None)
+    costs = load_profile(profile) if profile else None
     if getattr(args, "event_log", None):
         check_directory(args.event_log, "event-log directory")
     if command == "generate":
@@ -400,11 +439,39 @@ def _check(args: argparse.Namespace) -> tuple[W1 | None, list[ReplayConfig]]:
         check_directory(out, "output")
         check_output(f"{out}/trace", overwrite=args.overwrite)
         check_output(f"{out}/replay", overwrite=args.overwrite)
-    return w1, configs
+    return w1, configs, costs
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from ._calibrate import calibrate
+    from ._load import save_profile
+
+    started = time.perf_counter()
+    profile = calibrate(
+        args.loop,
+        quick=args.quick,
+        application=args.application_cost,
+        progress=lambda name: print(f"measuring {name} ...", flush=True),
+    )
+    save_profile(profile, args.out)
+    print(f"profile: {profile.describe()}")
+    print(f"written to {args.out} ({time.perf_counter() - started:.1f} s)")
+    return 0
+
+
+def print_load_model(costs: CostProfile | None) -> None:
+    """Say which load model the replay used: none (zero costs) or the profile's."""
+    if costs is None:
+        print(
+            "load model: none: every event costs 0 s of CPU, so the rate changes nothing "
+            "(--cost-profile PROFILE.json, made by 'calibrate', serves each group as one core)"
+        )
+    else:
+        print(f"load model: each group served by one core; {costs.describe()}")
 
 
 def _run(args: argparse.Namespace) -> int:
-    w1, configs = _check(args)
+    w1, configs, costs = _check(args)
     from . import _spark
     from ._jobs import analyze, generate, replay, trace_from_log
 
@@ -431,9 +498,11 @@ def _run(args: argparse.Namespace) -> int:
             event_log=args.event_log,
             partitions=args.partitions,
             overwrite=args.overwrite,
+            costs=costs,
         )
         rows_out = [row.asDict() for row in summary.collect()]
         print_replay_summary(rows_out)
+        print_load_model(costs)
         _done(args.out, rows_out, started)
         return 0
     if command == "analyze":
@@ -493,9 +562,11 @@ def _run(args: argparse.Namespace) -> int:
         event_log=args.event_log,
         partitions=args.partitions,
         overwrite=args.overwrite,
+        costs=costs,
     )
     rows_out = [row.asDict() for row in summary.collect()]
     print_replay_summary(rows_out)
+    print_load_model(costs)
     from ._chart import sweep_chart
 
     sweep_chart(
@@ -505,6 +576,16 @@ def _run(args: argparse.Namespace) -> int:
         f"timeout {w1.timeout * 1000:g} ms, latency p50/p75 {w1.p50 * 1000:g}/{w1.p75 * 1000:g} ms",
     )
     print(f"chart: {out}/sweep.png")
+    if costs is not None:
+        from ._chart import load_chart
+
+        load_chart(
+            rows_out,
+            f"{out}/load.png" if "://" not in out else "load.png",
+            w1.rate,
+            f"Load model ({costs.loop} loop): W1, {w1.purgatories} purgatories, one core each",
+        )
+        print(f"load chart: {out}/load.png")
     _done(f"{out}/replay", rows_out, started)
     return 0
 
@@ -542,6 +623,9 @@ def print_replay_summary(rows: Sequence[Mapping[str, Any]]) -> None:
             ("peak watched", "peak_watched", str),
             ("peak delayed", "peak_delayed", str),
             ("purges", "purges", str),
+            ("util %", "utilisation", lambda v: f"{100 * v:.1f}"),
+            ("pass late p99 ms", "pass_lateness_p99", _ms),
+            ("pass late max ms", "pass_lateness_max", _ms),
         ],
     )
 

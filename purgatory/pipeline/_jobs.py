@@ -25,6 +25,7 @@ from .._eventlog_arrow import ARROW_VERSION_KEY
 from .._recorder import EVENT_LOG_VERSION
 from ._checks import horizon_limits
 from ._generate import TRACE_SCHEMA, W1, chunk_plan, generate_chunk
+from ._load import CostProfile
 from ._replay import OUTPUT_SCHEMA, ReplayConfig, replay_batches
 from ._spark import atomic_output
 
@@ -256,6 +257,7 @@ def replay(
     event_log: str | None = None,
     partitions: int | None = None,
     overwrite: bool = False,
+    costs: CostProfile | None = None,
 ) -> DataFrame:
     """Replay a trace under every configuration; write ``operations/`` and ``summary/`` to `out`.
 
@@ -267,6 +269,8 @@ def replay(
         partitions: Spark partitions of the replay; default four per core.
         event_log: A directory every executor can write to (a local path in local mode), where
             each group writes its event log.
+        costs: A cost profile (the load model: each group served by one core); ``None``: the
+            purgatory's work costs nothing, and ``utilisation`` and the pass lateness are 0.
 
     Returns:
         The summary, read back from `out`.
@@ -295,7 +299,7 @@ def replay(
     )
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return replay_batches(batches, by_id, event_log_dir=event_log)
+        return replay_batches(batches, by_id, event_log_dir=event_log, costs=costs)
 
     result = work.mapInArrow(run, _spark_schema(OUTPUT_SCHEMA)).persist(
         StorageLevel.MEMORY_AND_DISK
@@ -320,6 +324,13 @@ def replay(
             "purged_entries",
             "attempts",
             F.col("peak_delayed").alias("_peak_delayed"),
+            F.col("busy").alias("busy_seconds"),
+            F.when(F.col("span") > 0, F.col("busy") / F.col("span"))
+            .otherwise(0.0)
+            .alias("utilisation"),
+            F.col("pass_late_p50").alias("pass_lateness_p50"),
+            F.col("pass_late_p99").alias("pass_lateness_p99"),
+            F.col("pass_late_max").alias("pass_lateness_max"),
         )
         with atomic_output(spark, out, overwrite=overwrite) as staging:
             ops.write.parquet(f"{staging}/operations")
@@ -370,6 +381,11 @@ REPLAY_SUMMARY_COLUMNS: Final = (
     "purges",
     "purged_entries",
     "attempts",
+    "busy_seconds",
+    "utilisation",
+    "pass_lateness_p50",
+    "pass_lateness_p99",
+    "pass_lateness_max",
 )
 
 

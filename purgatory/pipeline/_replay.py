@@ -15,6 +15,12 @@ first, then triggers, then the arrival. Then the operation is watched with
 ``try_complete_else_watch``; if its condition holds at arrival it completes inside the call.
 When a group's rows end, the clock runs on until nothing is timed.
 
+With a cost profile (`purgatory.pipeline._load`), a group is served as one core serves an event
+loop (`_LoadedGroup`): the same events in the same order of their times, but each starts when
+the core is free, ``max(its time, busy_until)``, with the clock moved there, and keeps the core
+busy for what it costs. A timer pass then runs late, expiring whatever is due by the time it
+runs, as a late reaper does. With every cost zero this is exactly the plain replay.
+
 What the engine holds is bounded by what the purgatory holds: the pending operations, one heap
 entry per pending operation whose condition comes before its deadline, the current input batch
 and at most ``OUTPUT_ROWS`` finished rows. A whole group's trace is never in memory.
@@ -37,6 +43,7 @@ from .. import DelayedOperation, DelayedOperationPurgatory
 from .._eventlog import JsonLinesEventLog
 from .._events import Outcome
 from ..testing import ManualClock, check_invariants
+from ._load import CostProfile, LoadClock
 
 __all__ = (
     "OUTPUT_ROWS",
@@ -66,6 +73,11 @@ OUTPUT_SCHEMA: Final = pa.schema(
         pa.field("purges", pa.int64()),
         pa.field("purged_entries", pa.int64()),
         pa.field("attempts", pa.int64()),
+        pa.field("busy", pa.float64()),
+        pa.field("span", pa.float64()),
+        pa.field("pass_late_p50", pa.float64()),
+        pa.field("pass_late_p99", pa.float64()),
+        pa.field("pass_late_max", pa.float64()),
     ]
 )
 
@@ -153,8 +165,8 @@ class _Group:
         "heap",
         "horizon",
         "name",
+        "now",
         "out",
-        "passes",
         "peak_delayed",
         "peak_watched",
         "purgatory",
@@ -169,25 +181,28 @@ class _Group:
         config: ReplayConfig,
         event_log: JsonLinesEventLog | None,
         check: bool = False,
+        *,
+        clock: LoadClock | None = None,
     ) -> None:
         self.name = name
         self.check = check
         self.config_id = config_id
         self.config = config
         self.clock = ManualClock()
+        # The clock the purgatory reads: the manual clock, or a loaded replay's own.
+        self.now = self.clock.now if clock is None else clock.now
         self.event_log = event_log
         self.purgatory: DelayedOperationPurgatory[ReplayOperation] = DelayedOperationPurgatory(
             f"{name}@{config_id}",
             tick=config.tick,
             wheel_size=config.wheel_size,
             purge_interval=config.purge_interval,
-            clock=self.clock,
+            clock=self.clock if clock is None else clock,
             event_log=event_log,
         )
         self.heap: list[tuple[float, int, ReplayOperation]] = []
         self.seq = 0
         self.attempts = 0
-        self.passes = 0
         self.purges = 0
         # The latest deadline of any operation watched so far (seconds, before rounding).
         self.horizon = 0.0
@@ -197,7 +212,7 @@ class _Group:
         self.out: list[tuple[int, str, float, float, float]] = []
 
     def finished(self, op: ReplayOperation) -> None:
-        now = self.clock.now()
+        now = self.now()
         outcome: Outcome = "expired" if op.is_expired else "completed"
         watched_at = op.watched_at
         self.out.append((op.op_id, outcome, watched_at, watched_at + op.timeout, now))
@@ -205,16 +220,17 @@ class _Group:
     def move_to(self, when: float) -> None:
         """Move the clock to `when` (if later), with a timer pass at each tick that has work.
 
-        ``passes`` counts the passes that ran, ``purges`` the moves in which a purge removed
-        entries.
+        ``purges`` counts the moves in which a purge removed entries: those in which
+        ``watched()`` went down, since a timer pass takes entries off the watcher lists only by
+        purging them (O(1), where a `statistics` snapshot per move would cost a third of the
+        replay).
         """
         clock = self.clock
         now = clock.now()
-        before = self.purgatory.statistics()
+        purgatory = self.purgatory
+        watched = purgatory.watched()
         clock.advance_to(when if when > now else now)
-        after = self.purgatory.statistics()
-        self.passes += after.timer_passes - before.timer_passes
-        if after.purged > before.purged:
+        if purgatory.watched() < watched:
             self.purges += 1
 
     def run_until(self, t: float) -> None:
@@ -288,6 +304,10 @@ class _Group:
         self.out = []
         return batch
 
+    def load_stats(self) -> list[float]:
+        """Busy seconds, span, and timer-pass lateness p50/p99/max: all 0 without a profile."""
+        return [0.0] * 5
+
     def stats_row(self) -> pa.RecordBatch:
         values: list[Any] = [
             self.name,
@@ -299,15 +319,192 @@ class _Group:
             None,
             self.peak_watched,
             self.peak_delayed,
-            self.passes,
+            self.purgatory.statistics().timer_passes,
             self.purges,
             self.purgatory.statistics().purged,
             self.attempts,
+            *self.load_stats(),
         ]
         return pa.RecordBatch.from_arrays(
             [pa.array([v], f.type) for v, f in zip(values, OUTPUT_SCHEMA, strict=True)],
             schema=OUTPUT_SCHEMA,
         )
+
+
+class _LoadedGroup(_Group):
+    """A group served by one core, as one event loop serves it (see the module's docstring).
+
+    Events are served in the order of their times (at one instant: timer passes, conditions,
+    the arrival), each from ``max(its time, busy_until)``. What an event costs is counted from
+    the work it did: the tries (``attempts``), the operations it finished, the expiries of a
+    pass and the entries it purged. ``purges`` counts the passes that purged (without a
+    profile, the clock moves in which one did: the same but when two such passes fall in one
+    move).
+    """
+
+    __slots__ = (
+        "busy",
+        "busy_until",
+        "costs",
+        "last_pass",
+        "late",
+        "load",
+        "pass_due",
+        "pass_raw",
+        "start",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        config_id: int,
+        config: ReplayConfig,
+        event_log: JsonLinesEventLog | None,
+        check: bool,
+        *,
+        costs: CostProfile,
+    ) -> None:
+        load = LoadClock()
+        super().__init__(name, config_id, config, event_log, check, clock=load)
+        self.load = load
+        self.costs = costs
+        self.busy_until = 0.0
+        self.busy = 0.0
+        self.start = math.nan
+        # Timer-pass lateness in nanoseconds -> passes that late (bounded by the passes run).
+        self.late: dict[int, int] = {}
+        # The timer's next pass as the purgatory last said (`pass_raw`), and when it fell due.
+        # A deadline is due at its tick, which comes after the last pass (that pass expired
+        # everything due by then), however late the core gets to it. A purge owed is answered
+        # with the tick of the last pass: it fell due during the event that made it owed, so it
+        # is due at that event's end.
+        self.pass_raw = math.inf
+        self.pass_due = math.inf
+        self.last_pass = 0.0
+
+    def _served(self, start: float, cost: float, ran_pass: bool) -> None:
+        """Book an event served from `start` for `cost` seconds; note when the next pass is due."""
+        end = start + cost
+        self.busy_until = end
+        self.busy += cost
+        raw = self.load.next_pass_at()
+        if ran_pass:
+            if raw <= start:
+                raise RuntimeError(
+                    f"the timer still has work at {start!r} right after a pass there (a callback "
+                    "that keeps adding work due at once?)"
+                )
+            self.last_pass = start
+        if raw != self.pass_raw or ran_pass:
+            self.pass_raw = raw
+            # (A tick's rounding slack: a deadline tick is a whole tick past the last pass.)
+            purge = raw <= self.last_pass + 1e-3 * self.config.tick
+            self.pass_due = end if purge and raw < start else raw
+
+    def _serve_pass(self) -> None:
+        due = self.pass_due
+        start = max(due, self.busy_until)
+        self.load.set(start)
+        purgatory = self.purgatory
+        watched = purgatory.watched()
+        expired = self.load.run_pass()
+        purged = watched - purgatory.watched()  # (see `move_to`)
+        if purged:
+            self.purges += 1
+        late = round((start - due) * 1e9)
+        self.late[late] = self.late.get(late, 0) + 1
+        costs = self.costs
+        cost = costs.timer_pass + expired * costs.expiry + purged * costs.purged_entry
+        self._served(start, cost, True)
+
+    def _serve_condition(self, at: float, op: ReplayOperation) -> None:
+        start = max(at, self.busy_until)
+        self.load.set(start)
+        costs = self.costs
+        if op.is_completed:  # expired or completed already: the event finds nothing to do
+            self._served(start, costs.dispatch, False)
+            return
+        op.ready = True
+        attempts = self.attempts
+        finished = len(self.out)
+        if self.config.trigger == "force":
+            op.force_complete()
+        else:
+            self.purgatory.check_and_complete(op.keys[0])
+        done = len(self.out) - finished
+        tries = self.attempts - attempts - done
+        cost = costs.dispatch + tries * costs.attempt + done * costs.completion
+        self._served(start, cost, False)
+
+    def run_until(self, t: float) -> None:
+        """Serve every timer pass and condition due at or before `t`, in time order."""
+        heap = self.heap
+        while True:
+            due = self.pass_due
+            condition = heap[0][0] if heap else math.inf
+            if due <= condition:
+                if due > t or due == math.inf:
+                    return
+                self._serve_pass()
+            else:
+                if condition > t:
+                    return
+                _, _, op = heappop(heap)
+                self._serve_condition(condition, op)
+
+    def arrive(
+        self, op_id: int, keys: tuple[str, ...], timeout: float, condition: float | None, t: float
+    ) -> None:
+        """Serve one arrival due at `t`, once what was due before it has been served."""
+        self.run_until(t)
+        start = max(t, self.busy_until)
+        self.load.set(start)
+        if math.isnan(self.start):
+            self.start = start
+        ready = condition is not None and condition <= start
+        op = ReplayOperation(self, op_id, keys, timeout, ready)
+        op.watched_at = start
+        purgatory = self.purgatory
+        costs = self.costs
+        cost = costs.dispatch + costs.application
+        if purgatory.try_complete_else_watch(op, keys):
+            cost += costs.completion
+        else:
+            cost += costs.watch + (len(keys) - 1) * costs.watch_key
+            self.horizon = max(self.horizon, start + timeout)
+            self.peak_watched = max(self.peak_watched, purgatory.watched())
+            self.peak_delayed = max(self.peak_delayed, purgatory.num_delayed())
+            if condition is not None and condition < start + timeout + self.config.tick:
+                self.seq += 1
+                heappush(self.heap, (condition, self.seq, op))
+        self._served(start, cost, False)
+        if self.check:
+            check_invariants(purgatory)
+
+    def drain(self) -> None:
+        """Serve everything left: conditions and timer passes until nothing is timed."""
+        self.run_until(math.inf)
+        if self.event_log is not None:
+            self.event_log.flush()
+
+    def load_stats(self) -> list[float]:
+        span = self.busy_until - self.start if self.busy_until > self.start else 0.0
+        late = sorted(self.late.items())
+        return [self.busy, span, *(_rank(late, p) / 1e9 for p in (0.5, 0.99, 1.0))]
+
+
+def _rank(counts: list[tuple[int, int]], p: float) -> int:
+    """The nearest-rank percentile `p` of sorted (value, count) pairs (``percentile_disc``)."""
+    total = sum(n for _, n in counts)
+    if not total:
+        return 0
+    rank = max(1, math.ceil(p * total))
+    seen = 0
+    for value, n in counts:
+        seen += n
+        if seen >= rank:
+            return value
+    return counts[-1][0]
 
 
 def replay_batches(
@@ -317,6 +514,7 @@ def replay_batches(
     event_log_dir: str | None = None,
     output_rows: int = OUTPUT_ROWS,
     check: bool = False,
+    costs: CostProfile | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Replay a stream of trace batches sorted by (purgatory, config_id, arrival, op_id).
 
@@ -329,6 +527,8 @@ def replay_batches(
         output_rows: Rows per emitted batch.
         check: After every arrival, check the purgatory's invariants
             (`purgatory.testing.check_invariants`, O(pending)): for tests.
+        costs: A cost profile: each group is served as one core serves an event loop
+            (`_LoadedGroup`). ``None``: virtual time where the purgatory's work costs nothing.
 
     Yields:
         Batches of `OUTPUT_SCHEMA`: each operation's row, and after each group its gauges row.
@@ -368,7 +568,12 @@ def replay_batches(
                     safe = safe.lstrip("_.")[:64] or "p"
                     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
                     log = _group_log(event_log_dir, f"{safe}-{digest}-c{config_id}")
-                group = _Group(name, config_id, configs[config_id], log, check)
+                if costs is None:
+                    group = _Group(name, config_id, configs[config_id], log, check)
+                else:
+                    group = _LoadedGroup(
+                        name, config_id, configs[config_id], log, check, costs=costs
+                    )
                 last_arrival = -math.inf
             config = group.config
             arrival = arrivals[i]
@@ -406,7 +611,8 @@ def _group_log(directory: str, prefix: str) -> JsonLinesEventLog:
         for entry in os.listdir(directory):
             if mine.fullmatch(entry):
                 os.remove(os.path.join(directory, entry))
-    return JsonLinesEventLog(directory, prefix=prefix, max_bytes=1 << 62, op_id=_op_id)
+    # Virtual time: no anchor to UTC (a replay's times are the trace's, not a real clock's).
+    return JsonLinesEventLog(directory, prefix=prefix, max_bytes=1 << 62, op_id=_op_id, clock=None)
 
 
 def _op_id(op: Any) -> int:
@@ -426,6 +632,7 @@ def replay_table(
     *,
     event_log_dir: str | None = None,
     check: bool = False,
+    costs: CostProfile | None = None,
 ) -> pa.Table:
     """Replay a whole trace table in this process under every configuration (no Spark).
 
@@ -447,6 +654,10 @@ def replay_table(
         ]
     )
     batches = replay_batches(
-        table.to_batches(max_chunksize=10000), configs, event_log_dir=event_log_dir, check=check
+        table.to_batches(max_chunksize=10000),
+        configs,
+        event_log_dir=event_log_dir,
+        check=check,
+        costs=costs,
     )
     return pa.Table.from_batches(list(batches), schema=OUTPUT_SCHEMA)

@@ -79,9 +79,18 @@ class ManualClock:
             )
         expired = 0
         repeats = 0
+        # The attached purgatories, listed again only when one is attached during a pass (a
+        # replay calls this at every event: no list is built per timer pass).
+        purgatories = self._alive()
+        attached = len(self._purgatories)
         while True:
-            purgatories = self._alive()
-            due_at = min((p._next_timer_pass_at() for p in purgatories), default=math.inf)
+            if len(self._purgatories) != attached:
+                purgatories = self._alive()
+                attached = len(self._purgatories)
+            if len(purgatories) == 1:
+                due_at = purgatories[0]._next_timer_pass_at()
+            else:
+                due_at = min((p._next_timer_pass_at() for p in purgatories), default=math.inf)
             if due_at > when:
                 break
             if due_at <= self._now:

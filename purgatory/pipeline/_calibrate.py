@@ -1,0 +1,329 @@
+"""``calibrate``: measure a cost profile for the load model on this machine and event loop.
+
+Each cost is a micro-benchmark of the real `DelayedOperationPurgatory` on a real running loop
+(the stock asyncio loop or uvloop), timed in CPU seconds of the loop's thread
+(`time.thread_time`): what the work costs the core, not the idle time between timer wake-ups,
+and less disturbed by other processes than wall time. Each is run a few times and the median
+kept. The kinds and what they are charged for are listed in `purgatory.pipeline._load.COST_KINDS`.
+
+Costs are those of a loaded loop, the regime where they matter: a callback is one of many due
+at once (no wait in the selector between them). Solved, not measured directly: ``watch_key`` (a
+watch on four keys minus one on one key, over three), and ``expiry`` and ``timer_pass`` from two
+runs: one pass per expiry (each operation on a tick of its own) and one pass for thousands; a
+spaced pass wakes an idle loop, so the CPU of an idle wake-up (callbacks a tick apart) is taken
+out of it and that of a due callback put in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final
+
+from .. import DelayedOperation, DelayedOperationPurgatory
+from ._load import CostProfile
+
+__all__ = ("LOOPS", "calibrate")
+
+#: The loops a profile can be measured on.
+LOOPS: Final = ("asyncio", "uvloop")
+
+
+class _Op(DelayedOperation[None]):
+    """An operation whose condition the benchmark sets (the replay's own kind of operation)."""
+
+    __slots__ = ("ready",)
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(timeout)
+        self.ready = False
+
+    def try_complete(self) -> bool:
+        if self.ready:
+            return self.force_complete()
+        return False
+
+    def on_complete(self) -> None:
+        pass
+
+    def on_expiration(self) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Sizes:
+    """How much work each micro-benchmark does, and how many times it is repeated."""
+
+    repeats: int
+    callbacks: int
+    watches: int
+    attempts_per_key: int
+    checks: int
+    spaced_expiries: int
+    bulk_expiries: int
+
+
+_FULL: Final = _Sizes(5, 20_000, 5_000, 1_000, 5_000, 1_000, 4_000)
+_QUICK: Final = _Sizes(2, 2_000, 500, 200, 500, 60, 500)
+_KEYS: Final = 100
+
+
+def _new_loop(loop: str) -> asyncio.AbstractEventLoop:
+    if loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            raise ValueError(
+                "--loop uvloop: uvloop is not installed (pip install uvloop)"
+            ) from None
+        new_loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        return new_loop
+    if loop == "asyncio":
+        return asyncio.new_event_loop()
+    raise ValueError(f"loop must be one of {', '.join(LOOPS)}, got {loop!r}")
+
+
+def _run(loop_kind: str, scenario: Callable[[], Awaitable[float]]) -> float:
+    """Run `scenario` on a fresh loop of `loop_kind`; it returns the CPU seconds it measured."""
+    loop = _new_loop(loop_kind)
+    try:
+        return loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+
+async def _dispatch(n: int) -> float:
+    """`n` timer callbacks all due, run by a busy loop: CPU seconds per callback.
+
+    A loaded loop runs many due callbacks per iteration, without waiting in the selector in
+    between: this is what a callback costs when the core is the bottleneck.
+    """
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    left = n
+
+    def step() -> None:
+        nonlocal left
+        left -= 1
+        if not left:
+            done.set_result(None)
+
+    when = loop.time()
+    for i in range(n):
+        loop.call_at(when + i * 1e-9, step)
+    start = time.thread_time()
+    await done
+    return (time.thread_time() - start) / n
+
+
+async def _idle_wakes(n: int) -> float:
+    """`n` timer callbacks a tick apart, each waking an idle loop: CPU seconds per wake-up."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    left = n
+
+    def step() -> None:
+        nonlocal left
+        left -= 1
+        if not left:
+            done.set_result(None)
+
+    when = loop.time()
+    for i in range(n):
+        loop.call_at(when + (i + 2) * 0.001, step)
+    start = time.thread_time()
+    await done
+    return (time.thread_time() - start) / n
+
+
+async def _watches(n: int, keys_per_op: int) -> float:
+    """A chain of `n` callbacks, each watching a new operation that waits: seconds per callback."""
+    loop = asyncio.get_running_loop()
+    purgatory: DelayedOperationPurgatory[_Op] = DelayedOperationPurgatory("calibrate")
+    purgatory.try_complete_else_watch(_Op(60.0), ("k0",))  # the reaper started, not measured
+    done = loop.create_future()
+    keys = [tuple(f"k{(i + j * 7) % _KEYS}" for j in range(keys_per_op)) for i in range(_KEYS)]
+    left = n
+
+    def step() -> None:
+        nonlocal left
+        left -= 1
+        purgatory.try_complete_else_watch(_Op(60.0), keys[left % _KEYS])
+        if not left:
+            done.set_result(None)
+
+    when = loop.time()
+    for i in range(n):
+        loop.call_at(when + i * 1e-9, step)
+    start = time.thread_time()
+    await done
+    spent = time.thread_time() - start
+    await purgatory.shutdown()
+    return spent / n
+
+
+async def _attempts(per_key: int, checks: int) -> float:
+    """``check_and_complete`` on a key whose operations all stay unmet: seconds per try."""
+    purgatory: DelayedOperationPurgatory[_Op] = DelayedOperationPurgatory("calibrate")
+    for _ in range(per_key):
+        purgatory.try_complete_else_watch(_Op(60.0), ("k",))
+    start = time.thread_time()
+    for _ in range(checks):
+        purgatory.check_and_complete("k")
+    spent = time.thread_time() - start
+    await purgatory.shutdown()
+    return spent / (per_key * checks)
+
+
+async def _completions(n: int) -> float:
+    """``check_and_complete`` that completes the one operation of its key: seconds per call."""
+    purgatory: DelayedOperationPurgatory[_Op] = DelayedOperationPurgatory("calibrate")
+    ops = [_Op(60.0) for _ in range(n)]
+    for i, op in enumerate(ops):
+        purgatory.try_complete_else_watch(op, (f"k{i}",))
+    start = time.thread_time()
+    for i, op in enumerate(ops):
+        op.ready = True
+        purgatory.check_and_complete(f"k{i}")
+    spent = time.thread_time() - start
+    await purgatory.shutdown()
+    return spent / n
+
+
+async def _expiries(n: int, spaced: bool) -> float:
+    """`n` operations expired by the reaper, one per tick or all in one pass: CPU seconds."""
+    loop = asyncio.get_running_loop()
+    tick = 0.001
+    purgatory: DelayedOperationPurgatory[_Op] = DelayedOperationPurgatory("calibrate", tick=tick)
+    done = loop.create_future()
+    ops = [_Op((i + 2) * tick if spaced else 2 * tick) for i in range(n)]
+    for i, op in enumerate(ops):
+        purgatory.try_complete_else_watch(op, (f"k{i % _KEYS}",))
+    start = time.thread_time()
+
+    def check() -> None:  # not a timer pass of its own: it rides on the loop's idle wake-ups
+        if purgatory.statistics().expired >= n:
+            done.set_result(None)
+        else:
+            loop.call_at(loop.time() + n * tick, check)
+
+    loop.call_at(loop.time() + (n + 2) * tick if spaced else loop.time() + 2 * tick, check)
+    await done
+    spent = time.thread_time() - start
+    await purgatory.shutdown()
+    return spent
+
+
+async def _purges(n: int) -> float:
+    """`purge` of the entries of `n` completed operations on three keys: seconds per entry."""
+    purgatory: DelayedOperationPurgatory[_Op] = DelayedOperationPurgatory(
+        "calibrate", purge_interval=10 * n
+    )
+    ops = [_Op(60.0) for _ in range(n)]
+    for i, op in enumerate(ops):
+        purgatory.try_complete_else_watch(op, tuple(f"k{(i + j) % _KEYS}" for j in range(3)))
+    for op in ops:
+        op.force_complete()
+    start = time.thread_time()
+    removed = purgatory.purge()
+    spent = time.thread_time() - start
+    await purgatory.shutdown()
+    return spent / max(1, removed)
+
+
+def _machine() -> str:
+    """The CPU model (Linux), else the architecture; and the operating system."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as file:
+            for line in file:
+                if line.startswith("model name"):
+                    model = line.partition(":")[2].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}, {platform.system()}"
+
+
+def _median(repeats: int, loop: str, scenario: Callable[[], Awaitable[float]]) -> float:
+    return statistics.median(_run(loop, scenario) for _ in range(repeats))
+
+
+def calibrate(
+    loop: str = "asyncio",
+    *,
+    quick: bool = False,
+    application: float = 0.0,
+    progress: Callable[[str], None] | None = None,
+) -> CostProfile:
+    """Measure every cost of a profile on a loop of kind `loop` (``asyncio`` or ``uvloop``).
+
+    Args:
+        quick: Smaller and fewer runs (about two seconds instead of about half a minute): a
+            rough profile.
+        application: The application's own CPU seconds per operation, put in as given.
+        progress: Told the name of each measurement as it starts.
+
+    Raises:
+        ValueError: An unknown loop, or uvloop asked for and not installed.
+        RuntimeError: A solved cost came out negative (the machine too noisy to measure).
+    """
+    _new_loop(loop).close()  # an unknown or missing loop fails before any measurement
+    sizes = _QUICK if quick else _FULL
+    say = progress or (lambda _: None)
+    r = sizes.repeats
+    say("dispatch")
+    dispatch = _median(r, loop, lambda: _dispatch(sizes.callbacks))
+    say("watch")
+    watch1 = _median(r, loop, lambda: _watches(sizes.watches, 1))
+    watch4 = _median(r, loop, lambda: _watches(sizes.watches, 4))
+    say("attempt")
+    attempt = _median(r, loop, lambda: _attempts(sizes.attempts_per_key, 20))
+    say("completion")
+    completion = _median(r, loop, lambda: _completions(sizes.checks))
+    say("expiry")
+    spaced = _median(r, loop, lambda: _expiries(sizes.spaced_expiries, True))
+    bulk = _median(r, loop, lambda: _expiries(sizes.bulk_expiries, False))
+    idle = _median(r, loop, lambda: _idle_wakes(sizes.spaced_expiries))
+    say("purge")
+    purged_entry = _median(r, loop, lambda: _purges(sizes.checks))
+    # spaced = n_s * (pass + expiry); bulk = pass + n_b * expiry. Each spaced pass wakes an
+    # idle loop; a loaded loop runs it as one more due callback: idle wake-up out, dispatch in.
+    n_s, n_b = sizes.spaced_expiries, sizes.bulk_expiries
+    expiry = (bulk - spaced / n_s) / (n_b - 1)
+    timer_pass = spaced / n_s - expiry - idle + dispatch
+    solved = {
+        "watch": watch1 - dispatch,
+        "watch_key": (watch4 - watch1) / 3,
+        "expiry": expiry,
+        "timer_pass": timer_pass,
+    }
+    for kind, value in solved.items():
+        if value < 0:
+            raise RuntimeError(
+                f"calibrate: the {kind} cost came out negative ({value * 1e6:.3f} us): the "
+                "machine is too busy to measure; run it again on a quieter machine"
+            )
+    return CostProfile(
+        dispatch=dispatch,
+        watch=solved["watch"],
+        watch_key=solved["watch_key"],
+        attempt=attempt,
+        completion=completion,
+        expiry=expiry,
+        timer_pass=timer_pass,
+        purged_entry=purged_entry,
+        application=application,
+        loop=loop,
+        python=f"{platform.python_implementation()} {platform.python_version()}",
+        machine=_machine(),
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover - a manual check
+    print(calibrate(sys.argv[1] if len(sys.argv) > 1 else "asyncio", quick=True))

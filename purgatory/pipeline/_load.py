@@ -1,0 +1,196 @@
+"""The load model's inputs: a cost profile (CPU seconds per event kind) and the clock it drives.
+
+Without a profile the replay runs in virtual time where the purgatory's own work costs nothing,
+so an arrival rate changes nothing. With one, each (purgatory, configuration) group is served
+as one event loop on one core serves it: every event (an arrival's watch, a condition that
+fires, a timer pass) starts at ``max(its time, busy_until)`` and keeps the core busy for what
+its work costs by the profile. Work queues behind work, timer passes run late, and operations
+wait longer and expire more once the offered work exceeds the core.
+
+A profile is measured by ``python -m purgatory.pipeline calibrate`` (in `._calibrate`) on the
+machine and loop that matter, and stored as a small versioned JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+from .._clock import Expirable
+
+__all__ = ("COST_KINDS", "PROFILE_VERSION", "CostProfile", "LoadClock", "load_profile")
+
+#: The version of the profile file's layout; a file of another version is refused.
+PROFILE_VERSION: Final = 1
+
+#: What each cost of a profile is charged for, in seconds of one core.
+COST_KINDS: Final = {
+    "dispatch": "the loop running one callback: an arrival, a condition firing",
+    "watch": "try_complete_else_watch of an operation that waits, on one key (its two tries)",
+    "watch_key": "each key of a watch after the first",
+    "attempt": "one try_complete that finds its condition unmet",
+    "completion": "one try_complete that completes: force_complete and on_complete",
+    "expiry": "one operation expired by a timer pass",
+    "timer_pass": "one wake-up of the reaper: the timer handle, the task step, the wheel",
+    "purged_entry": "one watcher-list entry removed by a purge",
+    "application": "the application's own work per operation (0 unless given)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CostProfile:
+    """CPU seconds per event kind (see `COST_KINDS`), and where they were measured."""
+
+    dispatch: float
+    watch: float
+    watch_key: float
+    attempt: float
+    completion: float
+    expiry: float
+    timer_pass: float
+    purged_entry: float
+    application: float = 0.0
+    loop: str = "asyncio"
+    python: str = ""
+    machine: str = ""
+
+    def __post_init__(self) -> None:
+        for kind in COST_KINDS:
+            value = getattr(self, kind)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"cost {kind!r} must be a number of seconds, got {value!r}")
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"cost {kind!r} must be a finite number >= 0, got {value!r}")
+
+    @property
+    def zero(self) -> bool:
+        """Whether every event costs nothing (the replay is then exactly the plain one)."""
+        return all(getattr(self, kind) == 0 for kind in COST_KINDS)
+
+    def to_json(self) -> dict[str, Any]:
+        """The file's content: version, where it was measured, the costs in seconds."""
+        data = asdict(self)
+        return {
+            "version": PROFILE_VERSION,
+            "loop": data.pop("loop"),
+            "python": data.pop("python"),
+            "machine": data.pop("machine"),
+            "costs": data,
+        }
+
+    def describe(self) -> str:
+        """One line for a summary: the loop, and the costs in microseconds."""
+        costs = ", ".join(f"{kind} {getattr(self, kind) * 1e6:.2f}" for kind in COST_KINDS)
+        return f"{self.loop} loop, {self.machine or 'unknown machine'}; costs (us): {costs}"
+
+
+def profile_from_json(data: Any, where: str) -> CostProfile:
+    """Check a decoded profile file whole; `where` names it in the one-line errors."""
+    if not isinstance(data, dict):
+        raise ValueError(f"cost profile {where}: expected a JSON object, got {data!r:.60}")
+    version = data.get("version")
+    if version != PROFILE_VERSION:
+        raise ValueError(
+            f"cost profile {where}: version {version!r}, expected {PROFILE_VERSION} "
+            "(make a new one with: python -m purgatory.pipeline calibrate --out FILE)"
+        )
+    costs = data.get("costs")
+    if not isinstance(costs, dict):
+        raise ValueError(f"cost profile {where}: 'costs' must be an object, got {costs!r:.60}")
+    unknown = sorted(set(costs) - set(COST_KINDS))
+    if unknown:
+        raise ValueError(
+            f"cost profile {where}: unknown cost {unknown[0]!r} (known: {', '.join(COST_KINDS)})"
+        )
+    missing = [kind for kind in COST_KINDS if kind not in costs and kind != "application"]
+    if missing:
+        raise ValueError(f"cost profile {where}: missing cost {missing[0]!r}")
+    meta: dict[str, Any] = {}
+    for name in ("loop", "python", "machine"):
+        value = data.get(name, "")
+        if not isinstance(value, str):
+            raise ValueError(f"cost profile {where}: {name!r} must be a string, got {value!r}")
+        meta[name] = value
+    try:
+        return CostProfile(**{**costs, **meta})
+    except ValueError as exc:
+        raise ValueError(f"cost profile {where}: {exc}") from None
+
+
+def load_profile(path: str) -> CostProfile:
+    """Read and check a profile file.
+
+    Raises:
+        ValueError: One line naming the file: unreadable, not JSON, another version, a cost
+            missing, unknown, negative or not a number.
+    """
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except OSError as exc:
+        raise ValueError(f"cost profile {path}: cannot read it: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"cost profile {path}: not JSON: {exc}") from None
+    return profile_from_json(data, path)
+
+
+def save_profile(profile: CostProfile, path: str) -> None:
+    """Write `profile` as JSON (whole: written beside, then renamed over `path`)."""
+    staging = f"{path}.part"
+    with open(staging, "w", encoding="utf-8") as file:
+        json.dump(profile.to_json(), file, indent=2)
+        file.write("\n")
+    os.replace(staging, path)
+
+
+class LoadClock:
+    """The driven clock of a loaded replay: it moves to each event's service time, and runs a
+    timer pass only when the engine serves one.
+
+    `purgatory.testing.ManualClock.advance_to` runs every pass due on the way, on time; a loaded
+    core runs a pass late, when it gets to it, and meanwhile serves arrivals with the clock
+    already past the pass's tick. So this clock moves without running anything (`set`), and
+    runs one pass at the current time (`run_pass`). It serves one purgatory, through the
+    `purgatory.DrivenClock` protocol every driven clock uses.
+    """
+
+    __slots__ = ("_now", "_purgatory")
+
+    def __init__(self) -> None:
+        self._now = 0.0
+        self._purgatory: Expirable | None = None
+
+    def now(self) -> float:
+        """The current time in seconds."""
+        return self._now
+
+    def current_time(self) -> float:
+        """The current time in seconds (the `Clock` protocol)."""
+        return self._now
+
+    def attach(self, purgatory: Expirable) -> None:
+        """Serve `purgatory` (one only)."""
+        if self._purgatory is not None:
+            raise ValueError("a LoadClock serves one purgatory")
+        self._purgatory = purgatory
+
+    def set(self, when: float) -> None:
+        """Move to `when` (never backwards) without running a timer pass."""
+        if when < self._now:
+            raise ValueError(f"time never goes backwards: {when!r} < now {self._now!r}")
+        self._now = when
+
+    def next_pass_at(self) -> float:
+        """When the purgatory's timer next has work, in seconds; ``math.inf`` if never."""
+        assert self._purgatory is not None
+        return self._purgatory._next_timer_pass_at()
+
+    def run_pass(self) -> int:
+        """Run the purgatory's timer pass at the current time; return how many expired."""
+        assert self._purgatory is not None
+        return self._purgatory._run_timer_pass(self._now)

@@ -1,0 +1,362 @@
+"""The replay's load model: each group served as one core serves an event loop.
+
+Covered: a hand-made trace and profile whose queueing, late timer pass, utilisation and
+lateness are worked out by hand below; a profile of zero costs replays exactly as no profile
+(every operation, every gauge); no profile reports zero costs; bad profile files are refused in
+one line (and by the command line with exit 2, before any Spark session); ``calibrate --quick``
+writes a profile that loads; the Spark job with a profile equals the in-process replay.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+
+from purgatory.pipeline import W1, ReplayConfig, replay, replay_table
+from purgatory.pipeline._chart import saturation_rate
+from purgatory.pipeline._cli import main
+from purgatory.pipeline._generate import chunk_plan, generate_chunk
+from purgatory.pipeline._load import COST_KINDS, CostProfile, load_profile, profile_from_json
+
+MS = 0.001
+
+
+def costs(every: float = 0.0, **changes: float) -> CostProfile:
+    """A profile charging `every` seconds for each kind, but for `changes`."""
+    return profile_from_json(
+        {"version": 1, "costs": {**dict.fromkeys(COST_KINDS, every), **changes}}, "test"
+    )
+
+
+#: Round numbers, so that the schedule can be worked out by hand.
+PROFILE = CostProfile(
+    dispatch=0.0,
+    watch=2 * MS,
+    watch_key=0.0,
+    attempt=0.0,
+    completion=1 * MS,
+    expiry=0.5 * MS,
+    timer_pass=1 * MS,
+    purged_entry=0.0,
+)
+ZERO = costs()
+
+
+def trace_table(rows: list[tuple[str, int, float, float, float | None]]) -> pa.Table:
+    """A trace of (purgatory, op_id, arrival, timeout, condition_at) rows, all on key "a"."""
+    return pa.table(
+        {
+            "purgatory": pa.array([r[0] for r in rows]),
+            "op_id": pa.array([r[1] for r in rows], pa.int64()),
+            "arrival": pa.array([r[2] for r in rows], pa.float64()),
+            "keys": pa.array([["a"] for _ in rows], pa.list_(pa.string())),
+            "timeout": pa.array([r[3] for r in rows], pa.float64()),
+            "condition_at": pa.array([r[4] for r in rows], pa.float64()),
+        }
+    )
+
+
+def split(table: pa.Table) -> tuple[dict[tuple[str, int], dict[str, Any]], dict[str, Any]]:
+    """Operation rows by (purgatory, op_id), and the gauges rows by purgatory."""
+    ops = table.filter(pc.is_valid(table["op_id"])).to_pylist()
+    stats = table.filter(pc.is_null(table["op_id"])).to_pylist()
+    return {(r["purgatory"], r["op_id"]): r for r in ops}, {r["purgatory"]: r for r in stats}
+
+
+def test_queueing_and_a_late_timer_pass_worked_out_by_hand() -> None:
+    trace = trace_table(
+        [
+            ("p", 0, 0.0, 10 * MS, None),
+            ("p", 1, 0.5 * MS, 100 * MS, 3 * MS),
+            ("p", 2, 1 * MS, 100 * MS, None),
+            ("p", 3, 9.9 * MS, 100 * MS, None),
+            ("q", 0, 0.0, 1.0, None),
+            ("q", 1, 0.5 * MS, 1.0, 1 * MS),
+        ]
+    )
+    ops, stats = split(replay_table(trace, {0: ReplayConfig(tick=MS)}, costs=PROFILE, check=True))
+    # p, on one core. 0.0: op 0 watched (2 ms, busy to 2). Op 1 arrives at 0.5, waits for the
+    # core, watched at 2 (busy to 4); op 2 arrives at 1, watched at 4 (busy to 6). Op 1's
+    # condition (3) is served at 6: check_and_complete("a") completes it (1 ms, busy to 7).
+    # Op 3 arrives at 9.9 to a free core (busy to 11.9). Op 0's deadline tick, 10, is served at
+    # 11.9: a pass 1.9 ms late, expiring op 0 there (1 + 0.5 ms, busy to 13.4). Ops 2 and 3
+    # expire on time at ticks 104 and 110 (deadline 109.9 rounded up), busy to 111.5.
+    expected = {
+        0: ("expired", 0.0, 10 * MS, 11.9 * MS),
+        1: ("completed", 2 * MS, 102 * MS, 6 * MS),
+        2: ("expired", 4 * MS, 104 * MS, 104 * MS),
+        3: ("expired", 9.9 * MS, 109.9 * MS, 110 * MS),
+    }
+    for op_id, (outcome, watched, deadline, ended) in expected.items():
+        row = ops["p", op_id]
+        assert row["outcome"] == outcome, row
+        assert row["watched_at"] == pytest.approx(watched, abs=1e-12)
+        assert row["deadline"] == pytest.approx(deadline, abs=1e-12)
+        assert row["ended_at"] == pytest.approx(ended, abs=1e-12)
+    p = stats["p"]
+    assert p["timer_passes"] == 3
+    # 4 watches (8 ms), 1 completion (1 ms), 3 passes of one expiry each (4.5 ms).
+    assert p["busy"] == pytest.approx(13.5 * MS)
+    assert p["span"] == pytest.approx(111.5 * MS)
+    # Passes 1.9, 0, 0 ms late: nearest rank p50 is 0, p99 and max 1.9 ms.
+    assert p["pass_late_p50"] == 0.0
+    assert p["pass_late_p99"] == pytest.approx(1.9 * MS, abs=1e-9)
+    assert p["pass_late_max"] == pytest.approx(1.9 * MS, abs=1e-9)
+    # Two tries per watch that waits, three on the key when op 1's condition fires.
+    assert p["attempts"] == 4 * 2 + 3
+
+    # q, on a core of its own: op 1's condition (1 ms) comes while it waits for the core (busy
+    # with op 0 until 2): watched at 2 with its condition met, it completes inside the watch.
+    assert ops["q", 1]["outcome"] == "completed"
+    assert ops["q", 1]["watched_at"] == ops["q", 1]["ended_at"] == pytest.approx(2 * MS)
+    assert stats["q"]["busy"] == pytest.approx(2 * MS + 1 * MS + 1.5 * MS)
+
+
+def test_a_late_pass_is_late_from_its_deadline_even_when_its_first_bucket_empties() -> None:
+    slow = costs(completion=5 * MS)
+    trace = trace_table(
+        [
+            ("p", 0, 0.0, 100.0, 0.5 * MS),
+            ("p", 1, 0.1 * MS, 2 * MS, 2.9 * MS),
+            ("p", 2, 0.2 * MS, 3 * MS, None),
+        ]
+    )
+    ops, stats = split(replay_table(trace, {0: ReplayConfig(tick=MS)}, costs=slow))
+    # Op 0's condition (0.5 ms) holds the core until 5.5 ms. Op 1's condition (2.9 ms) comes
+    # before its deadline tick (3 ms), so it is served first, at 5.5 ms: op 1 completes, its
+    # bucket empties, and the next pass has op 2's tick, 4 ms, already past. That pass runs at
+    # 10.5 ms, when the core is free: 6.5 ms late, from op 2's tick.
+    assert ops["p", 1]["outcome"] == "completed"
+    assert ops["p", 1]["ended_at"] == pytest.approx(5.5 * MS)
+    assert ops["p", 2]["outcome"] == "expired"
+    assert ops["p", 2]["ended_at"] == pytest.approx(10.5 * MS)
+    assert stats["p"]["timer_passes"] == 1
+    assert stats["p"]["pass_late_max"] == pytest.approx(6.5 * MS, abs=1e-9)
+
+
+def w1_trace(operations: int = 1500) -> pa.Table:
+    w1 = W1(
+        purgatories=2,
+        operations=operations,
+        rate=2000.0,
+        timeout=0.1,
+        p50=0.04,
+        p75=0.1,
+        keys=20,
+        never=0.05,
+        seed=3,
+    )
+    return pa.Table.from_batches([generate_chunk(w1, chunk) for chunk in chunk_plan(w1)])
+
+
+CONFIGS = {
+    0: ReplayConfig(tick=MS),
+    1: ReplayConfig(
+        tick=0.05,
+        wheel_size=4,
+        purge_interval=10,
+        timeout_scale=0.5,
+        rate_scale=2.0,
+        trigger="force",
+    ),
+}
+
+
+def test_zero_costs_replay_exactly_as_no_profile() -> None:
+    trace = w1_trace()
+    plain = replay_table(trace, CONFIGS)
+    zero = replay_table(trace, CONFIGS, costs=ZERO, check=True)
+
+    def ops(table: pa.Table) -> list[dict[str, Any]]:
+        return sorted(table.filter(pc.is_valid(table["op_id"])).to_pylist(), key=str)
+
+    def gauges(table: pa.Table) -> dict[tuple[str, int], dict[str, Any]]:
+        rows = table.filter(pc.is_null(table["op_id"])).to_pylist()
+        return {(r["purgatory"], r["config_id"]): r for r in rows}
+
+    assert len(ops(plain)) == 2 * 2 * 1500
+    assert ops(zero) == ops(plain)
+    zero_gauges = gauges(zero)
+    for group, row in gauges(plain).items():
+        other = zero_gauges[group]
+        # (`purges` counts passes that purged under the load model, clock moves without it.)
+        for column in (
+            "peak_watched",
+            "peak_delayed",
+            "timer_passes",
+            "purged_entries",
+            "attempts",
+        ):
+            assert other[column] == row[column], (group, column)
+        assert other["busy"] == row["busy"] == 0.0
+        assert other["pass_late_max"] == row["pass_late_max"] == 0.0
+
+
+def test_no_profile_says_costs_are_zero() -> None:
+    table = replay_table(w1_trace(), CONFIGS)
+    _, stats = split(table)
+    for row in stats.values():
+        assert (row["busy"], row["span"]) == (0.0, 0.0)
+        assert row["pass_late_p50"] == row["pass_late_p99"] == row["pass_late_max"] == 0.0
+
+
+def test_more_traffic_than_the_core_makes_passes_late_and_waits_grow() -> None:
+    # A costly application (2 ms per arrival) at 1000 arrivals/s: the core is 2x overloaded.
+    costly = costs(application=2 * MS)
+    trace = trace_table([("p", i, i * MS, 50 * MS, None) for i in range(200)])
+    _, light = split(replay_table(trace, {0: ReplayConfig(tick=MS, rate_scale=0.25)}, costs=costly))
+    ops, heavy = split(replay_table(trace, {0: ReplayConfig(tick=MS)}, costs=costly))
+    assert light["p"]["pass_late_max"] == 0.0
+    assert light["p"]["busy"] / light["p"]["span"] < 0.6
+    # The last arrival (199 ms) is watched when 199 earlier ones have had their 2 ms, at 398;
+    # the core is busy 400 ms out of 448 (its expiry, 50 ms later, costs nothing here).
+    assert ops["p", 199]["watched_at"] == pytest.approx(398 * MS)
+    assert heavy["p"]["busy"] == pytest.approx(400 * MS)
+    assert heavy["p"]["span"] == pytest.approx(448 * MS)
+    assert heavy["p"]["pass_late_max"] > 0.1
+
+
+def test_saturation_rate_from_utilisation() -> None:
+    assert saturation_rate([(100.0, 0.1), (200.0, 0.2), (400.0, 0.5)]) == pytest.approx(1000.0)
+    assert saturation_rate([(100.0, 0.95), (50.0, 0.99)]) == 50.0
+    assert saturation_rate([(100.0, 0.0)]) is None
+
+
+def write(tmp_path: Path, content: Any) -> str:
+    path = tmp_path / "profile.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return str(path)
+
+
+GOOD_COSTS = {kind: 1e-6 for kind in COST_KINDS if kind != "application"}
+GOOD: dict[str, Any] = {"version": 1, "loop": "asyncio", "costs": GOOD_COSTS}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not JSON"),
+        ([1, 2], "expected a JSON object"),
+        ({**GOOD, "version": 2}, "version 2, expected 1"),
+        (
+            {**GOOD, "costs": {**GOOD_COSTS, "expiry": -1e-6}},
+            "'expiry' must be a finite number >= 0, got -1e-06",
+        ),
+        ({**GOOD, "costs": {**GOOD_COSTS, "watch": "1us"}}, "'watch' must be a number"),
+        ({**GOOD, "costs": {**GOOD_COSTS, "wach": 1e-6}}, "unknown cost 'wach'"),
+        (
+            {**GOOD, "costs": {k: v for k, v in GOOD_COSTS.items() if k != "attempt"}},
+            "missing cost 'attempt'",
+        ),
+    ],
+)
+def test_bad_profiles_are_refused_in_one_line(tmp_path: Path, content: Any, message: str) -> None:
+    path = write(tmp_path, content)
+    with pytest.raises(ValueError, match=r"^cost profile ") as info:
+        load_profile(path)
+    assert message in str(info.value)
+    assert path in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_bad_profile_ends_the_command_before_spark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "nope.json")
+    code = main(
+        [
+            "replay",
+            "--trace",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "o"),
+            "--cost-profile",
+            missing,
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1
+    assert f"cost profile {missing}: cannot read it" in err
+
+
+def test_calibrate_quick_writes_a_profile_that_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "profile.json"
+    assert main(["calibrate", "--out", str(out), "--quick", "--application-cost", "0.00002"]) == 0
+    profile = load_profile(str(out))
+    data = json.loads(out.read_text())
+    assert data["version"] == 1
+    assert data["loop"] == "asyncio"
+    assert data["python"].startswith("CPython") or data["python"]
+    assert profile.application == 0.00002
+    # Every measured cost is a real, positive CPU time.
+    for kind in ("dispatch", "watch", "attempt", "completion", "expiry", "timer_pass"):
+        assert 0 < getattr(profile, kind) < 0.01, kind
+    assert not any(p.name.endswith(".part") for p in tmp_path.iterdir())
+    assert "written to" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def spark() -> SparkSession:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("purgatory-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def test_the_spark_job_with_a_profile_equals_the_replay(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    trace = w1_trace(300)
+    path = tmp_path / "trace"
+    path.mkdir()
+    pq.write_table(trace, path / "part-0.parquet")
+    profile = costs(2e-4, application=0.0)
+    configs = [CONFIGS[0], CONFIGS[1]]
+    summary = replay(spark, str(path), str(tmp_path / "out"), configs, costs=profile)
+    rows = {(r["purgatory"], r["config_id"]): r.asDict() for r in summary.collect()}
+    spark_ops = pq.read_table(tmp_path / "out" / "operations")
+    plain = replay_table(trace, dict(enumerate(configs)), costs=profile)
+    mine = (
+        plain.filter(pc.is_valid(plain["op_id"]))
+        .select(["purgatory", "config_id", "op_id", "outcome", "watched_at", "ended_at"])
+        .to_pylist()
+    )
+    theirs = spark_ops.select(
+        ["purgatory", "config_id", "op_id", "outcome", "watched_at", "ended_at"]
+    ).to_pylist()
+    assert sorted(theirs, key=str) == sorted(mine, key=str)
+    gauges = plain.filter(pc.is_null(plain["op_id"])).to_pylist()
+    assert len(rows) == len(gauges) == 4
+    for g in gauges:
+        row = rows[g["purgatory"], g["config_id"]]
+        assert row["busy_seconds"] == g["busy"] > 0
+        assert row["utilisation"] == pytest.approx(g["busy"] / g["span"])
+        assert 0 < row["utilisation"] <= 1 + 1e-9  # (busy the whole span: 1, rounded)
+        assert row["pass_lateness_p99"] == g["pass_late_p99"]
+    # At 2000 arrivals/s, 0.8 ms per arrival is more than a core: passes run late.
+    assert max(r["pass_lateness_max"] for r in rows.values()) > 0
+    assert not math.isnan(sum(r["pass_lateness_p50"] for r in rows.values()))
