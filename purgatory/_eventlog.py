@@ -208,7 +208,8 @@ class JsonLinesEventLog(FileRecorder):
         try:
             id_column = pa.array(ids, pa.int64()).cast(string)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            id_column = pa.array([i if type(i) is int else json.dumps(i) for i in ids]).cast(string)
+            # Mixed, or beyond 64 bits: each rendered as the Python renderer does.
+            id_column = pa.array([str(i) if type(i) is int else json.dumps(i) for i in ids], string)
         watched, timeouts, deadlines = times
         joined = pc.binary_join_element_wise(
             '{"v":2,"purgatory":',

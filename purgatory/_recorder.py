@@ -320,7 +320,7 @@ class FileRecorder:
                 self._fd = os.open(self._part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 self._file_bytes = self._file_lines = 0
             _write_all(self._fd, data)
-        except OSError as exc:
+        except Exception as exc:  # a failed write, or a render that raised (a user callback)
             self._lose(len(ended), exc)
             if self._anchor is not None:  # the anchor may have gone with the batch: write again
                 self._anchor = None
@@ -331,11 +331,16 @@ class FileRecorder:
         if self._file_bytes >= self._max_bytes:
             self._publish()
 
-    def _lose(self, lines: int, exc: OSError) -> None:
-        """Count a failed batch; cut the file back to its whole batches, or give it up."""
+    def _lose(self, lines: int, exc: Exception) -> None:
+        """Count a failed batch; cut the file back to its whole batches, or give it up (when it
+        holds none, its start, such as an Arrow stream's schema, may have gone with the batch:
+        the next batch starts a new file)."""
         self.lost_lines += lines
         exc.add_note(f"event log: {lines} records lost ({self.lost_lines} so far)")
         if self._fd < 0:
+            return
+        if not self._file_bytes:
+            self._abandon()
             return
         try:
             os.ftruncate(self._fd, self._file_bytes)

@@ -574,3 +574,49 @@ def test_ids_count_per_purgatory_whatever_the_order(tmp_path: Path) -> None:
         ("r", 0),
         ("p", 3),
     ]
+
+
+def test_an_arrow_file_whose_first_write_failed_starts_again_with_its_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first batch of an Arrow file carries the stream's schema: if its write fails, the next
+    batch must not go on in the same file without one (every published file must read)."""
+    log = ArrowEventLog(tmp_path, buffer_lines=1, op_id=lambda op: op.name)
+    monkeypatch.setattr(os, "write", _FailingWrites(failures=1, partial=10))
+    with pytest.raises(OSError, match="No space left"):
+        ended(log, 1)
+    ended(log, 2, start=1)
+    log.close()
+    assert log.lost_lines == 1
+    assert [row["id"] for row in arrow_rows(tmp_path)] == ["op1", "op2"]
+    assert not list(tmp_path.glob("*.part"))
+
+
+@pytest.mark.parametrize("render", ["auto", "python"])
+def test_ids_of_mixed_types_or_beyond_64_bits_are_written_as_given(
+    tmp_path: Path, render: str
+) -> None:
+    ids = iter([1, "a", 2**70, -3])
+    log = JsonLinesEventLog(tmp_path, buffer_lines=4, op_id=lambda op: next(ids), render=render)
+    ended(log, 4)
+    log.close()
+    assert [x["id"] for x in strict_lines(tmp_path)] == [1, "a", 2**70, -3]
+    assert log.lost_lines == 0
+
+
+def test_a_batch_whose_rendering_raises_is_counted_lost(tmp_path: Path) -> None:
+    def key(value: Any) -> str:
+        if value == "bad":
+            raise RuntimeError("cannot render this key")
+        return str(value)
+
+    log = JsonLinesEventLog(tmp_path, buffer_lines=1, key=key)
+    ended(log, 1)
+    op = FlagOperation(1.0, "bad key")
+    watch(log, "p", op, ("bad",), 1.0)
+    with pytest.raises(RuntimeError, match="cannot render"):
+        log.record_end("p", op, "completed", 1.5)
+    assert log.lost_lines == 1
+    ended(log, 1, start=2)
+    log.close()
+    assert [x["watched_at"] for x in lines(tmp_path)] == [0.0, 2.0]

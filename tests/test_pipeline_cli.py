@@ -527,3 +527,42 @@ def test_chart_is_written(tmp_path: Path) -> None:
 
 def test_input_error_is_a_value_error() -> None:
     assert issubclass(InputError, ValueError)
+
+
+def test_an_event_log_directory_inside_the_output_or_the_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The output is replaced whole at the end, and a trace directory is read whole: event logs
+    written into either would be destroyed or would spoil the trace."""
+    trace = tmp_path / "trace"
+    write_trace(trace / "part-0.parquet")
+    out = tmp_path / "out"
+    for events, other in ((out / "events", out), (trace, trace), (trace / "events", trace)):
+        line = fails([*replay_args(trace, out), "--event-log", events], capsys, events)
+        assert f"overlaps the {'output' if other == out else 'input'} {other}" in line
+    sweep = ["sweep", "--out", tmp_path / "s", "--event-log", tmp_path / "s" / "replay" / "ev"]
+    line = fails(sweep, capsys, tmp_path / "s" / "replay")
+    assert "overlaps the output" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--application-cost", "nan"], "--application-cost must be a finite number"),
+        (["--application-cost", "-1"], "--application-cost must be a finite number"),
+        (["--out-parent-missing"], "no directory"),
+    ],
+)
+def test_calibrate_refuses_bad_arguments_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], said: str
+) -> None:
+    out = tmp_path / "profile.json"
+    if args == ["--out-parent-missing"]:
+        out, args = tmp_path / "missing" / "profile.json", []
+    assert _cli.main(["calibrate", "--quick", "--out", str(out), *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing measured
+    lines = captured.err.splitlines()
+    assert len(lines) == 1
+    assert said in lines[0]
+    assert not out.exists()

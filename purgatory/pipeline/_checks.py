@@ -33,6 +33,7 @@ __all__ = (
     "HORIZON_TICKS",
     "TRACE_COLUMNS",
     "InputError",
+    "check_apart",
     "check_configs",
     "check_directory",
     "check_event_logs",
@@ -292,6 +293,29 @@ def check_output(
         raise InputError(f"{what} {path}: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"{what} {path}: cannot create it in {parent} (permission denied)")
+
+
+def check_apart(path: str, what: str, others: Sequence[tuple[str, str]]) -> None:
+    """Check that `path` neither is, contains nor lies inside any of `others` (a job's inputs
+    and outputs, as ``(what, path)``): a directory written whole replaces what it holds, and an
+    input directory read whole would read what lands in it.
+
+    Raises:
+        InputError: `path` overlaps one of `others`.
+    """
+    local = local_path(path)
+    if local is None:
+        return
+    target = os.path.realpath(local)
+    for other_what, other in others:
+        other_local = local_path(other)
+        if other_local is None:
+            continue
+        real = os.path.realpath(other_local)
+        if target == real or _inside(target, real) or _inside(real, target):
+            raise InputError(
+                f"{what} {path} overlaps the {other_what} {other}; choose a directory of its own"
+            )
 
 
 def _inside(path: str, directory: str) -> bool:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ._checks import (
     EXTRA_MODULES,
     InputError,
+    check_apart,
     check_configs,
     check_directory,
     check_event_logs,
@@ -325,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the event loop to measure on (default asyncio)",
     )
     cal.add_argument("--quick", action="store_true", help="a rough profile in a few seconds")
+    cal.add_argument("--verbose", action="store_true", help="on an error, show the full trace")
     cal.add_argument(
         "--application-cost",
         type=float,
@@ -418,8 +420,15 @@ def _check(
     check_configs(configs, None if w1 is None else w1.timeout)
     profile = getattr(args, "cost_profile", None)
     costs = load_profile(profile) if profile else None
-    if getattr(args, "event_log", None):
-        check_directory(args.event_log, "event-log directory")
+    event_log = getattr(args, "event_log", None)
+    if event_log:
+        check_directory(event_log, "event-log directory")
+        if command == "replay":
+            others = [("input", args.trace), ("output", args.out)]
+        else:
+            out = args.out.rstrip("/")
+            others = [("output", f"{out}/trace"), ("output", f"{out}/replay")]
+        check_apart(event_log, "event-log directory", others)
     if command == "generate":
         if from_log:
             check_event_logs(from_log)
@@ -446,6 +455,19 @@ def _calibrate(args: argparse.Namespace) -> int:
     from ._calibrate import calibrate
     from ._load import save_profile
 
+    # What can fail after half a minute of measuring is checked before it.
+    if not (args.application_cost >= 0 and math.isfinite(args.application_cost)):
+        raise InputError(
+            f"--application-cost must be a finite number of seconds >= 0, "
+            f"got {args.application_cost!r}"
+        )
+    if args.loop == "uvloop" and missing_extra(("uvloop",)):
+        raise InputError("--loop uvloop needs uvloop: pip install 'asyncio-purgatory[uvloop]'")
+    parent = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(parent):
+        raise InputError(f"--out {args.out}: no directory {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"--out {args.out}: cannot write in {parent} (permission denied)")
     started = time.perf_counter()
     profile = calibrate(
         args.loop,
