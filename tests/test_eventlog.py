@@ -9,8 +9,9 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pytest
@@ -594,9 +595,9 @@ def test_an_arrow_file_whose_first_write_failed_starts_again_with_its_schema(
 
 @pytest.mark.parametrize("render", ["auto", "python"])
 def test_ids_of_mixed_types_or_beyond_64_bits_are_written_as_given(
-    tmp_path: Path, render: str
+    tmp_path: Path, render: Literal["auto", "python"]
 ) -> None:
-    ids = iter([1, "a", 2**70, -3])
+    ids: Iterator[int | str] = iter([1, "a", 2**70, -3])
     log = JsonLinesEventLog(tmp_path, buffer_lines=4, op_id=lambda op: next(ids), render=render)
     ended(log, 4)
     log.close()
