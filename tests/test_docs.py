@@ -51,16 +51,24 @@ def test_code_block_runs(chain: list[Block], tmp_path: Path) -> None:
 
 
 def test_code_blocks_type_check(tmp_path: Path) -> None:
-    """The docs' code is typed as the project's own: mypy --strict, each chain as one module."""
+    """The docs' code is typed as the project's own: mypy --strict, each chain as one module.
+
+    The configuration is the strict flags plus the project's one allowance: pyarrow, which the
+    optional event-log and pipeline modules import, ships no type information.
+    """
+    blocks = tmp_path / "blocks"
+    blocks.mkdir()
     for index, chain in enumerate(CHAINS):
-        module = tmp_path / f"block_{index:02d}.py"
+        module = blocks / f"block_{index:02d}.py"
         module.write_text(
             f"# {chain[0].where}\n" + "".join(block.code for block in chain), encoding="utf-8"
         )
+    config = tmp_path / "mypy.ini"
+    config.write_text("[mypy]\n\n[mypy-pyarrow,pyarrow.*]\nignore_missing_imports = True\n")
     done = subprocess.run(
         [
             *(sys.executable, "-m", "mypy", "--strict", "--python-version", "3.11"),
-            *("--cache-dir", os.devnull, "--config-file", os.devnull, str(tmp_path)),
+            *("--cache-dir", os.devnull, "--config-file", str(config), str(blocks)),
         ],
         cwd=ROOT,  # where `purgatory` is found as source, whatever the install mode
         capture_output=True,
