@@ -69,3 +69,27 @@ class Recorder:
     @property
     def exceptions(self) -> list[BaseException]:
         return [c["exception"] for c in self.contexts if "exception" in c]
+
+
+class Custom(BaseException):
+    """A BaseException of the test's own: neither an Exception nor an interrupt."""
+
+
+class Raises(FlagOperation):
+    """A flag operation whose `on_complete` or `on_expiration` (`where`) raises `error`."""
+
+    def __init__(self, timeout: float, where: str, error: BaseException) -> None:
+        super().__init__(timeout, where)
+        self.where = where
+        self.error = error
+
+    def on_complete(self) -> str:
+        super().on_complete()
+        if self.where == "on_complete":
+            raise self.error
+        return "fine"
+
+    def on_expiration(self) -> None:
+        super().on_expiration()
+        if self.where == "on_expiration":
+            raise self.error

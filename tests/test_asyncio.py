@@ -24,7 +24,7 @@ from unittest import mock
 import anyio
 import pytest
 import uvloop
-from helpers import DelayedFuture, FlagOperation, Recorder
+from helpers import Custom, DelayedFuture, FlagOperation, Raises, Recorder
 
 from purgatory import (
     DelayedOperation,
@@ -1114,28 +1114,6 @@ async def test_a_reaper_cancelled_from_outside_comes_back() -> None:
     assert [c["message"].split(";")[0] for c in recorder.contexts] == [
         "the reaper of purgatory 'cancel-all' ended unexpectedly (CancelledError)"
     ] * 2
-
-
-class Custom(BaseException):
-    pass
-
-
-class Raises(FlagOperation):
-    def __init__(self, timeout: float, where: str, error: BaseException) -> None:
-        super().__init__(timeout, where)
-        self.where = where
-        self.error = error
-
-    def on_complete(self) -> str:
-        super().on_complete()
-        if self.where == "on_complete":
-            raise self.error
-        return "fine"
-
-    def on_expiration(self) -> None:
-        super().on_expiration()
-        if self.where == "on_expiration":
-            raise self.error
 
 
 @pytest.mark.asyncio

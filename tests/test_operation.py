@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 import pytest
-from helpers import FlagOperation, Recorder
+from helpers import Custom, FlagOperation, Raises, Recorder
 
 from purgatory import (
     DelayedOperation,
@@ -51,28 +51,6 @@ def test_force_complete_outside_a_purgatory_runs_on_complete_once() -> None:
 def manual(**kwargs: Any) -> tuple[ManualClock, DelayedOperationPurgatory[Any]]:
     clock = ManualClock()
     return clock, DelayedOperationPurgatory[Any]("test", clock=clock, **kwargs)
-
-
-class Custom(BaseException):
-    pass
-
-
-class Raises(FlagOperation):
-    def __init__(self, timeout: float, where: str, error: BaseException) -> None:
-        super().__init__(timeout, where)
-        self.where = where
-        self.error = error
-
-    def on_complete(self) -> str:
-        super().on_complete()
-        if self.where == "on_complete":
-            raise self.error
-        return "fine"
-
-    def on_expiration(self) -> None:
-        super().on_expiration()
-        if self.where == "on_expiration":
-            raise self.error
 
 
 @pytest.mark.asyncio
