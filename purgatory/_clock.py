@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-__all__ = ("Clock", "DrivenClock", "Expirable")
+__all__ = ("Alarm", "Clock", "DrivenClock", "Expirable")
 
 
 @runtime_checkable
@@ -25,10 +25,41 @@ class Clock(Protocol):
 class Expirable(Protocol):
     """What a driven clock calls back: a purgatory's timer pass, and when it next has work."""
 
+    #: The length of the purgatory's tick in seconds (an `Alarm`'s unit).
+    _tick: float
+
     def _run_timer_pass(self, now: float) -> int: ...
+
+    def _next_timer_pass(self) -> float:
+        """The tick at which a timer pass next has work; ``math.inf`` if none."""
+        ...
 
     def _next_timer_pass_at(self) -> float:
         """Seconds of the clock at which a timer pass next has work; ``math.inf`` if none."""
+        ...
+
+
+class Alarm(Protocol):
+    """Who runs a purgatory's timer passes, told when one falls due earlier than it planned.
+
+    The purgatory calls `wake_by` only when a new deadline or a purge owed comes before
+    `wake_tick`, so the common watch costs one comparison. The reaper is one (it moves its loop
+    timer); a driven clock may give one per purgatory from ``attach`` and then move time at the
+    cost of one comparison while nothing is due, instead of asking every purgatory at every
+    move.
+    """
+
+    #: The tick (in the purgatory's ticks) of the next pass planned; nothing is due before it.
+    wake_tick: float
+
+    @property
+    def alive(self) -> bool:
+        """Whether a pass will run at `wake_tick` (a reaper whose task ended comes back only for
+        an operation falling due, not for a purge)."""
+        ...
+
+    def wake_by(self, tick: float) -> None:
+        """Make sure a timer pass runs at `tick` or earlier."""
         ...
 
 
@@ -40,6 +71,11 @@ class DrivenClock(Clock, Protocol):
     ``advance``, synchronously, which is what makes tests and trace replays deterministic.
     """
 
-    def attach(self, purgatory: Expirable) -> None:
-        """Run ``purgatory._run_timer_pass(now)`` whenever this clock moves (or is told to tick)."""
+    def attach(self, purgatory: Expirable) -> Alarm | None:
+        """Run ``purgatory._run_timer_pass(now)`` whenever this clock moves (or is told to tick).
+
+        Returns:
+            An `Alarm` the purgatory calls when a pass falls due earlier than it last said, or
+            ``None``: the clock asks ``_next_timer_pass`` itself whenever it needs to know.
+        """
         ...

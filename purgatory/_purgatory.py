@@ -45,7 +45,7 @@ from ._asyncio import (
     report_false_claim,
     running_loop,
 )
-from ._clock import Clock, DrivenClock
+from ._clock import Alarm, Clock, DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
 from ._events import EventLog, Outcome
 from ._operation import (
@@ -121,6 +121,9 @@ class PurgatoryStatistics:
     """Watcher-list entries removed by purges."""
     timer_passes: int
     """Timer passes run: reaper wake-ups on the loop, ``advance`` calls of a driven clock."""
+    purges: int
+    """Timer passes that removed entries from the watcher lists (on the loop a purge runs in
+    slices, one per pass; `purge` calls are not counted)."""
     next_deadline_in: float
     """Seconds until the timer next has work (``math.inf`` when nothing is timed)."""
 
@@ -194,6 +197,7 @@ class DelayedOperationPurgatory(Generic[Op]):
 
     __slots__ = (
         "__weakref__",
+        "_alarm",
         "_attempt",
         "_attempts",
         "_cancelled",
@@ -216,6 +220,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_passes",
         "_purge_interval",
         "_purge_queue",
+        "_purges",
         "_purging",
         "_reaper",
         "_sync_types",
@@ -286,6 +291,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._expired = 0
         self._cancelled = 0
         self._passes = 0
+        self._purges = 0
         self._closed = False
         self._checked_types: set[type] = set()
         # The classes met whose try_complete is synchronous: their watch skips `_admit_type`.
@@ -296,6 +302,9 @@ class DelayedOperationPurgatory(Generic[Op]):
         # The thread of the bound loop; None until bound (every call then takes the slow path).
         self._owner_thread: int | None = None
         self._reaper: Reaper | None = None
+        # Who runs the timer passes, told when one falls due earlier: the reaper, or the
+        # driven clock's alarm (``None``: a driven clock that asks at every move).
+        self._alarm: Alarm | None = None
         self._driven = clock is not None
         # A purgatory on the loop's clock until its first use inside a loop binds it.
         self._unbound = clock is None
@@ -307,7 +316,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         start = 0 if clock is None else self._now_tick(clock.current_time())
         self._wheel = TimingWheel(wheel_size, start)
         if clock is not None:
-            clock.attach(self)
+            self._alarm = clock.attach(self)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -324,7 +333,7 @@ class DelayedOperationPurgatory(Generic[Op]):
     # -- the Kafka API ------------------------------------------------------------------------
 
     # One path, its steps inlined: on this path a call costs more than a branch.
-    def try_complete_else_watch(  # noqa: C901, PLR0912
+    def try_complete_else_watch(  # noqa: C901, PLR0912, PLR0915
         self, op: Op, keys: Iterable[Hashable] | Mapping[Hashable, Any]
     ) -> bool:
         """Complete `op` now if it can; otherwise watch it on every key and start its timer.
@@ -419,6 +428,8 @@ class DelayedOperationPurgatory(Generic[Op]):
                 claimed = op.try_complete()
                 if op._state & FINISHED:
                     self._owed += 1  # registered, never timed
+                    if self._owed > self._purge_interval:
+                        self._purge_due()
                     return True
                 if claimed:
                     report_false_claim(op, claimed)
@@ -429,9 +440,9 @@ class DelayedOperationPurgatory(Generic[Op]):
             raise
         due = wheel.add(op, _ceil((self._time() + op._timeout) / self._tick - _TICK_SLACK))
         self._delayed += 1
-        reaper = self._reaper
-        if reaper is not None and due < reaper.wake_tick:
-            reaper.wake_by(due)
+        alarm = self._alarm
+        if alarm is not None and due < alarm.wake_tick:
+            alarm.wake_by(due)
         return False
 
     def _admit_type(self, op: Op) -> int:
@@ -636,6 +647,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             cancelled=self._cancelled,
             purged=lists.purged,
             timer_passes=self._passes,
+            purges=self._purges,
             next_deadline_in=next_in,
         )
 
@@ -707,7 +719,8 @@ class DelayedOperationPurgatory(Generic[Op]):
             if not self._purging:
                 self._purging = True
                 self._reset_estimate()
-            self._lists.purge(PURGE_SLICE if sliced else None)
+            if self._lists.purge(PURGE_SLICE if sliced else None):
+                self._purges += 1
             self._purging = bool(self._purge_queue)
         return expired
 
@@ -785,9 +798,9 @@ class DelayedOperationPurgatory(Generic[Op]):
         A reaper whose task ended is not brought back for a purge alone (it comes back when an
         operation falls due): during a loop's wind-down that would start a task on a closing loop.
         """
-        reaper = self._reaper
-        if reaper is not None and reaper.alive:
-            reaper.wake_by(self._wheel.current_tick)
+        alarm = self._alarm
+        if alarm is not None and alarm.alive:
+            alarm.wake_by(self._wheel.current_tick)
 
     # -- the event log ------------------------------------------------------------------------
 
@@ -830,8 +843,14 @@ class DelayedOperationPurgatory(Generic[Op]):
 
         Checked beside the wheel's and the lists' own invariants: every timed operation is
         pending and ours; every pending operation on a list is ours and timed (or its watch is
-        under way); the operation protocol's fields agree with the state.
+        under way); the operation protocol's fields agree with the state; a driven clock's
+        alarm is not later than the next pass that has work (or that pass would be skipped).
         """
+        alarm = self._alarm
+        if self._driven and alarm is not None:
+            assert alarm.wake_tick <= self._next_timer_pass(), (
+                f"alarm at tick {alarm.wake_tick!r}, work due at {self._next_timer_pass()!r}"
+            )
         self._wheel._check()
         self._lists._check()
         assert self._delayed == len(self._wheel), (
@@ -919,7 +938,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._time = loop_time_function(loop)
         self._clock = FunctionClock(self._time)
         self._wheel.advance(self._now_tick(self._time()))
-        self._reaper = Reaper(self, loop, self._tick, self._time)
+        self._reaper = self._alarm = Reaper(self, loop, self._tick, self._time)
 
     def _refuse(self, op: Op) -> None:
         """`op`'s watch call failed before registration: it was never watched."""

@@ -191,6 +191,51 @@ def test_event_log_analysed_equals_the_replay_summary(
     assert pc.sum(windows["expired"]).as_py() == sum(row["expired"] for row in mine)
 
 
+def test_summary_from_the_tasks_equals_spark_over_the_operations(
+    spark: SparkSession, work: Path, trace: str, replayed: tuple[str, str]
+) -> None:
+    """Each group's summary is computed inside its task; it equals Spark's aggregation of the
+    operations' rows, and a replay without the rows writes the same summary."""
+    from purgatory.pipeline._jobs import outcome_summary
+
+    out, _ = replayed
+    by = ["purgatory", "config_id"]
+    spark_side = outcome_summary(spark.read.parquet(f"{out}/operations"), by).collect()
+    theirs = {(row["purgatory"], row["config_id"]): row.asDict() for row in spark_side}
+    mine = pq.read_table(f"{out}/summary").to_pylist()
+    assert len(mine) == len(theirs) == 4
+    columns = [*SHARED_SUMMARY_COLUMNS[1:-1], "expired_share"]  # (peak_delayed: a gauge)
+    for row in mine:
+        other = theirs[row["purgatory"], row["config_id"]]
+        for column in columns:
+            assert row[column] == other[column], (row["purgatory"], row["config_id"], column)
+    assert {row["expired"] > 0 for row in mine} == {True}
+
+    lean = work / "replay-summary-only"
+    replay(spark, trace, str(lean), CONFIGS, operations=False)
+    assert sorted(p.name for p in lean.iterdir() if not p.name.startswith(".")) == ["summary"]
+    assert pq.read_table(lean / "summary").to_pylist() == mine
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 99, 100, 101, 1000])
+def test_task_percentiles_are_sparks_percentile_disc(spark: SparkSession, n: int) -> None:
+    from array import array
+
+    from pyspark.sql import functions as F
+
+    from purgatory.pipeline._replay import _percentiles
+
+    values = [float((i * 7919) % 97) / 8 for i in range(n)]  # duplicates, out of order
+    frame = spark.createDataFrame([(v,) for v in values], "v double")
+    spark_row = frame.agg(
+        F.expr("percentile_disc(0.5) WITHIN GROUP (ORDER BY v)"),
+        F.expr("percentile_disc(0.99) WITHIN GROUP (ORDER BY v)"),
+        F.max("v"),
+    ).collect()[0]
+    assert _percentiles(array("d", values)) == list(spark_row)
+    assert _percentiles(array("d")) == [None, None, None]
+
+
 def test_event_log_becomes_a_trace_that_replays_the_same(
     spark: SparkSession, work: Path, trace: str, replayed: tuple[str, str]
 ) -> None:

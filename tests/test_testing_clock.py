@@ -142,3 +142,104 @@ def test_advance_to_stops_a_callback_that_keeps_adding_work_due_at_once() -> Non
     p.try_complete_else_watch(Again(clock, 0.0), ["k"])
     with pytest.raises(RuntimeError, match="keeps having work"):
         clock.advance_to(1.0)
+
+
+# -- the alarm: time moves in one comparison while nothing is due ----------------------------------
+
+
+def test_advance_to_meets_a_deadline_earlier_than_what_the_clock_last_learned() -> None:
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[Stamped]("earlier", clock=clock)
+    late = Stamped(clock, 10.0)
+    p.try_complete_else_watch(late, ["a"])
+    clock.advance_to(1.0)  # learns: nothing before 10 s
+    passes = p.statistics().timer_passes
+    clock.advance_to(1.2)  # nothing due: no pass
+    assert p.statistics().timer_passes == passes
+    soon = Stamped(clock, 0.5)  # due at 1.7 s, before what the clock knew
+    p.try_complete_else_watch(soon, ["b"])
+    check_invariants(p)
+    assert clock.advance_to(2.0) == 1
+    assert soon.expired_at == pytest.approx(1.7)
+    assert not late.is_completed
+    check_invariants(p)
+
+
+def test_advance_to_runs_a_purge_owed_by_completions_since_it_last_learned() -> None:
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("owed", clock=clock, purge_interval=2)
+    ops = [FlagOperation(60.0, str(i)) for i in range(4)]
+    for op in ops:
+        p.try_complete_else_watch(op, ["k", op.name])
+    clock.advance_to(1.0)  # learns: nothing before 60 s
+    for op in ops[:3]:
+        op.force_complete()
+    check_invariants(p)
+    clock.advance_to(1.001)
+    assert p.watched() == 2  # the purge ran at once, not at 60 s
+    assert p.statistics().purges == 1
+
+
+def test_a_completion_in_the_second_try_owes_a_purge_too() -> None:
+    """An operation that completes in the watch's second try (after registration) is on the
+    lists: it counts toward the purge rule like any other, and the clock hears of it."""
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[Any]("second-try", clock=clock, purge_interval=0)
+
+    class SecondTry(DelayedOperation[None]):
+        def __init__(self) -> None:
+            super().__init__(60.0)
+            self.tries = 0
+
+        def try_complete(self) -> bool:
+            self.tries += 1
+            return self.tries == 2 and self.force_complete()
+
+        def on_complete(self) -> None:
+            pass
+
+        def on_expiration(self) -> None:
+            pass
+
+    clock.advance_to(1.0)
+    assert p.try_complete_else_watch(SecondTry(), ["k", "l"])
+    assert p.watched() == 2
+    check_invariants(p)
+    clock.advance_to(1.001)
+    assert p.watched() == 0
+
+
+def test_advance_to_after_a_pass_that_raised_asks_again() -> None:
+    """An interrupt from a callback stops the move; the clock does not trust what it knew,
+    so the operation left due expires at the next move, however small."""
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[Any]("raised", clock=clock)
+    Stop = SystemExit
+
+    class Raising(Stamped):
+        def on_expiration(self) -> None:
+            raise Stop
+
+    p.try_complete_else_watch(Raising(clock, 0.1), ["a"])
+    survivor = Stamped(clock, 0.1)
+    p.try_complete_else_watch(survivor, ["b"])
+    with pytest.raises(Stop):
+        clock.advance_to(1.0)
+    now = clock.now()
+    clock.advance_to(now)
+    assert survivor.is_expired
+    check_invariants(p)
+
+
+def test_alarms_of_purgatories_with_different_ticks_share_one_clock() -> None:
+    clock = ManualClock()
+    coarse = DelayedOperationPurgatory[Stamped]("coarse", clock=clock, tick=0.1)
+    fine = DelayedOperationPurgatory[Stamped]("fine", clock=clock, tick=0.001)
+    coarse.try_complete_else_watch(Stamped(clock, 5.0), ["a"])
+    clock.advance_to(0.5)  # learns: nothing before 5 s
+    op = Stamped(clock, 0.0123)
+    fine.try_complete_else_watch(op, ["a"])
+    clock.advance_to(0.6)
+    assert op.expired_at == pytest.approx(0.513)
+    check_invariants(coarse)
+    check_invariants(fine)

@@ -258,8 +258,9 @@ def replay(
     partitions: int | None = None,
     overwrite: bool = False,
     costs: CostProfile | None = None,
+    operations: bool = True,
 ) -> DataFrame:
-    """Replay a trace under every configuration; write ``operations/`` and ``summary/`` to `out`.
+    """Replay a trace under every configuration; write ``summary/`` (and ``operations/``) to `out`.
 
     Each (purgatory, configuration) is one group: the trace is crossed with the configurations,
     hash-partitioned by group and sorted by arrival inside each partition, and `replay_batches`
@@ -271,6 +272,9 @@ def replay(
             each group writes its event log.
         costs: A cost profile (the load model: each group served by one core); ``None``: the
             purgatory's work costs nothing, and ``utilisation`` and the pass lateness are 0.
+        operations: Also write every operation's row (``operations/``); the summary does not
+            need them (each group's is computed inside its task), and the job runs faster
+            without.
 
     Returns:
         The summary, read back from `out`.
@@ -299,56 +303,62 @@ def replay(
     )
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return replay_batches(batches, by_id, event_log_dir=event_log, costs=costs)
-
-    result = work.mapInArrow(run, _spark_schema(OUTPUT_SCHEMA)).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
-    try:
-        ops = result.where(F.col("op_id").isNotNull()).select(
-            "purgatory",
-            "config_id",
-            "op_id",
-            "outcome",
-            "watched_at",
-            "deadline",
-            "ended_at",
-            (F.col("ended_at") - F.col("watched_at")).alias("wait"),
+        return replay_batches(
+            batches, by_id, event_log_dir=event_log, costs=costs, operations=operations
         )
-        gauges = result.where(F.col("op_id").isNull()).select(
-            "purgatory",
-            "config_id",
-            "peak_watched",
-            "timer_passes",
-            "purges",
-            "purged_entries",
-            "attempts",
-            F.col("peak_delayed").alias("_peak_delayed"),
-            F.col("busy").alias("busy_seconds"),
-            F.when(F.col("span") > 0, F.col("busy") / F.col("span"))
-            .otherwise(0.0)
-            .alias("utilisation"),
-            F.col("pass_late_p50").alias("pass_lateness_p50"),
-            F.col("pass_late_p99").alias("pass_lateness_p99"),
-            F.col("pass_late_max").alias("pass_lateness_max"),
+
+    result = work.mapInArrow(run, _spark_schema(OUTPUT_SCHEMA))
+    if operations:  # read twice: the operations, then the summary rows
+        result = result.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        # Each group's summary comes from its own task (the engine's last row for the group).
+        groups = result.where(F.col("op_id").isNull())
+        summary = (
+            groups.select(
+                "purgatory",
+                "config_id",
+                "operations",
+                "completed",
+                "expired",
+                *(F.lit(0).cast("long").alias(name) for name in _COUNTS[3:]),
+                (F.col("expired") / F.greatest(F.col("operations"), F.lit(1))).alias(
+                    "expired_share"
+                ),
+                *_STATS,
+                "peak_delayed",
+                "peak_watched",
+                "timer_passes",
+                "purges",
+                "purged_entries",
+                "attempts",
+                F.col("busy").alias("busy_seconds"),
+                F.when(F.col("span") > 0, F.col("busy") / F.col("span"))
+                .otherwise(0.0)
+                .alias("utilisation"),
+                F.col("pass_late_p50").alias("pass_lateness_p50"),
+                F.col("pass_late_p99").alias("pass_lateness_p99"),
+                F.col("pass_late_max").alias("pass_lateness_max"),
+            )
+            .join(grid, "config_id")
+            .select(*REPLAY_SUMMARY_COLUMNS)
+            .orderBy("purgatory", "config_id")
         )
         with atomic_output(spark, out, overwrite=overwrite) as staging:
-            ops.write.parquet(f"{staging}/operations")
-            summary = (
-                outcome_summary(
-                    spark.read.parquet(f"{staging}/operations"), ["purgatory", "config_id"]
-                )
-                .join(gauges, ["purgatory", "config_id"], "right")
-                .join(grid, "config_id")
-                .withColumn("peak_delayed", F.col("_peak_delayed"))
-                .drop("_peak_delayed")
-                .na.fill(0, [*_COUNTS])
-            )
-            summary.select(*REPLAY_SUMMARY_COLUMNS).orderBy("purgatory", "config_id").coalesce(
-                1
-            ).write.parquet(f"{staging}/summary")
+            if operations:
+                result.where(F.col("op_id").isNotNull()).select(
+                    "purgatory",
+                    "config_id",
+                    "op_id",
+                    "outcome",
+                    "watched_at",
+                    "deadline",
+                    "ended_at",
+                    (F.col("ended_at") - F.col("watched_at")).alias("wait"),
+                ).write.parquet(f"{staging}/operations")
+            summary.coalesce(1).write.parquet(f"{staging}/summary")
     finally:
-        result.unpersist()
+        if operations:
+            result.unpersist()
     return spark.read.parquet(f"{out}/summary").orderBy("purgatory", "config_id")
 
 

@@ -32,16 +32,17 @@ import hashlib
 import math
 import os
 import re
+from array import array
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any, Final, Literal
 
+import numpy as np
 import pyarrow as pa
 
 from .. import DelayedOperation, DelayedOperationPurgatory
 from .._eventlog import JsonLinesEventLog
-from .._events import Outcome
 from ..testing import ManualClock, check_invariants
 from ._load import CostProfile, LoadClock
 
@@ -56,8 +57,8 @@ __all__ = (
 #: Finished rows gathered before a batch is emitted.
 OUTPUT_ROWS: Final = 8192
 
-#: What the replay emits: one row per operation (``op_id`` set), then one row per group
-#: (``op_id`` null) with the group's gauges. The Spark job splits the two.
+#: What the replay emits: one row per operation (``op_id`` set; optional), then one row per
+#: group (``op_id`` null) with the group's summary and gauges. The Spark job splits the two.
 OUTPUT_SCHEMA: Final = pa.schema(
     [
         pa.field("purgatory", pa.string(), nullable=False),
@@ -67,6 +68,15 @@ OUTPUT_SCHEMA: Final = pa.schema(
         pa.field("watched_at", pa.float64()),
         pa.field("deadline", pa.float64()),
         pa.field("ended_at", pa.float64()),
+        pa.field("operations", pa.int64()),
+        pa.field("completed", pa.int64()),
+        pa.field("expired", pa.int64()),
+        pa.field("wait_p50", pa.float64()),
+        pa.field("wait_p99", pa.float64()),
+        pa.field("wait_max", pa.float64()),
+        pa.field("lateness_p50", pa.float64()),
+        pa.field("lateness_p99", pa.float64()),
+        pa.field("lateness_max", pa.float64()),
         pa.field("peak_watched", pa.int64()),
         pa.field("peak_delayed", pa.int64()),
         pa.field("timer_passes", pa.int64()),
@@ -152,7 +162,13 @@ class ReplayOperation(DelayedOperation[None]):
 
 
 class _Group:
-    """The live state of one (purgatory, configuration) replay."""
+    """The live state of one (purgatory, configuration) replay, and its summary as it goes.
+
+    The summary (counts, exact nearest-rank percentiles of the waits and of the expiry
+    lateness, the same as the Spark job's ``percentile_disc`` over the operations' rows) is
+    kept here, in the group's own task, so the job need not shuffle every operation's row to
+    compute it: it costs 8 bytes per ended operation (its wait) and per expiry (its lateness).
+    """
 
     __slots__ = (
         "attempts",
@@ -164,14 +180,16 @@ class _Group:
         "event_log",
         "heap",
         "horizon",
+        "keep",
+        "lateness",
         "name",
         "now",
         "out",
         "peak_delayed",
         "peak_watched",
         "purgatory",
-        "purges",
         "seq",
+        "waits",
     )
 
     def __init__(
@@ -182,10 +200,12 @@ class _Group:
         event_log: JsonLinesEventLog | None,
         check: bool = False,
         *,
+        keep: bool = True,
         clock: LoadClock | None = None,
     ) -> None:
         self.name = name
         self.check = check
+        self.keep = keep
         self.config_id = config_id
         self.config = config
         self.clock = ManualClock()
@@ -203,46 +223,39 @@ class _Group:
         self.heap: list[tuple[float, int, ReplayOperation]] = []
         self.seq = 0
         self.attempts = 0
-        self.purges = 0
         # The latest deadline of any operation watched so far (seconds, before rounding).
         self.horizon = 0.0
         self.peak_watched = 0
         self.peak_delayed = 0
         self.ended = 0
         self.out: list[tuple[int, str, float, float, float]] = []
+        self.waits = array("d")
+        self.lateness = array("d")
 
     def finished(self, op: ReplayOperation) -> None:
         now = self.now()
-        outcome: Outcome = "expired" if op.is_expired else "completed"
         watched_at = op.watched_at
-        self.out.append((op.op_id, outcome, watched_at, watched_at + op.timeout, now))
-
-    def move_to(self, when: float) -> None:
-        """Move the clock to `when` (if later), with a timer pass at each tick that has work.
-
-        ``purges`` counts the moves in which a purge removed entries: those in which
-        ``watched()`` went down, since a timer pass takes entries off the watcher lists only by
-        purging them (O(1), where a `statistics` snapshot per move would cost a third of the
-        replay).
-        """
-        clock = self.clock
-        now = clock.now()
-        purgatory = self.purgatory
-        watched = purgatory.watched()
-        clock.advance_to(when if when > now else now)
-        if purgatory.watched() < watched:
-            self.purges += 1
+        # (The same arithmetic as the job's on the rows: the summaries are equal.)
+        self.waits.append(now - watched_at)
+        if op.is_expired:
+            deadline = watched_at + op.timeout
+            self.lateness.append(now - deadline)
+            if self.keep:
+                self.out.append((op.op_id, "expired", watched_at, deadline, now))
+        elif self.keep:
+            self.out.append((op.op_id, "completed", watched_at, watched_at + op.timeout, now))
 
     def run_until(self, t: float) -> None:
         """Run every timer pass and condition due at or before `t`, in time order."""
         purgatory = self.purgatory
         heap = self.heap
+        advance_to = self.clock.advance_to
         force = self.config.trigger == "force"
         while heap and heap[0][0] <= t:
             trigger_at, _, op = heappop(heap)
             if op.is_completed:
                 continue
-            self.move_to(trigger_at)
+            advance_to(trigger_at)
             if op.is_completed:  # expired in that pass: its deadline tick came first
                 continue
             op.ready = True
@@ -255,24 +268,31 @@ class _Group:
         self, op_id: int, keys: tuple[str, ...], timeout: float, condition: float | None, t: float
     ) -> None:
         """Watch one operation arriving at `t` (scaled), whose condition comes at `condition`."""
-        self.run_until(t)
-        clock = self.clock
-        self.move_to(t)
+        heap = self.heap
+        if heap and heap[0][0] <= t:
+            self.run_until(t)
+        # (Time moves in one comparison while nothing is due: the clock's alarm.)
+        self.clock.advance_to(t)
         ready = condition is not None and condition <= t
         op = ReplayOperation(self, op_id, keys, timeout, ready)
-        now = clock.now()
-        op.watched_at = now
+        op.watched_at = t
         purgatory = self.purgatory
         if not purgatory.try_complete_else_watch(op, keys):
-            self.horizon = max(self.horizon, now + timeout)
-            self.peak_watched = max(self.peak_watched, purgatory.watched())
+            # (Comparisons, not max(): a call costs more, once per operation.)
+            deadline = t + timeout
+            if deadline > self.horizon:  # noqa: PLR1730
+                self.horizon = deadline
+            watched = purgatory.watched()
+            if watched > self.peak_watched:  # noqa: PLR1730
+                self.peak_watched = watched
             delayed = purgatory.num_delayed()
-            self.peak_delayed = max(self.peak_delayed, delayed)
+            if delayed > self.peak_delayed:  # noqa: PLR1730
+                self.peak_delayed = delayed
             # A condition a tick or more past the deadline can only lose to the expiry: not
             # queued (one closer to it is sorted out when popped, after the timer passes due).
-            if condition is not None and condition < now + timeout + self.config.tick:
+            if condition is not None and condition < deadline + self.config.tick:
                 self.seq += 1
-                heappush(self.heap, (condition, self.seq, op))
+                heappush(heap, (condition, self.seq, op))
         if self.check:
             check_invariants(purgatory)
 
@@ -280,7 +300,7 @@ class _Group:
         """Run the clock on until nothing is timed and no condition is pending."""
         self.run_until(math.inf)
         # Past the last deadline (and a tick, for its rounding up): every pass has run.
-        self.move_to(max(self.clock.now(), self.horizon + self.config.tick))
+        self.clock.advance_to(max(self.clock.now(), self.horizon + self.config.tick))
         if self.event_log is not None:
             self.event_log.flush()
 
@@ -308,7 +328,15 @@ class _Group:
         """Busy seconds, span, and timer-pass lateness p50/p99/max: all 0 without a profile."""
         return [0.0] * 5
 
+    def summary(self) -> list[Any]:
+        """Operations, completed, expired, then wait and lateness p50/p99/max (``None``: none)."""
+        waits = _percentiles(self.waits)
+        lateness = _percentiles(self.lateness)
+        ended = len(self.waits)
+        return [ended, ended - len(self.lateness), len(self.lateness), *waits, *lateness]
+
     def stats_row(self) -> pa.RecordBatch:
+        stats = self.purgatory.statistics()
         values: list[Any] = [
             self.name,
             self.config_id,
@@ -317,11 +345,12 @@ class _Group:
             None,
             None,
             None,
+            *self.summary(),
             self.peak_watched,
             self.peak_delayed,
-            self.purgatory.statistics().timer_passes,
-            self.purges,
-            self.purgatory.statistics().purged,
+            stats.timer_passes,
+            stats.purges,
+            stats.purged,
             self.attempts,
             *self.load_stats(),
         ]
@@ -331,15 +360,24 @@ class _Group:
         )
 
 
+def _percentiles(values: array[float]) -> list[float | None]:
+    """p50, p99 and max of `values` by nearest rank (Spark's ``percentile_disc``); ``None``s
+    when there are none."""
+    n = len(values)
+    if not n:
+        return [None, None, None]
+    ordered = np.sort(np.frombuffer(values, dtype=np.float64))
+    ranks = [max(1, math.ceil(p * n)) - 1 for p in (0.5, 0.99)]
+    return [float(ordered[rank]) for rank in (*ranks, n - 1)]
+
+
 class _LoadedGroup(_Group):
     """A group served by one core, as one event loop serves it (see the module's docstring).
 
     Events are served in the order of their times (at one instant: timer passes, conditions,
     the arrival), each from ``max(its time, busy_until)``. What an event costs is counted from
     the work it did: the tries (``attempts``), the operations it finished, the expiries of a
-    pass and the entries it purged. ``purges`` counts the passes that purged (without a
-    profile, the clock moves in which one did: the same but when two such passes fall in one
-    move).
+    pass and the entries it purged.
     """
 
     __slots__ = (
@@ -362,10 +400,11 @@ class _LoadedGroup(_Group):
         event_log: JsonLinesEventLog | None,
         check: bool,
         *,
+        keep: bool,
         costs: CostProfile,
     ) -> None:
         load = LoadClock()
-        super().__init__(name, config_id, config, event_log, check, clock=load)
+        super().__init__(name, config_id, config, event_log, check, keep=keep, clock=load)
         self.load = load
         self.costs = costs
         self.busy_until = 0.0
@@ -408,9 +447,8 @@ class _LoadedGroup(_Group):
         purgatory = self.purgatory
         watched = purgatory.watched()
         expired = self.load.run_pass()
-        purged = watched - purgatory.watched()  # (see `move_to`)
-        if purged:
-            self.purges += 1
+        # (A pass takes entries off the watcher lists only by purging them.)
+        purged = watched - purgatory.watched()
         late = round((start - due) * 1e9)
         self.late[late] = self.late.get(late, 0) + 1
         costs = self.costs
@@ -515,6 +553,7 @@ def replay_batches(
     output_rows: int = OUTPUT_ROWS,
     check: bool = False,
     costs: CostProfile | None = None,
+    operations: bool = True,
 ) -> Iterator[pa.RecordBatch]:
     """Replay a stream of trace batches sorted by (purgatory, config_id, arrival, op_id).
 
@@ -529,9 +568,11 @@ def replay_batches(
             (`purgatory.testing.check_invariants`, O(pending)): for tests.
         costs: A cost profile: each group is served as one core serves an event loop
             (`_LoadedGroup`). ``None``: virtual time where the purgatory's work costs nothing.
+        operations: Emit each operation's row; ``False``: only each group's summary row.
 
     Yields:
-        Batches of `OUTPUT_SCHEMA`: each operation's row, and after each group its gauges row.
+        Batches of `OUTPUT_SCHEMA`: each operation's row (if `operations`), and after each
+        group its summary and gauges row.
 
     Raises:
         ValueError: The stream is not sorted (a group appears twice, or arrivals go back).
@@ -568,11 +609,12 @@ def replay_batches(
                     safe = safe.lstrip("_.")[:64] or "p"
                     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
                     log = _group_log(event_log_dir, f"{safe}-{digest}-c{config_id}")
+                config = configs[config_id]
                 if costs is None:
-                    group = _Group(name, config_id, configs[config_id], log, check)
+                    group = _Group(name, config_id, config, log, check, keep=operations)
                 else:
                     group = _LoadedGroup(
-                        name, config_id, configs[config_id], log, check, costs=costs
+                        name, config_id, config, log, check, keep=operations, costs=costs
                     )
                 last_arrival = -math.inf
             config = group.config

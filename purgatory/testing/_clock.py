@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import final
+from typing import Final, final
 
-from .._clock import Expirable
+from .._clock import Alarm, Expirable
 
 __all__ = ("ManualClock",)
 
@@ -26,7 +26,7 @@ class ManualClock:
         start: The initial time in seconds (finite).
     """
 
-    __slots__ = ("_now", "_purgatories")
+    __slots__ = ("_alarms", "_now", "_wake_at")
 
     def __init__(self, start: float = 0.0) -> None:
         if isinstance(start, bool) or not isinstance(start, int | float):
@@ -34,7 +34,12 @@ class ManualClock:
         if not math.isfinite(start):
             raise ValueError(f"start must be a finite number of seconds, got {start!r}")
         self._now = float(start)
-        self._purgatories: list[weakref.ref[Expirable]] = []
+        # One alarm per attached purgatory, in attach order.
+        self._alarms: list[_Alarm] = []
+        # Seconds before which no attached purgatory has work: `advance_to` a time earlier than
+        # this only moves the clock. Never later than the truth: lowered by the alarms as work
+        # falls due earlier, set exactly after every pass, -inf while unknown.
+        self._wake_at = -math.inf
 
     def __repr__(self) -> str:
         return f"ManualClock(now={self._now!r})"
@@ -47,9 +52,17 @@ class ManualClock:
         """The current virtual time in seconds (the `Clock` protocol)."""
         return self._now
 
-    def attach(self, purgatory: Expirable) -> None:
-        """Let `advance` run `purgatory`'s timer passes; held weakly, in attach order."""
-        self._purgatories.append(weakref.ref(purgatory))
+    def attach(self, purgatory: Expirable) -> Alarm:
+        """Let `advance` run `purgatory`'s timer passes; held weakly, in attach order.
+
+        Returns:
+            The alarm through which `purgatory` says when work falls due earlier than the clock
+            last learned (the `purgatory.DrivenClock` protocol).
+        """
+        alarm = _Alarm(self, purgatory)
+        self._alarms.append(alarm)
+        self._wake_at = -math.inf
+        return alarm
 
     def advance_to(self, when: float) -> int:
         """Move time to `when`, with a timer pass at each tick where a purgatory has work.
@@ -59,7 +72,8 @@ class ManualClock:
         expiry, a cascade, a purge) and runs that purgatory's pass there, as a reaper would wake
         up: each operation expires at its own deadline tick, with ``now()`` reading that time,
         and nothing runs at the ticks in between. The clock ends at `when`. This is how a trace
-        replay moves time: from one request to the next without a pass per request.
+        replay moves time: from one request to the next without a pass per request, and, while
+        nothing is due before `when`, at the cost of one comparison.
 
         Returns:
             How many operations expired.
@@ -70,6 +84,9 @@ class ManualClock:
             RuntimeError: A purgatory keeps having work at the same moment (a callback that
                 watches an operation with a timeout of 0 whenever one expires, say).
         """
+        if type(when) is float and self._now <= when < self._wake_at:
+            self._now = when  # nothing is due before `when`
+            return 0
         if isinstance(when, bool) or not isinstance(when, int | float):
             raise TypeError(f"when must be a number of seconds, got {when!r}")
         if not (when >= self._now and math.isfinite(when)):
@@ -77,20 +94,17 @@ class ManualClock:
                 f"when must be a finite time >= now() = {self._now!r} (time never goes "
                 f"backwards), got {when!r}"
             )
+        self._wake_at = -math.inf  # unknown until the passes below have run without error
         expired = 0
         repeats = 0
-        # The attached purgatories, listed again only when one is attached during a pass (a
-        # replay calls this at every event: no list is built per timer pass).
-        purgatories = self._alive()
-        attached = len(self._purgatories)
+        # The live alarms, listed again only when a purgatory is attached during a pass.
+        alarms = self._live()
+        attached = len(self._alarms)
         while True:
-            if len(self._purgatories) != attached:
-                purgatories = self._alive()
-                attached = len(self._purgatories)
-            if len(purgatories) == 1:
-                due_at = purgatories[0]._next_timer_pass_at()
-            else:
-                due_at = min((p._next_timer_pass_at() for p in purgatories), default=math.inf)
+            if len(self._alarms) != attached:
+                alarms = self._live()
+                attached = len(self._alarms)
+            due_at = self._learn(alarms)
             if due_at > when:
                 break
             if due_at <= self._now:
@@ -105,23 +119,34 @@ class ManualClock:
                 repeats = 0
                 self._now = due_at
             now = self._now
-            for purgatory in purgatories:
-                if purgatory._next_timer_pass_at() <= now:
+            for alarm, purgatory in alarms:
+                if alarm.wake_tick * alarm._tick <= now:
                     expired += purgatory._run_timer_pass(now)
         self._now = float(when)
+        self._wake_at = due_at
         return expired
 
-    def _alive(self) -> list[Expirable]:
-        """The attached purgatories still alive, in attach order (forgetting the others)."""
-        alive = []
-        refs = []
-        for ref in self._purgatories:
-            purgatory = ref()
+    def _wake_by(self, at: float) -> None:
+        """An alarm's call: a purgatory has work at `at` seconds (or earlier than it said)."""
+        self._wake_at = min(self._wake_at, at)
+
+    def _live(self) -> list[tuple[_Alarm, Expirable]]:
+        """The alarms of the purgatories still alive, with them (forgetting the others)."""
+        live = []
+        for alarm in self._alarms:
+            purgatory = alarm.purgatory()
             if purgatory is not None:
-                alive.append(purgatory)
-                refs.append(ref)
-        self._purgatories[:] = refs
-        return alive
+                live.append((alarm, purgatory))
+        self._alarms[:] = [alarm for alarm, _ in live]
+        return live
+
+    def _learn(self, alarms: list[tuple[_Alarm, Expirable]]) -> float:
+        """Ask each purgatory when it next has work; set its alarm; return the earliest (s)."""
+        earliest = math.inf
+        for alarm, purgatory in alarms:
+            tick = alarm.wake_tick = purgatory._next_timer_pass()
+            earliest = min(earliest, tick * alarm._tick)
+        return earliest
 
     def advance(self, seconds: float = 0.0) -> int:
         """Move time forward by `seconds` and expire what became due; return how many expired.
@@ -139,14 +164,33 @@ class ManualClock:
                 f"seconds must be a finite number >= 0 (time never goes backwards), got {seconds!r}"
             )
         now = self._now = self._now + seconds
+        self._wake_at = -math.inf  # unknown until the passes below have run without error
         expired = 0
-        dead = False
-        for ref in self._purgatories:  # (a replay calls this at every event: no list built)
-            purgatory = ref()
-            if purgatory is None:
-                dead = True
-            else:
-                expired += purgatory._run_timer_pass(now)
-        if dead:
-            self._alive()
+        alarms = self._live()
+        for _, purgatory in alarms:
+            expired += purgatory._run_timer_pass(now)
+        self._wake_at = self._learn(self._live())
         return expired
+
+
+@final
+class _Alarm:
+    """A purgatory's alarm on a `ManualClock` (the `purgatory.Alarm` protocol): the purgatory
+    lowers it when work falls due earlier, the clock sets it whenever it asks."""
+
+    __slots__ = ("_clock", "_tick", "purgatory", "wake_tick")
+
+    #: A driven clock always gets to a pass it has been told of.
+    alive: Final = True
+
+    def __init__(self, clock: ManualClock, purgatory: Expirable) -> None:
+        self._clock = clock
+        self._tick = purgatory._tick
+        self.purgatory = weakref.ref(purgatory)
+        self.wake_tick = -math.inf  # unknown until the clock asks
+
+    def wake_by(self, tick: float) -> None:
+        """Make sure the clock stops at `tick` (of this purgatory) or earlier."""
+        if tick < self.wake_tick:
+            self.wake_tick = tick
+            self._clock._wake_by(tick * self._tick)
