@@ -360,3 +360,16 @@ def test_the_spark_job_with_a_profile_equals_the_replay(
     # At 2000 arrivals/s, 0.8 ms per arrival is more than a core: passes run late.
     assert max(r["pass_lateness_max"] for r in rows.values()) > 0
     assert not math.isnan(sum(r["pass_lateness_p50"] for r in rows.values()))
+
+
+@pytest.mark.parametrize("profile", [None, PROFILE], ids=["plain", "loaded"])
+def test_without_operation_rows_the_group_rows_are_the_same(profile: CostProfile | None) -> None:
+    """The summary does not depend on keeping each operation's row (the loaded engine counts
+    its completions without them)."""
+    trace = w1_trace()
+    configs = {0: ReplayConfig(tick=MS), 1: ReplayConfig(tick=MS, rate_scale=4.0)}
+    full = replay_table(trace, configs, costs=profile)
+    lean = replay_table(trace, configs, costs=profile, operations=False)
+    assert pc.all(pc.is_null(lean["op_id"])).as_py()
+    assert lean.to_pylist() == full.filter(pc.is_null(full["op_id"])).to_pylist()
+    assert pc.sum(lean["operations"]).as_py() == 2 * trace.num_rows

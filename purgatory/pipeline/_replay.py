@@ -21,9 +21,14 @@ the core is free, ``max(its time, busy_until)``, with the clock moved there, and
 busy for what it costs. A timer pass then runs late, expiring whatever is due by the time it
 runs, as a late reaper does. With every cost zero this is exactly the plain replay.
 
-What the engine holds is bounded by what the purgatory holds: the pending operations, one heap
-entry per pending operation whose condition comes before its deadline, the current input batch
-and at most ``OUTPUT_ROWS`` finished rows. A whole group's trace is never in memory.
+Each group's summary (counts, exact percentiles of the waits and of the expiry lateness) is
+computed here, inside the group's task, so the Spark job needs no aggregation over every
+operation, and emitting each operation's row is optional.
+
+What the engine holds is what the purgatory holds (the pending operations), one heap entry per
+pending operation whose condition comes before its deadline, the current input batch, at most
+``OUTPUT_ROWS`` finished rows, and 8 bytes per finished operation of the group (its wait, and
+its lateness if it expired) for the exact percentiles. A whole group's trace is never in memory.
 """
 
 from __future__ import annotations
@@ -134,19 +139,20 @@ class ReplayConfig:
 
 
 class ReplayOperation(DelayedOperation[None]):
-    """A trace row as a delayed operation: complete once the replay marks its condition met."""
+    """A trace row as a delayed operation: complete once the replay marks its condition met.
 
-    __slots__ = ("group", "keys", "op_id", "ready", "watched_at")
+    The group sets its fields after construction and keeps its summary in `on_complete`: one
+    Python call fewer per operation each, on a path run ten million times.
+    """
 
-    def __init__(
-        self, group: _Group, op_id: int, keys: tuple[str, ...], timeout: float, ready: bool
-    ) -> None:
-        super().__init__(timeout)
-        self.group = group
-        self.op_id = op_id
-        self.keys = keys
-        self.ready = ready
-        self.watched_at = 0.0
+    __slots__ = ("ended", "group", "keys", "op_id", "ready", "watched_at")
+
+    group: _Group
+    op_id: int
+    keys: tuple[str, ...]
+    ready: bool
+    watched_at: float
+    ended: bool
 
     def try_complete(self) -> bool:
         self.group.attempts += 1
@@ -155,10 +161,36 @@ class ReplayOperation(DelayedOperation[None]):
         return False
 
     def on_complete(self) -> None:
-        self.group.finished(self)
+        self.ended = True
+        group = self.group
+        now = group.now()
+        watched_at = self.watched_at
+        # (The same arithmetic as the job's on the rows: the summaries are equal.)
+        group.waits.append(now - watched_at)
+        deadline = watched_at + self.timeout
+        if self.is_expired:
+            group.lateness.append(now - deadline)
+            if group.keep:
+                group.out.append((self.op_id, "expired", watched_at, deadline, now))
+        elif group.keep:
+            group.out.append((self.op_id, "completed", watched_at, deadline, now))
 
     def on_expiration(self) -> None:
         pass
+
+
+def _operation(
+    group: _Group, op_id: int, keys: tuple[str, ...], timeout: float, *, ready: bool, at: float
+) -> ReplayOperation:
+    """A new `ReplayOperation` of `group`, watched at `at`."""
+    op = ReplayOperation(timeout)
+    op.group = group
+    op.op_id = op_id
+    op.keys = keys
+    op.ready = ready
+    op.watched_at = at
+    op.ended = False
+    return op
 
 
 class _Group:
@@ -232,19 +264,6 @@ class _Group:
         self.waits = array("d")
         self.lateness = array("d")
 
-    def finished(self, op: ReplayOperation) -> None:
-        now = self.now()
-        watched_at = op.watched_at
-        # (The same arithmetic as the job's on the rows: the summaries are equal.)
-        self.waits.append(now - watched_at)
-        if op.is_expired:
-            deadline = watched_at + op.timeout
-            self.lateness.append(now - deadline)
-            if self.keep:
-                self.out.append((op.op_id, "expired", watched_at, deadline, now))
-        elif self.keep:
-            self.out.append((op.op_id, "completed", watched_at, watched_at + op.timeout, now))
-
     def run_until(self, t: float) -> None:
         """Run every timer pass and condition due at or before `t`, in time order."""
         purgatory = self.purgatory
@@ -253,10 +272,10 @@ class _Group:
         force = self.config.trigger == "force"
         while heap and heap[0][0] <= t:
             trigger_at, _, op = heappop(heap)
-            if op.is_completed:
+            if op.ended:
                 continue
             advance_to(trigger_at)
-            if op.is_completed:  # expired in that pass: its deadline tick came first
+            if op.ended:  # expired in that pass: its deadline tick came first
                 continue
             op.ready = True
             if force:
@@ -274,8 +293,7 @@ class _Group:
         # (Time moves in one comparison while nothing is due: the clock's alarm.)
         self.clock.advance_to(t)
         ready = condition is not None and condition <= t
-        op = ReplayOperation(self, op_id, keys, timeout, ready)
-        op.watched_at = t
+        op = _operation(self, op_id, keys, timeout, ready=ready, at=t)
         purgatory = self.purgatory
         if not purgatory.try_complete_else_watch(op, keys):
             # (Comparisons, not max(): a call costs more, once per operation.)
@@ -459,17 +477,17 @@ class _LoadedGroup(_Group):
         start = max(at, self.busy_until)
         self.load.set(start)
         costs = self.costs
-        if op.is_completed:  # expired or completed already: the event finds nothing to do
+        if op.ended:  # expired or completed already: the event finds nothing to do
             self._served(start, costs.dispatch, False)
             return
         op.ready = True
         attempts = self.attempts
-        finished = len(self.out)
+        finished = len(self.waits)
         if self.config.trigger == "force":
             op.force_complete()
         else:
             self.purgatory.check_and_complete(op.keys[0])
-        done = len(self.out) - finished
+        done = len(self.waits) - finished
         tries = self.attempts - attempts - done
         cost = costs.dispatch + tries * costs.attempt + done * costs.completion
         self._served(start, cost, False)
@@ -500,8 +518,7 @@ class _LoadedGroup(_Group):
         if math.isnan(self.start):
             self.start = start
         ready = condition is not None and condition <= start
-        op = ReplayOperation(self, op_id, keys, timeout, ready)
-        op.watched_at = start
+        op = _operation(self, op_id, keys, timeout, ready=ready, at=start)
         purgatory = self.purgatory
         costs = self.costs
         cost = costs.dispatch + costs.application
@@ -675,10 +692,12 @@ def replay_table(
     event_log_dir: str | None = None,
     check: bool = False,
     costs: CostProfile | None = None,
+    operations: bool = True,
 ) -> pa.Table:
     """Replay a whole trace table in this process under every configuration (no Spark).
 
     The reference implementation: the same engine as the Spark job, fed the same order.
+    Arguments as for `replay_batches`.
     """
     parts = []
     for config_id in sorted(configs):
@@ -701,5 +720,6 @@ def replay_table(
         event_log_dir=event_log_dir,
         check=check,
         costs=costs,
+        operations=operations,
     )
     return pa.Table.from_batches(list(batches), schema=OUTPUT_SCHEMA)
