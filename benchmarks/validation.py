@@ -35,9 +35,9 @@ def _load_trace_reference(spark: Any, path: str) -> Any:
 
     from purgatory.pipeline import TraceError, _jobs
 
-    trace, problem = _jobs._read_trace(spark, path, ())
+    trace = _jobs._cast(_jobs._read_trace(spark, path), file=True)
     found = (
-        trace.withColumn("_problem", problem)
+        trace.withColumn("_problem", _jobs._row_problem(()))
         .groupBy("purgatory", "op_id")
         .agg(
             F.count(F.lit(1)).alias("n"),
@@ -63,7 +63,8 @@ def _one_scan(spark: Any, path: str) -> None:
 
     from purgatory.pipeline import TraceError, _jobs
 
-    trace, problem = _jobs._read_trace(spark, path, ())
+    trace = _jobs._cast(_jobs._read_trace(spark, path))
+    problem = _jobs._row_problem(())
     (found,) = (
         trace.select(_jobs._id_hash().alias("_hash"), problem.isNotNull().cast("int").alias("_bad"))
         .groupBy("_hash")
@@ -78,15 +79,15 @@ def _one_scan(spark: Any, path: str) -> None:
 def _rows_only(spark: Any, path: str) -> None:
     from purgatory.pipeline import _jobs
 
-    trace, problem = _jobs._read_trace(spark, path, ())
-    _jobs._check_rows(trace, problem)
+    with_file = _jobs._cast(_jobs._read_trace(spark, path), file=True)
+    _jobs._check_rows(with_file, _jobs._row_problem(()))
 
 
 def _ids_only(spark: Any, path: str) -> None:
     from purgatory.pipeline import _jobs
 
-    trace, _ = _jobs._read_trace(spark, path, ())
-    _jobs._check_unique_ids(trace)
+    raw = _jobs._read_trace(spark, path)
+    _jobs._check_unique_ids(_jobs._cast(raw), _jobs._cast(raw, file=True))
 
 
 def _timed(run: Callable[[], object]) -> float:

@@ -363,6 +363,14 @@ def test_a_duplicate_id_is_named_with_its_files_and_a_hash_collision_is_not_one(
     pq.write_table(other, tmp_path / "good" / "part-1.parquet")
     loaded = load_trace(spark, str(tmp_path / "good"))
     assert loaded.columns == TRACE_SCHEMA.names
+    assert [field.dataType.simpleString() for field in loaded.schema] == [
+        "string",
+        "bigint",
+        "double",
+        "array<string>",
+        "double",
+        "double",
+    ]
     assert sorted((row["purgatory"], row["op_id"]) for row in loaded.collect()) == [
         ("p", 0),
         ("p", 1),

@@ -120,19 +120,18 @@ def load_trace(spark: SparkSession, path: str, configs: Sequence[ReplayConfig] =
     Returns:
         The trace with exactly the columns of `TRACE_SCHEMA`, in that order.
     """
-    trace, problem = _read_trace(spark, path, configs)
-    _check_rows(trace, problem)
-    _check_unique_ids(trace)
-    return trace.drop("_file")
+    raw = _read_trace(spark, path)
+    trace, with_file = _cast(raw), _cast(raw, file=True)
+    _check_rows(with_file, _row_problem(configs))
+    _check_unique_ids(trace, with_file)
+    return trace
 
 
-def _read_trace(
-    spark: SparkSession, path: str, configs: Sequence[ReplayConfig]
-) -> tuple[DataFrame, Column]:
-    """The trace cast to `TRACE_SCHEMA` plus ``_file``, and its per-row problem (null: none).
+def _read_trace(spark: SparkSession, path: str) -> DataFrame:
+    """The trace as stored; raises `TraceError` at once for what the schema alone shows.
 
-    Raises `TraceError` at once for what the schema alone shows (unreadable, a missing column,
-    a wrong type); what needs the data is left to the checks.
+    That is: unreadable, a missing column, a wrong type. What needs the data is left to the
+    checks.
     """
     try:
         raw = spark.read.parquet(path)
@@ -167,19 +166,24 @@ def _read_trace(
         and isinstance(keys_type.elementType, (T.StringType, *_INTEGRAL))
     ):
         raise wrong("keys", "a list of strings")
-    with_file = raw.select(
-        *(F.col(name) for name in TRACE_SCHEMA.names), F.col("_metadata.file_path").alias("_file")
-    )
-    trace = with_file.select(
+    return raw
+
+
+def _cast(raw: DataFrame, *, file: bool = False) -> DataFrame:
+    """The columns of `TRACE_SCHEMA`, cast to its types; with ``file``, each row's file too.
+
+    Only the checks that name a file read it: the file path is a metadata column that Spark
+    does not prune once selected, so the trace handed on to the replay leaves it out.
+    """
+    return raw.select(
         F.col("purgatory"),
         F.col("op_id").cast("long").alias("op_id"),
         F.col("arrival").cast("double").alias("arrival"),
         F.col("keys").cast("array<string>").alias("keys"),
         F.col("timeout").cast("double").alias("timeout"),
         F.col("condition_at").cast("double").alias("condition_at"),
-        F.col("_file"),
+        *([F.col("_metadata.file_path").alias("_file")] if file else []),
     )
-    return trace, _row_problem(configs)
 
 
 def _row_problem(configs: Sequence[ReplayConfig]) -> Column:
@@ -215,14 +219,14 @@ def _row_problem(configs: Sequence[ReplayConfig]) -> Column:
     )
 
 
-def _check_rows(trace: DataFrame, problem: Column) -> None:
+def _check_rows(with_file: DataFrame, problem: Column) -> None:
     """Raise `TraceError` naming the first bad row (by purgatory, op_id, file) and counting more.
 
     A filter and a top-5 (Spark's TakeOrderedAndProject): one scan, no shuffle, no aggregation;
     on a valid trace the filter keeps nothing.
     """
     bad = (
-        trace.select(*_ROW, problem.alias("_problem"))
+        with_file.select(*_ROW, problem.alias("_problem"))
         .where(F.col("_problem").isNotNull())
         .orderBy("purgatory", "op_id", "_file")
         .limit(5)
@@ -238,7 +242,7 @@ def _check_rows(trace: DataFrame, problem: Column) -> None:
         )
 
 
-def _check_unique_ids(trace: DataFrame) -> None:
+def _check_unique_ids(trace: DataFrame, with_file: DataFrame) -> None:
     """Raise `TraceError` for the first duplicate (purgatory, op_id), naming its files.
 
     Rows are counted per 64-bit hash of the id (`_id_hash`): a hash aggregation on one long
@@ -258,7 +262,7 @@ def _check_unique_ids(trace: DataFrame) -> None:
     if not candidates:
         return
     found = (
-        trace.groupBy("purgatory", "op_id")
+        with_file.groupBy("purgatory", "op_id")
         .agg(F.count(F.lit(1)).alias("n"), F.collect_set("_file").alias("files"))
         .where(F.col("n") > 1)
         .orderBy("purgatory", "op_id")
