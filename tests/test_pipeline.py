@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import FlagOperation
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 import purgatory
 from purgatory import ArrowEventLog, JsonLinesEventLog
@@ -35,15 +37,17 @@ from purgatory.pipeline import (
     W1,
     ReplayConfig,
     TraceError,
+    _jobs,
     analyze,
     generate,
+    load_trace,
     replay,
     replay_table,
     trace_anchors,
     trace_from_log,
 )
 from purgatory.pipeline._cli import main
-from purgatory.pipeline._generate import chunk_plan, generate_chunk
+from purgatory.pipeline._generate import TRACE_SCHEMA, chunk_plan, generate_chunk
 from purgatory.pipeline._spark import atomic_output
 
 CONFIGS = [
@@ -375,6 +379,60 @@ def test_bad_trace_is_refused_naming_file_and_row(
         replay(spark, str(tmp_path / "bad"), str(out), CONFIGS[:1])
     assert "part-0.parquet" in str(error.value), file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]  # no output, no staging
+
+
+def test_a_bad_row_is_reported_before_a_duplicate_id(spark: SparkSession, tmp_path: Path) -> None:
+    write_trace(tmp_path / "t", op_id=pa.array([0, 0], pa.int64()))
+    other = pq.read_table(tmp_path / "t" / "part-0.parquet")
+    bad = other.set_column(1, "op_id", pa.array([8, 9], pa.int64())).set_column(
+        4, "timeout", pa.array([-1.0, -2.0])
+    )
+    pq.write_table(bad, tmp_path / "t" / "part-1.parquet")
+    with pytest.raises(TraceError) as error:
+        load_trace(spark, str(tmp_path / "t"))
+    message = str(error.value)
+    assert "part-1.parquet: row purgatory='p' op_id=8: column 'timeout' is negative" in message
+    assert message.endswith("(arrival=0.0, timeout=-1.0, condition_at=0.25); 1+ more bad rows")
+    assert "duplicate" not in message
+
+
+@pytest.mark.parametrize("collide", [False, True], ids=["xxhash64", "every-hash-equal"])
+def test_a_duplicate_id_is_named_with_its_files_and_a_hash_collision_is_not_one(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, collide: bool
+) -> None:
+    if collide:  # every id shares one hash: each is a candidate, the exact check must clear it
+        monkeypatch.setattr(_jobs, "_id_hash", lambda: F.lit(0).cast("long"))
+    write_trace(tmp_path / "good", op_id=pa.array([0, 1], pa.int64()))
+    first = pq.read_table(tmp_path / "good" / "part-0.parquet")
+    other = first.set_column(0, "purgatory", pa.array(["q", "q"]))  # same ids, other purgatory
+    pq.write_table(other, tmp_path / "good" / "part-1.parquet")
+    loaded = load_trace(spark, str(tmp_path / "good"))
+    assert loaded.columns == TRACE_SCHEMA.names
+    assert [field.dataType.simpleString() for field in loaded.schema] == [
+        "string",
+        "bigint",
+        "double",
+        "array<string>",
+        "double",
+        "double",
+    ]
+    assert sorted((row["purgatory"], row["op_id"]) for row in loaded.collect()) == [
+        ("p", 0),
+        ("p", 1),
+        ("q", 0),
+        ("q", 1),
+    ]
+
+    shutil.copytree(tmp_path / "good", tmp_path / "dup")
+    again = first.set_column(1, "op_id", pa.array([1, 7], pa.int64()))
+    pq.write_table(again, tmp_path / "dup" / "part-2.parquet")
+    with pytest.raises(TraceError) as error:
+        load_trace(spark, str(tmp_path / "dup"))
+    assert re.fullmatch(
+        r"trace file \S+/dup/part-0\.parquet, \S+/dup/part-2\.parquet: duplicate op_id 1 in "
+        r"purgatory 'p' \(2 rows; an operation id must be unique within its purgatory\)",
+        str(error.value),
+    ), error.value
 
 
 def test_a_failed_job_leaves_no_output(spark: SparkSession, tmp_path: Path) -> None:

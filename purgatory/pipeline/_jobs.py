@@ -111,10 +111,27 @@ def load_trace(spark: SparkSession, path: str, configs: Sequence[ReplayConfig] =
     long, integer keys to strings); no nulls where none may be; timeouts finite and >= 0, and
     (scaled) within the timer's horizon under each of `configs`; arrivals finite; conditions not
     NaN, not infinite, not before the arrival; keys non-empty; operation ids unique per
-    purgatory. Costs one scan and one aggregation by id.
+    purgatory. A bad row is reported before a duplicate id.
+
+    Runtime cost on a valid trace: one scan with a filter (no shuffle) for the rows, and one
+    count per 64-bit hash of (purgatory, op_id) over those two columns (a lean hash aggregation).
+    The detailed queries that name files and rows run only when something was found.
 
     Returns:
         The trace with exactly the columns of `TRACE_SCHEMA`, in that order.
+    """
+    raw = _read_trace(spark, path)
+    trace, with_file = _cast(raw), _cast(raw, file=True)
+    _check_rows(with_file, _row_problem(configs))
+    _check_unique_ids(trace, with_file)
+    return trace
+
+
+def _read_trace(spark: SparkSession, path: str) -> DataFrame:
+    """The trace as stored; raises `TraceError` at once for what the schema alone shows.
+
+    That is: unreadable, a missing column, a wrong type. What needs the data is left to the
+    checks.
     """
     try:
         raw = spark.read.parquet(path)
@@ -149,19 +166,29 @@ def load_trace(spark: SparkSession, path: str, configs: Sequence[ReplayConfig] =
         and isinstance(keys_type.elementType, (T.StringType, *_INTEGRAL))
     ):
         raise wrong("keys", "a list of strings")
-    with_file = raw.select(
-        *(F.col(name) for name in TRACE_SCHEMA.names), F.col("_metadata.file_path").alias("_file")
-    )
-    trace = with_file.select(
+    return raw
+
+
+def _cast(raw: DataFrame, *, file: bool = False) -> DataFrame:
+    """The columns of `TRACE_SCHEMA`, cast to its types; with ``file``, each row's file too.
+
+    Only the checks that name a file read it: the file path is a metadata column that Spark
+    does not prune once selected, so the trace handed on to the replay leaves it out.
+    """
+    return raw.select(
         F.col("purgatory"),
         F.col("op_id").cast("long").alias("op_id"),
         F.col("arrival").cast("double").alias("arrival"),
         F.col("keys").cast("array<string>").alias("keys"),
         F.col("timeout").cast("double").alias("timeout"),
         F.col("condition_at").cast("double").alias("condition_at"),
-        F.col("_file"),
+        *([F.col("_metadata.file_path").alias("_file")] if file else []),
     )
-    problem = _first_problem(
+
+
+def _row_problem(configs: Sequence[ReplayConfig]) -> Column:
+    """The message of a trace row's first problem, null for a good row."""
+    return _first_problem(
         [
             (F.col("purgatory").isNull(), "column 'purgatory' is null"),
             (F.col("op_id").isNull(), "column 'op_id' is null"),
@@ -190,31 +217,58 @@ def load_trace(spark: SparkSession, path: str, configs: Sequence[ReplayConfig] =
             ),
         ]
     )
-    # One aggregation finds both bad rows and duplicate ids: a single scan of the trace.
-    found = (
-        trace.withColumn("_problem", problem)
-        .groupBy("purgatory", "op_id")
-        .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.first("_problem", ignorenulls=True).alias("problem"),
-            F.first(F.when(F.col("_problem").isNotNull(), F.struct(*_ROW)), ignorenulls=True).alias(
-                "row"
-            ),
-            F.collect_set("_file").alias("files"),
-        )
-        .where(F.col("problem").isNotNull() | (F.col("n") > 1))
-        .orderBy(F.col("problem").isNull(), "purgatory", "op_id")
+
+
+def _check_rows(with_file: DataFrame, problem: Column) -> None:
+    """Raise `TraceError` naming the first bad row (by purgatory, op_id, file) and counting more.
+
+    A filter and a top-5 (Spark's TakeOrderedAndProject): one scan, no shuffle, no aggregation;
+    on a valid trace the filter keeps nothing.
+    """
+    bad = (
+        with_file.select(*_ROW, problem.alias("_problem"))
+        .where(F.col("_problem").isNotNull())
+        .orderBy("purgatory", "op_id", "_file")
         .limit(5)
         .collect()
     )
-    if found and found[0]["problem"] is not None:
-        first = found[0]["row"]
+    if bad:
+        first = bad[0]
         raise TraceError(
             f"trace file {first['_file']}: row purgatory={first['purgatory']!r} "
-            f"op_id={first['op_id']!r}: {found[0]['problem']} (arrival={first['arrival']!r}, "
+            f"op_id={first['op_id']!r}: {first['_problem']} (arrival={first['arrival']!r}, "
             f"timeout={first['timeout']!r}, condition_at={first['condition_at']!r})"
-            + (f"; {len(found) - 1}+ more bad rows" if len(found) > 1 else "")
+            + (f"; {len(bad) - 1}+ more bad rows" if len(bad) > 1 else "")
         )
+
+
+def _check_unique_ids(trace: DataFrame, with_file: DataFrame) -> None:
+    """Raise `TraceError` for the first duplicate (purgatory, op_id), naming its files.
+
+    Rows are counted per 64-bit hash of the id (`_id_hash`): a hash aggregation on one long
+    column, the cheapest Spark has (grouping by the string and the long, let alone collecting
+    files, costs more). A hash seen twice is only a candidate, since two ids may share a hash:
+    then the exact aggregation by id decides, and names the files. Needs no null ids (the row
+    check refuses them first).
+    """
+    candidates = (
+        trace.select(_id_hash().alias("_hash"))
+        .groupBy("_hash")
+        .count()
+        .where(F.col("count") > 1)
+        .limit(1)
+        .collect()
+    )
+    if not candidates:
+        return
+    found = (
+        with_file.groupBy("purgatory", "op_id")
+        .agg(F.count(F.lit(1)).alias("n"), F.collect_set("_file").alias("files"))
+        .where(F.col("n") > 1)
+        .orderBy("purgatory", "op_id")
+        .limit(1)
+        .collect()
+    )
     if found:
         first = found[0]
         raise TraceError(
@@ -222,7 +276,11 @@ def load_trace(spark: SparkSession, path: str, configs: Sequence[ReplayConfig] =
             f"{first['op_id']!r} in purgatory {first['purgatory']!r} ({first['n']} rows; "
             "an operation id must be unique within its purgatory)"
         )
-    return trace.drop("_file")
+
+
+def _id_hash() -> Column:
+    """A 64-bit hash of (purgatory, op_id): equal ids, equal hashes (not the converse)."""
+    return F.xxhash64("purgatory", "op_id")
 
 
 _ROW: Final = ("_file", "purgatory", "op_id", "arrival", "timeout", "condition_at")
