@@ -4,10 +4,11 @@
 and Java 17). It measures, in one run:
 
 1. **Replay on Spark**: a seeded W1 trace of ``--operations`` operations (``--purgatories``
-   purgatories), replayed under one configuration by the ``replay`` job on ``local[1]`` and on
-   ``local[2]``, each in a fresh driver process (one JVM per master). Reported: wall seconds of
-   the whole job (validation, shuffle, replay, writing, summary), operations per second and per
-   core, and the speed-up from one core to two.
+   purgatories), replayed under one configuration by the ``replay`` job, summary only
+   (``--summary-only``) on ``local[1]`` and on ``local[2]``, then writing every operation's row
+   on ``local[1]``, each in a fresh driver process (one JVM per run). Reported: wall seconds of
+   the whole job (validation, shuffle, replay, writing), operations per second and per core,
+   the speed-up from one core to two, and what the rows cost.
 2. **The engine alone**: the same replay engine in this process, no Spark, on the first
    ``--engine-operations`` operations of that trace: CPU microseconds per operation. Its ratio to
    the Spark figure per core is what Spark's Python exchange costs.
@@ -38,18 +39,23 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "PIPELINE_RESULTS.md"
 
 
-def _child_replay(trace: str, out: str, master: str) -> dict[str, Any]:
-    """In a fresh process: one replay job on `master`; its wall time and row count."""
+def _child_replay(trace: str, out: str, master: str, rows: str) -> dict[str, Any]:
+    """In a fresh process: one replay job on `master`; its wall time and row count.
+
+    `rows` is ``"summary"`` (``--summary-only``: each group's summary from its task) or
+    ``"rows"`` (every operation's row written too).
+    """
     from purgatory.pipeline import ReplayConfig, get_session, replay
 
     spark = get_session(master, "purgatory-bench", {"spark.driver.memory": "4g"})
     started = time.perf_counter()
-    summary = replay(spark, trace, out, [ReplayConfig()], overwrite=True)
+    summary = replay(spark, trace, out, [ReplayConfig()], overwrite=True, operations=rows == "rows")
     seconds = time.perf_counter() - started
     rows = [row.asDict() for row in summary.collect()]
     spark.stop()
     return {
         "master": master,
+        "rows": rows,
         "seconds": seconds,
         "operations": sum(row["operations"] for row in rows),
         "expired": sum(row["expired"] for row in rows),
@@ -114,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=None, help="directory for the trace (default: temp)")
     parser.add_argument("--write", action="store_true", help="write PIPELINE_RESULTS.md")
     parser.add_argument(
-        "--child", nargs=3, metavar=("TRACE", "OUT", "MASTER"), help=argparse.SUPPRESS
+        "--child", nargs=4, metavar=("TRACE", "OUT", "MASTER", "ROWS"), help=argparse.SUPPRESS
     )
     parser.add_argument(
         "--engine-only", metavar="TRACE", help="only the engine figures, on this trace"
@@ -156,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"generated {w1.purgatories * w1.operations:,} operations in {generate_seconds:.1f} s")
 
     runs = []
-    for master in ("local[1]", "local[2]"):
+    for master, rows in (("local[1]", "summary"), ("local[2]", "summary"), ("local[1]", "rows")):
         result = subprocess.run(
             [
                 sys.executable,
@@ -166,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                 trace,
                 str(work / "out"),
                 master,
+                rows,
             ],
             cwd=ROOT,
             capture_output=True,
@@ -175,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         run = json.loads(result.stdout.strip().splitlines()[-1])
         run["cores"] = 1 if master == "local[1]" else 2
         runs.append(run)
-        print(f"{master}: {run['operations']:,} operations in {run['seconds']:.1f} s")
+        print(f"{master} ({rows}): {run['operations']:,} operations in {run['seconds']:.1f} s")
 
     table = pq.read_table(trace)
     first = table.filter(pc.equal(table["purgatory"], "p0000")).slice(0, args.engine_operations)
@@ -212,7 +219,7 @@ def _hand_written_part(path: Path) -> str:
 def render(f: dict[str, Any]) -> str:
     """The Markdown report of one run."""
     env = f["environment"]
-    one, two = f["runs"]
+    one, two, with_rows = f["runs"]
     lines = [
         "# Data pipeline: replay throughput and event-log overhead",
         "",
@@ -226,17 +233,21 @@ def render(f: dict[str, Any]) -> str:
         f"{env['git']}.",
         f"- Trace generation (Spark, local[2]): {f['generate_seconds']:.1f} s.",
         "",
-        "| master | wall s (whole job) | ops/s | ops/s per core |",
-        "|---|---|---|---|",
+        "| master | output | wall s (whole job) | ops/s | ops/s per core |",
+        "|---|---|---|---|---|",
     ]
-    for run in (one, two):
+    for run in (one, two, with_rows):
         rate = run["operations"] / run["seconds"]
+        output = "summary only" if run["rows"] == "summary" else "summary + every operation's row"
         lines.append(
-            f"| {run['master']} | {run['seconds']:.1f} | {rate:,.0f} | {rate / run['cores']:,.0f} |"
+            f"| {run['master']} | {output} | {run['seconds']:.1f} | {rate:,.0f} | "
+            f"{rate / run['cores']:,.0f} |"
         )
     lines += [
         "",
-        f"Speed-up local[1] -> local[2]: **{one['seconds'] / two['seconds']:.2f}x**.",
+        f"Speed-up local[1] -> local[2] (summary only): **{one['seconds'] / two['seconds']:.2f}x**"
+        f"; writing every operation's row costs {with_rows['seconds'] / one['seconds']:.2f}x "
+        "the summary-only job on local[1].",
         "",
         f"Engine alone (no Spark, this process, {f['engine_operations']:,} operations of one "
         f"purgatory, CPU time, median of {len(f['samples']['none'])}): "
