@@ -51,14 +51,14 @@ def _child_replay(trace: str, out: str, master: str, rows: str) -> dict[str, Any
     started = time.perf_counter()
     summary = replay(spark, trace, out, [ReplayConfig()], overwrite=True, operations=rows == "rows")
     seconds = time.perf_counter() - started
-    rows = [row.asDict() for row in summary.collect()]
+    groups = [row.asDict() for row in summary.collect()]
     spark.stop()
     return {
         "master": master,
         "rows": rows,
         "seconds": seconds,
-        "operations": sum(row["operations"] for row in rows),
-        "expired": sum(row["expired"] for row in rows),
+        "operations": sum(row["operations"] for row in groups),
+        "expired": sum(row["expired"] for row in groups),
     }
 
 
