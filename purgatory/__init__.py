@@ -19,6 +19,7 @@ Modules: ``purgatory.testing`` (`ManualClock`, ``check_invariants``: virtual tim
 
 from __future__ import annotations
 
+from ._clock import Alarm as Alarm
 from ._clock import Clock as Clock
 from ._clock import DrivenClock as DrivenClock
 from ._errors import OperationCancelled as OperationCancelled
@@ -35,6 +36,7 @@ from ._purgatory import PurgatoryStatistics as PurgatoryStatistics
 __version__ = "0.1.0"
 
 __all__ = (
+    "Alarm",
     "ArrowEventLog",
     "Clock",
     "DelayedOperation",
