@@ -114,12 +114,15 @@ def test_queueing_and_a_late_timer_pass_worked_out_by_hand() -> None:
     assert p["pass_late_max"] == pytest.approx(1.9 * MS, abs=1e-9)
     # Two tries per watch that waits, three on the key when op 1's condition fires.
     assert p["attempts"] == 4 * 2 + 3
+    # Missed: the three expired; op 1 was answered at 6 ms, well within 100 ms of its arrival.
+    assert p["missed"] == 3
 
     # q, on a core of its own: op 1's condition (1 ms) comes while it waits for the core (busy
     # with op 0 until 2): watched at 2 with its condition met, it completes inside the watch.
     assert ops["q", 1]["outcome"] == "completed"
     assert ops["q", 1]["watched_at"] == ops["q", 1]["ended_at"] == pytest.approx(2 * MS)
     assert stats["q"]["busy"] == pytest.approx(2 * MS + 1 * MS + 1.5 * MS)
+    assert stats["q"]["missed"] == 1  # op 0 expired
 
 
 def test_a_late_pass_is_late_from_its_deadline_even_when_its_first_bucket_empties() -> None:
@@ -224,6 +227,23 @@ def test_more_traffic_than_the_core_makes_passes_late_and_waits_grow() -> None:
     assert heavy["p"]["busy"] == pytest.approx(400 * MS)
     assert heavy["p"]["span"] == pytest.approx(448 * MS)
     assert heavy["p"]["pass_late_max"] > 0.1
+
+
+def test_past_saturation_answers_come_late_though_none_expires() -> None:
+    """Each operation's condition holds 10 ms after its arrival, within its 50.5 ms timeout. On
+    an overloaded core the watches fall behind the arrivals: an operation watched late finds its
+    condition met and completes at once (nothing expires), but more than 50 ms after its
+    arrival: missed, from the client's side. (Half a millisecond keeps the count off the edge.)"""
+    costly = costs(application=2 * MS)
+    trace = trace_table([("p", i, i * MS, 50.5 * MS, (i + 10) * MS) for i in range(200)])
+    _, light = split(replay_table(trace, {0: ReplayConfig(tick=MS, rate_scale=0.25)}, costs=costly))
+    ops, heavy = split(replay_table(trace, {0: ReplayConfig(tick=MS)}, costs=costly))
+    assert light["p"]["expired"] == heavy["p"]["expired"] == 0
+    assert light["p"]["missed"] == 0
+    # Op i is watched at 2i ms (its condition met from i >= 10) and answered then: i ms after
+    # its arrival, so late for i > 50.5.
+    assert ops["p", 60]["ended_at"] == pytest.approx(120 * MS)
+    assert heavy["p"]["missed"] == 149
 
 
 def test_saturation_rate_from_utilisation() -> None:

@@ -127,7 +127,12 @@ def saturation_rate(points: Sequence[tuple[float, float]]) -> float | None:
 
 
 def load_chart(rows: Sequence[Mapping[str, Any]], path: str, base_rate: float, title: str) -> None:
-    """Write a PNG of expired share and lateness against the offered rate, saturation marked.
+    """Write a PNG of expired and missed shares and lateness against the offered rate,
+    saturation marked.
+
+    Missed: not answered within the timeout of the arrival (expired, or completed late after
+    queueing); past saturation it rises with the queue, where the expired share may fall (an
+    operation watched late often finds its condition already met).
 
     One line per configuration other than the rate (worst purgatory of each); the x axis is
     `base_rate` times ``rate_scale``, in arrivals per second per purgatory.
@@ -142,9 +147,10 @@ def load_chart(rows: Sequence[Mapping[str, Any]], path: str, base_rate: float, t
         key = (row["tick"], row["wheel_size"], row["purge_interval"], row["timeout_scale"])
         point = series.setdefault(key, {}).setdefault(
             base_rate * row["rate_scale"],
-            {"expired": 0.0, "operations": 0.0, "late": 0.0, "pass": 0.0, "util": 0.0},
+            dict.fromkeys(("expired", "missed", "operations", "late", "pass", "util"), 0.0),
         )
         point["expired"] += row["expired"]
+        point["missed"] += row["missed"]
         point["operations"] += row["operations"]
         point["late"] = max(point["late"], row["lateness_p99"] or 0.0)
         point["pass"] = max(point["pass"], row["pass_lateness_p99"] or 0.0)
@@ -153,12 +159,20 @@ def load_chart(rows: Sequence[Mapping[str, Any]], path: str, base_rate: float, t
     saturation = []
     for key, points in sorted(series.items()):
         rates = sorted(points)
-        label = f"timeout x{number(key[3])}" if len(series) > 1 else None
-        axes[0].plot(
+        suffix = f", timeout x{number(key[3])}" if len(series) > 1 else ""
+        (line,) = axes[0].plot(
             rates,
             [100 * points[r]["expired"] / max(1.0, points[r]["operations"]) for r in rates],
             marker="o",
-            label=label,
+            label=f"expired{suffix}",
+        )
+        axes[0].plot(
+            rates,
+            [100 * points[r]["missed"] / max(1.0, points[r]["operations"]) for r in rates],
+            marker="s",
+            linestyle="--",
+            color=line.get_color(),
+            label=f"missed: expired or answered after the timeout{suffix}",
         )
         axes[1].plot(
             rates, [1000 * points[r]["pass"] for r in rates], marker="o", label="timer pass p99"
@@ -185,13 +199,12 @@ def load_chart(rows: Sequence[Mapping[str, Any]], path: str, base_rate: float, t
             textcoords="offset points",
             color="tab:red",
         )
-    axes[0].set_ylabel("expired (%)")
+    axes[0].set_ylabel("share of operations (%)")
     axes[1].set_ylabel("lateness p99 (ms)")
     axes[1].set_xlabel("offered rate (arrivals/s per purgatory)")
     for ax in axes:
         ax.grid(alpha=0.3)
-    if len(series) > 1:
-        axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=8)
     handles, labels = axes[1].get_legend_handles_labels()
     axes[1].legend(handles[:2], labels[:2], fontsize=8)
     fig.suptitle(title)

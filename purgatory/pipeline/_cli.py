@@ -647,6 +647,7 @@ def print_replay_summary(rows: Sequence[Mapping[str, Any]]) -> None:
             ("rate x", "rate_scale", lambda v: f"{v:g}"),
             ("ops", "operations", str),
             ("expired %", "expired_share", lambda v: f"{100 * v:.2f}"),
+            ("missed %", "missed_share", lambda v: f"{100 * v:.2f}"),
             ("wait p50 ms", "wait_p50", _ms),
             ("wait p99 ms", "wait_p99", _ms),
             ("late p99 ms", "lateness_p99", _ms),

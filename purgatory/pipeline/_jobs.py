@@ -382,6 +382,8 @@ def replay(
                 (F.col("expired") / F.greatest(F.col("operations"), F.lit(1))).alias(
                     "expired_share"
                 ),
+                "missed",
+                (F.col("missed") / F.greatest(F.col("operations"), F.lit(1))).alias("missed_share"),
                 *_STATS,
                 "peak_delayed",
                 "peak_watched",
@@ -442,6 +444,8 @@ REPLAY_SUMMARY_COLUMNS: Final = (
     "trigger",
     *_COUNTS,
     "expired_share",
+    "missed",
+    "missed_share",
     *_STATS,
     "peak_delayed",
     "peak_watched",

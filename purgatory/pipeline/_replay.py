@@ -79,6 +79,7 @@ OUTPUT_SCHEMA: Final = pa.schema(
         pa.field("operations", pa.int64()),
         pa.field("completed", pa.int64()),
         pa.field("expired", pa.int64()),
+        pa.field("missed", pa.int64()),
         pa.field("wait_p50", pa.float64()),
         pa.field("wait_p99", pa.float64()),
         pa.field("wait_max", pa.float64()),
@@ -148,12 +149,13 @@ class ReplayOperation(DelayedOperation[None]):
     Python call fewer per operation each, on a path run ten million times.
     """
 
-    __slots__ = ("ended", "group", "keys", "op_id", "ready", "watched_at")
+    __slots__ = ("arrived_at", "ended", "group", "keys", "op_id", "ready", "watched_at")
 
     group: _Group
     op_id: int
     keys: tuple[str, ...]
     ready: bool
+    arrived_at: float
     watched_at: float
     ended: bool
 
@@ -173,24 +175,36 @@ class ReplayOperation(DelayedOperation[None]):
         deadline = watched_at + self.timeout
         if self.is_expired:
             group.lateness.append(now - deadline)
+            group.missed += 1
             if group.keep:
                 group.out.append((self.op_id, "expired", watched_at, deadline, now))
-        elif group.keep:
-            group.out.append((self.op_id, "completed", watched_at, deadline, now))
+        else:
+            if now > self.arrived_at + self.timeout:  # completed, but after the client's timeout
+                group.missed += 1
+            if group.keep:
+                group.out.append((self.op_id, "completed", watched_at, deadline, now))
 
     def on_expiration(self) -> None:
         pass
 
 
 def _operation(
-    group: _Group, op_id: int, keys: tuple[str, ...], timeout: float, *, ready: bool, at: float
+    group: _Group,
+    op_id: int,
+    keys: tuple[str, ...],
+    timeout: float,
+    *,
+    ready: bool,
+    arrived: float,
+    at: float,
 ) -> ReplayOperation:
-    """A new `ReplayOperation` of `group`, watched at `at`."""
+    """A new `ReplayOperation` of `group`, arrived at `arrived` and watched at `at`."""
     op = ReplayOperation(timeout)
     op.group = group
     op.op_id = op_id
     op.keys = keys
     op.ready = ready
+    op.arrived_at = arrived
     op.watched_at = at
     op.ended = False
     return op
@@ -217,6 +231,7 @@ class _Group:
         "horizon",
         "keep",
         "lateness",
+        "missed",
         "name",
         "now",
         "out",
@@ -266,6 +281,9 @@ class _Group:
         self.out: list[tuple[int, str, float, float, float]] = []
         self.waits = array("d")
         self.lateness = array("d")
+        # Operations not answered by their condition within their timeout of their arrival:
+        # expired, or completed later than that (after queueing for a busy core).
+        self.missed = 0
 
     def run_until(self, t: float) -> None:
         """Run every timer pass and condition due at or before `t`, in time order."""
@@ -296,7 +314,7 @@ class _Group:
         # (Time moves in one comparison while nothing is due: the clock's alarm.)
         self.clock.advance_to(t)
         ready = condition is not None and condition <= t
-        op = _operation(self, op_id, keys, timeout, ready=ready, at=t)
+        op = _operation(self, op_id, keys, timeout, ready=ready, arrived=t, at=t)
         purgatory = self.purgatory
         if not purgatory.try_complete_else_watch(op, keys):
             # (Comparisons, not max(): a call costs more, once per operation.)
@@ -350,11 +368,13 @@ class _Group:
         return [0.0] * 5
 
     def summary(self) -> list[Any]:
-        """Operations, completed, expired, then wait and lateness p50/p99/max (``None``: none)."""
+        """Operations, completed, expired, missed, then wait and lateness p50/p99/max (``None``:
+        none)."""
         waits = _percentiles(self.waits)
         lateness = _percentiles(self.lateness)
         ended = len(self.waits)
-        return [ended, ended - len(self.lateness), len(self.lateness), *waits, *lateness]
+        expired = len(self.lateness)
+        return [ended, ended - expired, expired, self.missed, *waits, *lateness]
 
     def stats_row(self) -> pa.RecordBatch:
         stats = self.purgatory.statistics()
@@ -521,7 +541,7 @@ class _LoadedGroup(_Group):
         if math.isnan(self.start):
             self.start = start
         ready = condition is not None and condition <= start
-        op = _operation(self, op_id, keys, timeout, ready=ready, at=start)
+        op = _operation(self, op_id, keys, timeout, ready=ready, arrived=t, at=start)
         purgatory = self.purgatory
         costs = self.costs
         cost = costs.dispatch + costs.application
