@@ -177,8 +177,12 @@ def main(argv: list[str] | None = None) -> int:
             cwd=ROOT,
             capture_output=True,
             text=True,
-            check=True,
+            check=False,
         )
+        if result.returncode:
+            raise SystemExit(
+                f"the {master} replay failed (exit {result.returncode}):\n{result.stderr[-3000:]}"
+            )
         run = json.loads(result.stdout.strip().splitlines()[-1])
         run["cores"] = 1 if master == "local[1]" else 2
         runs.append(run)
