@@ -120,7 +120,7 @@ class ManualClock:
                 self._now = due_at
             now = self._now
             for alarm, purgatory in alarms:
-                if alarm.wake_tick * alarm._tick <= now:
+                if alarm.wake_tick * alarm.tick <= now:
                     expired += purgatory._run_timer_pass(now)
         self._now = float(when)
         self._wake_at = due_at
@@ -145,7 +145,7 @@ class ManualClock:
         earliest = math.inf
         for alarm, purgatory in alarms:
             tick = alarm.wake_tick = purgatory._next_timer_pass()
-            earliest = min(earliest, tick * alarm._tick)
+            earliest = min(earliest, tick * alarm.tick)
         return earliest
 
     def advance(self, seconds: float = 0.0) -> int:
@@ -178,14 +178,14 @@ class _Alarm:
     """A purgatory's alarm on a `ManualClock` (the `purgatory.Alarm` protocol): the purgatory
     lowers it when work falls due earlier, the clock sets it whenever it asks."""
 
-    __slots__ = ("_clock", "_tick", "purgatory", "wake_tick")
+    __slots__ = ("_clock", "purgatory", "tick", "wake_tick")
 
     #: A driven clock always gets to a pass it has been told of.
     alive: Final = True
 
     def __init__(self, clock: ManualClock, purgatory: Expirable) -> None:
         self._clock = clock
-        self._tick = purgatory._tick
+        self.tick = purgatory._tick
         self.purgatory = weakref.ref(purgatory)
         self.wake_tick = -math.inf  # unknown until the clock asks
 
@@ -193,4 +193,4 @@ class _Alarm:
         """Make sure the clock stops at `tick` (of this purgatory) or earlier."""
         if tick < self.wake_tick:
             self.wake_tick = tick
-            self._clock._wake_by(tick * self._tick)
+            self._clock._wake_by(tick * self.tick)
