@@ -8,7 +8,9 @@ and Java 17). It measures, in one run:
    (``--summary-only``) on ``local[1]`` and on ``local[2]``, then writing every operation's row
    on ``local[1]``, each in a fresh driver process (one JVM per run). Reported: wall seconds of
    the whole job (validation, shuffle, replay, writing), operations per second and per core,
-   the speed-up from one core to two, and what the rows cost.
+   the speed-up from one core to two, what the rows cost, and the CPU seconds the job's
+   processes used (the driver, the JVM, Spark's Python workers: ``/proc``), which say how many
+   cores a ``local[1]`` job really keeps busy (the JVM's threads run beside its one task).
 2. **The engine alone**: the same replay engine in this process, no Spark, on the first
    ``--engine-operations`` operations of that trace: CPU microseconds per operation. Its ratio to
    the Spark figure per core is what Spark's Python exchange costs.
@@ -48,18 +50,48 @@ def _child_replay(trace: str, out: str, master: str, rows: str) -> dict[str, Any
     from purgatory.pipeline import ReplayConfig, get_session, replay
 
     spark = get_session(master, "purgatory-bench", {"spark.driver.memory": "4g"})
+    cpu = _tree_cpu_seconds(os.getpid())
     started = time.perf_counter()
     summary = replay(spark, trace, out, [ReplayConfig()], overwrite=True, operations=rows == "rows")
-    seconds = time.perf_counter() - started
     groups = [row.asDict() for row in summary.collect()]
+    seconds = time.perf_counter() - started
+    cpu = _tree_cpu_seconds(os.getpid()) - cpu
     spark.stop()
     return {
         "master": master,
         "rows": rows,
         "seconds": seconds,
+        "cpu_seconds": cpu,
         "operations": sum(row["operations"] for row in groups),
         "expired": sum(row["expired"] for row in groups),
     }
+
+
+def _tree_cpu_seconds(root: int) -> float:
+    """CPU seconds used so far by process `root` and its descendants (the JVM, Spark's Python
+    workers), the exited ones their parents waited for included (Linux ``/proc``)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as file:
+                fields = file.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # After the name: state, ppid, ... utime, stime, cutime, cstime are fields 14-17.
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = sum(int(x) for x in fields[11:15]) / tick
+    total = 0.0
+    for pid, cpu in times.items():
+        ancestor = pid
+        while ancestor not in (0, 1, root) and ancestor in parents:
+            ancestor = parents[ancestor]
+        if ancestor == root:
+            total += cpu
+    return total
 
 
 class _NullLog:
@@ -237,15 +269,17 @@ def render(f: dict[str, Any]) -> str:
         f"{env['git']}.",
         f"- Trace generation (Spark, local[2]): {f['generate_seconds']:.1f} s.",
         "",
-        "| master | output | wall s (whole job) | ops/s | ops/s per core |",
-        "|---|---|---|---|---|",
+        "| master | output | wall s (whole job) | ops/s | ops/s per core | CPU s (driver, "
+        "JVM, Python workers) | cores busy on average |",
+        "|---|---|---|---|---|---|---|",
     ]
     for run in (one, two, with_rows):
         rate = run["operations"] / run["seconds"]
         output = "summary only" if run["rows"] == "summary" else "summary + every operation's row"
         lines.append(
             f"| {run['master']} | {output} | {run['seconds']:.1f} | {rate:,.0f} | "
-            f"{rate / run['cores']:,.0f} |"
+            f"{rate / run['cores']:,.0f} | {run['cpu_seconds']:.1f} | "
+            f"{run['cpu_seconds'] / run['seconds']:.2f} |"
         )
     lines += [
         "",
