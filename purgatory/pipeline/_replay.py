@@ -145,19 +145,31 @@ class ReplayConfig:
 class ReplayOperation(DelayedOperation[None]):
     """A trace row as a delayed operation: complete once the replay marks its condition met.
 
-    The group sets its fields after construction and keeps its summary in `on_complete`: one
-    Python call fewer per operation each, on a path run ten million times.
+    It keeps its group's summary itself when it ends (`on_complete`): one Python call fewer per
+    operation than a method of the group, on a path run ten million times.
     """
 
     __slots__ = ("arrived_at", "ended", "group", "keys", "op_id", "ready", "watched_at")
 
-    group: _Group
-    op_id: int
-    keys: tuple[str, ...]
-    ready: bool
-    arrived_at: float
-    watched_at: float
-    ended: bool
+    def __init__(
+        self,
+        group: _Group,
+        op_id: int,
+        keys: tuple[str, ...],
+        timeout: float,
+        *,
+        ready: bool,
+        arrived: float,
+        at: float,
+    ) -> None:
+        super().__init__(timeout)
+        self.group = group
+        self.op_id = op_id
+        self.keys = keys
+        self.ready = ready
+        self.arrived_at = arrived
+        self.watched_at = at
+        self.ended = False
 
     def try_complete(self) -> bool:
         self.group.attempts += 1
@@ -186,28 +198,6 @@ class ReplayOperation(DelayedOperation[None]):
 
     def on_expiration(self) -> None:
         pass
-
-
-def _operation(
-    group: _Group,
-    op_id: int,
-    keys: tuple[str, ...],
-    timeout: float,
-    *,
-    ready: bool,
-    arrived: float,
-    at: float,
-) -> ReplayOperation:
-    """A new `ReplayOperation` of `group`, arrived at `arrived` and watched at `at`."""
-    op = ReplayOperation(timeout)
-    op.group = group
-    op.op_id = op_id
-    op.keys = keys
-    op.ready = ready
-    op.arrived_at = arrived
-    op.watched_at = at
-    op.ended = False
-    return op
 
 
 class _Group:
@@ -314,7 +304,7 @@ class _Group:
         # (Time moves in one comparison while nothing is due: the clock's alarm.)
         self.clock.advance_to(t)
         ready = condition is not None and condition <= t
-        op = _operation(self, op_id, keys, timeout, ready=ready, arrived=t, at=t)
+        op = ReplayOperation(self, op_id, keys, timeout, ready=ready, arrived=t, at=t)
         purgatory = self.purgatory
         if not purgatory.try_complete_else_watch(op, keys):
             # (Comparisons, not max(): a call costs more, once per operation.)
@@ -541,7 +531,7 @@ class _LoadedGroup(_Group):
         if math.isnan(self.start):
             self.start = start
         ready = condition is not None and condition <= start
-        op = _operation(self, op_id, keys, timeout, ready=ready, arrived=t, at=start)
+        op = ReplayOperation(self, op_id, keys, timeout, ready=ready, arrived=t, at=start)
         purgatory = self.purgatory
         costs = self.costs
         cost = costs.dispatch + costs.application
