@@ -379,11 +379,9 @@ def replay(
                 "completed",
                 "expired",
                 *(F.lit(0).cast("long").alias(name) for name in _COUNTS[3:]),
-                (F.col("expired") / F.greatest(F.col("operations"), F.lit(1))).alias(
-                    "expired_share"
-                ),
+                _share("expired"),
                 "missed",
-                (F.col("missed") / F.greatest(F.col("operations"), F.lit(1))).alias("missed_share"),
+                _share("missed"),
                 *_STATS,
                 "peak_delayed",
                 "peak_watched",
@@ -488,8 +486,13 @@ def outcome_summary(ops: DataFrame, by: Sequence[str]) -> DataFrame:
             _pdisc(0.99, "_late").alias("lateness_p99"),
             F.max("_late").alias("lateness_max"),
         )
-        .withColumn("expired_share", F.col("expired") / F.greatest(F.col("operations"), F.lit(1)))
+        .withColumn("expired_share", _share("expired"))
     )
+
+
+def _share(count: str) -> Column:
+    """``<count>_share``: `count` over the operations (0 when there are none)."""
+    return (F.col(count) / F.greatest(F.col("operations"), F.lit(1))).alias(f"{count}_share")
 
 
 def _pdisc(p: float, column: str) -> Column:
