@@ -86,6 +86,9 @@ DEFAULT_WHEEL_SIZE = 1024
 # Deadlines are rounded up and the current time down, each with this slack in ticks, so that
 # float noise on a tick boundary neither delays an expiry by a tick nor fires one early.
 _TICK_SLACK = 1e-6
+# An alarm's `wake_tick` while nothing needs to wake it: the reaper is in a pass, or a driven
+# clock has not learned when the next pass is due and will ask at its next move.
+_RUNNING = -math.inf
 _ceil = math.ceil
 _floor = math.floor
 
@@ -798,9 +801,16 @@ class DelayedOperationPurgatory(Generic[Op]):
         A reaper whose task ended is not brought back for a purge alone (it comes back when an
         operation falls due): during a loop's wind-down that would start a task on a closing loop.
         """
+        # (Every completion calls this while a purge is owed: the cheap tests first.)
         alarm = self._alarm
-        if alarm is not None and alarm.alive:
-            alarm.wake_by(self._wheel.current_tick)
+        if alarm is None:
+            return
+        wake = alarm.wake_tick
+        if wake == _RUNNING:  # the reaper is in a pass, or a driven clock will ask at its next move
+            return
+        tick = self._wheel.current_tick
+        if tick < wake and alarm.alive:
+            alarm.wake_by(tick)
 
     # -- the event log ------------------------------------------------------------------------
 
