@@ -50,6 +50,8 @@ class Alarm(Protocol):
     """
 
     #: The tick (in the purgatory's ticks) of the next pass planned; nothing is due before it.
+    #: ``-math.inf``: nothing needs to wake it (a pass is under way, or the driven clock has not
+    #: learned yet and will ask at its next move); ``math.inf``: no pass planned.
     wake_tick: float
 
     @property
