@@ -221,6 +221,21 @@ def test_summary_from_the_tasks_equals_spark_over_the_operations(
     assert pq.read_table(lean / "summary").to_pylist() == mine
 
 
+def test_summary_only_from_the_command_line(
+    work: Path, trace: str, replayed: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``replay --summary-only`` (the default grid is the first configuration) writes only the
+    summary, the same as the full replay's."""
+    out = work / "replay-cli-summary-only"
+    assert main(["replay", "--trace", trace, "--out", str(out), "--summary-only"]) == 0
+    assert "missed %" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["summary"]
+    full = pq.read_table(f"{replayed[0]}/summary").to_pylist()
+    assert pq.read_table(out / "summary").to_pylist() == [
+        row for row in full if row["config_id"] == 0
+    ]
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 10, 99, 100, 101, 1000])
 def test_task_percentiles_are_sparks_percentile_disc(spark: SparkSession, n: int) -> None:
     from array import array
