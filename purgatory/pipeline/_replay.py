@@ -215,7 +215,6 @@ class _Group:
         "clock",
         "config",
         "config_id",
-        "ended",
         "event_log",
         "heap",
         "horizon",
@@ -267,7 +266,6 @@ class _Group:
         self.horizon = 0.0
         self.peak_watched = 0
         self.peak_delayed = 0
-        self.ended = 0
         self.out: list[tuple[int, str, float, float, float]] = []
         self.waits = array("d")
         self.lateness = array("d")
@@ -349,7 +347,6 @@ class _Group:
             ],
             schema=OUTPUT_SCHEMA,
         )
-        self.ended += n
         self.out = []
         return batch
 
@@ -398,7 +395,7 @@ def _percentiles(values: array[float]) -> list[float | None]:
     if not n:
         return [None, None, None]
     ordered = np.sort(np.frombuffer(values, dtype=np.float64))
-    ranks = [max(1, math.ceil(p * n)) - 1 for p in (0.5, 0.99)]
+    ranks = [_nearest_rank(p, n) - 1 for p in (0.5, 0.99)]
     return [float(ordered[rank]) for rank in (*ranks, n - 1)]
 
 
@@ -561,12 +558,18 @@ class _LoadedGroup(_Group):
         return [self.busy, span, *(_rank(late, p) / 1e9 for p in (0.5, 0.99, 1.0))]
 
 
+def _nearest_rank(p: float, n: int) -> int:
+    """The 1-based rank of percentile `p` of `n` values (``percentile_disc``: Spark computes
+    ``ceil(p * n)`` in doubles, as here)."""
+    return max(1, math.ceil(p * n))
+
+
 def _rank(counts: list[tuple[int, int]], p: float) -> int:
     """The nearest-rank percentile `p` of sorted (value, count) pairs (``percentile_disc``)."""
     total = sum(n for _, n in counts)
     if not total:
         return 0
-    rank = max(1, math.ceil(p * total))
+    rank = _nearest_rank(p, total)
     seen = 0
     for value, n in counts:
         seen += n
