@@ -22,6 +22,7 @@ from __future__ import annotations
 from ._clock import Alarm as Alarm
 from ._clock import Clock as Clock
 from ._clock import DrivenClock as DrivenClock
+from ._clock import Timer as Timer
 from ._errors import OperationCancelled as OperationCancelled
 from ._errors import PurgatoryClosed as PurgatoryClosed
 from ._errors import PurgatoryError as PurgatoryError
@@ -49,6 +50,7 @@ __all__ = (
     "PurgatoryError",
     "PurgatoryFull",
     "PurgatoryStatistics",
+    "Timer",
 )
 
 for _name in __all__:

@@ -1,9 +1,11 @@
 """Everything that touches asyncio: the loop clock, the reaper, futures and background attempts.
 
 The rest of the package is sans-IO: it takes the time as an argument and never sleeps. This module
-is the thin driver that turns it into something an event loop runs: one reaper coroutine per
-purgatory that sleeps until the earliest non-empty bucket of the timing wheel, and helpers that
-let operations be awaited without costing anything until somebody actually awaits.
+is the thin driver that turns it into something an event loop runs: the binding of a purgatory to
+the loop (and thread) it is first used in, one reaper coroutine per purgatory that runs its
+timer's passes (through the public `purgatory.Timer` protocol, as any driver does) and sleeps
+until the next one, and helpers that let operations be awaited without costing anything until
+somebody actually awaits.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ import sys
 import time
 from _thread import get_ident
 from collections.abc import Callable
-from typing import Any, Protocol, final
+from typing import TYPE_CHECKING, Any, Final, Protocol, final
+
+if TYPE_CHECKING:
+    from ._timer import SystemTimer
 
 __all__ = (
     "AttemptRunner",
     "CancelledError",
     "EventLoop",
-    "FunctionClock",
+    "LoopBinding",
     "Reaper",
     "cancelled_here",
     "current_task",
@@ -257,35 +262,146 @@ class AttemptRunner:
                 task.cancel()
 
 
+#: Entries one reaper pass cascades down the wheel, and purges, before the loop gets a turn
+#: (about a millisecond of work); the rest goes to the next passes, due at once.
+PASS_BUDGET: Final = 4096
+
+# Never a running loop: the binding of a purgatory on the loop's clock starts at it, so that its
+# first use binds (the hot paths compare the bound loop with the running one, nothing else).
+_UNBOUND: Any = object()
+
+
 @final
-class FunctionClock:
-    """A `Clock` made of a function that reads the time (the loop's, see `loop_time_function`)."""
+class LoopBinding:
+    """The event loop and thread a purgatory belongs to; for one on the loop's clock, its reaper.
 
-    __slots__ = ("current_time",)
+    A purgatory on the loop's clock stays with the first loop it is used in (its reaper and its
+    awaiters live there) and reads that loop's clock. One with a driven clock follows whichever
+    loop (or none) uses it, one after the other (a loop only serves its threadsafe triggers and
+    async attempts there): it refuses only a call from another thread while its loop still runs.
+    """
 
-    def __init__(self, read: Callable[[], float]) -> None:
-        self.current_time = read
+    __slots__ = ("_driven", "_name", "_timer", "loop", "reaper", "thread")
 
+    def __init__(self, name: str, timer: SystemTimer[Any], driven: bool) -> None:
+        self._name = name
+        self._timer = timer
+        self._driven = driven
+        #: The bound loop; ``None`` for a driven purgatory used outside any loop.
+        self.loop: asyncio.AbstractEventLoop | None = None if driven else _UNBOUND
+        #: The thread of the bound loop; ``None`` until bound.
+        self.thread: int | None = None
+        #: The reaper of a purgatory on the loop's clock, once bound.
+        self.reaper: Reaper | None = None
 
-class _TimerPass(Protocol):
-    _name: str
+    @property
+    def bound(self) -> bool:
+        """Whether the purgatory has a clock to read: a driven one always, one on the loop's
+        clock once bound to its loop."""
+        return self._driven or self.reaper is not None
 
-    def _run_timer_pass(self, now: float) -> int: ...
+    def bind(self) -> None:
+        """Bind to the running loop on first use; refuse another loop or another thread.
 
-    def _next_timer_pass(self) -> float: ...
+        Raises:
+            RuntimeError: Another thread's running loop owns the purgatory, a loop-clock
+                purgatory is used in another loop or outside any.
+        """
+        loop = asyncio._get_running_loop()
+        bound = self.loop
+        if self._driven:
+            if (
+                loop is not bound
+                and bound is not None
+                and bound.is_running()
+                and get_ident() != self.thread
+            ):
+                raise RuntimeError(
+                    f"purgatory {self._name!r} belongs to the event loop of another thread "
+                    "while that loop runs; call it from that loop (from other threads: "
+                    "check_and_complete_threadsafe or loop.call_soon_threadsafe)"
+                )
+            self.loop = loop
+            self.thread = get_ident()
+            return
+        if bound is not _UNBOUND and loop is not bound:
+            if loop is None and get_ident() != self.thread:
+                raise RuntimeError(
+                    f"purgatory {self._name!r} belongs to the event loop of another thread; "
+                    "call it from that loop (from other threads: check_and_complete_threadsafe "
+                    "or loop.call_soon_threadsafe)"
+                )
+            raise RuntimeError(
+                f"purgatory {self._name!r} is bound to another event loop (its reaper and its "
+                "awaiters live there); create one purgatory per loop"
+            )
+        if loop is None:
+            raise RuntimeError(
+                f"purgatory {self._name!r} follows the event loop's clock, so it must be used "
+                f"inside a running asyncio loop, and {no_running_loop_reason()} (for tests "
+                "without a loop, pass clock=purgatory.testing.ManualClock())"
+            )
+        if self.reaper is not None:
+            return
+        self.loop = loop
+        self.thread = get_ident()
+        now = loop_time_function(loop)
+        timer = self._timer
+        timer.use_clock(now)
+        self.reaper = Reaper(timer, self._name, loop, now)
+        timer.alarm = self.reaper
 
-    def _next_deadline(self) -> float: ...
+    def check_thread(self) -> None:
+        """The slow path of a trigger's thread check: bind, or refuse another thread."""
+        if self.thread is None or self._driven:
+            self.bind()
+        elif get_ident() != self.thread:
+            raise RuntimeError(
+                f"purgatory {self._name!r} belongs to the event loop of another thread; from "
+                f"this thread call check_and_complete_threadsafe(key) instead"
+            )
+
+    def call_soon_threadsafe(
+        self, what: str, callback: Callable[..., object], *args: object
+    ) -> None:
+        """Run `callback` on the bound loop, from any thread (`what` names it in errors).
+
+        Raises:
+            RuntimeError: Never used inside a running loop, or that loop is closed.
+        """
+        loop = self.loop
+        if loop is None or loop is _UNBOUND:
+            raise RuntimeError(
+                f"purgatory {self._name!r} is not bound to an event loop yet: it binds to the "
+                "running loop the first time it is called from inside one (watch, "
+                "try_complete_else_watch, check_and_complete)"
+            )
+        try:
+            loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError as exc:
+            if not loop.is_closed():
+                raise
+            raise RuntimeError(
+                f"purgatory {self._name!r} is bound to an event loop that is closed; {what} "
+                "was not delivered"
+            ) from exc
+
+    async def stop(self) -> None:
+        """Stop the reaper, if any, and wait until it has stopped."""
+        if self.reaper is not None:
+            await self.reaper.stop()
 
 
 @final
 class Reaper:
-    """The one coroutine that expires a purgatory's operations on the loop's clock.
+    """The one coroutine that runs a timer's passes on the loop's clock: a `purgatory.Timer`
+    driver, and its `purgatory.Alarm`.
 
-    It sleeps until the earliest non-empty bucket of the wheel (however many operations are
-    pending, one loop timer handle at a time) and is moved earlier by `wake_by` when an earlier
-    deadline arrives or a purge falls due. Nothing pending: it sleeps without any timer handle.
+    It sleeps until the timer's next pass (however many operations are pending, one loop timer
+    handle at a time) and is moved earlier by `wake_by` when an earlier deadline arrives or a
+    purge falls due. Nothing pending: it sleeps without any timer handle.
 
-    It cannot be killed by accident. A callback that raises anything inside a timer pass is that
+    It cannot be killed by accident. A callback that raises anything inside a pass is that
     operation's failure (the purgatory reports it); ``KeyboardInterrupt`` and ``SystemExit``
     propagate as asyncio lets them, and code that cancels "every other task" may cancel the
     reaper. Either way its task ends, and a new one starts, reported to the loop's exception
@@ -295,11 +411,12 @@ class Reaper:
     __slots__ = (
         "_handle",
         "_loop",
+        "_name",
         "_now",
-        "_purgatory",
         "_stopping",
         "_task",
         "_tick",
+        "_timer",
         "_waiter",
         "restarts",
         "wake_tick",
@@ -307,14 +424,15 @@ class Reaper:
 
     def __init__(
         self,
-        purgatory: _TimerPass,
+        timer: SystemTimer[Any],
+        name: str,
         loop: asyncio.AbstractEventLoop,
-        tick: float,
         now: Callable[[], float],
     ) -> None:
-        self._purgatory = purgatory
+        self._timer = timer
+        self._name = name
         self._loop = loop
-        self._tick = tick
+        self._tick = timer.tick
         self._now = now
         self._handle: asyncio.TimerHandle | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -326,9 +444,7 @@ class Reaper:
         self._task = self._start()
 
     def _start(self) -> asyncio.Task[None]:
-        task = self._loop.create_task(
-            self._run(), name=f"purgatory-reaper[{self._purgatory._name}]"
-        )
+        task = self._loop.create_task(self._run(), name=f"purgatory-reaper[{self._name}]")
         task.add_done_callback(self._ended)
         return task
 
@@ -370,7 +486,7 @@ class Reaper:
             self._handle.cancel()
             self._handle = None
         self.wake_tick = math.inf
-        next_tick = self._purgatory._next_deadline()
+        next_tick = self._timer.next_deadline_tick()
         if next_tick < math.inf:
             self.wake_by(next_tick)
 
@@ -390,7 +506,7 @@ class Reaper:
         self._loop.call_exception_handler(
             {
                 "message": (
-                    f"the reaper of purgatory {self._purgatory._name!r} ended unexpectedly "
+                    f"the reaper of purgatory {self._name!r} ended unexpectedly "
                     f"({type(error).__name__}); a new one was started so that expirations go "
                     "on. Stop a purgatory with `await purgatory.shutdown()`, not by cancelling "
                     "its reaper task"
@@ -402,17 +518,17 @@ class Reaper:
 
     async def _run(self) -> None:
         loop = self._loop
-        purgatory = self._purgatory
+        timer = self._timer
         now = self._now
         while True:
             self.wake_tick = -math.inf
             try:
-                purgatory._run_timer_pass(now())
+                timer.run_pass(now(), PASS_BUDGET)
             except Exception as exc:  # noqa: BLE001 - a bug, reported; expiries must go on
                 report_exception("purgatory timer pass failed", exc)
             waiter = self._waiter = loop.create_future()
             self.wake_tick = math.inf
-            next_tick = purgatory._next_timer_pass()
+            next_tick = timer.next_pass_tick()
             if next_tick < math.inf:
                 self.wake_by(next_tick)
             await waiter

@@ -2,15 +2,20 @@
 
 The core never reads a clock itself; the driver passes the time in. A purgatory is given either
 nothing (the running event loop's clock, driven by a reaper coroutine) or a `DrivenClock` such as
-`purgatory.testing.ManualClock`, which calls back into every purgatory attached to it when its
-time moves.
+`purgatory.testing.ManualClock`, which runs the passes of every purgatory's `Timer` attached to it
+when its time moves.
+
+The driver protocol, public methods only (as trio's ``Clock``): a driver is handed a purgatory's
+`Timer` (``attach``), runs its passes (`Timer.run_pass`) no later than `Timer.next_pass_at` says,
+and may give back an `Alarm` through which the timer says when a pass falls due earlier than the
+driver last learned. The reaper on the event loop is such a driver, and so is a user's own.
 """
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-__all__ = ("Alarm", "Clock", "DrivenClock", "Expirable")
+__all__ = ("Alarm", "Clock", "DrivenClock", "Timer")
 
 
 @runtime_checkable
@@ -22,34 +27,56 @@ class Clock(Protocol):
         ...
 
 
-class Expirable(Protocol):
-    """What a driven clock calls back: a purgatory's timer pass, and when it next has work."""
+class Timer(Protocol):
+    """A purgatory's timer as its driver sees it (Kafka's ``Timer``: ``advanceClock``).
 
-    #: The length of the purgatory's tick in seconds (an `Alarm`'s unit).
-    _tick: float
+    A *pass* expires every operation whose deadline has come (in deadline order, ``on_complete``
+    and ``on_expiration`` included), then does the purgatory's housekeeping (the purge of its
+    watcher lists, when Kafka's rule says so). A driver runs a pass no later than
+    `next_pass_at`, and at any other time it likes: a pass with nothing due costs little.
+    """
 
-    def _run_timer_pass(self, now: float) -> int: ...
-
-    def _next_timer_pass(self) -> float:
-        """The tick at which a timer pass next has work; ``math.inf`` if none."""
+    @property
+    def tick(self) -> float:
+        """The length of the timer's tick in seconds (an `Alarm`'s unit)."""
         ...
 
-    def _next_timer_pass_at(self) -> float:
-        """Seconds of the clock at which a timer pass next has work; ``math.inf`` if none."""
+    @property
+    def time_limit(self) -> float:
+        """The latest clock time (seconds) the timer can count to: a driven clock refuses to
+        move past it."""
+        ...
+
+    def run_pass(self, now: float, budget: int | None = None) -> int:
+        """Run a pass at the clock time `now` (seconds, never earlier than the last pass's);
+        return how many operations expired.
+
+        `budget` bounds the entries one pass cascades down the wheel and purges (the rest waits
+        for the next passes, which `next_pass_at` then says are due at once): a driver on an
+        event loop passes one so that a burst never stalls the loop; ``None`` does all of it.
+        """
+        ...
+
+    def next_pass_at(self) -> float:
+        """The clock time (seconds) at which a pass next has work; ``math.inf`` if none."""
+        ...
+
+    def next_pass_tick(self) -> float:
+        """`next_pass_at` in ticks (the unit of `Alarm.wake_tick`); ``math.inf`` if none."""
         ...
 
 
 class Alarm(Protocol):
-    """Who runs a purgatory's timer passes, told when one falls due earlier than it planned.
+    """Who runs a timer's passes, told when one falls due earlier than it planned.
 
-    The purgatory calls `wake_by` only when a new deadline or a purge owed comes before
+    The timer calls `wake_by` only when a new deadline or housekeeping owed comes before
     `wake_tick`, so the common watch costs one comparison. The reaper is one (it moves its loop
-    timer); a driven clock may give one per purgatory from ``attach`` and then move time at the
-    cost of one comparison while nothing is due, instead of asking every purgatory at every
-    move.
+    timer); a driven clock may give one per timer from ``attach`` and then move time at the cost
+    of one comparison while nothing is due, instead of asking every timer at every move. The
+    driver writes `wake_tick` (from `Timer.next_pass_tick` as it plans); the timer only reads it.
     """
 
-    #: The tick (in the purgatory's ticks) of the next pass planned; nothing is due before it.
+    #: The tick (in the timer's ticks) of the next pass planned; nothing is due before it.
     #: ``-math.inf``: nothing needs to wake it (a pass is under way, or the driven clock has not
     #: learned yet and will ask at its next move); ``math.inf``: no pass planned.
     wake_tick: float
@@ -73,11 +100,15 @@ class DrivenClock(Clock, Protocol):
     ``advance``, synchronously, which is what makes tests and trace replays deterministic.
     """
 
-    def attach(self, purgatory: Expirable) -> Alarm | None:
-        """Run ``purgatory._run_timer_pass(now)`` whenever this clock moves (or is told to tick).
+    def attach(self, timer: Timer) -> Alarm | None:
+        """Drive `timer` from now on: run ``timer.run_pass(now)`` as this clock moves, no later
+        than ``timer.next_pass_at()``. A purgatory calls this once, as it is created.
 
         Returns:
-            An `Alarm` the purgatory calls when a pass falls due earlier than it last said, or
-            ``None``: the clock asks ``_next_timer_pass`` itself whenever it needs to know.
+            An `Alarm` the timer calls when a pass falls due earlier than the clock last learned,
+            or ``None``: the clock asks `Timer.next_pass_at` itself whenever it needs to know.
+
+        Raises:
+            ValueError: The clock's time is beyond ``timer.time_limit``.
         """
         ...

@@ -1,4 +1,4 @@
-"""`DelayedOperationPurgatory`: keyed watcher lists in front of a timing wheel.
+"""`DelayedOperationPurgatory`: keyed watcher lists in front of a timer.
 
 Kafka's design, kept: an operation is tried once, registered on each of its keys, tried again
 (which closes the race with a trigger that arrived in between) and only then put in the timer.
@@ -15,12 +15,13 @@ burst of garbage never stalls the expirations. The purgatory holds an operation 
 list or the timer does: one that has left them all is forgotten at once, whatever its result.
 
 The purgatory is a facade over parts that each own their state: `WatcherLists` (every key's
-watchers, the trigger loop, cancel, the purge; `purgatory._watchers`), the `TimingWheel`
-(`purgatory._wheel`) and the operations themselves (`purgatory._operation`, whose docstring lists
-which fields of an operation belong to whom). It checks arguments, binds to a loop, composes the
-parts, counts the gauges, decides when to purge (Kafka's rule) and runs the timer pass. An
-operation reaches it through one call when it settles (`_settled`); everything else goes from
-the facade down.
+watchers, the trigger loop, cancel, the purge; `purgatory._watchers`), the `SystemTimer` (the
+wheel, its count, ticks and the expiry passes; `purgatory._timer`), the `LoopBinding` (the loop
+and thread it belongs to, its reaper; `purgatory._asyncio`) and the operations themselves
+(`purgatory._operation`, whose docstring lists which fields of an operation belong to whom). It
+checks arguments, composes the parts, counts, and keeps Kafka's purge rule. An operation reaches
+it through one call when it settles (`_settled`); everything else goes from the facade down: a
+trigger to the lists, then the operation; an expiry from the driver to the timer, then the wheel.
 """
 
 from __future__ import annotations
@@ -28,40 +29,27 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, final
 
 from ._asyncio import (
     AttemptRunner,
     CancelledError,
-    FunctionClock,
-    Reaper,
+    LoopBinding,
     cancelled_here,
     get_ident,
-    loop_time_function,
-    no_running_loop_reason,
     report_exception,
     report_false_claim,
     running_loop,
 )
-from ._clock import Alarm, Clock, DrivenClock
+from ._clock import DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
 from ._events import EventLog, Outcome
-from ._operation import (
-    ASYNC,
-    DONE,
-    EXPIRED,
-    FINISHED,
-    DelayedOperation,
-    Settlement,
-    expire_due,
-)
+from ._operation import ASYNC, FINISHED, DelayedOperation, Settlement, expire_due
+from ._statistics import PurgatoryStatistics
+from ._timer import SystemTimer
 from ._watchers import WatcherLists
-from ._wheel import TimingWheel
-
-if TYPE_CHECKING:
-    from ._asyncio import EventLoop
 
 __all__ = ("DEFAULT_WHEEL_SIZE", "DelayedOperationPurgatory", "PurgatoryStatistics")
 
@@ -82,53 +70,6 @@ class _Accepting(Protocol[_D_contra, _R_co]):
 #: Slots per wheel level. Kafka uses 20; 1024 one-millisecond ticks put every timeout under a
 #: second straight into level 0, so such operations never cascade (see benchmarks/RESULTS.md).
 DEFAULT_WHEEL_SIZE = 1024
-
-# Deadlines are rounded up and the current time down, each with this slack in ticks, so that
-# float noise on a tick boundary neither delays an expiry by a tick nor fires one early.
-_TICK_SLACK = 1e-6
-# An alarm's `wake_tick` while nothing needs to wake it: the reaper is in a pass, or a driven
-# clock has not learned when the next pass is due and will ask at its next move.
-_RUNNING = -math.inf
-_ceil = math.ceil
-_floor = math.floor
-
-# Garbage entries one purge slice removes on the event loop (about a millisecond of work); more
-# garbage waits for the next pass, which the reaper runs as soon as the loop has had a turn.
-PURGE_SLICE = 4096
-
-# Deadlines at most this many ticks ahead: 2**53 one-millisecond ticks are 285,000 years, and a
-# wheel of 1024 slots reaches them with 6 levels (1e300 seconds would have built 112).
-MAX_TIMEOUT_TICKS = 2**53
-# Entries a timer pass on the event loop cascades (moves down a wheel level) before it yields.
-CASCADE_SLICE = 4096
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class PurgatoryStatistics:
-    """A snapshot of a purgatory's gauges and counters (counters count since creation)."""
-
-    watched: int
-    """Entries over all watcher lists, completed ones not yet purged included."""
-    delayed: int
-    """Operations in the timer."""
-    keys: int
-    """Keys with a watcher list."""
-    completed: int
-    """Operations completed by their condition or `force_complete` (expiries not included)."""
-    expired: int
-    """Operations completed by their deadline."""
-    cancelled: int
-    """Operations cancelled (`cancel_for_key`, `shutdown`, a cancelled `watch`)."""
-    purged: int
-    """Watcher-list entries removed by purges."""
-    timer_passes: int
-    """Timer passes run: reaper wake-ups on the loop, ``advance`` calls of a driven clock."""
-    purges: int
-    """Timer passes that removed entries from the watcher lists (on the loop a purge runs in
-    slices, one per pass; `purge` calls are not counted)."""
-    next_deadline_in: float
-    """Seconds until the timer next has work (``math.inf`` when nothing is timed)."""
 
 
 def _split_keys(
@@ -170,13 +111,13 @@ def _check_identity_semantics(cls: type) -> None:
 class DelayedOperationPurgatory(Generic[Op]):
     """Holds delayed operations until their condition holds or their deadline passes.
 
-    Kafka: ``DelayedOperationPurgatory``. Times are in seconds; the wheel counts integer ticks.
+    Kafka: ``DelayedOperationPurgatory``. Times are in seconds; the timer counts integer ticks.
 
     Callbacks may use their own purgatory: ``try_complete``, ``on_complete`` and
     ``on_expiration`` may call `check_and_complete` (re-entrantly, on any key),
     ``force_complete`` of any operation, `try_complete_else_watch` / `watch` of another
-    operation, `cancel_for_key`, `purge`, `statistics`, `shutdown` (which cancels whatever is
-    still pending, the operation being watched or expired included) and
+    operation, `cancel_for_key`, `purge`, `statistics`, `drain`, `shutdown` (which cancels
+    whatever is still pending, the operation being watched or expired included) and
     ``ManualClock.advance``; each leaves the lists and the timer consistent. A purgatory on the
     loop's clock belongs to that loop and its thread: from another thread, only
     `check_and_complete_threadsafe`.
@@ -194,43 +135,35 @@ class DelayedOperationPurgatory(Generic[Op]):
             `purgatory.JsonLinesEventLog`); ``None``, the default, costs nothing.
 
     Raises:
-        ValueError: An argument is out of range.
+        ValueError: An argument is out of range, or the driven clock is past what a timer of
+            this tick counts.
         TypeError: An argument has the wrong type.
     """
 
     __slots__ = (
         "__weakref__",
-        "_alarm",
         "_attempt",
         "_attempts",
+        "_binding",
         "_cancelled",
         "_checked_types",
-        "_clock",
         "_closed",
         "_completed",
-        "_delayed",
-        "_driven",
-        "_expired",
-        "_in_flight",
+        "_draining",
         "_lists",
         "_log",
-        "_loop",
         "_max_pending",
         "_max_timeout",
         "_name",
         "_owed",
-        "_owner_thread",
-        "_passes",
         "_purge_interval",
         "_purge_queue",
+        "_purge_requested",
         "_purges",
         "_purging",
-        "_reaper",
         "_sync_types",
-        "_tick",
-        "_time",
-        "_unbound",
-        "_wheel",
+        "_time_op",
+        "_timer",
     )
 
     def __init__(
@@ -272,8 +205,6 @@ class DelayedOperationPurgatory(Generic[Op]):
                 f"purgatory.EventLog protocol), got {event_log!r}"
             )
         self._name = name
-        self._tick = float(tick)
-        self._max_timeout = MAX_TIMEOUT_TICKS * self._tick
         self._max_pending = max_pending
         self._log = event_log
         self._lists: WatcherLists[Op] = WatcherLists()
@@ -281,50 +212,44 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._purge_queue = self._lists.queue
         # Kafka's purge rule: purge once ``estimated - numDelayed > purgeInterval``, where
         # ``estimated`` counts the operations registered since the last purge. `_owed` is that
-        # difference, kept as it changes: a registered operation that enters the timer leaves
-        # it unchanged, so the watch path pays nothing for it. The wheel keeps no count of its
-        # own: `_delayed` is numDelayed.
+        # difference, kept as it changes: every registered operation adds one as it leaves the
+        # timer or settles without having entered it (the timer's passes tell how many they
+        # took), so the watch path pays nothing for it.
         self._purge_interval = purge_interval
         self._owed = 0
-        self._delayed = 0
         self._purging = False
-        # Due lists of the timer passes under way, so that a shutdown inside one cancels them.
-        self._in_flight: list[list[Op]] = []
-        self._completed = 0
-        self._expired = 0
-        self._cancelled = 0
-        self._passes = 0
+        self._purge_requested = False
         self._purges = 0
+        self._completed = 0
+        self._cancelled = 0
         self._closed = False
+        # Drained: every operation watched from now on is due at once (`_time_op`).
+        self._draining = False
         self._checked_types: set[type] = set()
         # The classes met whose try_complete is synchronous: their watch skips `_admit_type`.
         self._sync_types: set[type] = set()
         self._attempts = AttemptRunner()
         self._attempt = self._attempts.attempt
-        self._loop: EventLoop | None = None
-        # The thread of the bound loop; None until bound (every call then takes the slow path).
-        self._owner_thread: int | None = None
-        self._reaper: Reaper | None = None
-        # Who runs the timer passes, told when one falls due earlier: the reaper, or the
-        # driven clock's alarm (``None``: a driven clock that asks at every move).
-        self._alarm: Alarm | None = None
-        self._driven = clock is not None
-        # A purgatory on the loop's clock until its first use inside a loop binds it.
-        self._unbound = clock is None
-        self._clock: Clock | None = clock
-        # The clock's reading, as a bound method: one call on the hot path.
-        self._time: Callable[[], float] = (
-            self._unbound_time if clock is None else clock.current_time
+        record = None if event_log is None else self._record_expired
+        self._timer: SystemTimer[Op] = SystemTimer(
+            float(tick),
+            wheel_size,
+            self._unbound_time if clock is None else clock.current_time,
+            partial(expire_due, purge_queue=self._purge_queue, record=record),
+            self._housekeeping,
         )
-        start = 0 if clock is None else self._now_tick(clock.current_time())
-        self._wheel = TimingWheel(wheel_size, start)
+        # How a watch times its operation: `SystemTimer.add`, or at once while draining.
+        self._time_op = self._timer.add
+        self._max_timeout = self._timer.max_timeout
+        self._binding = LoopBinding(name, self._timer, driven=clock is not None)
         if clock is not None:
-            self._alarm = clock.attach(self)
+            self._timer.use_clock(clock.current_time)
+            self._timer.alarm = clock.attach(self._timer)
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
+        state = "closed" if self._closed else "draining" if self._draining else "open"
         return (
-            f"<DelayedOperationPurgatory {self._name!r} {state} delayed={self._delayed} "
+            f"<DelayedOperationPurgatory {self._name!r} {state} delayed={self._timer.delayed} "
             f"keys={len(self._lists)}>"
         )
 
@@ -336,7 +261,7 @@ class DelayedOperationPurgatory(Generic[Op]):
     # -- the Kafka API ------------------------------------------------------------------------
 
     # One path, its steps inlined: on this path a call costs more than a branch.
-    def try_complete_else_watch(  # noqa: C901, PLR0912, PLR0915
+    def try_complete_else_watch(  # noqa: C901, PLR0912
         self, op: Op, keys: Iterable[Hashable] | Mapping[Hashable, Any]
     ) -> bool:
         """Complete `op` now if it can; otherwise watch it on every key and start its timer.
@@ -395,8 +320,9 @@ class DelayedOperationPurgatory(Generic[Op]):
                 f"timeout {op._timeout!r} s is beyond the timer's horizon of 2**53 ticks "
                 f"({self._max_timeout:.3g} s); use a shorter timeout"
             )
-        if self._loop is not running_loop() or self._unbound:
-            self._bind_loop()
+        binding = self._binding
+        if binding.loop is not running_loop():
+            binding.bind()
         if self._log is not None:
             self._record_watch(op, keys, marks)
         if not state:  # a synchronous try_complete: Kafka's first try, before registration
@@ -409,8 +335,7 @@ class DelayedOperationPurgatory(Generic[Op]):
                 return self._ended_before_registration(op)
             if claimed:
                 report_false_claim(op, claimed)
-        wheel = self._wheel
-        if self._max_pending is not None and self._delayed >= self._max_pending:
+        if self._max_pending is not None and self._timer.delayed >= self._max_pending:
             self._refuse(op)
             raise PurgatoryFull(
                 f"purgatory {self._name!r} already delays max_pending={self._max_pending} "
@@ -430,9 +355,6 @@ class DelayedOperationPurgatory(Generic[Op]):
             else:
                 claimed = op.try_complete()
                 if op._state & FINISHED:
-                    self._owed += 1  # registered, never timed
-                    if self._owed > self._purge_interval:
-                        self._purge_due()
                     return True
                 if claimed:
                     report_false_claim(op, claimed)
@@ -441,11 +363,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         except BaseException:
             self._abandon(op)
             raise
-        due = wheel.add(op, _ceil((self._time() + op._timeout) / self._tick - _TICK_SLACK))
-        self._delayed += 1
-        alarm = self._alarm
-        if alarm is not None and due < alarm.wake_tick:
-            alarm.wake_by(due)
+        self._time_op(op)
         return False
 
     def _admit_type(self, op: Op) -> int:
@@ -555,8 +473,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         Runtime complexity: O(operations re-tried) plus their `try_complete` calls, and
         O(log n) per threshold reached.
         """
-        if get_ident() != self._owner_thread:
-            self._check_thread()
+        if get_ident() != self._binding.thread:
+            self._binding.check_thread()
         return self._lists.trigger(key, reached, self._attempt)
 
     def check_and_complete_threadsafe(self, key: Hashable, reached: Any = None) -> None:
@@ -570,22 +488,9 @@ class DelayedOperationPurgatory(Generic[Op]):
                 the running loop on its first call from one), or that loop is closed (the
                 trigger is not delivered).
         """
-        loop = self._loop
-        if loop is None:
-            raise RuntimeError(
-                f"purgatory {self._name!r} is not bound to an event loop yet: it binds to the "
-                "running loop the first time it is called from inside one (watch, "
-                "try_complete_else_watch, check_and_complete)"
-            )
-        try:
-            loop.call_soon_threadsafe(self.check_and_complete, key, reached)
-        except RuntimeError as exc:
-            if not loop.is_closed():
-                raise
-            raise RuntimeError(
-                f"purgatory {self._name!r} is bound to an event loop that is closed; the trigger "
-                f"for {key!r} was not delivered"
-            ) from exc
+        self._binding.call_soon_threadsafe(
+            f"the trigger for {key!r}", self.check_and_complete, key, reached
+        )
 
     def cancel_for_key(self, key: Hashable) -> list[Op]:
         """Drop `key`'s watcher list and cancel its pending operations; return those.
@@ -600,20 +505,21 @@ class DelayedOperationPurgatory(Generic[Op]):
 
         Runtime complexity: O(operations on the key's list).
         """
-        if self._owner_thread is not None and get_ident() != self._owner_thread:
-            self._bind_loop()  # refuses a foreign thread while the purgatory's loop runs
+        self._check_caller()
         return self._lists.cancel_key(key, _cancel)
 
     def watched(self) -> int:
         """Entries over all watcher lists (an operation on 3 keys counts 3), unpurged included.
 
-        Kafka: ``watched`` / gauge ``PurgatorySize``. Runtime complexity: O(1).
+        Kafka: ``watched`` / gauge ``PurgatorySize``: a measure of memory. How many operations
+        are parked is `num_delayed`. Runtime complexity: O(1).
         """
         return self._lists.entries
 
     def num_delayed(self) -> int:
-        """Operations in the timer. Kafka: ``numDelayed`` / ``NumDelayedOperations``. O(1)."""
-        return self._delayed
+        """Operations in the timer: parked now. Kafka: ``numDelayed`` /
+        ``NumDelayedOperations``. O(1)."""
+        return self._timer.delayed
 
     def purge(self) -> int:
         """Remove every finished operation from the watcher lists now; return entries removed.
@@ -626,64 +532,97 @@ class DelayedOperationPurgatory(Generic[Op]):
 
         Runtime complexity: O(keys of the operations finished since the last purge).
         """
-        if self._owner_thread is not None and get_ident() != self._owner_thread:
-            self._bind_loop()
-        self._reset_estimate()
-        self._purging = False
+        self._check_caller()
+        self._start_purge()
         return self._lists.purge(None)
 
     def statistics(self) -> PurgatoryStatistics:
         """A snapshot of the gauges and counters."""
-        next_tick = self._wheel.next_deadline()
-        if next_tick == math.inf:
-            next_in = math.inf
-        else:
-            now = self._current_time()
-            next_in = max(0.0, next_tick * self._tick - now) if now is not None else 0.0
+        timer = self._timer
+        next_tick = timer.next_deadline_tick()
+        next_in = math.inf
+        if next_tick != math.inf:
+            next_in = max(0.0, next_tick * timer.tick - timer.current_time())
         lists = self._lists
         return PurgatoryStatistics(
             watched=lists.entries,
-            delayed=self._delayed,
+            delayed=timer.delayed,
             keys=len(lists),
             completed=self._completed,
-            expired=self._expired,
+            expired=timer.expired,
             cancelled=self._cancelled,
             purged=lists.purged,
-            timer_passes=self._passes,
+            timer_passes=timer.passes,
             purges=self._purges,
             next_deadline_in=next_in,
         )
+
+    def drain(self, answer: Callable[[Op], object] | None = None) -> int:
+        """Answer every parked operation now, and every later one at once: for a shutdown.
+
+        Each pending operation is handed to `answer` (if given), which may complete it its own
+        way (``op.force_complete()``, after setting what ``on_complete`` should say); each one
+        still pending after that expires now, as at its deadline: ``on_complete``, then
+        ``on_expiration``, and its awaiter gets ``on_complete``'s value. From then on the
+        purgatory is *draining*: an operation watched later is tried as usual and, if it does
+        not complete, expires at the next timer pass (at once on the loop) instead of waiting
+        for its timeout, so that requests still arriving are answered too. `shutdown` ends it.
+
+        Call it from a signal handler or an ASGI server's shutdown hook before the server waits
+        for its connections (see the ASGI recipe): every parked request then gets its answer
+        instead of waiting out its timeout or being cut off.
+
+        Returns:
+            How many operations this call answered (completed by `answer` or expired).
+
+        Raises:
+            PurgatoryClosed: The purgatory was shut down.
+            RuntimeError: Called outside the thread of the event loop the purgatory is bound to.
+        """
+        if self._closed:
+            raise PurgatoryClosed(f"purgatory {self._name!r} is shut down")
+        self._check_caller()
+        self._draining = True
+        timer = self._timer
+        self._time_op = timer.add_due
+        answered = 0
+        if answer is not None:
+            for op in timer.held():
+                if not op._state & FINISHED:
+                    answer(op)
+                    answered += bool(op._state & FINISHED)
+        return answered + timer.expire_all()
 
     @property
     def closed(self) -> bool:
         """``True`` once `shutdown` has begun."""
         return self._closed
 
+    @property
+    def draining(self) -> bool:
+        """``True`` once `drain` was called (and until `shutdown`)."""
+        return self._draining and not self._closed
+
     async def shutdown(self) -> None:
         """Stop the reaper and cancel every pending operation; idempotent.
 
-        Awaiters of the pending operations get `PurgatoryClosed`; no callback runs. Later
-        watches raise `PurgatoryClosed`. The event log, if any, is flushed.
+        Awaiters of the pending operations get `PurgatoryClosed`; no callback runs (`drain`
+        first answers them instead). Later watches raise `PurgatoryClosed`. The event log, if
+        any, is flushed.
         """
         if not self._closed:
             self._closed = True
-            pending = list(self._wheel)
+            pending = self._timer.close()
             pending.extend(self._lists.drain())
-            for due in self._in_flight:
-                pending.extend(due)
             for op in pending:
                 op._cancel(closed=True)
-            # A fresh wheel: a cascade under way would otherwise keep its entries referenced.
-            self._wheel = TimingWheel(self._wheel.wheel_size, self._wheel.current_tick)
-            self._delayed = 0
             self._attempts.close()
             if self._log is not None:
                 try:
                     self._log.flush()
                 except Exception as exc:  # noqa: BLE001 - reported; the shutdown goes on
                     self._report_log_failure("flush", exc)
-        if self._reaper is not None:
-            await self._reaper.stop()
+        await self._binding.stop()
 
     async def __aenter__(self) -> DelayedOperationPurgatory[Op]:
         return self
@@ -696,81 +635,7 @@ class DelayedOperationPurgatory(Generic[Op]):
     ) -> None:
         await self.shutdown()
 
-    # -- driver interface ---------------------------------------------------------------------
-
-    def _run_timer_pass(self, now: float) -> int:
-        """Expire what is due at `now` (seconds), then purge if due; return how many expired.
-
-        This is what the reaper runs on the loop's clock and what a driven clock's ``advance``
-        runs. On the loop, a cascade moves a slice per pass and a purge a slice per pass; a
-        driven clock has no loop to yield to, so it does both whole.
-        """
-        if self._closed:
-            return 0
-        self._passes += 1
-        sliced = self._reaper is not None
-        due = self._wheel.advance(
-            _floor(now / self._tick + _TICK_SLACK), CASCADE_SLICE if sliced else None
-        )
-        expired = 0
-        if due:
-            taken = len(due)
-            self._delayed -= taken
-            self._owed += taken
-            expired = self._expire(due)
-        if self._purging or self._owed > self._purge_interval:
-            if not self._purging:
-                self._purging = True
-                self._reset_estimate()
-            if self._lists.purge(PURGE_SLICE if sliced else None):
-                self._purges += 1
-            self._purging = bool(self._purge_queue)
-        return expired
-
-    def _reset_estimate(self) -> None:
-        """Kafka's ``estimated = numDelayed`` as a purge starts. Operations a timer pass under
-        way took from the wheel but has not expired yet still count: they finish after this
-        purge, so the next one must see them."""
-        self._owed = sum(map(len, self._in_flight))
-
-    def _expire(self, due: list[Op]) -> int:
-        """Expire the pending operations of `due` (see `expire_due`); if a callback interrupts
-        the pass, what was not expired yet stays due for the next one."""
-        in_flight = self._in_flight
-        in_flight.append(due)
-        expired = 0
-        try:
-            expired = expire_due(
-                due, self._purge_queue, None if self._log is None else self._record_expired
-            )
-        except BaseException:
-            expired = sum(1 for op in due if op._state & EXPIRED)
-            if not self._closed:
-                wheel = self._wheel
-                for op in due:
-                    if not op._state & FINISHED:
-                        wheel.add(op, op._deadline)
-                        self._delayed += 1
-                        self._owed -= 1
-            raise
-        finally:
-            in_flight.pop()
-            self._expired += expired
-        return expired
-
-    def _next_timer_pass(self) -> float:
-        """The tick at which a timer pass next has work; ``math.inf`` if none."""
-        if self._purging or self._owed > self._purge_interval:
-            return self._wheel.current_tick
-        return self._wheel.next_deadline()
-
-    def _next_timer_pass_at(self) -> float:
-        """`_next_timer_pass` in seconds of the clock (the `Expirable` protocol)."""
-        return self._next_timer_pass() * self._tick
-
-    def _next_deadline(self) -> float:
-        """The tick at which a timed operation next needs the timer; ``math.inf`` if none."""
-        return self._wheel.next_deadline()
+    # -- the parts' calls ---------------------------------------------------------------------
 
     def _settled(self, op: Op, outcome: Settlement, /) -> None:
         """The operation protocol's one call: the registered `op` completed or was cancelled.
@@ -779,13 +644,14 @@ class DelayedOperationPurgatory(Generic[Op]):
         the event log. Runs before the operation's callbacks (update state first).
         """
         bucket = op._bucket
-        if bucket is not None:  # out of the timer, by the timer-entry protocol (`TimerEntry`)
+        if bucket is not None:  # out of the timer (`SystemTimer`'s removal protocol)
             del bucket[op]
             op._bucket = None
-            self._delayed -= 1
-            self._owed += 1
-            if self._owed > self._purge_interval:
-                self._purge_due()
+            self._timer.delayed -= 1
+        owed = self._owed = self._owed + 1
+        if owed > self._purge_interval and not self._purge_requested:
+            self._purge_requested = True
+            self._timer.request_pass()
         if outcome == "completed":
             self._completed += 1
         else:
@@ -795,22 +661,32 @@ class DelayedOperationPurgatory(Generic[Op]):
         if self._log is not None:
             self._record_end(op, outcome)
 
-    def _purge_due(self) -> None:
-        """Kafka's purge rule holds: have the reaper run a pass (a driven clock's next one).
+    def _housekeeping(self, taken: int, budget: int | None) -> bool:
+        """After each timer pass (which took `taken` operations from the wheel): Kafka's purge
+        rule, a purge slice of `budget` entries if one is due; whether work is still owed now."""
+        self._owed += taken
+        if self._purging or self._owed > self._purge_interval:
+            if not self._purging:
+                self._start_purge()
+                self._purging = True
+            if self._lists.purge(budget):
+                self._purges += 1
+            self._purging = bool(self._purge_queue)
+        return self._purging or self._owed > self._purge_interval
 
-        A reaper whose task ended is not brought back for a purge alone (it comes back when an
-        operation falls due): during a loop's wind-down that would start a task on a closing loop.
-        """
-        # (Every completion calls this while a purge is owed: the cheap tests first.)
-        alarm = self._alarm
-        if alarm is None:
-            return
-        wake = alarm.wake_tick
-        if wake == _RUNNING:  # the reaper is in a pass, or a driven clock will ask at its next move
-            return
-        tick = self._wheel.current_tick
-        if tick < wake and alarm.alive:
-            alarm.wake_by(tick)
+    def _start_purge(self) -> None:
+        """Kafka's ``estimated = numDelayed`` as a purge starts. Operations a pass under way
+        took from the wheel but has not expired yet are counted already and finish after this
+        purge, so the next one must see them."""
+        self._owed = self._timer.in_flight()
+        self._purging = False
+        self._purge_requested = False
+
+    def _check_caller(self) -> None:
+        """Refuse a call from outside the thread of the loop the purgatory is bound to."""
+        binding = self._binding
+        if binding.thread is not None and get_ident() != binding.thread:
+            binding.bind()  # refuses a foreign thread while the purgatory's loop runs
 
     # -- the event log ------------------------------------------------------------------------
 
@@ -819,7 +695,7 @@ class DelayedOperationPurgatory(Generic[Op]):
     ) -> None:
         log = self._log
         assert log is not None
-        now = self._time()
+        now = self._timer.current_time()
         thresholds = None if marks is None else tuple(marks.values())
         if thresholds is not None and thresholds.count(None) == len(thresholds):
             thresholds = None
@@ -832,7 +708,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         log = self._log
         assert log is not None
         try:
-            log.record_end(self._name, op, outcome, self._time())
+            log.record_end(self._name, op, outcome, self._timer.current_time())
         except Exception as exc:  # noqa: BLE001 - reported; the operation settles all the same
             self._report_log_failure("record_end", exc)
 
@@ -851,104 +727,28 @@ class DelayedOperationPurgatory(Generic[Op]):
     def _check(self) -> None:
         """Raise ``AssertionError`` if the purgatory's parts disagree (each checks itself too).
 
-        Checked beside the wheel's and the lists' own invariants: every timed operation is
+        Checked beside the timer's and the lists' own invariants: every timed operation is
         pending and ours; every pending operation on a list is ours and timed (or its watch is
-        under way); the operation protocol's fields agree with the state; a driven clock's
-        alarm is not later than the next pass that has work (or that pass would be skipped).
+        under way).
         """
-        alarm = self._alarm
-        if self._driven and alarm is not None:
-            assert alarm.wake_tick <= self._next_timer_pass(), (
-                f"alarm at tick {alarm.wake_tick!r}, work due at {self._next_timer_pass()!r}"
-            )
-        self._wheel._check()
+        timer = self._timer
+        binding = self._binding
+        timer._check(timer.current_time() if binding.bound else None, binding.reaper is None)
         self._lists._check()
-        assert self._delayed == len(self._wheel), (
-            f"{self._delayed} delayed, {len(self._wheel)} timed"
-        )
-        for op in self._wheel:
+        for op in timer.wheel:
             assert not op._state & FINISHED, f"finished {op!r} is still timed"
             assert op._owner is self, f"timed {op!r} is not this purgatory's"
+        in_pass = timer.in_flight() > 0
         for key, ops in self._lists:
             for op in ops:
                 assert op._owner is self, f"{op!r} on {key!r}'s list is not this purgatory's"
-                assert not (op._state & EXPIRED and not op._state & DONE)
-                if not op._state & FINISHED and not self._in_flight:
+                if not op._state & FINISHED and not in_pass:
                     assert op._bucket is not None, f"pending watched {op!r} is not timed"
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _now_tick(self, now: float) -> int:
-        return _floor(now / self._tick + _TICK_SLACK)
-
-    def _current_time(self) -> float | None:
-        clock = self._clock
-        return None if clock is None else clock.current_time()
-
     def _unbound_time(self) -> float:
         raise RuntimeError(f"purgatory {self._name!r} is not bound to an event loop yet")
-
-    def _check_thread(self) -> None:
-        """The slow path of the thread check of `check_and_complete`: bind, or refuse."""
-        if self._owner_thread is None or self._driven:
-            self._bind_loop()
-        elif get_ident() != self._owner_thread:
-            raise RuntimeError(
-                f"purgatory {self._name!r} belongs to the event loop of another thread; from "
-                f"this thread call check_and_complete_threadsafe(key) instead"
-            )
-
-    def _bind_loop(self) -> None:
-        """Bind to the running loop on first use; refuse another loop or another thread.
-
-        A purgatory on the loop's clock stays with its first loop (its reaper and its awaiters
-        live there). One with a driven clock follows whichever loop (or none) uses it, one after
-        the other: it refuses only a call from another thread while its loop still runs.
-        """
-        loop = running_loop()
-        bound = self._loop
-        if self._driven:
-            if (
-                loop is not bound
-                and bound is not None
-                and bound.is_running()
-                and get_ident() != self._owner_thread
-            ):
-                raise RuntimeError(
-                    f"purgatory {self._name!r} belongs to the event loop of another thread "
-                    "while that loop runs; call it from that loop (from other threads: "
-                    "check_and_complete_threadsafe or loop.call_soon_threadsafe)"
-                )
-            # No reaper: a loop only serves threadsafe triggers and async attempts.
-            self._loop = loop
-            self._owner_thread = get_ident()
-            return
-        if bound is not None and loop is not bound:
-            if loop is None and get_ident() != self._owner_thread:
-                raise RuntimeError(
-                    f"purgatory {self._name!r} belongs to the event loop of another thread; "
-                    "call it from that loop (from other threads: check_and_complete_threadsafe "
-                    "or loop.call_soon_threadsafe)"
-                )
-            raise RuntimeError(
-                f"purgatory {self._name!r} is bound to another event loop (its reaper and its "
-                "awaiters live there); create one purgatory per loop"
-            )
-        if loop is None:
-            raise RuntimeError(
-                f"purgatory {self._name!r} follows the event loop's clock, so it must be used "
-                f"inside a running asyncio loop, and {no_running_loop_reason()} (for tests "
-                "without a loop, pass clock=purgatory.testing.ManualClock())"
-            )
-        if self._reaper is not None:
-            return
-        self._loop = loop
-        self._owner_thread = get_ident()
-        self._unbound = False
-        self._time = loop_time_function(loop)
-        self._clock = FunctionClock(self._time)
-        self._wheel.advance(self._now_tick(self._time()))
-        self._reaper = self._alarm = Reaper(self, loop, self._tick, self._time)
 
     def _refuse(self, op: Op) -> None:
         """`op`'s watch call failed before registration: it was never watched."""

@@ -108,10 +108,6 @@ class TimingWheel:
         "_leads",
         "_levels",
         "_limit1",
-        "_memo_bucket",
-        "_memo_due",
-        "_memo_high",
-        "_memo_low",
         "_memo_until",
         "_overdue",
         "_push_count",
@@ -121,6 +117,10 @@ class TimingWheel:
         "_todo",
         "_todo_done",
         "_wheel_size",
+        "memo_bucket",
+        "memo_due",
+        "memo_high",
+        "memo_low",
     )
 
     def __init__(self, wheel_size: int, start_tick: int = 0) -> None:
@@ -149,15 +149,20 @@ class TimingWheel:
         self._lead1 = 0
         self._slots1: list[Bucket] = []
         self._limit1 = 0
-        # The bucket the last `add` chose, the deadlines [low, high) for which `add` would choose
-        # it again, and its due tick: entries come in bursts with one deadline (or one span).
-        # The choice holds until the current tick reaches `until` (the bucket falls due, or level
-        # 0 grows into the range), or the bucket is dropped (`_forget_memo`). Empty at first.
-        self._memo_low = 0
-        self._memo_high = 0
+        #: The bucket the last `add` chose (`memo_bucket`), the deadlines [`memo_low`,
+        #: `memo_high`) for which `add` would choose it again, and its due tick (`memo_due`):
+        #: entries come in bursts with one deadline (or one span). The choice holds until the
+        #: current tick reaches `_memo_until` (the bucket falls due, or level 0 grows into the
+        #: range), or the bucket is dropped (`_forget_memo`). Empty at first. The memo protocol:
+        #: these four are public, read-only, so that an owner's add on a hot path (the timer's)
+        #: may take the memo's path inline, as `add` does first: for a deadline in the range,
+        #: ``entry._deadline = deadline``, ``memo_bucket[entry] = None``, ``entry._bucket =
+        #: memo_bucket``, due at `memo_due`.
+        self.memo_low = 0
+        self.memo_high = 0
         self._memo_until = 0
-        self._memo_bucket = self._overdue
-        self._memo_due = 0
+        self.memo_bucket = self._overdue
+        self.memo_due = 0
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -249,11 +254,11 @@ class TimingWheel:
         O(log buckets) when the bucket was unused).
         """
         entry._deadline = deadline
-        if self._memo_low <= deadline < self._memo_high:  # the last add's bucket
-            bucket = self._memo_bucket
+        if self.memo_low <= deadline < self.memo_high:  # the last add's bucket
+            bucket = self.memo_bucket
             bucket[entry] = None
             entry._bucket = bucket
-            return self._memo_due
+            return self.memo_due
         current = self._current[0]
         if deadline <= current:
             bucket = self._overdue
@@ -264,11 +269,11 @@ class TimingWheel:
                 bucket.expiration = deadline
                 self._push(bucket, deadline)
             due = deadline
-            self._memo_low = deadline
-            self._memo_high = deadline + 1
+            self.memo_low = deadline
+            self.memo_high = deadline + 1
             self._memo_until = deadline
-            self._memo_bucket = bucket
-            self._memo_due = due
+            self.memo_bucket = bucket
+            self.memo_due = due
         elif deadline < self._limit1:
             # The first overflow level, inlined: request timeouts (seconds) all land here.
             span = self._span1
@@ -285,13 +290,13 @@ class TimingWheel:
             low = current + size
             if start > low:  # noqa: PLR1730 - cheaper than max() on the insert path
                 low = start
-            self._memo_low = low
+            self.memo_low = low
             high = start + span
-            self._memo_high = high if high < self._limit1 else self._limit1
+            self.memo_high = high if high < self._limit1 else self._limit1
             until = low - size + 1
             self._memo_until = due if due < until else until
-            self._memo_bucket = bucket
-            self._memo_due = due
+            self.memo_bucket = bucket
+            self.memo_due = due
         else:
             bucket, due = self._overflow_bucket(deadline)
         bucket[entry] = None
@@ -300,7 +305,7 @@ class TimingWheel:
 
     def _forget_memo(self) -> None:
         """The wheel is changing: the last add's choice of bucket may no longer hold."""
-        self._memo_high = self._memo_low
+        self.memo_high = self.memo_low
 
     def remove(self, entry: TimerEntry) -> bool:
         """Stop holding `entry`; ``False`` if it was not held. Runtime complexity: O(1)."""
@@ -325,7 +330,7 @@ class TimingWheel:
         Runtime complexity: O(due entries + due buckets * log buckets), plus O(entries cascaded).
         """
         if now >= self._memo_until:  # the last add's choice no longer holds
-            self._memo_high = self._memo_low
+            self.memo_high = self.memo_low
         due: list[Any] = []
         overdue = self._overdue
         if overdue:
@@ -398,17 +403,17 @@ class TimingWheel:
                         item[3] is bucket and item[0] == self.due_tick(bucket)
                         for item in self._heap
                     ), f"{bucket!r} not in the heap"
-        if self._memo_low < self._memo_high:  # the last add's choice still holds
-            memo = self._memo_bucket
+        if self.memo_low < self.memo_high:  # the last add's choice still holds
+            memo = self.memo_bucket
             assert memo.level >= 0, "the memo names the overdue bucket"
             start = memo.expiration
-            assert current < self._memo_low, "the memo covers ticks already due"
-            assert start <= self._memo_low, f"the memo starts before {memo!r}"
-            assert self._memo_high <= start + self._spans[memo.level], f"memo beyond {memo!r}"
-            assert self._memo_due == self.due_tick(memo), f"memo due tick wrong for {memo!r}"
-            assert current < self._memo_until <= self._memo_low, "memo outlives its range"
+            assert current < self.memo_low, "the memo covers ticks already due"
+            assert start <= self.memo_low, f"the memo starts before {memo!r}"
+            assert self.memo_high <= start + self._spans[memo.level], f"memo beyond {memo!r}"
+            assert self.memo_due == self.due_tick(memo), f"memo due tick wrong for {memo!r}"
+            assert current < self._memo_until <= self.memo_low, "memo outlives its range"
             if memo.level:
-                assert current + self._wheel_size <= self._memo_low, "level 0 took the memo's"
+                assert current + self._wheel_size <= self.memo_low, "level 0 took the memo's"
         for entry in self._overdue:
             held += 1
             assert entry._bucket is self._overdue

@@ -32,7 +32,7 @@ from purgatory import (
     OperationCancelled,
     PurgatoryClosed,
 )
-from purgatory._purgatory import CASCADE_SLICE, PURGE_SLICE
+from purgatory._asyncio import PASS_BUDGET
 from purgatory.testing import ManualClock, check_invariants
 
 TICK = 0.001  # the default tick
@@ -269,7 +269,7 @@ async def test_a_big_purge_runs_in_slices_that_let_the_loop_run() -> None:
     """A burst of garbage is purged a slice per reaper pass, other callbacks running between."""
     loop = asyncio.get_running_loop()
     async with DelayedOperationPurgatory[Op]("slices", purge_interval=0) as p:
-        n = 3 * PURGE_SLICE + 7
+        n = 3 * PASS_BUDGET + 7
         ops = [Op(30.0) for _ in range(n)]
         for i, op in enumerate(ops):
             p.try_complete_else_watch(op, ["shared", i])
@@ -287,8 +287,8 @@ async def test_a_big_purge_runs_in_slices_that_let_the_loop_run() -> None:
         await until(lambda: p.watched() == 0)
         assert p.statistics().purged == 2 * n
         between = sorted({w for w in seen if 0 < w < 2 * n}, reverse=True)
-        # Each slice removes PURGE_SLICE operations (two entries each); we saw the states between.
-        assert between[:3] == [2 * (n - k * PURGE_SLICE) for k in (1, 2, 3)]
+        # Each slice removes PASS_BUDGET operations (two entries each); we saw the states between.
+        assert between[:3] == [2 * (n - k * PASS_BUDGET) for k in (1, 2, 3)]
 
 
 @pytest.mark.asyncio
@@ -302,15 +302,15 @@ async def test_a_big_cascade_runs_in_slices_that_let_the_loop_run() -> None:
     """
     loop = asyncio.get_running_loop()
     async with DelayedOperationPurgatory[Op]("cascade") as p:
-        ops = [Op(1.6) for _ in range(3 * CASCADE_SLICE)]
+        ops = [Op(1.6) for _ in range(3 * PASS_BUDGET)]
         watched_at = loop.time()
         for i, op in enumerate(ops):
             p.try_complete_else_watch(op, [i])
-        assert p._wheel.levels == 2
+        assert p._timer.wheel.levels == 2
         seen: list[bool] = []
 
         def observe() -> None:
-            seen.append(p._wheel.cascading is not None)
+            seen.append(p._timer.wheel.cascading is not None)
             if p.num_delayed():
                 loop.call_soon(observe)
 
@@ -327,11 +327,11 @@ async def test_shutdown_during_a_cascade_releases_every_operation() -> None:
     # The default wheel: its cascade starts half a second before the deadlines, so even a
     # loaded machine shuts down during the cascade, before anything expires.
     p = DelayedOperationPurgatory[Op]("cascade-shutdown")
-    ops = [Op(1.6) for _ in range(3 * CASCADE_SLICE)]
+    ops = [Op(1.6) for _ in range(3 * PASS_BUDGET)]
     for i, op in enumerate(ops):
         p.try_complete_else_watch(op, [i])
     end = loop.time() + 5.0
-    while p._wheel.cascading is None:
+    while p._timer.wheel.cascading is None:
         assert loop.time() < end, "the cascade never started"
         await asyncio.sleep(0)
     await p.shutdown()
@@ -1100,8 +1100,8 @@ async def test_a_reaper_cancelled_from_outside_comes_back() -> None:
                 task.cancel()
         assert await asyncio.wait_for(waiter, 5.0) == "op done"
         assert op.is_expired
-        assert p._reaper is not None
-        assert p._reaper.restarts == 1
+        assert p._binding.reaper is not None
+        assert p._binding.reaper.restarts == 1
         # Idle when cancelled: it comes back with the next watch.
         for task in asyncio.all_tasks():
             if task is not me:
@@ -1110,7 +1110,7 @@ async def test_a_reaper_cancelled_from_outside_comes_back() -> None:
         late = FlagOperation(0.02)
         assert await asyncio.wait_for(p.watch(late, ["k"]), 5.0) == "op done"
         assert late.is_expired
-        assert p._reaper.restarts == 2
+        assert p._binding.reaper.restarts == 2
     assert [c["message"].split(";")[0] for c in recorder.contexts] == [
         "the reaper of purgatory 'cancel-all' ended unexpectedly (CancelledError)"
     ] * 2
@@ -1206,8 +1206,8 @@ def test_the_reaper_comes_back_in_a_program_without_tasks() -> None:
         loop.call_later(1.0, loop.stop)
         loop.run_forever()
         assert bystander.is_expired
-        assert p._reaper is not None
-        assert p._reaper.restarts == 1
+        assert p._binding.reaper is not None
+        assert p._binding.reaper.restarts == 1
         loop.run_until_complete(p.shutdown())
     finally:
         loop.close()
@@ -1225,8 +1225,8 @@ def test_no_reaper_comes_back_for_a_loop_that_winds_down() -> None:
         assert not any(task.done() for task in tasks)
 
     asyncio.run(main())
-    assert p._reaper is not None
-    assert p._reaper.restarts == 0
+    assert p._binding.reaper is not None
+    assert p._binding.reaper.restarts == 0
     assert recorder.contexts == []
 
 

@@ -86,7 +86,7 @@ class ReaperMachine(RuleBasedStateMachine):
 
     @rule()
     def cancel_the_reaper_from_outside(self) -> None:
-        reaper = self.p._reaper
+        reaper = self.p._binding.reaper
         assert reaper is not None
         reaper._task.cancel()
         self._run()
@@ -108,7 +108,7 @@ class ReaperMachine(RuleBasedStateMachine):
                 assert deadline <= self.now_ms, f"{op!r} expired early"
             elif not op.is_completed:
                 assert deadline > self.now_ms, f"{op!r} is past its deadline and pending"
-        reaper = self.p._reaper
+        reaper = self.p._binding.reaper
         assert reaper is not None
         restarts = [r for r in self.reports if "ended unexpectedly" in r.get("message", "")]
         assert len(restarts) == reaper.restarts

@@ -19,7 +19,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-from .._clock import Expirable
+from .._clock import Timer
 
 __all__ = ("COST_KINDS", "PROFILE_VERSION", "CostProfile", "LoadClock", "load_profile")
 
@@ -155,15 +155,15 @@ class LoadClock:
     `purgatory.testing.ManualClock.advance_to` runs every pass due on the way, on time; a loaded
     core runs a pass late, when it gets to it, and meanwhile serves arrivals with the clock
     already past the pass's tick. So this clock moves without running anything (`set`), and
-    runs one pass at the current time (`run_pass`). It serves one purgatory, through the
-    `purgatory.DrivenClock` protocol every driven clock uses.
+    runs one pass at the current time (`run_pass`). It serves one purgatory's timer, through
+    the public `purgatory.DrivenClock` protocol every driven clock uses.
     """
 
-    __slots__ = ("_now", "_purgatory")
+    __slots__ = ("_now", "_timer")
 
     def __init__(self) -> None:
         self._now = 0.0
-        self._purgatory: Expirable | None = None
+        self._timer: Timer | None = None
 
     def now(self) -> float:
         """The current time in seconds."""
@@ -173,11 +173,11 @@ class LoadClock:
         """The current time in seconds (the `Clock` protocol)."""
         return self._now
 
-    def attach(self, purgatory: Expirable) -> None:
-        """Serve `purgatory` (one only)."""
-        if self._purgatory is not None:
+    def attach(self, timer: Timer) -> None:
+        """Serve `timer`, a purgatory's (one only)."""
+        if self._timer is not None:
             raise ValueError("a LoadClock serves one purgatory")
-        self._purgatory = purgatory
+        self._timer = timer
 
     def set(self, when: float) -> None:
         """Move to `when` (never backwards) without running a timer pass."""
@@ -187,10 +187,10 @@ class LoadClock:
 
     def next_pass_at(self) -> float:
         """When the purgatory's timer next has work, in seconds; ``math.inf`` if never."""
-        assert self._purgatory is not None
-        return self._purgatory._next_timer_pass_at()
+        assert self._timer is not None
+        return self._timer.next_pass_at()
 
     def run_pass(self) -> int:
         """Run the purgatory's timer pass at the current time; return how many expired."""
-        assert self._purgatory is not None
-        return self._purgatory._run_timer_pass(self._now)
+        assert self._timer is not None
+        return self._timer.run_pass(self._now)

@@ -6,7 +6,7 @@ import math
 import weakref
 from typing import Final, final
 
-from .._clock import Alarm, Expirable
+from .._clock import Alarm, Timer
 
 __all__ = ("ManualClock",)
 
@@ -20,13 +20,18 @@ class ManualClock:
 
     Give it to any number of purgatories (``clock=``); they start no reaper and need no event
     loop. Each `advance` expires, synchronously and in deadline order, everything now due in
-    every attached purgatory, then runs their purge check. Time never goes backwards.
+    every attached purgatory, then runs their purge check. Time never goes backwards, not even
+    when a callback moves the clock during a move.
+
+    The clock is a driver of the public `purgatory.Timer` protocol: each purgatory hands it its
+    timer as it is created, and gets back an alarm through which it says when work falls due
+    earlier than the clock last learned.
 
     Args:
         start: The initial time in seconds (finite).
     """
 
-    __slots__ = ("_alarms", "_now", "_wake_at")
+    __slots__ = ("_alarms", "_limit", "_now", "_wake_at")
 
     def __init__(self, start: float = 0.0) -> None:
         if isinstance(start, bool) or not isinstance(start, int | float):
@@ -34,11 +39,13 @@ class ManualClock:
         if not math.isfinite(start):
             raise ValueError(f"start must be a finite number of seconds, got {start!r}")
         self._now = float(start)
-        # One alarm per attached purgatory, in attach order.
+        # One alarm per attached timer, in attach order.
         self._alarms: list[_Alarm] = []
+        # The latest time every attached timer counts to (seconds).
+        self._limit = math.inf
         # Seconds before which no attached purgatory has work: `advance_to` a time earlier than
-        # this only moves the clock. Never later than the truth: lowered by the alarms as work
-        # falls due earlier, set exactly after every pass, -inf while unknown.
+        # this only moves the clock. Never later than the truth (nor than `_limit`): lowered by
+        # the alarms as work falls due earlier, set exactly after every pass, -inf while unknown.
         self._wake_at = -math.inf
 
     def __repr__(self) -> str:
@@ -52,15 +59,24 @@ class ManualClock:
         """The current virtual time in seconds (the `Clock` protocol)."""
         return self._now
 
-    def attach(self, purgatory: Expirable) -> Alarm:
-        """Let `advance` run `purgatory`'s timer passes; held weakly, in attach order.
+    def attach(self, timer: Timer) -> Alarm:
+        """Let `advance` run `timer`'s passes; held weakly, in attach order.
 
         Returns:
-            The alarm through which `purgatory` says when work falls due earlier than the clock
+            The alarm through which `timer` says when work falls due earlier than the clock
             last learned (the `purgatory.DrivenClock` protocol).
+
+        Raises:
+            ValueError: The clock's time is past what `timer` counts to (its ``time_limit``).
         """
-        alarm = _Alarm(self, purgatory)
+        if self._now > timer.time_limit:
+            raise ValueError(
+                f"the clock is at {self._now!r} s, past what a timer with a tick of "
+                f"{timer.tick!r} s counts to ({timer.time_limit:.3g} s)"
+            )
+        alarm = _Alarm(self, timer)
         self._alarms.append(alarm)
+        self._limit = min(self._limit, timer.time_limit)
         self._wake_at = -math.inf
         return alarm
 
@@ -78,8 +94,12 @@ class ManualClock:
         Returns:
             How many operations expired.
 
+        If a callback moves the clock further during the move (``advance`` from an expiry, say),
+        the clock stays where the callback left it: time never goes back.
+
         Raises:
-            ValueError: `when` is earlier than `now()`, NaN or infinite.
+            ValueError: `when` is earlier than `now()`, NaN, infinite, or past what an attached
+                timer counts to.
             TypeError: `when` is not a number.
             RuntimeError: A purgatory keeps having work at the same moment (a callback that
                 watches an operation with a timeout of 0 whenever one expires, say).
@@ -94,6 +114,7 @@ class ManualClock:
                 f"when must be a finite time >= now() = {self._now!r} (time never goes "
                 f"backwards), got {when!r}"
             )
+        self._check_limit(when)
         self._wake_at = -math.inf  # unknown until the passes below have run without error
         expired = 0
         repeats = 0
@@ -119,34 +140,43 @@ class ManualClock:
                 repeats = 0
                 self._now = due_at
             now = self._now
-            for alarm, purgatory in alarms:
+            for alarm, timer in alarms:
                 if alarm.wake_tick * alarm.tick <= now:
-                    expired += purgatory._run_timer_pass(now)
-        self._now = float(when)
-        self._wake_at = due_at
+                    expired += timer.run_pass(now)
+        if self._now < when:  # (a callback may have moved the clock past `when`)
+            self._now = float(when)
+        self._wake_at = min(due_at, self._limit)  # (past the limit: refused by the slow path)
         return expired
 
     def _wake_by(self, at: float) -> None:
         """An alarm's call: a purgatory has work at `at` seconds (or earlier than it said)."""
         self._wake_at = min(self._wake_at, at)
 
-    def _live(self) -> list[tuple[_Alarm, Expirable]]:
-        """The alarms of the purgatories still alive, with them (forgetting the others)."""
+    def _live(self) -> list[tuple[_Alarm, Timer]]:
+        """The alarms of the timers still alive, with them (forgetting the others)."""
         live = []
         for alarm in self._alarms:
-            purgatory = alarm.purgatory()
-            if purgatory is not None:
-                live.append((alarm, purgatory))
+            timer = alarm.timer()
+            if timer is not None:
+                live.append((alarm, timer))
         self._alarms[:] = [alarm for alarm, _ in live]
+        self._limit = min((timer.time_limit for _, timer in live), default=math.inf)
         return live
 
-    def _learn(self, alarms: list[tuple[_Alarm, Expirable]]) -> float:
-        """Ask each purgatory when it next has work; set its alarm; return the earliest (s)."""
+    def _learn(self, alarms: list[tuple[_Alarm, Timer]]) -> float:
+        """Ask each timer when it next has work; set its alarm; return the earliest (s)."""
         earliest = math.inf
-        for alarm, purgatory in alarms:
-            tick = alarm.wake_tick = purgatory._next_timer_pass()
+        for alarm, timer in alarms:
+            tick = alarm.wake_tick = timer.next_pass_tick()
             earliest = min(earliest, tick * alarm.tick)
         return earliest
+
+    def _check_limit(self, when: float) -> None:
+        if when > self._limit:
+            raise ValueError(
+                f"the clock cannot move to {when!r} s: an attached purgatory's timer counts to "
+                f"{self._limit:.3g} s (its tick times 2**62)"
+            )
 
     def advance(self, seconds: float = 0.0) -> int:
         """Move time forward by `seconds` and expire what became due; return how many expired.
@@ -154,7 +184,8 @@ class ManualClock:
         ``advance(0)`` runs due expirations and the purge check without moving time.
 
         Raises:
-            ValueError: `seconds` is negative or NaN (or infinite).
+            ValueError: `seconds` is negative or NaN (or infinite), or the time it leads to is
+                infinite or past what an attached timer counts to.
             TypeError: `seconds` is not a number.
         """
         if isinstance(seconds, bool) or not isinstance(seconds, int | float):
@@ -163,17 +194,21 @@ class ManualClock:
             raise ValueError(
                 f"seconds must be a finite number >= 0 (time never goes backwards), got {seconds!r}"
             )
-        now = self._now = self._now + seconds
+        now = self._now + seconds
+        if not math.isfinite(now):
+            raise ValueError(f"advancing {self._now!r} s by {seconds!r} s leaves finite time")
+        self._check_limit(now)
+        self._now = now
         # Unknown until an `advance_to` asks: a test that moves by `advance` alone never needs it.
         self._wake_at = -math.inf
         expired = 0
         dead = False
         for alarm in self._alarms:  # (a replay may call this at every event: no list built)
-            purgatory = alarm.purgatory()
-            if purgatory is None:
+            timer = alarm.timer()
+            if timer is None:
                 dead = True
             else:
-                expired += purgatory._run_timer_pass(now)
+                expired += timer.run_pass(now)
         if dead:
             self._live()
         return expired
@@ -181,18 +216,18 @@ class ManualClock:
 
 @final
 class _Alarm:
-    """A purgatory's alarm on a `ManualClock` (the `purgatory.Alarm` protocol): the purgatory
-    lowers it when work falls due earlier, the clock sets it whenever it asks."""
+    """A timer's alarm on a `ManualClock` (the `purgatory.Alarm` protocol): the timer lowers
+    it when work falls due earlier, the clock sets it whenever it asks."""
 
-    __slots__ = ("_clock", "purgatory", "tick", "wake_tick")
+    __slots__ = ("_clock", "tick", "timer", "wake_tick")
 
     #: A driven clock always gets to a pass it has been told of.
     alive: Final = True
 
-    def __init__(self, clock: ManualClock, purgatory: Expirable) -> None:
+    def __init__(self, clock: ManualClock, timer: Timer) -> None:
         self._clock = clock
-        self.tick = purgatory._tick
-        self.purgatory = weakref.ref(purgatory)
+        self.tick = timer.tick
+        self.timer = weakref.ref(timer)
         self.wake_tick = -math.inf  # unknown until the clock asks
 
     def wake_by(self, tick: float) -> None:

@@ -43,7 +43,7 @@ def check_wheel(purgatory: DelayedOperationPurgatory[Any]) -> None:
     span, and is not yet due (overdue ones excepted); the size counter matches; every non-empty
     bucket is in the heap at its due tick, or is the cascade under way.
     """
-    _purgatory(purgatory, "check_wheel")._wheel._check()
+    _purgatory(purgatory, "check_wheel")._timer.wheel._check()
 
 
 def check_watchers(purgatory: DelayedOperationPurgatory[Any]) -> None:

@@ -1,0 +1,43 @@
+"""`PurgatoryStatistics`: the snapshot `DelayedOperationPurgatory.statistics` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import final
+
+__all__ = ("PurgatoryStatistics",)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class PurgatoryStatistics:
+    """A snapshot of a purgatory's gauges and counters (counters count since creation).
+
+    Two gauges answer two questions. `delayed` is how many operations are parked now (Kafka's
+    ``NumDelayedOperations``): the one to graph and alert on. `watched` is how many entries the
+    watcher lists hold (Kafka's ``PurgatorySize``): an operation on 3 keys counts 3, and an
+    operation that finished stays counted until a trigger of its key or a purge drops it, so it
+    is higher than `delayed` and may stay above zero with nothing parked; it measures memory.
+    """
+
+    watched: int
+    """Entries over all watcher lists, completed ones not yet purged included."""
+    delayed: int
+    """Operations in the timer: parked now."""
+    keys: int
+    """Keys with a watcher list."""
+    completed: int
+    """Operations completed by their condition or `force_complete` (expiries not included)."""
+    expired: int
+    """Operations completed by their deadline (`drain` included)."""
+    cancelled: int
+    """Operations cancelled (`cancel_for_key`, `shutdown`, a cancelled `watch`)."""
+    purged: int
+    """Watcher-list entries removed by purges."""
+    timer_passes: int
+    """Timer passes run: reaper wake-ups on the loop, passes a driven clock ran."""
+    purges: int
+    """Timer passes that removed entries from the watcher lists (on the loop a purge runs in
+    slices, one per pass; `purge` calls are not counted)."""
+    next_deadline_in: float
+    """Seconds until the timer next has work (``math.inf`` when nothing is timed)."""

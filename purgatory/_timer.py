@@ -1,0 +1,321 @@
+"""`SystemTimer`: the timing wheel's owner, between the purgatory and its driver.
+
+Kafka's purgatory never touches its wheel: it calls ``timeoutTimer.add(operation)`` and
+``advanceClock``, and ``SystemTimer`` owns the wheel, the count of what it holds and the turning
+of times into ticks. So here: the purgatory hands a pending operation to `SystemTimer.add` and
+takes a settled one back with `SystemTimer.discard`; a *driver* (the reaper on the event loop,
+`purgatory.testing.ManualClock`, a trace replay's clock, a user's own) runs the timer's passes
+through its public face, the `purgatory.Timer` protocol: `run_pass`, `next_pass_at`, `tick`, and
+the `purgatory.Alarm` the driver gives back, through which the timer says when work falls due
+earlier than the driver planned.
+
+A pass expires what is due (the expiry loop itself is the operation module's `expire_due`,
+which the purgatory hands in bound to its watcher lists and event log), then lets the purgatory
+do its housekeeping (Kafka's purge rule): that is all the timer knows of the purge, a callback
+that says whether work is still owed now, and `request_pass` when work falls due between passes.
+
+An interrupted pass (a callback raised ``KeyboardInterrupt``) puts what it had not expired yet
+back in the wheel, so that nothing taken from it is lost; a shutdown in the middle of a pass
+finds those operations through `close`, which returns everything the timer still held.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final
+
+from ._operation import EXPIRED, FINISHED
+from ._wheel import TimingWheel
+
+if TYPE_CHECKING:
+    from ._clock import Alarm
+    from ._operation import DelayedOperation
+
+__all__ = ("MAX_TIMEOUT_TICKS", "SystemTimer")
+
+Op = TypeVar("Op", bound="DelayedOperation[Any]")
+
+# Deadlines are rounded up and the current time down, each with this slack in ticks, so that
+# float noise on a tick boundary neither delays an expiry by a tick nor fires one early.
+_TICK_SLACK: Final = 1e-6
+_ceil = math.ceil
+_floor = math.floor
+# An alarm's `wake_tick` while nothing needs to wake it: its driver is in a pass, or has not
+# learned yet when the next one is due and will ask.
+_RUNNING: Final = -math.inf
+
+#: Deadlines at most this many ticks ahead: 2**53 one-millisecond ticks are 285,000 years, and a
+#: wheel of 1024 slots reaches them with 6 levels (1e300 seconds would have built 112).
+MAX_TIMEOUT_TICKS: Final = 2**53
+#: The latest time, in ticks, a timer counts to (a driven clock refuses to move past it): far
+#: beyond any deadline, and far from where seconds divided by the tick stop being finite.
+MAX_TIME_TICKS: Final = 2**62
+
+
+@final
+class SystemTimer(Generic[Op]):
+    """The wheel, the count of operations in it, ticks, and the passes that expire them.
+
+    Kafka: ``SystemTimer``. Its public face for drivers is the `purgatory.Timer` protocol.
+
+    Args:
+        tick: Seconds per tick.
+        wheel_size: Slots per wheel level.
+        now: Reads the clock (seconds); replaced by `use_clock` when a purgatory binds to a loop.
+        expire: Expires the pending operations of a due list, in order; returns how many.
+        housekeeping: Called after every pass with the number of operations the pass took from
+            the wheel and the pass's budget; returns whether work is still owed at once.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_closed",
+        "_due_now",
+        "_expire",
+        "_housekeeping",
+        "_in_flight",
+        "_now",
+        "alarm",
+        "delayed",
+        "expired",
+        "max_timeout",
+        "passes",
+        "tick",
+        "time_limit",
+        "wheel",
+    )
+
+    def __init__(
+        self,
+        tick: float,
+        wheel_size: int,
+        now: Callable[[], float],
+        expire: Callable[[list[Op]], int],
+        housekeeping: Callable[[int, int | None], bool],
+    ) -> None:
+        #: Seconds per tick (the `purgatory.Timer` protocol).
+        self.tick = tick
+        #: The longest timeout the timer takes, in seconds.
+        self.max_timeout = MAX_TIMEOUT_TICKS * tick
+        #: The latest time (seconds) the timer counts to (the `purgatory.Timer` protocol).
+        self.time_limit = MAX_TIME_TICKS * tick
+        self._now = now
+        self._expire = expire
+        self._housekeeping = housekeeping
+        #: Operations held (Kafka ``numDelayed``); the wheel keeps no count of its own.
+        self.delayed = 0
+        #: Operations expired by the passes.
+        self.expired = 0
+        #: Passes run.
+        self.passes = 0
+        #: Who runs the passes, told when one falls due earlier than it planned (``None``: a
+        #: driver that asks `next_pass_at` whenever it needs to know).
+        self.alarm: Alarm | None = None
+        self._closed = False
+        # Housekeeping is owed at once (the next pass is now, whatever the wheel holds).
+        self._due_now = False
+        # Due lists of the passes under way, so that a shutdown inside one finds them.
+        self._in_flight: list[list[Op]] = []
+        self.wheel = TimingWheel(wheel_size, 0)
+
+    def __len__(self) -> int:
+        """Operations held."""
+        return self.delayed
+
+    # -- the purgatory's side -----------------------------------------------------------------
+
+    def use_clock(self, now: Callable[[], float]) -> None:
+        """Read time from `now` from here on, and start counting ticks at its current time."""
+        self._now = now
+        self.wheel.advance(self.ticks(now()))
+
+    def current_time(self) -> float:
+        """The clock's time in seconds."""
+        return self._now()
+
+    def ticks(self, now: float) -> int:
+        """The tick of the time `now` (seconds): every deadline at or before it is due."""
+        return _floor(now / self.tick + _TICK_SLACK)
+
+    def add(self, op: Op) -> None:
+        """Hold `op` until its deadline: now plus its timeout, rounded up to the tick. O(1).
+
+        The operation's timeout must be within `max_timeout` (the purgatory checks it first).
+        """
+        deadline = _ceil((self._now() + op._timeout) / self.tick - _TICK_SLACK)
+        wheel = self.wheel
+        if wheel.memo_low <= deadline < wheel.memo_high:  # the wheel's memo protocol, inline
+            op._deadline = deadline
+            bucket = wheel.memo_bucket
+            bucket[op] = None
+            op._bucket = bucket
+            due = wheel.memo_due
+        else:
+            due = wheel.add(op, deadline)
+        self.delayed += 1
+        alarm = self.alarm
+        if alarm is not None and due < alarm.wake_tick:
+            alarm.wake_by(due)
+
+    def add_due(self, op: Op) -> None:
+        """Hold `op` due at once: the next pass expires it (a draining purgatory's watch)."""
+        due = self.wheel.add(op, self.wheel.current_tick)
+        self.delayed += 1
+        alarm = self.alarm
+        if alarm is not None and due < alarm.wake_tick:
+            alarm.wake_by(due)
+
+    def discard(self, op: Op) -> None:
+        """Stop holding the settled `op` (held: its ``_bucket`` is set). O(1).
+
+        The removal protocol: this is three steps, the wheel's timer-entry protocol's two
+        (``del op._bucket[op]``, ``op._bucket = None``) and ``timer.delayed -= 1``; the
+        purgatory's settle, which runs once per operation and cannot afford the call, takes
+        them inline, and nothing else does.
+        """
+        del op._bucket[op]
+        op._bucket = None
+        self.delayed -= 1
+
+    def request_pass(self) -> None:
+        """Housekeeping fell due between passes: have the driver run a pass now.
+
+        A reaper whose task ended is not brought back for housekeeping alone (it comes back when
+        an operation falls due): during a loop's wind-down that would start a task on a closing
+        loop.
+        """
+        self._due_now = True
+        alarm = self.alarm
+        if alarm is None:
+            return
+        wake = alarm.wake_tick
+        if wake == _RUNNING:  # a pass is under way, or the driver will ask before its next one
+            return
+        tick = self.wheel.current_tick
+        if tick < wake and alarm.alive:
+            alarm.wake_by(tick)
+
+    def in_flight(self) -> int:
+        """Operations the passes under way took from the wheel and have not expired yet."""
+        return sum(map(len, self._in_flight))
+
+    def held(self) -> list[Op]:
+        """The operations held, in deadline order (in watch order within a tick)."""
+        return sorted(self.wheel, key=_deadline_of)
+
+    def expire_all(self) -> int:
+        """Expire every operation held now, in deadline order (a drain); return how many."""
+        if self._closed:
+            return 0
+        due = self.held()
+        for op in due:  # out of the wheel by the timer-entry protocol's two steps
+            del op._bucket[op]
+            op._bucket = None
+        self.delayed -= len(due)
+        expired = self._expire_taken(due) if due else 0
+        self._due_now = self._housekeeping(len(due), None) or self._due_now
+        return expired
+
+    def close(self) -> list[Op]:
+        """Stop (a shutdown): no pass has work from now on; return every operation held,
+        those of a pass under way included."""
+        self._closed = True
+        self._due_now = False
+        held = list(self.wheel)
+        for op in held:  # the whole wheel goes: no entry names a bucket of it any more
+            op._bucket = None
+        for due in self._in_flight:
+            held.extend(due)
+        # A fresh wheel: a cascade under way would otherwise keep its entries referenced.
+        self.wheel = TimingWheel(self.wheel.wheel_size, self.wheel.current_tick)
+        self.delayed = 0
+        return held
+
+    # -- the driver's side: the `purgatory.Timer` protocol ------------------------------------
+
+    def run_pass(self, now: float, budget: int | None = None) -> int:
+        """Expire what is due at `now` (seconds), then the housekeeping; return how many expired.
+
+        Args:
+            now: The clock's time, never earlier than at the last pass.
+            budget: At most about this many entries are cascaded, and purged, in this pass (the
+                rest at the next passes, which `next_pass_at` then says are due at once), so
+                that a driver on an event loop never stalls it; ``None``: all of it.
+        """
+        if self._closed:
+            return 0
+        self.passes += 1
+        due = self.wheel.advance(self.ticks(now), budget)
+        expired = 0
+        taken = len(due)
+        if due:
+            self.delayed -= taken
+            expired = self._expire_taken(due)
+        self._due_now = self._housekeeping(taken, budget)
+        return expired
+
+    def next_pass_tick(self) -> float:
+        """The tick at which a pass next has work; ``math.inf`` if none."""
+        if self._closed:
+            return math.inf
+        if self._due_now:
+            return self.wheel.current_tick
+        return self.wheel.next_deadline()
+
+    def next_pass_at(self) -> float:
+        """The time (seconds) at which a pass next has work; ``math.inf`` if none."""
+        return self.next_pass_tick() * self.tick
+
+    def next_deadline_tick(self) -> float:
+        """The tick at which an operation held next needs a pass (housekeeping aside)."""
+        return math.inf if self._closed else self.wheel.next_deadline()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _expire_taken(self, due: list[Op]) -> int:
+        """Expire the pending operations of `due`; if a callback interrupts the pass, what was
+        not expired yet goes back into the wheel, due at the next pass."""
+        in_flight = self._in_flight
+        in_flight.append(due)
+        expired = 0
+        try:
+            expired = self._expire(due)
+        except BaseException:
+            expired = sum(1 for op in due if op._state & EXPIRED)
+            if not self._closed:
+                wheel = self.wheel
+                for op in due:
+                    if not op._state & FINISHED:
+                        wheel.add(op, op._deadline)
+                        self.delayed += 1
+            raise
+        finally:
+            in_flight.pop()
+            self.expired += expired
+        return expired
+
+    def _check(self, now: float | None, driven: bool) -> None:
+        """Raise ``AssertionError`` if the timer and its wheel disagree.
+
+        Checked beside the wheel's own invariants: the count is the wheel's size; the wheel is
+        not ahead of the clock (`now`, when known); a driven clock's alarm is not later than the
+        next pass that has work (or that pass would be skipped; a reaper whose task ended comes
+        back for deadlines only).
+        """
+        self.wheel._check()
+        assert self.delayed == len(self.wheel), f"{self.delayed} delayed, {len(self.wheel)} held"
+        if now is not None:
+            assert self.wheel.current_tick <= self.ticks(now), (
+                f"the wheel is at tick {self.wheel.current_tick}, ahead of the clock at {now!r} s"
+            )
+        alarm = self.alarm
+        if driven and alarm is not None and not self._in_flight:
+            assert alarm.wake_tick <= self.next_pass_tick(), (
+                f"alarm at tick {alarm.wake_tick!r}, work due at {self.next_pass_tick()!r}"
+            )
+
+
+def _deadline_of(op: Any) -> int:
+    deadline: int = op._deadline
+    return deadline
