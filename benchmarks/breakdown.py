@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from purgatory import DelayedOperationPurgatory
-from purgatory._purgatory import _TICK_SLACK
+from purgatory._timer import _TICK_SLACK
 
 from .baselines import FloorOp, FutureTimer, HeapFutureTimer, LeanFutureTimer
 from .ours import BenchOp, OursTarget

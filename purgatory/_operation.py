@@ -118,7 +118,7 @@ class DelayedOperation(ABC, Generic[T_co]):
     _deadline: int
     _keys: tuple[Any, ...]
     _listed: int
-    _marks: dict[Any, Any] | None
+    _marks: Any
     _result: Any
 
     # Whether the subclass's try_complete is a coroutine function. Read when a purgatory first

@@ -82,13 +82,9 @@ def _split_keys(
     """
     if type(keys) is dict or isinstance(keys, Mapping):
         marks = dict(keys)  # (all None: a plain watch, which these marks then describe)
-        for threshold in marks.values():
-            if threshold is not None and not threshold <= threshold:  # noqa: PLR0124 - NaN
-                key = next(key for key, value in marks.items() if value is threshold)
-                raise ValueError(
-                    f"threshold {threshold!r} for {key!r} does not order against itself "
-                    "(NaN?); a watcher at it could never be reached"
-                )
+        for key, threshold in marks.items():
+            if threshold is not None:
+                _check_threshold(threshold, key)
         return tuple(marks), marks
     if isinstance(keys, str | bytes):
         raise TypeError(f"keys must be a collection of keys, not the string {keys!r}")
@@ -97,6 +93,23 @@ def _split_keys(
             f"keys must be a collection of keys or a mapping of key to threshold, got {keys!r}"
         )
     return tuple(keys), None
+
+
+def _check_threshold(threshold: Any, key: Hashable | None) -> None:
+    """Refuse a threshold no watcher could ever be released at, before anything is tried."""
+    where = "" if key is None else f" for {key!r}"
+    if not threshold <= threshold:  # noqa: PLR0124 - NaN
+        raise ValueError(
+            f"threshold {threshold!r}{where} does not order against itself (NaN?); a watcher "
+            "at it could never be reached"
+        )
+    try:
+        hash(threshold)
+    except TypeError:
+        raise TypeError(
+            f"threshold {threshold!r}{where} is not hashable: thresholds are values that are "
+            "hashable and ordered (offsets, numbers, strings, tuples of them)"
+        ) from None
 
 
 def _check_identity_semantics(cls: type) -> None:
@@ -213,8 +226,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         # Kafka's purge rule: purge once ``estimated - numDelayed > purgeInterval``, where
         # ``estimated`` counts the operations registered since the last purge. `_owed` is that
         # difference, kept as it changes: every registered operation adds one as it leaves the
-        # timer or settles without having entered it (the timer's passes tell how many they
-        # took), so the watch path pays nothing for it.
+        # timer (the timer's passes tell how many they took) or finishes without having
+        # entered it, so the watch path pays nothing for it.
         self._purge_interval = purge_interval
         self._owed = 0
         self._purging = False
@@ -261,8 +274,11 @@ class DelayedOperationPurgatory(Generic[Op]):
     # -- the Kafka API ------------------------------------------------------------------------
 
     # One path, its steps inlined: on this path a call costs more than a branch.
-    def try_complete_else_watch(  # noqa: C901, PLR0912
-        self, op: Op, keys: Iterable[Hashable] | Mapping[Hashable, Any]
+    def try_complete_else_watch(  # noqa: C901, PLR0912, PLR0915
+        self,
+        op: Op,
+        keys: Iterable[Hashable] | Mapping[Hashable, Any],
+        threshold: Any = None,
     ) -> bool:
         """Complete `op` now if it can; otherwise watch it on every key and start its timer.
 
@@ -275,10 +291,12 @@ class DelayedOperationPurgatory(Generic[Op]):
             op: An operation never watched before.
             keys: The keys whose `check_and_complete` should re-try `op` (any hashables; a
                 collection, not one key: ``["topic-0"]``, not ``"topic-0"``), or a mapping of
-                key to *threshold* (any value that orders against the key's other thresholds,
-                offsets typically; ``None`` for a plain watch of that key): then
+                key to *threshold* (a hashable value that orders against the key's other
+                thresholds, offsets typically; ``None`` for a plain watch of that key): then
                 ``check_and_complete(key, reached)`` re-tries `op` only once ``reached`` is at
                 least its threshold.
+            threshold: One threshold for every key of `keys` (a collection): the common case
+                of a mapping whose values are all the same, without building one.
 
         Returns:
             ``True`` iff `op` completed inside this call.
@@ -286,10 +304,11 @@ class DelayedOperationPurgatory(Generic[Op]):
         Raises:
             PurgatoryClosed: The purgatory was shut down.
             PurgatoryFull: ``max_pending`` operations are delayed already; nothing registered.
-            ValueError: `keys` is empty, `op` was already watched or finished, or its timeout
-                is beyond the timer's horizon (2**53 ticks).
-            TypeError: `op` is not a set-up `DelayedOperation`, `keys` is a string, a key is
-                not hashable, or thresholds of one key do not compare; nothing registered.
+            ValueError: `keys` is empty, `op` was already watched or finished, its timeout is
+                beyond the timer's horizon (2**53 ticks), or a threshold is NaN.
+            TypeError: `op` is not a set-up `DelayedOperation`, `keys` is a string, a key or a
+                threshold is not hashable, thresholds of one key do not compare, or `threshold`
+                comes with a mapping; nothing registered.
             RuntimeError: Called outside the thread of the event loop the purgatory is bound to.
             Exception: Whatever a synchronous `try_complete` raised; nothing stays registered.
 
@@ -310,9 +329,22 @@ class DelayedOperationPurgatory(Generic[Op]):
             raise ValueError(f"{op!r} was already watched or finished; watch an operation once")
         if type(op) not in self._sync_types:
             state = self._admit_type(op)
-        marks = None
+        marks: Any = None
         if type(keys) is not tuple:
             keys, marks = _split_keys(keys)
+        if threshold is not None:
+            if marks is not None:
+                raise TypeError(
+                    "threshold= is the one threshold of every key: give the keys as a "
+                    "collection, or a mapping of key to threshold without threshold="
+                )
+            try:  # `_check_threshold`, inline for the common case: it raises the clear errors
+                hash(threshold)
+            except TypeError:
+                _check_threshold(threshold, None)
+            if not threshold <= threshold:  # noqa: PLR0124 - NaN
+                _check_threshold(threshold, None)
+            marks = threshold
         if not keys:
             raise ValueError("keys is empty: an operation must watch at least one key")
         if op._timeout > self._max_timeout:
@@ -355,6 +387,9 @@ class DelayedOperationPurgatory(Generic[Op]):
             else:
                 claimed = op.try_complete()
                 if op._state & FINISHED:
+                    self._owed += 1  # registered, never timed (`_settled` counts the others)
+                    if self._owed > self._purge_interval:
+                        self._purge_due()
                     return True
                 if claimed:
                     report_false_claim(op, claimed)
@@ -401,6 +436,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         self: _Accepting[Op, DelayedOperation[T]],
         op: Op,
         keys: Iterable[Hashable] | Mapping[Hashable, Any],
+        threshold: Any = None,
     ) -> T:
         """`try_complete_else_watch`, then wait for the outcome: the call a handler awaits.
 
@@ -416,7 +452,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             op._expect_awaiter()
         if TYPE_CHECKING:
             assert isinstance(self, DelayedOperationPurgatory)
-        if self.try_complete_else_watch(op, keys):
+        if self.try_complete_else_watch(op, keys, threshold):
             return op._outcome()  # type: ignore[no-any-return]
         # `await op`, unrolled: this is the hot path of every parked request.
         while not op._state & FINISHED:
@@ -444,6 +480,9 @@ class DelayedOperationPurgatory(Generic[Op]):
                 "keys",
                 inspect.Parameter.POSITIONAL_OR_KEYWORD,
                 annotation="Iterable[Hashable] | Mapping[Hashable, Any]",
+            ),
+            inspect.Parameter(
+                "threshold", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation="Any"
             ),
         ],
         return_annotation="T",
@@ -648,10 +687,9 @@ class DelayedOperationPurgatory(Generic[Op]):
             del bucket[op]
             op._bucket = None
             self._timer.delayed -= 1
-        owed = self._owed = self._owed + 1
-        if owed > self._purge_interval and not self._purge_requested:
-            self._purge_requested = True
-            self._timer.request_pass()
+            self._owed += 1
+            if self._owed > self._purge_interval:
+                self._purge_due()
         if outcome == "completed":
             self._completed += 1
         else:
@@ -660,6 +698,13 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._purge_queue[op] = None
         if self._log is not None:
             self._record_end(op, outcome)
+
+    def _purge_due(self) -> None:
+        """Kafka's purge rule holds between passes: have the driver run a pass (once)."""
+        # (Every completion calls this while a purge is owed: the cheap test first.)
+        if not self._purge_requested:
+            self._purge_requested = True
+            self._timer.request_pass()
 
     def _housekeeping(self, taken: int, budget: int | None) -> bool:
         """After each timer pass (which took `taken` operations from the wheel): Kafka's purge
@@ -690,13 +735,15 @@ class DelayedOperationPurgatory(Generic[Op]):
 
     # -- the event log ------------------------------------------------------------------------
 
-    def _record_watch(
-        self, op: Op, keys: tuple[Hashable, ...], marks: dict[Hashable, Any] | None
-    ) -> None:
+    def _record_watch(self, op: Op, keys: tuple[Hashable, ...], marks: Any) -> None:
         log = self._log
         assert log is not None
         now = self._timer.current_time()
-        thresholds = None if marks is None else tuple(marks.values())
+        thresholds = None
+        if type(marks) is dict:
+            thresholds = tuple(marks.values())
+        elif marks is not None:
+            thresholds = (marks,) * len(keys)
         if thresholds is not None and thresholds.count(None) == len(thresholds):
             thresholds = None
         try:

@@ -2,23 +2,32 @@
 
 Thresholds are the step beyond Kafka. Its ``checkAndComplete(key)`` re-tries every watcher of the
 key, yet the common waits are for a number to pass a mark: an acks=all produce waits for the high
-watermark to pass its offset, a fetch for the log end to pass ``offset + min_bytes``. A watcher
-at a threshold waits in a *cell*; ``check_and_complete(key, reached)`` releases the cells whose
-threshold is ``<= reached``, in threshold order, and only those (and the key's plain watchers)
-are re-tried. A released watcher whose ``try_complete`` still says no stays a plain watcher of
-the key, re-tried by every later trigger, so it is never lost.
+watermark to pass its offset, a fetch for the log end to pass ``offset + min_bytes``. An
+operation watching at a threshold waits under that threshold; ``check_and_complete(key,
+reached)`` releases the thresholds ``<= reached``, in order, and only their operations (and the
+key's plain watchers) are re-tried. A released operation whose ``try_complete`` still says no
+stays a plain watcher of the key, re-tried by every later trigger, so it is never lost.
 
-Two orders, two structures. Offsets mostly arrive in increasing order per key (each produce
-request appends after the last, each fetch asks for what follows), so a cell whose threshold is
-at least the last one queued goes to the tail of a *run*, a deque sorted by construction, and is
-released from its head: O(1) both ways, no heap. A cell that arrives out of order goes to a heap
-instead; a release takes from whichever of the two heads is smaller, so the order stays exact.
+A queue of thresholds, not of operations. ``at`` maps each threshold to the operation waiting
+under it (a list once several share it, in watch order); the order is kept over the thresholds
+alone, so that the comparisons a queue makes are comparisons of bare values (offsets: C-level
+integer or float comparisons), and thresholds must be hashable as well as ordered. Two orders,
+two structures: offsets mostly arrive in increasing order per key (each produce request appends
+after the last, each fetch asks for what follows), so a threshold at least the last one queued
+goes to the tail of a *run*, a deque sorted by construction, released from its head: O(1) both
+ways. One that arrives out of order goes to a heap instead; a release takes from whichever head
+is smaller, so the order stays exact.
 
-Removal without a scan. A cell is a mutable list ``[threshold, seq, op]``; removing an operation
-nulls its cell's ``op`` (so nothing keeps a finished operation alive) and counts the cell dead;
-once dead cells are half of those held, both structures are rebuilt, which is O(1) amortised per
-removal. ``seq`` makes cells with equal thresholds leave in watch order and keeps operations out
-of the comparisons.
+Removal without a scan. Removing an operation deletes it from ``at`` (an operation knows its
+threshold for each key: `threshold_of`); its threshold, if no other operation waits under it,
+stays queued as a *dead* entry that a release skips and counts off. Once dead entries are half
+of those queued, both structures are rebuilt without them, which is O(1) amortised per removal.
+Nothing queued refers to an operation, so a removed one is never kept alive.
+
+Who does what. The container is the watcher lists' (`purgatory._watchers`), the only code that
+touches it: the two hot paths, queueing a threshold as an operation registers and releasing
+thresholds as a trigger comes, are taken inline there, on the fields below (their per-entry
+loops move whole, a call per entry would cost more than the work); the rest is here.
 """
 
 from __future__ import annotations
@@ -26,16 +35,29 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from typing import Any, Generic, TypeVar, final
 
-__all__ = ("ThresholdWatchers",)
+__all__ = ("ThresholdWatchers", "threshold_of")
 
 Op = TypeVar("Op")
 
 _MISSING: Any = object()
-_heappush = heapq.heappush
-_heappop = heapq.heappop
+
+
+def threshold_of(op: Any, key: Hashable) -> Any:
+    """The threshold at which `op` watches `key` (``None``: plain), from its *marks*.
+
+    An operation's ``_marks`` (the watcher lists' field) is ``None`` for a plain watch, a
+    ``dict`` of key to threshold for a watch given a mapping, or else the one threshold of every
+    key (thresholds are hashable, so never a ``dict``).
+    """
+    marks = op._marks
+    if marks is None:
+        return None
+    if type(marks) is dict:
+        return marks.get(key)
+    return marks
 
 
 @final
@@ -43,142 +65,150 @@ class ThresholdWatchers(Generic[Op]):
     """The watchers of one key of which some watch at a threshold.
 
     ``plain`` holds the operations tried by every trigger of the key (watched without a
-    threshold, or released); ``cells`` maps each operation still waiting for its threshold to its
-    cell, which is in ``run`` (thresholds in increasing order) or in ``heap``.
+    threshold, or released); ``at`` maps each threshold still waiting to its operation (or list
+    of operations); each of its thresholds is queued in ``run`` (increasing order) or ``heap``;
+    ``dead`` counts the queued entries whose threshold has left ``at``.
     """
 
-    __slots__ = ("cells", "dead", "heap", "plain", "run", "seq")
+    __slots__ = ("at", "dead", "heap", "plain", "run")
 
     def __init__(self, plain: dict[Op, None]) -> None:
         self.plain = plain
-        self.cells: dict[Op, list[Any]] = {}
-        self.run: deque[list[Any]] = deque()
-        self.heap: list[list[Any]] = []
+        self.at: dict[Any, Any] = {}
+        self.run: deque[Any] = deque()
+        self.heap: list[Any] = []
         self.dead = 0
-        self.seq = 0
 
     def __len__(self) -> int:
-        return len(self.plain) + len(self.cells)
+        return len(self.plain) + sum(
+            len(waiting) if type(waiting) is list else 1 for waiting in self.at.values()
+        )
 
     def __iter__(self) -> Iterator[Op]:
+        """The plain watchers, then those at a threshold (in the order their thresholds came)."""
         yield from self.plain
-        yield from self.cells
-
-    def __contains__(self, op: object) -> bool:
-        return op in self.plain or op in self.cells
+        for waiting in list(self.at.values()):
+            if type(waiting) is list:
+                yield from waiting
+            else:
+                yield waiting
 
     def __repr__(self) -> str:
-        return f"<ThresholdWatchers plain={len(self.plain)} at_threshold={len(self.cells)}>"
+        return f"<ThresholdWatchers plain={len(self.plain)} thresholds={len(self.at)}>"
+
+    def holds(self, op: Op, key: Hashable) -> bool:
+        """Whether `op` watches this container's `key`."""
+        if op in self.plain:
+            return True
+        threshold = threshold_of(op, key)
+        if threshold is None:
+            return False
+        waiting = self.at.get(threshold)
+        return waiting is op or (type(waiting) is list and op in waiting)
 
     def add(self, op: Op, threshold: Any) -> None:
         """Watch at `threshold` (``None``: plain).
 
         Raises:
-            TypeError: `threshold` does not compare with the key's other thresholds (nothing
-                is added).
+            TypeError: `threshold` is not hashable, or does not compare with the key's other
+                thresholds (nothing is added).
 
         Runtime complexity: O(1) for a threshold at least the last in-order one, else O(log n).
         """
         if threshold is None:
             self.plain[op] = None
             return
-        cell = [threshold, self.seq, op]
-        run = self.run
-        if not run or run[-1][0] <= threshold:
-            run.append(cell)
+        at = self.at
+        waiting = at.get(threshold)
+        if waiting is None:
+            run = self.run
+            if not run or run[-1] <= threshold:
+                run.append(threshold)
+            else:
+                self.push(threshold)
+            at[threshold] = op
+        elif type(waiting) is list:
+            waiting.append(op)
         else:
-            heap = self.heap
-            try:
-                _heappush(heap, cell)
-            except BaseException:
-                # A push that raised may have left the cell anywhere in the heap.
-                heap[:] = [c for c in heap if c is not cell]
-                heapq.heapify(heap)
-                raise
-        self.seq += 1
-        self.cells[op] = cell
+            at[threshold] = [waiting, op]
 
-    def pop(self, op: Op, default: Any = None) -> Any:
-        """Stop watching `op` (the ``dict.pop`` signature the trigger loop uses). O(1) amortised."""
+    def push(self, threshold: Any) -> None:
+        """Queue an out-of-order `threshold` in the heap (``TypeError`` if it does not compare:
+        then nothing is queued)."""
+        try:
+            heapq.heappush(self.heap, threshold)
+        except BaseException:
+            self.unpush(threshold)
+            raise
+
+    def unpush(self, threshold: Any) -> None:
+        """Undo a push of `threshold` that raised, which may have left it anywhere in the
+        heap (the heap's other values were ordered against each other already)."""
+        heap = self.heap
+        for index in range(len(heap) - 1, -1, -1):
+            if heap[index] is threshold:
+                del heap[index]
+                break
+        heapq.heapify(heap)
+
+    def pop(self, op: Op, default: Any, key: Hashable) -> Any:
+        """Stop watching `op`, which watched `key` (this container's): ``dict.pop``'s answer,
+        `default` if it did not watch. O(1) amortised (O(n) among operations sharing one
+        threshold)."""
         if self.plain.pop(op, _MISSING) is not _MISSING:
             return None
-        cell = self.cells.pop(op, None)
-        if cell is None:
+        threshold = op._marks  # type: ignore[attr-defined] # threshold_of(op, key), inline (the purge calls this per entry)
+        if type(threshold) is dict:
+            threshold = threshold.get(key)
+        if threshold is None:
             return default
-        cell[2] = None
+        at = self.at
+        waiting = at.get(threshold)
+        if waiting is op:
+            del at[threshold]
+        elif type(waiting) is list and op in waiting:
+            waiting.remove(op)
+            if waiting:
+                return None
+            del at[threshold]
+        else:
+            return default
         self.dead += 1
         if self.dead > (len(self.run) + len(self.heap)) >> 1:
-            self.run = deque(c for c in self.run if c[2] is not None)
-            self.heap[:] = [c for c in self.heap if c[2] is not None]
-            heapq.heapify(self.heap)
-            self.dead = 0
+            self._compact()
         return None
 
-    def release(self, reached: Any) -> None:
-        """Make every operation whose threshold is ``<= reached`` a plain watcher, in order.
-
-        A released operation that finished meanwhile (through another key) is dropped by the
-        trigger that called this, never re-tried.
-
-        Runtime complexity: O(1 + released) for in-order cells, O(log n) more per heap cell.
-        """
-        run = self.run
-        heap = self.heap
-        plain = self.plain
-        cells = self.cells
-        if not heap:  # every cell in order: the O(1) path
-            while run and run[0][0] <= reached:
-                op = run.popleft()[2]
-                if op is None:
-                    self.dead -= 1
-                else:
-                    del cells[op]
-                    plain[op] = None
-            return
-        while True:
-            if run:
-                cell = run[0]
-                if heap and heap[0] < cell:
-                    if not heap[0][0] <= reached:
-                        return
-                    cell = _heappop(heap)
-                else:
-                    if not cell[0] <= reached:
-                        return
-                    run.popleft()
-            elif heap and heap[0][0] <= reached:
-                cell = _heappop(heap)
-            else:
-                return
-            op = cell[2]
-            if op is None:
-                self.dead -= 1
-                continue
-            del cells[op]
-            plain[op] = None
-
     def clear(self) -> None:
-        """Forget every watcher (a key cancelled or drained): no cell keeps an operation alive."""
-        for cell in self.cells.values():
-            cell[2] = None
+        """Forget every watcher (a key cancelled or drained)."""
         self.plain.clear()
-        self.cells.clear()
+        self.at.clear()
         self.run.clear()
         self.heap.clear()
         self.dead = 0
 
+    def _compact(self) -> None:
+        """Drop the dead entries: the run keeps its order; the heap is made again."""
+        at = self.at
+        self.run = deque(threshold for threshold in self.run if threshold in at)
+        heap = [threshold for threshold in self.heap if threshold in at]
+        heapq.heapify(heap)  # (these values were ordered against each other already)
+        self.heap = heap
+        self.dead = len(self.run) + len(self.heap) - len(at)
+
     def _check(self) -> None:
-        """Raise ``AssertionError`` if the cells, the run and the heap disagree."""
-        held = [c for c in self.run if c[2] is not None] + [
-            c for c in self.heap if c[2] is not None
-        ]
-        assert len(held) == len(self.cells), f"{len(held)} live cells, {len(self.cells)} mapped"
-        for cell in held:
-            assert self.cells.get(cell[2]) is cell, f"cell {cell!r} is not its operation's"
-            assert cell[2] not in self.plain, f"{cell[2]!r} both plain and at a threshold"
-        dead = len(self.run) + len(self.heap) - len(held)
-        assert dead == self.dead, f"{dead} dead cells, {self.dead} counted"
+        """Raise ``AssertionError`` if the thresholds, the run and the heap disagree."""
+        at = self.at
+        queued = list(self.run) + self.heap
+        assert all(threshold in queued for threshold in at), "a threshold waits unqueued"
+        assert self.dead == len(queued) - len(at), (
+            f"{len(queued) - len(at)} dead entries, {self.dead} counted"
+        )
+        for threshold, waiting in at.items():
+            ops = waiting if type(waiting) is list else [waiting]
+            assert ops, f"nobody waits at {threshold!r}"
+            for op in ops:
+                assert op not in self.plain, f"{op!r} both plain and at a threshold"
         run = list(self.run)
-        assert all(a[0] <= b[0] for a, b in itertools.pairwise(run)), "run out of order"
+        assert all(a <= b for a, b in itertools.pairwise(run)), "run out of order"
         for i in range(1, len(self.heap)):
             assert not self.heap[i] < self.heap[(i - 1) >> 1], "heap order broken"

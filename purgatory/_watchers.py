@@ -13,15 +13,18 @@ A key's watchers take the cheapest shape that serves the key:
 - the operation itself, when it is the key's only watcher (most keys of a server with many
   partitions or sessions are like that, and a ``dict`` per key would cost more memory than the
   operation); if it watches the key at a threshold, the threshold is in the operation's own
-  ``_marks`` (its key-to-threshold mapping), so a lone watcher costs no object at all;
+  ``_marks`` (`purgatory._thresholds.threshold_of` reads them), so a lone watcher costs no
+  object at all;
 - an insertion-ordered ``dict[op, None]`` used as a set, once several watch it (O(1) removal,
   Kafka's order of re-tries);
 - a `ThresholdWatchers`, once several watch it and any of them at a threshold.
 
-An operation's ``_marks`` speaks only for the keys on which it is the lone watcher: once a key
-has several watchers, the key's `ThresholdWatchers` holds the truth (it took the threshold over
-when it grew) and the mark is not read again. A lone watcher is released by setting its mark
-for the key to ``None``.
+An operation's ``_marks`` say at which threshold it waits on each key: ``None`` (a plain watch),
+a ``dict`` of key to threshold (a watch given a mapping; the operation's own copy), or one
+threshold for all its keys (the ``threshold=`` watch, which copies nothing). Once a key has
+several watchers, its `ThresholdWatchers` holds the truth about who was released (released
+operations are plain watchers there); for a lone watcher the marks do, and a lone watcher is
+released by marking the key ``None`` (its marks become a ``dict`` then).
 
 Finished operations are dropped lazily, as in Kafka: by the trigger that finds them, or by the
 purge. Every operation counts the lists that hold it (``_listed``); one that finishes while
@@ -39,12 +42,14 @@ expire_due`). Everything else about the queue (taking operations out, the purge)
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Hashable, Iterable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
 from ._asyncio import report_exception, report_false_claim
 from ._operation import DONE, EXPIRED_NOW, FINISHED
-from ._thresholds import ThresholdWatchers
+from ._thresholds import ThresholdWatchers, threshold_of
 
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
@@ -55,7 +60,10 @@ Op = TypeVar("Op", bound="DelayedOperation[Any]")
 
 # Stands in for a key's list when the key has a lone watcher: only ever popped from, never filled.
 _NOTHING_TO_POP: dict[Any, None] = {}
+_MISSING: Any = object()
 _COLLECTIONS = (dict, ThresholdWatchers)
+_heappop = heapq.heappop
+_heappush = heapq.heappush
 
 
 @final
@@ -95,17 +103,19 @@ class WatcherLists(Generic[Op]):
 
     # -- registration -------------------------------------------------------------------------
 
-    def register(
-        self, op: Op, keys: tuple[Hashable, ...], marks: dict[Hashable, Any] | None
+    # Registration runs once per watch and its per-key loop once per key: inlined on purpose.
+    def register(  # noqa: C901, PLR0912, PLR0915
+        self, op: Op, keys: tuple[Hashable, ...], marks: Any
     ) -> None:
         """Put `op` on the list of every key of `keys`, or, if that fails, on none.
 
-        `marks` maps each key to its threshold (``None``: plain), or is ``None`` for a plain
-        watch of every key. A key given twice is watched once.
+        `marks` are the operation's thresholds (see the module docstring): ``None`` for a plain
+        watch of every key, a ``dict`` of key to threshold (``None``: plain on that key), or one
+        threshold for every key. A key given twice is watched once.
 
         Raises:
-            TypeError: A key is not hashable, or a threshold does not compare with the key's
-                others; nothing stays registered.
+            TypeError: A key or a threshold is not hashable, or a threshold does not compare
+                with the key's others; nothing stays registered.
 
         Runtime complexity: O(len(keys)), O(log n) more per threshold out of order.
         """
@@ -114,27 +124,64 @@ class WatcherLists(Generic[Op]):
         op._keys = keys
         listed = len(keys)  # less one per key given twice
         try:
+            if marks is None:
+                for key in keys:
+                    ops = lists.get(key)
+                    if ops is None:
+                        lists[key] = op
+                    elif type(ops) is dict:
+                        if op in ops:
+                            listed -= 1
+                        else:
+                            ops[op] = None
+                    elif not self._join_plain(key, op, ops):
+                        listed -= 1
+                op._listed = listed
+                self._entries += listed
+                return
+            shared = type(marks) is not dict
             for key in keys:
+                threshold = marks if shared else marks[key]
                 ops = lists.get(key)
                 if ops is None:
                     lists[key] = op
-                elif marks is not None and marks[key] is not None:
-                    if type(ops) is ThresholdWatchers:
-                        ops.add(op, marks[key])
-                    else:
-                        self._join_at(key, op, ops, marks[key])
-                elif type(ops) is dict:
-                    if op in ops:
+                elif threshold is None:
+                    if type(ops) is dict:
+                        if op in ops:
+                            listed -= 1
+                        else:
+                            ops[op] = None
+                    elif not self._join_plain(key, op, ops):
                         listed -= 1
+                elif type(ops) is ThresholdWatchers:
+                    # ThresholdWatchers.add, inline: a threshold queued in the run or the heap.
+                    at = ops.at
+                    waiting = at.get(threshold)
+                    if waiting is None:
+                        run = ops.run
+                        if not run or run[-1] <= threshold:
+                            run.append(threshold)
+                        else:
+                            heap = ops.heap
+                            try:
+                                _heappush(heap, threshold)
+                            except BaseException:
+                                ops.unpush(threshold)
+                                raise
+                        at[threshold] = op
+                    elif waiting is op:
+                        listed -= 1
+                    elif type(waiting) is list:
+                        if op in waiting:
+                            listed -= 1
+                        else:
+                            waiting.append(op)
                     else:
-                        ops[op] = None
+                        at[threshold] = [waiting, op]
                 elif ops is op:
                     listed -= 1
-                elif type(ops) is ThresholdWatchers or _lone_mark(ops, key) is not None:
-                    if not self._join_plain(key, op, ops):
-                        listed -= 1
                 else:
-                    lists[key] = {ops: None, op: None}
+                    self._join_at(key, op, ops, threshold)
         except BaseException:
             for key in keys:
                 try:
@@ -154,15 +201,18 @@ class WatcherLists(Generic[Op]):
         self._lists[key] = watchers
 
     def _join_plain(self, key: Hashable, op: Op, ops: Any) -> bool:
-        """Add `op` as a plain watcher of `key`, whose watchers `ops` know thresholds; ``False``
-        if `op` already watched `key` (the key was given twice)."""
+        """Add `op` as a plain watcher of `key`, whose watchers `ops` are not an ordered set;
+        ``False`` if `op` already watched `key` (the key was given twice)."""
         if type(ops) is ThresholdWatchers:
-            if op in ops:
+            if ops.holds(op, key):
                 return False
             ops.plain[op] = None
             return True
         if ops is op:
             return False
+        if threshold_of(ops, key) is None:
+            self._lists[key] = {ops: None, op: None}
+            return True
         watchers = _grown(ops, key)
         watchers.plain[op] = None
         self._lists[key] = watchers
@@ -210,22 +260,58 @@ class WatcherLists(Generic[Op]):
             candidates = list(ops)
             drop = ops.pop
         elif type(ops) is ThresholdWatchers:
+            plain = ops.plain
             if reached is None:
                 candidates = list(ops)
-                drop = ops.pop
+                drop = partial(ops.pop, key=key)
             else:
-                ops.release(reached)
-                candidates = list(ops.plain)
-                drop = ops.plain.pop  # (the candidates are all plain watchers)
+                # Release every threshold <= reached, in order (ThresholdWatchers' release,
+                # inline): their operations become plain watchers, re-tried below after the
+                # key's older plain ones, except those already finished (through another key),
+                # which leave the list on the spot and are never re-tried.
+                run = ops.run
+                heap = ops.heap
+                at = ops.at
+                while True:
+                    if heap:
+                        threshold = heap[0]
+                        if run and not threshold < run[0]:
+                            threshold = run[0]
+                            if not threshold <= reached:
+                                break
+                            run.popleft()
+                        else:
+                            if not threshold <= reached:
+                                break
+                            _heappop(heap)
+                    elif run:
+                        threshold = run[0]
+                        if not threshold <= reached:
+                            break
+                        run.popleft()
+                    else:
+                        break
+                    waiting = at.pop(threshold, None)
+                    if waiting is None:
+                        ops.dead -= 1
+                    elif type(waiting) is list:
+                        self._release(waiting, plain)
+                    elif waiting._state & FINISHED:
+                        self._entries -= 1
+                        waiting._listed -= 1
+                        if not waiting._listed:
+                            self.queue.pop(waiting, None)
+                    else:
+                        plain[waiting] = None
+                candidates = list(plain)
+                drop = plain.pop
         else:
             if reached is not None:
-                marks = ops._marks
-                if marks is not None:
-                    threshold = marks.get(key)
-                    if threshold is not None:
-                        if not threshold <= reached:
-                            return 0
-                        marks[key] = None  # released: a plain watcher from now on
+                threshold = threshold_of(ops, key)
+                if threshold is not None:
+                    if not threshold <= reached:
+                        return 0
+                    _release_lone(ops, key)
             # The key's only watcher: the pops below find nothing, its entry goes after the loop.
             single = ops
             candidates = (ops,)
@@ -271,7 +357,7 @@ class WatcherLists(Generic[Op]):
         if single is None:
             # Emptied? (`not ops` would call ThresholdWatchers.__len__, a Python call per trigger.)
             plain_keyed = type(ops) is dict
-            emptied = not ops if plain_keyed else not (ops.plain or ops.cells)  # type: ignore[union-attr]
+            emptied = not ops if plain_keyed else not (ops.plain or ops.at)  # type: ignore[union-attr]
             if emptied and lists.get(key) is ops:
                 del lists[key]
         elif single._state & FINISHED and lists.get(key) is ops:  # (`ops` is `single`)
@@ -284,11 +370,22 @@ class WatcherLists(Generic[Op]):
             self._tidy(key, ops, single)  # a newcomer may have joined the key meanwhile
         return completed
 
+    def _release(self, waiting: list[Op], plain: dict[Op, None]) -> None:
+        """Release the operations that waited under one threshold (see `trigger`)."""
+        for op in waiting:
+            if op._state & FINISHED:
+                self._entries -= 1
+                op._listed -= 1
+                if not op._listed:
+                    self.queue.pop(op, None)
+            else:
+                plain[op] = None
+
     def _tidy(self, key: Hashable, ops: Any, single: Op | None) -> None:
         """After a trigger of `key`: drop a finished lone watcher, or the key's emptied list."""
         lists = self._lists
         if single is None:
-            if not ops and lists.get(key) is ops:
+            if _empty(ops) and lists.get(key) is ops:
                 del lists[key]
         elif single._state & FINISHED and self._discard(key, single):
             self._entries -= 1
@@ -350,8 +447,10 @@ class WatcherLists(Generic[Op]):
                         purged += 1
                         if not ops:
                             del lists[key]
-                elif ops is not None and self._discard(key, op):
+                elif type(ops) is ThresholdWatchers and ops.pop(op, _MISSING, key) is not _MISSING:
                     purged += 1
+                    if not (ops.plain or ops.at):
+                        del lists[key]
             op._listed = 0
         self._purged += purged
         self._entries -= purged
@@ -381,14 +480,15 @@ class WatcherLists(Generic[Op]):
             if op not in ops:
                 return False
             del ops[op]
+            if not ops:
+                del lists[key]
         elif type(ops) is ThresholdWatchers:
-            if op not in ops:
+            if ops.pop(op, _MISSING, key) is _MISSING:
                 return False
-            ops.pop(op)
+            if not (ops.plain or ops.at):
+                del lists[key]
         else:
             return False
-        if not ops:
-            del lists[key]
         return True
 
     def __iter__(self) -> Iterator[tuple[Hashable, list[Op]]]:
@@ -410,6 +510,11 @@ class WatcherLists(Generic[Op]):
         for key, ops in self._lists.items():
             if type(ops) is ThresholdWatchers:
                 ops._check()
+                for threshold, waiting in ops.at.items():
+                    for op in waiting if type(waiting) is list else [waiting]:
+                        assert threshold_of(op, key) == threshold, (
+                            f"{op!r} waits at {threshold!r} on {key!r}, its marks say otherwise"
+                        )
             members = self.watching(key)
             assert members, f"empty watcher list for {key!r}"
             entries += len(members)
@@ -432,10 +537,21 @@ def _report_attempt(op: Any, key: Hashable, exc: BaseException) -> None:
     report_exception(f"{type(op).__qualname__}.try_complete raised", exc, operation=op, key=key)
 
 
-def _lone_mark(op: Any, key: Hashable) -> Any:
-    """The threshold at which the lone watcher `op` of `key` waits (``None``: plain)."""
+def _release_lone(op: Any, key: Hashable) -> None:
+    """Make the lone watcher `op` of `key` a plain watcher of it (its threshold was reached)."""
     marks = op._marks
-    return None if marks is None else marks.get(key)
+    if type(marks) is dict:
+        marks[key] = None
+    else:  # one threshold for every key: this key's own mark now differs
+        op._marks = dict.fromkeys(op._keys, marks)
+        op._marks[key] = None
+
+
+def _empty(ops: Any) -> bool:
+    """Whether a key's watchers (an ordered set or a `ThresholdWatchers`) are none."""
+    if type(ops) is dict:
+        return not ops
+    return not (ops.plain or ops.at)
 
 
 def _grown(ops: Any, key: Hashable) -> ThresholdWatchers[Any]:
@@ -443,7 +559,7 @@ def _grown(ops: Any, key: Hashable) -> ThresholdWatchers[Any]:
     if type(ops) is dict:
         return ThresholdWatchers(ops)
     watchers: ThresholdWatchers[Any] = ThresholdWatchers({})
-    watchers.add(ops, _lone_mark(ops, key))  # one threshold: nothing to compare with
+    watchers.add(ops, threshold_of(ops, key))  # one threshold: nothing to compare with
     return watchers
 
 

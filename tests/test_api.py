@@ -112,7 +112,10 @@ def test_no_private_typing_name_in_a_public_signature(name: str, obj: object) ->
 
 def test_help_shows_watch_as_a_caller_writes_it() -> None:
     text = pydoc.plain(pydoc.render_doc(purgatory.DelayedOperationPurgatory.watch))
-    assert "watch(self, op: 'Op', keys: 'Iterable[Hashable] | Mapping[Hashable, Any]')" in text
+    assert (
+        "watch(self, op: 'Op', keys: 'Iterable[Hashable] | Mapping[Hashable, Any]', "
+        "threshold: 'Any' = None)"
+    ) in text
     assert "_Accepting" not in text
 
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import purgatory._purgatory
+import purgatory._timer
 from purgatory.pipeline import W1, ReplayConfig, _chart, _checks, _cli, _spark, replay_table
 from purgatory.pipeline._checks import InputError
 
@@ -216,7 +216,7 @@ def test_a_sweep_timeout_beyond_the_horizon(
 
 
 def test_horizon_limits_match_the_purgatory() -> None:
-    assert purgatory._purgatory.MAX_TIMEOUT_TICKS == _checks.HORIZON_TICKS
+    assert purgatory._timer.MAX_TIMEOUT_TICKS == _checks.HORIZON_TICKS
     limits = _checks.horizon_limits(
         [ReplayConfig(tick=0.001), ReplayConfig(tick=0.001), ReplayConfig(timeout_scale=2.0)]
     )

@@ -233,18 +233,42 @@ async def test_watch_and_the_threadsafe_trigger_carry_thresholds() -> None:
         assert await asyncio.wait_for(waiting[1], 5.0) == "NONE"
 
 
+class Member:
+    """What a `ThresholdWatchers` needs of a watcher on its own: the marks the lists set."""
+
+    __slots__ = ("_marks",)
+
+    def __init__(self, threshold: Any) -> None:
+        self._marks = threshold
+
+
 @pytest.mark.parametrize("order", ["increasing", "shuffled"])
-def test_dead_cells_are_compacted_away_as_they_pile_up(order: str) -> None:
-    watchers: ThresholdWatchers[object] = ThresholdWatchers({})
-    members = [object() for _ in range(1000)]
+def test_dead_entries_are_compacted_away_as_they_pile_up(order: str) -> None:
+    watchers: ThresholdWatchers[Member] = ThresholdWatchers({})
     thresholds = list(range(1000))
     if order == "shuffled":
         random.Random(7).shuffle(thresholds)
-    for member, threshold in zip(members, thresholds, strict=True):
-        watchers.add(member, threshold)
+    members = [Member(threshold) for threshold in thresholds]
+    for member in members:
+        watchers.add(member, member._marks)
     for member in members[:900]:
-        watchers.pop(member)
+        assert watchers.pop(member, "missing", "k") is None
     assert len(watchers.run) + len(watchers.heap) < 400
+    assert watchers.pop(members[0], "missing", "k") == "missing"
+    check_threshold_watchers(watchers)
+
+
+def test_thresholds_shared_by_several_watchers_are_queued_once() -> None:
+    watchers: ThresholdWatchers[Member] = ThresholdWatchers({})
+    members = [Member(5) for _ in range(3)]
+    for member in members:
+        watchers.add(member, 5)
+    assert (list(watchers.run), watchers.at[5]) == ([5], members)
+    watchers.pop(members[1], None, "k")
+    assert watchers.at[5] == [members[0], members[2]]
+    watchers.pop(members[0], None, "k")
+    watchers.pop(members[2], None, "k")
+    assert (watchers.at, watchers.dead) == ({}, 0)  # compacted: nothing queued is left
     check_threshold_watchers(watchers)
 
 
@@ -252,16 +276,26 @@ def test_dead_cells_are_compacted_away_as_they_pile_up(order: str) -> None:
 
 
 def test_in_order_thresholds_take_the_run_and_out_of_order_ones_the_heap() -> None:
-    watchers: ThresholdWatchers[str] = ThresholdWatchers({})
-    for name, threshold in [("a", 1), ("b", 3), ("c", 3), ("d", 7), ("e", 2), ("f", 9)]:
-        watchers.add(name, threshold)
-    assert [cell[2] for cell in watchers.run] == ["a", "b", "c", "d", "f"]
-    assert [cell[2] for cell in watchers.heap] == ["e"]
-    watchers.release(3)
-    assert list(watchers.plain) == ["a", "e", "b", "c"]  # threshold order, then watch order
-    watchers.release(8)
-    assert list(watchers.plain) == ["a", "e", "b", "c", "d"]
+    watchers: ThresholdWatchers[Member] = ThresholdWatchers({})
+    for threshold in [1, 3, 3, 7, 2, 9]:
+        watchers.add(Member(threshold), threshold)
+    assert list(watchers.run) == [1, 3, 7, 9]
+    assert watchers.heap == [2]
     check_threshold_watchers(watchers)
+
+
+def test_released_watchers_are_retried_in_threshold_order_then_watch_order() -> None:
+    _clock, p = manual()
+    log: list[int] = []
+    for name, threshold in [(1, 1), (2, 3), (3, 3), (4, 7), (5, 2), (6, 9)]:
+        p.try_complete_else_watch(Picky(name, log), {"k": threshold})
+    log.clear()
+    p.check_and_complete("k", 3)
+    assert log == [1, 5, 2, 3]
+    log.clear()
+    p.check_and_complete("k", 8)
+    assert log == [1, 5, 2, 3, 4]  # the released ones are plain watchers now, in that order
+    check_invariants(p)
 
 
 def test_a_finished_operation_released_on_another_key_is_dropped_not_retried() -> None:
