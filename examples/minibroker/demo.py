@@ -341,12 +341,17 @@ async def _drive(
 
 
 async def run_demo(
-    *, seed: int = 7, seconds: float = 12.0, broker_log: str | None = None
+    *,
+    seed: int = 7,
+    seconds: float = 12.0,
+    broker_log: str | None = None,
+    metrics_port: int | None = 0,
 ) -> dict[str, Any]:
     """Run the demo, print progress and the summary; return the figures (for a test).
 
     The brokers' own logs (ISR changes, rebalances, refused connections) go to `broker_log`
-    if given (kept), else to an anonymous temporary file that vanishes with the demo.
+    if given (kept), else to an anonymous temporary file that vanishes with the demo. The
+    leader serves ``/metrics`` on `metrics_port` (0: any free port; ``None``: not at all).
     """
     rng = random.Random(seed)
     config = ClusterConfig(
@@ -354,6 +359,7 @@ async def run_demo(
         min_insync_replicas=2,
         replica_lag_time_max_ms=1000,
         replica_fetch_wait_max_ms=200,
+        metrics_port=metrics_port,
     )
     tally = Tally()
     view = GroupView()
@@ -370,6 +376,8 @@ async def run_demo(
         )
         started = time.monotonic()
         async with Cluster(config, log=log) as cluster:
+            if cluster.metrics_url is not None:
+                print(f"  metrics (Prometheus): {cluster.metrics_url}", flush=True)
             stats = await _drive(cluster, rng, seconds, tally, view)
     lost = [key for key, value in tally.acked.items() if tally.consumed.get(key) != value]
     summary = _summary(tally, view, stats, lost, time.monotonic() - started)
