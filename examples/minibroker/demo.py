@@ -54,6 +54,13 @@ GROUP = "order-readers"
 SESSION_TIMEOUT_MS = 2000
 HEARTBEAT_INTERVAL_MS = 300
 KILL_MEMBER_AT = 0.35
+FAULTS = (
+    (0.25, "pause follower 2 (SIGSTOP)"),
+    (KILL_MEMBER_AT, "kill group member B (SIGKILL)"),
+    (0.50, "pause follower 1 (SIGSTOP)"),
+    (0.70, "resume followers 1 and 2 (SIGCONT)"),
+)
+"""When each fault comes, as a fraction of the load's length, and what it is."""
 
 ERROR_NAMES = {
     0: "NONE",
@@ -258,13 +265,13 @@ async def _schedule(
     stop: asyncio.Event,
     notes: list[str],
 ) -> None:
-    steps: list[tuple[float, str, Callable[[], None]]] = [
-        (0.25, "pause follower 2 (SIGSTOP)", lambda: cluster.pause(2)),
-        (KILL_MEMBER_AT, "kill group member B (SIGKILL)", view.kill_b),
-        (0.50, "pause follower 1 (SIGSTOP)", lambda: cluster.pause(1)),
-        (0.70, "resume followers 1 and 2 (SIGCONT)", lambda: cluster.resume(1, 2)),
+    actions: list[Callable[[], None]] = [
+        lambda: cluster.pause(2),
+        view.kill_b,
+        lambda: cluster.pause(1),
+        lambda: cluster.resume(1, 2),
     ]
-    for fraction, what, action in steps:
+    for (fraction, what), action in zip(FAULTS, actions, strict=True):
         await asyncio.sleep(max(0.0, started + fraction * seconds - time.monotonic()))
         action()
         notes.append(what)
