@@ -110,8 +110,7 @@ class KafkaApis:
         self.default_partitions = default_partitions
         self._counters = stats.counters
         self._next_producer_id = 1000
-        self._unknown_topics_logged: set[str] = set()
-        self._transactional_ids_logged: set[str] = set()
+        self._warned: set[tuple[str, str]] = set()
 
     async def handle(self, request: Request) -> bytes | None:
         """The framed answer to `request`, ``None`` for acks=0; raises `CloseConnection`."""
@@ -138,35 +137,32 @@ class KafkaApis:
             return None
         return encode_response(request, response)
 
+    def _warn_once(self, kind: str, name: str, message: str, *args: object) -> None:
+        """Log `message` for the first request about `name` only (per `kind`): a client that
+        retries must not flood the log."""
+        if (kind, name) not in self._warned:
+            self._warned.add((kind, name))
+            log.warning(message, *args)
+
     def _unknown_topic(self, name: str, what: str) -> int:
         """Log the first request for each unknown topic; the error code to answer."""
-        if name not in self._unknown_topics_logged:
-            self._unknown_topics_logged.add(name)
-            log.warning(
-                "%s for unknown topic %r: UNKNOWN_TOPIC_OR_PARTITION (auto-creation %s)",
-                what,
-                name,
-                "on" if self.auto_create_topics else "off",
-            )
+        creation = "on" if self.auto_create_topics else "off"
+        message = "%s for unknown topic %r: UNKNOWN_TOPIC_OR_PARTITION (auto-creation %s)"
+        self._warn_once("topic", name, message, what, name, creation)
         return Errors.UNKNOWN_TOPIC_OR_PARTITION
 
     def _invalid_topic(self, name: str, reason: str, what: str) -> int:
         """Log the first request for each invalid name; the error code to answer."""
-        if name not in self._unknown_topics_logged:
-            self._unknown_topics_logged.add(name)
-            log.warning("%s for invalid topic %r: INVALID_TOPIC_EXCEPTION (%s)", what, name, reason)
+        message = "%s for invalid topic %r: INVALID_TOPIC_EXCEPTION (%s)"
+        self._warn_once("topic", name, message, what, name, reason)
         return Errors.INVALID_TOPIC_EXCEPTION
 
     def _refuse_transactions(self, transactional_id: str, what: str) -> int:
         """Log the first request for each transactional id; the error code to answer."""
-        if transactional_id not in self._transactional_ids_logged:
-            self._transactional_ids_logged.add(transactional_id)
-            log.warning(
-                "%s for transactional id %r: TRANSACTIONAL_ID_AUTHORIZATION_FAILED (%s)",
-                what,
-                transactional_id,
-                _NO_TRANSACTIONS,
-            )
+        message = "%s for transactional id %r: TRANSACTIONAL_ID_AUTHORIZATION_FAILED (%s)"
+        self._warn_once(
+            "transactional id", transactional_id, message, what, transactional_id, _NO_TRANSACTIONS
+        )
         return Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
     def _create_on_first_use(self, name: str, *, allow: bool) -> int | None:
