@@ -26,7 +26,7 @@ from purgatory.testing import ManualClock
 
 def test_all_is_exactly_the_public_names() -> None:
     public = {name for name in vars(purgatory) if not name.startswith("_")}
-    public -= {"annotations", "testing", "pipeline", "asgi"}
+    public -= {"annotations", "testing", "pipeline", "asgi", "prometheus", "otel"}
     assert set(purgatory.__all__) == public
     assert isinstance(purgatory.__all__, tuple)
     for name in purgatory.__all__:

@@ -22,7 +22,9 @@ from markdown_blocks import ROOT, Block, chains, doc_files, examples, parse, run
 
 import purgatory
 import purgatory.asgi
+import purgatory.otel
 import purgatory.pipeline
+import purgatory.prometheus
 import purgatory.testing
 
 CHAINS = [chain for path in doc_files() for chain in chains(path)]
@@ -136,7 +138,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_api_reference_documents_every_public_name(site: Path) -> None:
     api_source = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
     api_html = (site / "api.html").read_text(encoding="utf-8")
-    for module in (purgatory, purgatory.testing, purgatory.asgi, purgatory.pipeline):
+    modules = (purgatory, purgatory.testing, purgatory.asgi, purgatory.pipeline)
+    for module in (*modules, purgatory.prometheus, purgatory.otel):
         for name in module.__all__:
             qualified = f"{module.__name__}.{name}"
             assert f"::: {qualified}\n" in api_source, f"{qualified} missing from docs/api.md"

@@ -12,7 +12,6 @@ import tempfile
 from collections.abc import Awaitable, Callable
 
 import pytest
-from kafka.protocol.admin import ListGroupsRequest, ListGroupsResponse
 from kafka.protocol.consumer import FetchResponse, ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.metadata import (
     ApiVersionsRequest,
@@ -20,7 +19,7 @@ from kafka.protocol.metadata import (
     MetadataRequest,
     MetadataResponse,
 )
-from kafka.protocol.producer import ProduceResponse
+from kafka.protocol.producer import EndTxnRequest, EndTxnResponse, ProduceResponse
 from kafka.record.memory_records import MemoryRecordsBuilder
 from minibroker_support import (
     FETCH_VERSION,
@@ -119,8 +118,10 @@ def test_a_truncated_frame_then_a_disconnect_leaves_the_leader_serving() -> None
 def test_unserved_apis_and_versions_get_unsupported_version() -> None:
     async def body(cluster: Cluster, client: RawClient) -> None:
         # An API the broker does not serve, with an error field: UNSUPPORTED_VERSION.
-        list_groups = ListGroupsRequest(states_filter=[], types_filter=[])
-        response = await client.call(list_groups, ListGroupsResponse, 3)
+        end_txn = EndTxnRequest(
+            transactional_id="tx", producer_id=1, producer_epoch=0, committed=True
+        )
+        response = await client.call(end_txn, EndTxnResponse, 3)
         assert response.error_code == Errors.UNSUPPORTED_VERSION
         # A served API at a version above the served range: the same.
         high = SERVED[1][1] + 1

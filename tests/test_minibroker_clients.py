@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from minibroker_support import (
     produce_errors,
     run,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 from examples.minibroker.cluster import REPO_ROOT, Cluster, ClusterConfig
 from examples.minibroker.protocol import Errors
@@ -130,6 +132,7 @@ def kafka_python_round_trip(bootstrap: str) -> tuple[dict[Any, bytes], dict[Any,
         fetch_max_wait_ms=200,
     )
     seen: dict[tuple[int, int], bytes] = {}
+    timestamps: dict[tuple[int, int], int] = {}
     try:
         partitions = [KafkaTopicPartition(TOPIC, p) for p in range(PARTITIONS)]
         consumer.assign(partitions)
@@ -138,13 +141,20 @@ def kafka_python_round_trip(bootstrap: str) -> tuple[dict[Any, bytes], dict[Any,
             for tp, records in consumer.poll(timeout_ms=500).items():
                 for record in records:
                     seen[(tp.partition, record.offset)] = record.value
+                    timestamps[(tp.partition, record.offset)] = record.timestamp
         ends = consumer.end_offsets(partitions)
         assert sum(ends.values()) == sent  # ListOffsets latest = the high watermark
         assert set(consumer.beginning_offsets(partitions).values()) == {0}
-        # ListOffsets by timestamp: the first record at or after it, none after the last one.
+        # ListOffsets by timestamp: the first record at or after it, with that record's own
+        # timestamp (not the one asked); none after the last record.
+        last = max(t for (p, _), t in timestamps.items() if p == 0)
         by_time = consumer.offsets_for_times({partitions[0]: 0, partitions[1]: 2**62})
-        assert by_time[partitions[0]].offset == 0
+        assert tuple(by_time[partitions[0]])[:2] == (0, timestamps[(0, 0)])
         assert by_time[partitions[1]] is None
+        (found,) = consumer.offsets_for_times({partitions[0]: last}).values()
+        assert found.timestamp == last
+        assert timestamps[(0, found.offset)] == last
+        assert all(t < last for (p, o), t in timestamps.items() if p == 0 and o < found.offset)
     finally:
         consumer.close()
     return acked, seen, sent
@@ -208,15 +218,31 @@ def test_a_long_poll_returns_early_when_data_arrives_and_at_max_wait_when_none()
     run(main)
 
 
+PURGATORIES = {"produce", "fetch", "follower-fetch", "rebalance", "heartbeat"}
+
+
+def scrape(url: str) -> dict[tuple[str, str], float]:
+    """GET `url` and parse it with prometheus_client's own parser: (sample, purgatory) -> value."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = response.read().decode()
+    return {
+        (sample.name, sample.labels["purgatory"]): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_serve_prints_one_bootstrap_line_serves_and_stops_cleanly(
+def test_serve_prints_where_it_serves_serves_metrics_and_stops_cleanly(
     signum: int, tmp_path: Path
 ) -> None:
     stderr = tmp_path / "stderr"
+    command = [sys.executable, "-m", "examples.minibroker", "serve", "--port", "0"]
     with (
         stderr.open("wb") as errors,
         subprocess.Popen(
-            [sys.executable, "-m", "examples.minibroker", "serve", "--port", "0"],
+            [*command, "--metrics-port", "0"],
             cwd=REPO_ROOT,
             stdout=subprocess.PIPE,
             stderr=errors,
@@ -228,11 +254,19 @@ def test_serve_prints_one_bootstrap_line_serves_and_stops_cleanly(
             line = process.stdout.readline().decode()
             assert re.fullmatch(r"bootstrap 127\.0\.0\.1:(\d+)\n", line), line
             bootstrap = line.split()[1]
+            line = process.stdout.readline().decode()
+            assert re.fullmatch(r"metrics http://127\.0\.0\.1:(\d+)/metrics\n", line), line
+            before = scrape(line.split()[1])
             acked = run(lambda: aiokafka_produce(bootstrap, "all", 8), timeout=30)
             assert len(acked) == 8
+            after = scrape(line.split()[1])  # a real scrape of the leader's purgatories
+            assert {name for _, name in after} == PURGATORIES
+            assert before[("purgatory_completed_total", "produce")] == 0
+            assert after[("purgatory_completed_total", "produce")] >= 1  # acks=all parked
+            assert after[("purgatory_delayed", "produce")] == 0
             os.kill(process.pid, signum)
             assert process.wait(timeout=15) == 0
-            assert process.stdout.read() == b""  # exactly one line
+            assert process.stdout.read() == b""  # exactly two lines
         finally:
             if process.poll() is None:
                 process.kill()
@@ -242,24 +276,60 @@ def test_serve_prints_one_bootstrap_line_serves_and_stops_cleanly(
     assert stderr.read_text() == ""
 
 
-def test_serve_on_a_taken_port_says_so_in_one_line_and_exits_non_zero() -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+@pytest.mark.parametrize("taken", ["broker", "metrics"])
+def test_serve_on_a_taken_port_says_so_in_one_line_and_exits_non_zero(taken: str) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        ports = ["--port", str(port)] if taken == "broker" else ["--port", "0"]
+        ports += ["--metrics-port", str(port) if taken == "metrics" else "0"]
         done = subprocess.run(
-            [sys.executable, "-m", "examples.minibroker", "serve", "--port", str(port)],
+            [sys.executable, "-m", "examples.minibroker", "serve", *ports],
             cwd=REPO_ROOT,
             capture_output=True,
             stdin=subprocess.DEVNULL,
             timeout=60,
             check=False,
         )
+    what = "listen" if taken == "broker" else "serve metrics"
     assert done.returncode == 1
     assert done.stdout == b""
     assert done.stderr.decode().splitlines() == [
-        f"minibroker: cannot listen on 127.0.0.1:{port}: address already in use"
+        f"minibroker: cannot {what} on 127.0.0.1:{port}: address already in use"
     ]
+
+
+def test_serve_without_metrics_prints_one_line() -> None:
+    alone = ["--followers", "0", "--min-insync-replicas", "1"]
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "examples.minibroker",
+            "serve",
+            "--port",
+            "0",
+            *alone,
+            "--no-metrics",
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith(b"bootstrap 127.0.0.1:")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+        assert process.stdout.read() == b""
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        assert process.stdout is not None
+        process.stdout.close()
 
 
 def test_followers_that_never_fetch_hold_acks_all_until_they_leave_the_isr() -> None:

@@ -328,3 +328,76 @@ async def test_a_rejoin_with_nothing_new_gets_the_current_generation() -> None:
     assert not leader.done()
     b_again = await s.join(b.member_id)
     assert leader.result().generation_id == b_again.result().generation_id == 2
+
+
+@pytest.mark.asyncio
+async def test_a_stale_generation_gets_illegal_generation_even_during_a_rebalance() -> None:
+    """Kafka checks the member, then the generation, then the state (handleHeartbeat,
+    doCommitOffsets): a member of an older generation must rejoin from scratch, which
+    ``REBALANCE_IN_PROGRESS`` would not tell it."""
+    s = Setup()
+    a, b = await s.stable(2)
+    heartbeat, commit = s.coordinator.heartbeat, s.coordinator.commit_offsets
+    stale = a.generation_id - 1
+    assert heartbeat("g", a.member_id, stale) == Errors.ILLEGAL_GENERATION
+    rejoin = await s.join(b.member_id, protocols=[("range", b"changed")])  # a rebalance
+    assert s.state() == "PreparingRebalance"
+    assert heartbeat("g", a.member_id, stale) == Errors.ILLEGAL_GENERATION
+    assert heartbeat("g", a.member_id, a.generation_id) == Errors.REBALANCE_IN_PROGRESS
+    assert heartbeat("g", "stranger", stale) == Errors.UNKNOWN_MEMBER_ID
+    offsets = [(("t", 0), 1, None)]
+    assert commit("g", stale, a.member_id, offsets) == {("t", 0): Errors.ILLEGAL_GENERATION}
+    # Kafka lets the current generation commit while it prepares to rebalance.
+    assert commit("g", a.generation_id, a.member_id, offsets) == {("t", 0): Errors.NONE}
+    rejoined = await s.join(a.member_id)
+    await s.advance(0)
+    assert s.state() == "CompletingRebalance"
+    current = rejoined.result().generation_id
+    assert rejoin.result().generation_id == current == a.generation_id + 1
+    # Waiting for the assignment: the current generation is told to wait, an old one is stale.
+    assert commit("g", current, a.member_id, offsets) == {("t", 0): Errors.REBALANCE_IN_PROGRESS}
+    assert commit("g", a.generation_id, a.member_id, offsets) == {
+        ("t", 0): Errors.ILLEGAL_GENERATION
+    }
+    assert heartbeat("g", a.member_id, a.generation_id) == Errors.ILLEGAL_GENERATION
+    assert heartbeat("g", a.member_id, current) == Errors.NONE
+
+
+@pytest.mark.asyncio
+async def test_describe_and_list_show_members_and_their_assignment_once_stable() -> None:
+    s = Setup()
+    coordinator = s.coordinator
+    assert coordinator.describe_group("g").state == "Dead"  # Kafka's answer for no group
+    first, second = await s.join(), await s.join()
+    await s.advance(DELAY_MS / 1000)
+    assert coordinator.describe_group("g").state == "PreparingRebalance"
+    await s.advance(DELAY_MS / 1000)
+    a, b = first.result(), second.result()
+    waiting = coordinator.describe_group("g")  # CompletingRebalance: no protocol, no data
+    assert (waiting.state, waiting.protocol_type, waiting.protocol) == (
+        "CompletingRebalance",
+        "consumer",
+        "",
+    )
+    assert [(m.member_id, m.metadata, m.assignment) for m in waiting.members] == [
+        (a.member_id, b"", b""),
+        (b.member_id, b"", b""),
+    ]
+    await s.sync(b)
+    await s.sync(a, {a.member_id: b"A", b.member_id: b"B"})
+    stable = coordinator.describe_group("g")
+    assert (stable.state, stable.protocol) == ("Stable", "range")
+    assert [(m.member_id, m.client_id, m.metadata, m.assignment) for m in stable.members] == [
+        (a.member_id, "client", b"range-metadata", b"A"),
+        (b.member_id, "client", b"range-metadata", b"B"),
+    ]
+    coordinator.commit_offsets("solo", -1, "", [(("t", 0), 5, None)])  # offsets only
+    assert coordinator.list_groups() == [("g", "consumer", "Stable"), ("solo", "", "Empty")]
+    assert coordinator.list_groups(["empty"]) == [("solo", "", "Empty")]
+    assert coordinator.leave_group("g", [a.member_id, b.member_id]) == [Errors.NONE] * 2
+    # The last member gone, the group stays a consumer group, Empty (as Kafka keeps it).
+    assert coordinator.list_groups(["Empty", "Stable"]) == [
+        ("g", "consumer", "Empty"),
+        ("solo", "", "Empty"),
+    ]
+    assert coordinator.describe_group("g").members == ()

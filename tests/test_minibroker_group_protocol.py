@@ -58,11 +58,26 @@ async def find_coordinator(client: RawClient, port: int) -> None:
                 ("g", 0, port),
                 ("h", 0, port),
             ]
-    # Transactions have no coordinator here.
+    # Transactions have no coordinator here: refused with the one error every client takes as
+    # final, and a message; an unknown coordinator type is an invalid request.
     response = await client.call(
         FindCoordinatorRequest(key="tx", key_type=1), FindCoordinatorResponse, 3
     )
-    assert response.error_code == Errors.COORDINATOR_NOT_AVAILABLE
+    assert response.error_code == Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    assert response.error_message == "transactions are not supported by this broker (minibroker)"
+    response = await client.call(
+        FindCoordinatorRequest(key_type=1, coordinator_keys=["tx", "ty"]),
+        FindCoordinatorResponse,
+        4,
+    )
+    assert [(c.key, c.error_code, c.node_id) for c in response.coordinators] == [
+        ("tx", Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1),
+        ("ty", Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1),
+    ]
+    response = await client.call(
+        FindCoordinatorRequest(key="g", key_type=7), FindCoordinatorResponse, 3
+    )
+    assert response.error_code == Errors.INVALID_REQUEST
 
 
 async def join(client: RawClient, group: str, version: int) -> Any:

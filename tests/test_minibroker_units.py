@@ -1,4 +1,5 @@
-"""The mini broker's sans-IO parts in one process: log, replication rules, delayed operations.
+"""The mini broker's sans-IO parts in one process: log, replication rules, delayed operations,
+topic names, and the command line's help.
 
 No sockets, no event loop: the purgatories run on a `ManualClock`, so the expirations and the
 threshold triggers are exact. These pin down the Kafka rules the process tests rely on.
@@ -6,9 +7,12 @@ threshold triggers are exact. These pin down the Kafka rules the process tests r
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from minibroker_support import batch
 
+from examples.minibroker.__main__ import main
 from examples.minibroker.log import BatchError, PartitionLog, parse_batches
 from examples.minibroker.protocol import Errors
 from examples.minibroker.purgatories import (
@@ -19,6 +23,7 @@ from examples.minibroker.purgatories import (
     trigger,
 )
 from examples.minibroker.replication import Partition
+from examples.minibroker.topics import collision, invalid_name
 from purgatory import DelayedOperationPurgatory
 from purgatory.testing import ManualClock, check_invariants
 
@@ -82,8 +87,10 @@ def test_log_finds_offsets_by_timestamp() -> None:
     log = PartitionLog()
     log.append(parse_batches(batch(b"a", timestamp=100), 1 << 20))
     log.append(parse_batches(batch(b"b", timestamp=200), 1 << 20))
-    assert log.offset_for_timestamp(0) == 0
-    assert log.offset_for_timestamp(150) == 1
+    # Kafka's answer: the earliest record at or after the time asked, with its own timestamp.
+    assert log.offset_for_timestamp(0) == (0, 100)
+    assert log.offset_for_timestamp(100) == (0, 100)
+    assert log.offset_for_timestamp(150) == (1, 200)
     assert log.offset_for_timestamp(201) is None
 
 
@@ -208,3 +215,52 @@ def test_a_trigger_re_tries_only_the_operations_whose_threshold_was_reached() ->
     assert near.is_completed
     assert far.attempts == tries_far  # not re-tried: its offset is far beyond
     check_invariants(purgatory)
+
+
+@pytest.mark.parametrize(
+    "name", [".", "..", "../x", "bad name", "t" * 250, "", "a/b", "caf\u00e9", "tab\t"]
+)
+def test_topic_names_kafka_refuses(name: str) -> None:
+    assert invalid_name(name) is not None
+
+
+@pytest.mark.parametrize("name", ["t", "...", "a.b_c-D9", "t" * 249, "__consumer_offsets"])
+def test_topic_names_kafka_takes(name: str) -> None:
+    assert invalid_name(name) is None
+
+
+def test_topic_names_that_differ_only_by_dot_and_underscore_collide() -> None:
+    assert collision("a_b", ["a.b", "c"]) == "Topic 'a_b' collides with existing topic: a.b"
+    assert collision("a.b", ["a.b"]) is None  # the same topic: it exists, it does not collide
+    assert collision("a-b", ["a.b", "a_b"]) is None
+
+
+def test_the_command_line_help_keeps_its_layout_and_shows_defaults(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    # The description's command examples keep their own lines (argparse would reflow them).
+    assert (
+        "\n    python -m examples.minibroker serve --port 9092   # leader + 2 followers; "
+        "Ctrl-C stops\n    python -m examples.minibroker demo "
+    ) in top
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    serve = " ".join(capsys.readouterr().out.split())
+    for option, default in [
+        ("--port PORT", "9092"),
+        ("--followers N", "2"),
+        ("--topics NAME:N,...", "demo:4"),
+        ("--min-insync-replicas N", "2"),
+        ("--replica-lag-time-max-ms MS", "1000"),
+        ("--num-partitions N", "4"),
+        ("--group-initial-rebalance-delay-ms MS", "200"),
+        ("--group-min-session-timeout-ms MS", "500"),
+        ("--metrics-port PORT", "9464"),
+    ]:
+        assert re.search(rf"{re.escape(option)} [^-]*\(default: {re.escape(default)}[;)]", serve), (
+            option
+        )

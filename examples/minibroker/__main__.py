@@ -1,9 +1,12 @@
-"""Command line: ``serve``, ``demo``, and the process roles ``leader``, ``follower``, ``member``.
-
-Run from the repository root::
+"""A Kafka-protocol broker whose waits are parked in purgatories: a leader and followers on
+loopback, for unmodified Kafka clients. Run from the repository root:
 
     python -m examples.minibroker serve --port 9092   # leader + 2 followers; Ctrl-C stops
     python -m examples.minibroker demo                # the demo, with its summary table
+
+Both serve the purgatories' gauges and counters for Prometheus at /metrics on loopback, and
+print where. The commands leader, follower and member are the processes serve and the demo
+start.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ async def _serve(args: argparse.Namespace) -> int:
         num_partitions=args.num_partitions,
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
         group_min_session_timeout_ms=args.group_min_session_timeout_ms,
+        metrics_port=args.metrics_port,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -51,6 +55,8 @@ async def _serve(args: argparse.Namespace) -> int:
     try:
         async with Cluster(config, log=sys.stderr.buffer) as cluster:
             print(f"bootstrap {cluster.bootstrap}", flush=True)
+            if cluster.metrics_url is not None:
+                print(f"metrics {cluster.metrics_url}", flush=True)
             await stop.wait()
     except ClusterStartError as exc:
         print(f"minibroker: {exc}", file=sys.stderr, flush=True)
@@ -58,60 +64,139 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written (the command examples keep their lines)."""
+
+
 def _broker_options(parser: argparse.ArgumentParser) -> None:
     """The options `serve` passes on to the leader (Kafka's names)."""
-    parser.add_argument("--topics", default="demo:4", help="name:partitions,...")
-    parser.add_argument("--min-insync-replicas", type=int, default=2)
-    parser.add_argument("--replica-lag-time-max-ms", type=int, default=1000)
+    parser.add_argument(
+        "--topics",
+        default="demo:4",
+        metavar="NAME:N,...",
+        help="topics created at start (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--min-insync-replicas",
+        type=int,
+        metavar="N",
+        default=2,
+        help="min.insync.replicas (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--replica-lag-time-max-ms",
+        type=int,
+        metavar="MS",
+        default=1000,
+        help="replica.lag.time.max.ms (default: %(default)s)",
+    )
     parser.add_argument(
         "--no-auto-create-topics",
         dest="auto_create_topics",
         action="store_false",
-        help="unknown topics get UNKNOWN_TOPIC_OR_PARTITION (auto.create.topics.enable=false)",
+        help="unknown topics get UNKNOWN_TOPIC_OR_PARTITION (auto.create.topics.enable=false; "
+        "default: created on first use)",
     )
     parser.add_argument(
-        "--num-partitions", type=int, default=4, help="partitions of a topic created on first use"
+        "--num-partitions",
+        type=int,
+        metavar="N",
+        default=4,
+        help="partitions of a topic created on first use (default: %(default)s)",
     )
     parser.add_argument(
         "--group-initial-rebalance-delay-ms",
         type=int,
+        metavar="MS",
         default=GroupSettings.initial_rebalance_delay_ms,
-        help="wait for more members before a new group's first generation (Kafka: 3000)",
+        help="wait for more members before a new group's first generation "
+        "(default: %(default)s; Kafka: 3000)",
     )
     parser.add_argument(
         "--group-min-session-timeout-ms",
         type=int,
+        metavar="MS",
         default=GroupSettings.min_session_timeout_ms,
-        help="shortest session.timeout.ms a consumer may ask for (Kafka: 6000)",
+        help="shortest session.timeout.ms a consumer may ask for (default: %(default)s; Kafka: "
+        "6000)",
+    )
+
+
+def _metrics_options(parser: argparse.ArgumentParser, default: int) -> None:
+    """``--metrics-port`` / ``--no-metrics``: where the leader serves ``/metrics``."""
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=default,
+        metavar="PORT",
+        help="serve the purgatories' metrics for Prometheus at http://127.0.0.1:PORT/metrics, "
+        "0: any free port (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-metrics",
+        dest="metrics_port",
+        action="store_const",
+        const=None,
+        help="serve no /metrics",
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m examples.minibroker", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.minibroker", description=__doc__, formatter_class=_Formatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run a leader and its followers on loopback")
-    serve.add_argument("--port", type=int, default=9092, help="0: any free port")
-    serve.add_argument("--followers", type=int, default=2)
+    def command(name: str, summary: str) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name, help=summary, description=summary, formatter_class=_Formatter
+        )
+
+    serve = command("serve", "run a leader and its followers on loopback")
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=9092,
+        metavar="PORT",
+        help="0: any free port (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--followers",
+        type=int,
+        default=2,
+        metavar="N",
+        help="follower processes (default: %(default)s)",
+    )
     _broker_options(serve)
+    _metrics_options(serve, default=9464)  # the port OpenTelemetry's Prometheus exporter uses
 
-    demo = commands.add_parser("demo", help="the demo: load, a paused follower, a summary")
-    demo.add_argument("--seed", type=int, default=7)
-    demo.add_argument("--seconds", type=float, default=12.0, help="length of the load")
+    demo = command("demo", "the demo: load, a paused follower, a summary")
+    demo.add_argument(
+        "--seed", type=int, default=7, metavar="N", help="the load's seed (default: %(default)s)"
+    )
+    demo.add_argument(
+        "--seconds",
+        type=float,
+        default=12.0,
+        metavar="S",
+        help="length of the load (default: %(default)s)",
+    )
     demo.add_argument("--broker-log", metavar="PATH", help="keep the brokers' logs in this file")
+    _metrics_options(demo, default=0)
 
-    leader = commands.add_parser("leader", help="one leader process (serve starts it)")
+    leader = command("leader", "one leader process (serve starts it)")
     leader.add_argument("--port", type=int, default=0)
     leader.add_argument("--broker-id", type=int, default=0)
     leader.add_argument("--followers", type=_ids, default=(1, 2))
     _broker_options(leader)
     leader.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024)
     leader.add_argument("--max-message-bytes", type=int, default=1024 * 1024)
+    leader.add_argument("--metrics-port", type=int, help="serve /metrics (default: none)")
     leader.add_argument(
         "--control-stdin", action="store_true", help="commands on stdin; stop at its end"
     )
 
-    member = commands.add_parser("member", help="one consumer-group member, until killed")
+    member = command("member", "one consumer-group member, until killed")
     member.add_argument("--bootstrap", required=True, help="HOST:PORT")
     member.add_argument("--group", required=True)
     member.add_argument("--topic", required=True)
@@ -121,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     member.add_argument("--session-timeout-ms", type=int, default=2000)
     member.add_argument("--heartbeat-interval-ms", type=int, default=300)
 
-    follower = commands.add_parser("follower", help="one follower process (serve starts it)")
+    follower = command("follower", "one follower process (serve starts it)")
     follower.add_argument("--broker-id", type=int, required=True)
     follower.add_argument("--leader", required=True, help="HOST:PORT")
     follower.add_argument("--fetch-wait-max-ms", type=int, default=200)
@@ -129,7 +214,8 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s {args.command} %(name)s: %(message)s"
+        level=logging.INFO,
+        format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("kafka").setLevel(logging.WARNING)
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
@@ -140,7 +226,12 @@ def main(argv: list[str] | None = None) -> None:
             from .demo import run_demo
 
             summary = asyncio.run(
-                run_demo(seed=args.seed, seconds=args.seconds, broker_log=args.broker_log)
+                run_demo(
+                    seed=args.seed,
+                    seconds=args.seconds,
+                    broker_log=args.broker_log,
+                    metrics_port=args.metrics_port,
+                )
             )
             if summary["lost"] or not summary["group_ok"]:
                 sys.exit(1)
@@ -160,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
                     initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
                     min_session_timeout_ms=args.group_min_session_timeout_ms,
                 ),
+                metrics_port=args.metrics_port,
             )
             sys.exit(asyncio.run(run_leader(config, control_stdin=args.control_stdin)))
         elif args.command == "member":

@@ -8,13 +8,22 @@ where the API's response has an error field, else the connection is closed; ever
 topics, offsets, acks, records and groups is answered with Kafka's error codes.
 
 Topics are created on first use, as Kafka's ``auto.create.topics.enable``: a Metadata request
-naming an unknown topic creates it with the default partition count. With creation off, unknown
-topics get ``UNKNOWN_TOPIC_OR_PARTITION`` and the broker logs the first request for each.
+naming an unknown topic creates it with the default partition count; CreateTopics creates them
+on demand. A name Kafka refuses (`topics.invalid_name`) gets ``INVALID_TOPIC_EXCEPTION`` and
+creates nothing. With creation off, unknown topics get ``UNKNOWN_TOPIC_OR_PARTITION``; the
+broker logs the first request for each unknown or invalid name.
+
+Transactions have no coordinator here: FindCoordinator for a transactional id, and
+InitProducerId with one, are answered ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED`` with a message,
+the one refusal that kafka-python, aiokafka and librdkafka all treat as final (any other error
+they retry until their own timeout, 20 s to minutes), and the broker logs one warning per
+transactional id.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +32,10 @@ from .network import CloseConnection
 from .protocol import (
     SERVED,
     ApiVersionsRequest,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
     Errors,
     FetchRequest,
     FetchResponse,
@@ -36,6 +49,8 @@ from .protocol import (
     JoinGroupResponse,
     LeaveGroupRequest,
     LeaveGroupResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
     MetadataRequest,
@@ -56,10 +71,17 @@ from .protocol import (
 from .replica_manager import ReplicaManager
 from .replication import TopicPartition
 from .stats import BrokerStats
+from .topics import collision, invalid_name
 
 __all__ = ("KafkaApis",)
 
 log = logging.getLogger("minibroker.apis")
+
+_NO_TRANSACTIONS = "transactions are not supported by this broker (minibroker)"
+
+# Authorized operations as kafka-python's bit field takes them: the bits set, or None for
+# Kafka's "not computed" (-2147483648, bit 31 alone) when a client did not ask.
+_GROUP_OPERATIONS = frozenset({3, 8})  # Kafka's AclOperation READ and DESCRIBE
 
 _Handler = Callable[["KafkaApis", Request], Any]
 
@@ -88,7 +110,7 @@ class KafkaApis:
         self.default_partitions = default_partitions
         self._counters = stats.counters
         self._next_producer_id = 1000
-        self._unknown_topics_logged: set[str] = set()
+        self._warned: set[tuple[str, str]] = set()
 
     async def handle(self, request: Request) -> bytes | None:
         """The framed answer to `request`, ``None`` for acks=0; raises `CloseConnection`."""
@@ -115,17 +137,48 @@ class KafkaApis:
             return None
         return encode_response(request, response)
 
+    def _warn_once(self, kind: str, name: str, message: str, *args: object) -> None:
+        """Log `message` for the first request about `name` only (per `kind`): a client that
+        retries must not flood the log."""
+        if (kind, name) not in self._warned:
+            self._warned.add((kind, name))
+            log.warning(message, *args)
+
     def _unknown_topic(self, name: str, what: str) -> int:
         """Log the first request for each unknown topic; the error code to answer."""
-        if name not in self._unknown_topics_logged:
-            self._unknown_topics_logged.add(name)
-            log.warning(
-                "%s for unknown topic %r: UNKNOWN_TOPIC_OR_PARTITION (auto-creation %s)",
-                what,
-                name,
-                "on" if self.auto_create_topics else "off",
-            )
+        creation = "on" if self.auto_create_topics else "off"
+        message = "%s for unknown topic %r: UNKNOWN_TOPIC_OR_PARTITION (auto-creation %s)"
+        self._warn_once("topic", name, message, what, name, creation)
         return Errors.UNKNOWN_TOPIC_OR_PARTITION
+
+    def _invalid_topic(self, name: str, reason: str, what: str) -> int:
+        """Log the first request for each invalid name; the error code to answer."""
+        message = "%s for invalid topic %r: INVALID_TOPIC_EXCEPTION (%s)"
+        self._warn_once("topic", name, message, what, name, reason)
+        return Errors.INVALID_TOPIC_EXCEPTION
+
+    def _refuse_transactions(self, transactional_id: str, what: str) -> int:
+        """Log the first request for each transactional id; the error code to answer."""
+        message = "%s for transactional id %r: TRANSACTIONAL_ID_AUTHORIZATION_FAILED (%s)"
+        self._warn_once(
+            "transactional id", transactional_id, message, what, transactional_id, _NO_TRANSACTIONS
+        )
+        return Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+    def _create_on_first_use(self, name: str, *, allow: bool) -> int | None:
+        """Kafka's auto-creation of unknown topic `name`: ``None`` once it exists, else the
+        error to answer. A name Kafka refuses is refused whether creation is on or not."""
+        reason = invalid_name(name)
+        if reason is not None:
+            return self._invalid_topic(name, reason, "metadata")
+        if not (self.auto_create_topics and allow):
+            return self._unknown_topic(name, "metadata")
+        reason = collision(name, self.replicas.topics)
+        if reason is not None:
+            return self._invalid_topic(name, reason, "metadata")
+        self.replicas.create_topic(name, self.default_partitions)
+        log.info("created topic %r with %d partitions", name, self.default_partitions)
+        return None
 
     # -- Metadata, ListOffsets, InitProducerId -------------------------------------------------
 
@@ -141,18 +194,16 @@ class KafkaApis:
         allow = version < 4 or body.allow_auto_topic_creation
         topics = []
         for name in wanted:
-            if name not in topics_known and self.auto_create_topics and allow and name:
-                self.replicas.create_topic(name, self.default_partitions)
-                log.info("created topic %r with %d partitions", name, self.default_partitions)
-            count = topics_known.get(name)
-            if count is None:
-                error = self._unknown_topic(name, "metadata")
-                topics.append(
-                    MetadataResponse.MetadataResponseTopic(
-                        error_code=error, name=name, partitions=[]
+            if name not in topics_known:
+                error = self._create_on_first_use(name, allow=allow)
+                if error is not None:
+                    topics.append(
+                        MetadataResponse.MetadataResponseTopic(
+                            error_code=error, name=name, partitions=[]
+                        )
                     )
-                )
-                continue
+                    continue
+            count = topics_known[name]
             partitions = []
             for index in range(count):
                 partition = self.replicas.partitions[(name, index)]
@@ -200,9 +251,11 @@ class KafkaApis:
                 elif asked.timestamp < 0:
                     error = Errors.UNSUPPORTED_VERSION  # -3 and later specs need newer versions
                 else:
+                    # Kafka's answer: the first offset whose timestamp is at or after the one
+                    # asked, with that record's own timestamp; -1 / -1 when there is none.
                     found = partition.log.offset_for_timestamp(asked.timestamp)
-                    if found is not None and found < partition.high_watermark:
-                        offset, timestamp = found, asked.timestamp
+                    if found is not None and found[0] < partition.high_watermark:
+                        offset, timestamp = found
                 answers.append(
                     ListOffsetsResponse.ListOffsetsTopicResponse.ListOffsetsPartitionResponse(
                         partition_index=asked.partition_index,
@@ -219,9 +272,11 @@ class KafkaApis:
 
     async def _init_producer_id(self, request: Request) -> Any:
         """Idempotent producers (kafka-python's and Java's default) need a producer id."""
-        if request.body.transactional_id:
+        transactional_id = request.body.transactional_id
+        if transactional_id:
+            error = self._refuse_transactions(transactional_id, "InitProducerId")
             return InitProducerIdResponse(
-                error_code=Errors.UNSUPPORTED_VERSION, producer_id=-1, producer_epoch=-1
+                throttle_time_ms=0, error_code=error, producer_id=-1, producer_epoch=-1
             )
         self._next_producer_id += 1
         return InitProducerIdResponse(
@@ -316,13 +371,14 @@ class KafkaApis:
         """This broker coordinates every group; transactions have no coordinator here."""
         body, version = request.body, request.api_version
         keys = body.coordinator_keys if version >= 4 else [body.key]
-        error = Errors.NONE if body.key_type == 0 else Errors.COORDINATOR_NOT_AVAILABLE
-        node, host, port = (self.broker_id, self.host, self._port()) if not error else (-1, "", -1)
+        key_type = body.key_type if version >= 1 else 0
+        answers = [self._coordinator_for(key, key_type) for key in keys]
         if version < 4:
+            ((_, node, host, port, error, message),) = answers
             return FindCoordinatorResponse(
                 throttle_time_ms=0,
                 error_code=error,
-                error_message=None,
+                error_message=message,
                 node_id=node,
                 host=host,
                 port=port,
@@ -331,16 +387,22 @@ class KafkaApis:
             throttle_time_ms=0,
             coordinators=[
                 FindCoordinatorResponse.Coordinator(
-                    key=key,
-                    node_id=node,
-                    host=host,
-                    port=port,
-                    error_code=error,
-                    error_message=None,
+                    key=key, node_id=node, host=host, port=port, error_code=error, error_message=msg
                 )
-                for key in keys
+                for key, node, host, port, error, msg in answers
             ],
         )
+
+    def _coordinator_for(
+        self, key: str, key_type: int
+    ) -> tuple[str, int, str, int, int, str | None]:
+        """(key, node, host, port, error, message) for one coordinator asked for."""
+        if key_type == 0:  # a group: this broker
+            return key, self.broker_id, self.host, self._port(), Errors.NONE, None
+        if key_type == 1:  # a transactional id
+            error = self._refuse_transactions(key, "FindCoordinator")
+            return key, -1, "", -1, error, _NO_TRANSACTIONS
+        return key, -1, "", -1, Errors.INVALID_REQUEST, f"unknown coordinator type {key_type}"
 
     async def _join_group(self, request: Request) -> Any:
         body, version = request.body, request.api_version
@@ -349,6 +411,7 @@ class KafkaApis:
             body.group_id,
             body.member_id,
             client_id=request.client_id or "",
+            client_host=request.client_host,
             session_timeout_ms=body.session_timeout_ms,
             rebalance_timeout_ms=body.rebalance_timeout_ms,
             protocol_type=body.protocol_type,
@@ -512,6 +575,128 @@ class KafkaApis:
             by_topic.setdefault(name, []).append((index, offset, metadata))
         return by_topic
 
+    # -- admin: CreateTopics, DescribeGroups, ListGroups ----------------------------------------
+
+    async def _create_topics(self, request: Request) -> Any:
+        """Kafka ``createTopics``: each topic checked (name, count, replicas), then created."""
+        body, version = request.body, request.api_version
+        validate_only = version >= 1 and body.validate_only
+        named = Counter(topic.name for topic in body.topics)
+        results = []
+        for topic in body.topics:
+            error, message = (
+                (Errors.INVALID_REQUEST, "the request names this topic more than once")
+                if named[topic.name] > 1
+                else self._check_new_topic(topic)
+            )
+            partitions = (
+                self.default_partitions if topic.num_partitions == -1 else topic.num_partitions
+            )
+            if error == Errors.NONE and not validate_only:
+                self.replicas.create_topic(topic.name, partitions)
+                log.info(
+                    "created topic %r with %d partitions (CreateTopics)", topic.name, partitions
+                )
+                if topic.configs:
+                    log.info(
+                        "topic %r: configs %s ignored (logs live in memory, kept whole)",
+                        topic.name,
+                        sorted(config.name for config in topic.configs),
+                    )
+            ok = error == Errors.NONE
+            results.append(
+                CreateTopicsResponse.CreatableTopicResult(
+                    name=topic.name,
+                    error_code=error,
+                    error_message=message,
+                    num_partitions=partitions if ok else -1,
+                    replication_factor=self._replication_factor() if ok else -1,
+                    configs=[] if ok else None,
+                )
+            )
+        return CreateTopicsResponse(throttle_time_ms=0, topics=results)
+
+    def _replication_factor(self) -> int:
+        return 1 + len(self.replicas.settings.follower_ids)
+
+    def _check_new_topic(self, topic: Any) -> tuple[int, str | None]:  # noqa: PLR0911 - Kafka's order
+        """The error and message CreateTopics answers for `topic` (``NONE``: it can be made)."""
+        name = topic.name
+        reason = invalid_name(name)
+        if reason is not None:
+            return self._invalid_topic(name, reason, "CreateTopics"), reason
+        if name in self.replicas.topics:
+            return Errors.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists."
+        reason = collision(name, self.replicas.topics)
+        if reason is not None:
+            return self._invalid_topic(name, reason, "CreateTopics"), reason
+        if topic.assignments:
+            return Errors.INVALID_REQUEST, "manual replica assignments are not supported here"
+        if topic.num_partitions != -1 and topic.num_partitions < 1:
+            return (
+                Errors.INVALID_PARTITIONS,
+                "Number of partitions was set to an invalid non-positive value.",
+            )
+        brokers = self._replication_factor()
+        if topic.replication_factor != -1 and not 1 <= topic.replication_factor <= brokers:
+            return (
+                Errors.INVALID_REPLICATION_FACTOR,
+                f"Replication factor must be between 1 and the {brokers} brokers "
+                "(every partition is replicated to all of them), or -1",
+            )
+        return Errors.NONE, None
+
+    async def _describe_groups(self, request: Request) -> Any:
+        body, version = request.body, request.api_version
+        # With no authorizer Kafka grants every operation; here a group can be read (joined,
+        # committed to) and described. Not asked for: Kafka's "not computed" marker.
+        asked = version >= 3 and body.include_authorized_operations
+        operations = set(_GROUP_OPERATIONS) if asked else None
+        described = []
+        for group_id in body.groups:
+            summary = self.coordinator.describe_group(group_id)
+            described.append(
+                DescribeGroupsResponse.DescribedGroup(
+                    error_code=Errors.NONE,
+                    group_id=group_id,
+                    group_state=summary.state,
+                    protocol_type=summary.protocol_type,
+                    protocol_data=summary.protocol,
+                    members=[
+                        DescribeGroupsResponse.DescribedGroup.DescribedGroupMember(
+                            member_id=member.member_id,
+                            group_instance_id=None,
+                            client_id=member.client_id,
+                            client_host=member.client_host,
+                            member_metadata=member.metadata,
+                            member_assignment=member.assignment,
+                        )
+                        for member in summary.members
+                    ],
+                    authorized_operations=operations,
+                )
+            )
+        return DescribeGroupsResponse(throttle_time_ms=0, groups=described)
+
+    async def _list_groups(self, request: Request) -> Any:
+        body, version = request.body, request.api_version
+        states = body.states_filter if version >= 4 else []
+        types = {kind.lower() for kind in body.types_filter} if version >= 5 else set()
+        listed = [] if types and "classic" not in types else self.coordinator.list_groups(states)
+        return ListGroupsResponse(
+            throttle_time_ms=0,
+            error_code=Errors.NONE,
+            groups=[
+                ListGroupsResponse.ListedGroup(
+                    group_id=group_id,
+                    protocol_type=protocol_type,
+                    group_state=state,
+                    group_type="classic",  # the only protocol served (no KIP-848 groups)
+                )
+                for group_id, protocol_type, state in listed
+            ],
+        )
+
 
 _HANDLERS: dict[int, _Handler] = {
     ProduceRequest.API_KEY: KafkaApis._produce,
@@ -526,5 +711,8 @@ _HANDLERS: dict[int, _Handler] = {
     LeaveGroupRequest.API_KEY: KafkaApis._leave_group,
     OffsetCommitRequest.API_KEY: KafkaApis._offset_commit,
     OffsetFetchRequest.API_KEY: KafkaApis._offset_fetch,
+    DescribeGroupsRequest.API_KEY: KafkaApis._describe_groups,
+    ListGroupsRequest.API_KEY: KafkaApis._list_groups,
+    CreateTopicsRequest.API_KEY: KafkaApis._create_topics,
 }
 """API key -> handler: the same keys as `protocol.SERVED` (a test checks it)."""

@@ -4,6 +4,7 @@ Used by ``serve``, by the demo and by the tests: the leader is ``python -m examp
 leader`` (it binds a free port unless told one, and prints ``bootstrap 127.0.0.1:PORT``), each
 follower ``python -m examples.minibroker follower``. The handle can pause (SIGSTOP), resume,
 kill (SIGKILL) and restart a follower, and ask the leader for its statistics over its stdin.
+With ``metrics_port`` set, the leader also serves ``/metrics`` (`metrics_url`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class ClusterConfig:
     num_partitions: int = 4
     group_initial_rebalance_delay_ms: int = GroupSettings.initial_rebalance_delay_ms
     group_min_session_timeout_ms: int = GroupSettings.min_session_timeout_ms
+    metrics_port: int | None = None
+    """The leader's ``/metrics`` port on loopback (0: any free port); ``None``: none."""
 
     @property
     def follower_ids(self) -> tuple[int, ...]:
@@ -64,6 +67,8 @@ class Cluster:
         self.config = config or ClusterConfig()
         self.start_followers = start_followers
         self.port = 0
+        self.metrics_url: str | None = None
+        """Where the leader serves ``/metrics``, once started (``None``: it does not)."""
         self.leader: asyncio.subprocess.Process | None = None
         self.followers: dict[int, asyncio.subprocess.Process] = {}
         self._log = log
@@ -113,6 +118,7 @@ class Cluster:
             str(c.group_initial_rebalance_delay_ms),
             "--group-min-session-timeout-ms",
             str(c.group_min_session_timeout_ms),
+            *(() if c.metrics_port is None else ("--metrics-port", str(c.metrics_port))),
             "--control-stdin",
             cwd=REPO_ROOT,
             stdin=asyncio.subprocess.PIPE,
@@ -130,6 +136,12 @@ class Cluster:
                 raise ClusterStartError(line[6:].decode().strip())
             raise ClusterStartError(f"the leader did not start (it said {line!r})")
         self.port = int(line.split(b":")[-1])
+        if c.metrics_port is not None:
+            line = await asyncio.wait_for(self.leader.stdout.readline(), 30)
+            if not line.startswith(b"metrics "):
+                await self.stop()
+                raise ClusterStartError(f"the leader did not serve metrics (it said {line!r})")
+            self.metrics_url = line[8:].decode().strip()
         if self.start_followers:  # else: replicas the leader waits for, that never come
             for broker_id in c.follower_ids:
                 await self.start_follower(broker_id)

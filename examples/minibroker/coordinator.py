@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory, DrivenClock
 
-from .group import Group, GroupState, JoinResult, Member, SyncResult
+from .group import Group, GroupState, GroupSummary, JoinResult, Member, SyncResult
 from .protocol import Errors
 from .replication import TopicPartition
 from .stats import BrokerStats
@@ -206,6 +206,7 @@ class GroupCoordinator:
         member_id: str,
         *,
         client_id: str,
+        client_host: str = "",
         session_timeout_ms: int,
         rebalance_timeout_ms: int,
         protocol_type: str,
@@ -237,6 +238,7 @@ class GroupCoordinator:
         member = Member(
             member_id or f"{client_id or 'member'}-{uuid.uuid4()}",
             client_id,
+            client_host,
             session_timeout_ms,
             rebalance_timeout_ms,
             protocol_type,
@@ -435,17 +437,22 @@ class GroupCoordinator:
     # -- Heartbeat, LeaveGroup, expiry ------------------------------------------------------------
 
     def heartbeat(self, group_id: str, member_id: str, generation_id: int) -> int:
-        """Kafka ``handleHeartbeat``: the error code (``REBALANCE_IN_PROGRESS``: rejoin)."""
+        """Kafka ``handleHeartbeat``: the error code (``REBALANCE_IN_PROGRESS``: rejoin).
+
+        In Kafka's order: an unknown member, then a stale generation (``ILLEGAL_GENERATION``,
+        also during a rebalance: that member must rejoin from scratch), then the group's state.
+        """
         group = self.groups.get(group_id)
         member = group.members.get(member_id) if group is not None else None
-        if group is None or member is None or group.state is GroupState.EMPTY:
+        if group is None or member is None:
             return Errors.UNKNOWN_MEMBER_ID
-        if group.state is GroupState.PREPARING_REBALANCE:
-            self._schedule_heartbeat(group, member_id, member.session_timeout_ms, False)
-            return Errors.REBALANCE_IN_PROGRESS
         if generation_id != group.generation_id:
             return Errors.ILLEGAL_GENERATION
+        if group.state is GroupState.EMPTY:
+            return Errors.UNKNOWN_MEMBER_ID
         self._schedule_heartbeat(group, member_id, member.session_timeout_ms, False)
+        if group.state is GroupState.PREPARING_REBALANCE:
+            return Errors.REBALANCE_IN_PROGRESS
         return Errors.NONE
 
     def leave_group(self, group_id: str, member_ids: list[str]) -> list[int]:
@@ -525,22 +532,24 @@ class GroupCoordinator:
         offsets = list(offsets)
         group = self.groups.get(group_id)
         error = Errors.NONE
+        # Kafka's order (doCommitOffsets): a member and a generation are checked before the
+        # state, so a stale member gets ILLEGAL_GENERATION even in a rebalance.
         if not group_id:
             error = Errors.INVALID_GROUP_ID
         elif group is None:
-            if generation_id < 0 and not member_id:  # a group that only stores offsets
+            if generation_id < 0:  # a group that only stores offsets
                 group = self.groups[group_id] = Group(group_id)
             else:
                 error = Errors.ILLEGAL_GENERATION
-        elif generation_id < 0 and not member_id and group.state is GroupState.EMPTY:
+        elif generation_id < 0 and group.state is GroupState.EMPTY:
             pass
-        elif group.state is GroupState.COMPLETING_REBALANCE:
-            error = Errors.REBALANCE_IN_PROGRESS
         elif member_id not in group.members:
             error = Errors.UNKNOWN_MEMBER_ID
         elif generation_id != group.generation_id:
             error = Errors.ILLEGAL_GENERATION
-        else:
+        elif group.state is GroupState.COMPLETING_REBALANCE:
+            error = Errors.REBALANCE_IN_PROGRESS
+        else:  # Stable, or PreparingRebalance (the heartbeat tells the member to rejoin)
             member = group.members[member_id]
             self._schedule_heartbeat(group, member_id, member.session_timeout_ms, False)
         codes = {}
@@ -557,6 +566,25 @@ class GroupCoordinator:
             log.info("group %s: offset commit refused, error %d", group_id, error)
         self._counters["offset commits"] += 1
         return codes
+
+    # -- DescribeGroups, ListGroups -------------------------------------------------------------
+
+    def describe_group(self, group_id: str) -> GroupSummary:
+        """Kafka ``handleDescribeGroup``: an unknown group is described as ``Dead``, empty."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return GroupSummary("Dead", "", "", ())
+        return group.summary()
+
+    def list_groups(self, states: Iterable[str] = ()) -> list[tuple[str, str, str]]:
+        """Kafka ``handleListGroups``: (group id, protocol type, state) of every group, or of
+        those in `states` (case-insensitive; none: all)."""
+        wanted = {state.lower() for state in states}
+        return [
+            (group_id, group.protocol_type or "", group.state.value)
+            for group_id, group in sorted(self.groups.items())
+            if not wanted or group.state.value.lower() in wanted
+        ]
 
     def fetch_offsets(
         self, group_id: str, partitions: list[TopicPartition] | None

@@ -54,6 +54,13 @@ GROUP = "order-readers"
 SESSION_TIMEOUT_MS = 2000
 HEARTBEAT_INTERVAL_MS = 300
 KILL_MEMBER_AT = 0.35
+FAULTS = (
+    (0.25, "pause follower 2 (SIGSTOP)"),
+    (KILL_MEMBER_AT, "kill group member B (SIGKILL)"),
+    (0.50, "pause follower 1 (SIGSTOP)"),
+    (0.70, "resume followers 1 and 2 (SIGCONT)"),
+)
+"""When each fault comes, as a fraction of the load's length, and what it is."""
 
 ERROR_NAMES = {
     0: "NONE",
@@ -258,13 +265,13 @@ async def _schedule(
     stop: asyncio.Event,
     notes: list[str],
 ) -> None:
-    steps: list[tuple[float, str, Callable[[], None]]] = [
-        (0.25, "pause follower 2 (SIGSTOP)", lambda: cluster.pause(2)),
-        (KILL_MEMBER_AT, "kill group member B (SIGKILL)", view.kill_b),
-        (0.50, "pause follower 1 (SIGSTOP)", lambda: cluster.pause(1)),
-        (0.70, "resume followers 1 and 2 (SIGCONT)", lambda: cluster.resume(1, 2)),
+    actions: list[Callable[[], None]] = [
+        lambda: cluster.pause(2),
+        view.kill_b,
+        lambda: cluster.pause(1),
+        lambda: cluster.resume(1, 2),
     ]
-    for fraction, what, action in steps:
+    for (fraction, what), action in zip(FAULTS, actions, strict=True):
         await asyncio.sleep(max(0.0, started + fraction * seconds - time.monotonic()))
         action()
         notes.append(what)
@@ -341,12 +348,17 @@ async def _drive(
 
 
 async def run_demo(
-    *, seed: int = 7, seconds: float = 12.0, broker_log: str | None = None
+    *,
+    seed: int = 7,
+    seconds: float = 12.0,
+    broker_log: str | None = None,
+    metrics_port: int | None = 0,
 ) -> dict[str, Any]:
     """Run the demo, print progress and the summary; return the figures (for a test).
 
     The brokers' own logs (ISR changes, rebalances, refused connections) go to `broker_log`
-    if given (kept), else to an anonymous temporary file that vanishes with the demo.
+    if given (kept), else to an anonymous temporary file that vanishes with the demo. The
+    leader serves ``/metrics`` on `metrics_port` (0: any free port; ``None``: not at all).
     """
     rng = random.Random(seed)
     config = ClusterConfig(
@@ -354,6 +366,7 @@ async def run_demo(
         min_insync_replicas=2,
         replica_lag_time_max_ms=1000,
         replica_fetch_wait_max_ms=200,
+        metrics_port=metrics_port,
     )
     tally = Tally()
     view = GroupView()
@@ -370,6 +383,8 @@ async def run_demo(
         )
         started = time.monotonic()
         async with Cluster(config, log=log) as cluster:
+            if cluster.metrics_url is not None:
+                print(f"  metrics (Prometheus): {cluster.metrics_url}", flush=True)
             stats = await _drive(cluster, rng, seconds, tally, view)
     lost = [key for key, value in tally.acked.items() if tally.consumed.get(key) != value]
     summary = _summary(tally, view, stats, lost, time.monotonic() - started)

@@ -21,7 +21,15 @@ from dataclasses import dataclass, field
 
 from .replication import TopicPartition
 
-__all__ = ("Group", "GroupState", "JoinResult", "Member", "SyncResult")
+__all__ = (
+    "Group",
+    "GroupState",
+    "GroupSummary",
+    "JoinResult",
+    "Member",
+    "MemberSummary",
+    "SyncResult",
+)
 
 
 class GroupState(enum.Enum):
@@ -56,12 +64,37 @@ class SyncResult:
     protocol_name: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class MemberSummary:
+    """One member as DescribeGroups shows it (Kafka ``MemberSummary``)."""
+
+    member_id: str
+    client_id: str
+    client_host: str
+    metadata: bytes
+    """Its subscription in the group's protocol; empty unless the group is Stable."""
+    assignment: bytes
+    """What the leader assigned it; empty unless the group is Stable."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    """A group as DescribeGroups shows it (Kafka ``GroupSummary``)."""
+
+    state: str
+    protocol_type: str
+    protocol: str
+    """The protocol chosen for the generation; empty unless the group is Stable."""
+    members: tuple[MemberSummary, ...]
+
+
 @dataclass(eq=False)
 class Member:
     """One member of a group (Kafka ``MemberMetadata``)."""
 
     member_id: str
     client_id: str
+    client_host: str
     session_timeout_ms: int
     rebalance_timeout_ms: int
     protocol_type: str
@@ -100,6 +133,19 @@ class Member:
     def matches(self, protocols: list[tuple[str, bytes]]) -> bool:
         return self.protocols == protocols
 
+    def summary(self, protocol: str | None) -> MemberSummary:
+        """Kafka ``summary`` / ``summaryNoMetadata``: the metadata and assignment only with
+        the generation's `protocol` (a Stable group's)."""
+        if protocol is None:
+            return MemberSummary(self.member_id, self.client_id, self.client_host, b"", b"")
+        return MemberSummary(
+            self.member_id,
+            self.client_id,
+            self.client_host,
+            self.metadata(protocol),
+            self.assignment,
+        )
+
 
 @dataclass(eq=False)
 class Group:
@@ -131,11 +177,23 @@ class Group:
             self.leader_id = member.member_id
 
     def remove(self, member_id: str) -> None:
+        # The protocol type stays when the last member goes, as Kafka's does: an empty group
+        # of consumers is still listed as one (ListGroups, DescribeGroups).
         self.members.pop(member_id, None)
         if self.leader_id == member_id:
             self.leader_id = next(iter(self.members), None)
-        if not self.members:
-            self.protocol_type = None
+
+    def summary(self) -> GroupSummary:
+        """Kafka ``GroupMetadata.summary``: members with their metadata and assignment once
+        the group is Stable, without them in a rebalance or when Empty."""
+        stable = self.state is GroupState.STABLE
+        protocol = self.protocol_name if stable else None
+        return GroupSummary(
+            self.state.value,
+            self.protocol_type or "",
+            protocol or "",
+            tuple(member.summary(protocol) for member in self.members.values()),
+        )
 
     def has_all_members_joined(self) -> bool:
         """Every known member has rejoined and no member id waits for its second join."""

@@ -141,8 +141,9 @@ class PartitionLog:
             index += 1
         return size
 
-    def offset_for_timestamp(self, timestamp: int) -> int | None:
-        """The first offset whose record has a timestamp >= `timestamp` (ListOffsets)."""
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """The first offset whose record has a timestamp >= `timestamp`, and that record's
+        timestamp (ListOffsets); ``None`` if no record is that late."""
         for batch in self._batches:
             parsed = DefaultRecordBatch(batch)
             if parsed.max_timestamp < timestamp:
@@ -150,7 +151,7 @@ class PartitionLog:
             try:
                 for record in parsed:
                     if record.timestamp >= timestamp:
-                        return int(record.offset)
+                        return int(record.offset), int(record.timestamp)
             except Exception:  # noqa: BLE001 - a codec kafka-python lacks: answer by batch
-                return int(parsed.base_offset)
+                return int(parsed.base_offset), int(parsed.max_timestamp)
         return None

@@ -83,6 +83,8 @@ class SocketServer:
         assert task is not None
         self._connections[task] = writer
         counters = self._stats.counters
+        peer = writer.get_extra_info("peername")
+        client_host = f"/{peer[0]}" if peer else ""
         answers: asyncio.Queue[tuple[asyncio.Task[bytes | None], str]]
         answers = asyncio.Queue(_MAX_IN_FLIGHT)
         sender = asyncio.create_task(self._send_in_order(answers, writer))
@@ -98,7 +100,7 @@ class SocketServer:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     break
                 try:
-                    request = decode_request(frame)
+                    request = decode_request(frame, client_host)
                 except BadFrame as exc:
                     counters["closed: bad frame"] += 1
                     log.warning("closing a connection: %s", exc)

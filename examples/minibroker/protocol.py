@@ -19,6 +19,14 @@ import kafka.protocol.admin
 import kafka.protocol.consumer
 import kafka.protocol.metadata
 import kafka.protocol.producer  # noqa: F401 - imported so every API's classes exist
+from kafka.protocol.admin import (
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+)
 from kafka.protocol.api_header import RequestHeader, ResponseClassRegistry
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.consumer import (
@@ -58,6 +66,10 @@ __all__ = (
     "SERVED",
     "ApiVersionsRequest",
     "BadFrame",
+    "CreateTopicsRequest",
+    "CreateTopicsResponse",
+    "DescribeGroupsRequest",
+    "DescribeGroupsResponse",
     "Errors",
     "FetchRequest",
     "FetchResponse",
@@ -71,6 +83,8 @@ __all__ = (
     "JoinGroupResponse",
     "LeaveGroupRequest",
     "LeaveGroupResponse",
+    "ListGroupsRequest",
+    "ListGroupsResponse",
     "ListOffsetsRequest",
     "ListOffsetsResponse",
     "MetadataRequest",
@@ -98,6 +112,7 @@ class Errors:
     OFFSET_OUT_OF_RANGE: int = kerrors.OffsetOutOfRangeError.errno
     CORRUPT_MESSAGE: int = kerrors.CorruptRecordError.errno
     UNKNOWN_TOPIC_OR_PARTITION: int = kerrors.UnknownTopicOrPartitionError.errno
+    INVALID_TOPIC_EXCEPTION: int = kerrors.InvalidTopicError.errno
     REQUEST_TIMED_OUT: int = kerrors.RequestTimedOutError.errno
     REPLICA_NOT_AVAILABLE: int = kerrors.ReplicaNotAvailableError.errno
     MESSAGE_TOO_LARGE: int = kerrors.MessageSizeTooLargeError.errno
@@ -115,6 +130,12 @@ class Errors:
     INVALID_SESSION_TIMEOUT: int = kerrors.InvalidSessionTimeoutError.errno
     REBALANCE_IN_PROGRESS: int = kerrors.RebalanceInProgressError.errno
     MEMBER_ID_REQUIRED: int = kerrors.MemberIdRequiredError.errno
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED: int = (
+        kerrors.TransactionalIdAuthorizationFailedError.errno
+    )
+    TOPIC_ALREADY_EXISTS: int = kerrors.TopicAlreadyExistsError.errno
+    INVALID_PARTITIONS: int = kerrors.InvalidPartitionsError.errno
+    INVALID_REPLICATION_FACTOR: int = kerrors.InvalidReplicationFactorError.errno
 
 
 #: API key -> (min, max) version this broker serves: what ApiVersions advertises. The ranges stop
@@ -128,7 +149,9 @@ class Errors:
 #: for (JoinGroup 7, SyncGroup 5, OffsetCommit and OffsetFetch 8); librdkafka takes the newest
 #: both sides know. JoinGroup v8+ and LeaveGroup's reasons add nothing a member needs, OffsetCommit
 #: v9+ and OffsetFetch v9+ belong to the new (KIP-848) protocol or address topics by id,
-#: FindCoordinator v5+ to transactions and share groups.
+#: FindCoordinator v5+ to transactions and share groups. DescribeGroups v6 answers an unknown
+#: group with an error instead of the state ``Dead``; the broker keeps the older answer.
+#: CreateTopics v7 returns topic ids, which this broker has none of but the zero id.
 SERVED: dict[int, tuple[int, int]] = {
     ProduceRequest.API_KEY: (3, 11),
     FetchRequest.API_KEY: (4, 12),
@@ -143,6 +166,9 @@ SERVED: dict[int, tuple[int, int]] = {
     LeaveGroupRequest.API_KEY: (0, 5),
     OffsetCommitRequest.API_KEY: (2, 8),
     OffsetFetchRequest.API_KEY: (1, 8),
+    DescribeGroupsRequest.API_KEY: (0, 5),
+    ListGroupsRequest.API_KEY: (0, 5),
+    CreateTopicsRequest.API_KEY: (0, 7),
 }
 
 
@@ -178,10 +204,13 @@ class Request:
     client_id: str | None
     body: Any
     """The decoded request, or ``None`` when the API or version is one kafka-python cannot read."""
+    client_host: str = ""
+    """The peer's address as Kafka shows a group member's (``/127.0.0.1``)."""
 
 
-def decode_request(frame: bytes) -> Request:
-    """Decode one request frame (without its 4-byte size prefix).
+def decode_request(frame: bytes, client_host: str = "") -> Request:
+    """Decode one request frame (without its 4-byte size prefix), read on a connection from
+    `client_host`.
 
     A frame kafka-python can read gives a `Request` with ``body`` set; a readable header with an
     API key or version it has no schema for gives ``body=None`` (the server answers it when it
@@ -200,12 +229,12 @@ def decode_request(frame: bytes) -> Request:
         raise BadFrame(f"unreadable request header: {exc!r}") from exc
     cls = _REQUEST_CLASSES.get(api_key)
     if cls is None or not 0 <= api_version <= cls.max_version:
-        return Request(api_key, api_version, correlation_id, client_id, None)
+        return Request(api_key, api_version, correlation_id, client_id, None, client_host)
     try:
         body = cls[api_version].decode(frame, header=True)
     except Exception as exc:  # any decoding failure: a bad frame
         raise BadFrame(f"unreadable {cls.__name__} v{api_version}: {exc!r}") from exc
-    return Request(api_key, api_version, correlation_id, client_id, body)
+    return Request(api_key, api_version, correlation_id, client_id, body, client_host)
 
 
 def encode_response(request: Request, response: Any, version: int | None = None) -> bytes:

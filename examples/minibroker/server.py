@@ -8,10 +8,12 @@ Each part has one job, as in Kafka:
   follower-fetch purgatories, the ISR check;
 * `coordinator.GroupCoordinator` (``GroupCoordinator``): consumer groups, the rebalance and
   heartbeat purgatories, committed offsets;
-* `stats.BrokerStats`: counters and the purgatories' gauges.
+* `stats.BrokerStats`: counters and the purgatories' gauges;
+* `metrics.MetricsServer`: the purgatories' gauges and counters for Prometheus (``/metrics``).
 
-`run_leader` is the ``leader`` command: it prints ``bootstrap HOST:PORT`` once it listens (or
-one ``error ...`` line if it cannot), and answers ``stats`` on stdin.
+`run_leader` is the ``leader`` command: it prints ``bootstrap HOST:PORT`` once it listens, then
+``metrics URL`` if it serves ``/metrics`` (or one ``error ...`` line if it cannot listen), and
+answers ``stats`` on stdin.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 from .apis import KafkaApis
 from .control import read_commands
 from .coordinator import GroupCoordinator, GroupSettings
+from .metrics import MetricsServer
 from .network import SocketServer
 from .replica_manager import ReplicaManager, ReplicaSettings
 from .stats import BrokerStats
@@ -58,6 +61,8 @@ class BrokerConfig:
     num_partitions: int = 4
     """``num.partitions``: the partition count of a topic created on first use."""
     groups: GroupSettings = field(default_factory=GroupSettings)
+    metrics_port: int | None = None
+    """Serve ``/metrics`` on `host` at this port (0: any free port); ``None``: not at all."""
 
 
 class Leader:
@@ -96,6 +101,9 @@ class Leader:
             self.stats,
             max_request_bytes=config.max_request_bytes,
         )
+        self.metrics: MetricsServer | None = None
+        if config.metrics_port is not None:
+            self.metrics = MetricsServer(self.stats.purgatories, config.host, config.metrics_port)
 
     @property
     def port(self) -> int:
@@ -116,6 +124,8 @@ class Leader:
 
     async def stop(self) -> None:
         """Stop listening, drop the connections, cancel what waits: a clean stop."""
+        if self.metrics is not None:
+            await self.metrics.stop()
         await self.network.stop()
         await self.coordinator.stop()
         await self.replicas.stop()
@@ -154,14 +164,23 @@ async def run_leader(config: BrokerConfig, *, control_stdin: bool = False) -> in
     try:
         await leader.start()
     except OSError as exc:
-        reason = "address already in use" if exc.errno == errno.EADDRINUSE else str(exc)
-        print(f"error cannot listen on {config.host}:{config.port}: {reason}", flush=True)
+        print(f"error cannot listen on {config.host}:{config.port}: {_reason(exc)}", flush=True)
         return 1
+    if leader.metrics is not None:
+        try:
+            leader.metrics.start()
+        except OSError as exc:
+            await leader.stop()
+            where = f"{config.host}:{config.metrics_port}"
+            print(f"error cannot serve metrics on {where}: {_reason(exc)}", flush=True)
+            return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     print(f"bootstrap {config.host}:{leader.port}", flush=True)
+    if leader.metrics is not None:
+        print(f"metrics {leader.metrics.url}", flush=True)
 
     def command(line: str) -> None:
         if line == "stats":
@@ -178,6 +197,10 @@ async def run_leader(config: BrokerConfig, *, control_stdin: bool = False) -> in
             await control
     await leader.stop()
     return 0
+
+
+def _reason(exc: OSError) -> str:
+    return "address already in use" if exc.errno == errno.EADDRINUSE else str(exc)
 
 
 def _finite(value: object) -> object:

@@ -27,6 +27,11 @@ class BrokerStats:
         """Report these purgatories' gauges (in this order)."""
         self._purgatories.extend(purgatories)
 
+    @property
+    def purgatories(self) -> tuple[DelayedOperationPurgatory[Any], ...]:
+        """The purgatories registered, in order (what ``/metrics`` exports)."""
+        return tuple(self._purgatories)
+
     def sample_peaks(self) -> None:
         """Remember the highest ``watched()`` and ``num_delayed()`` seen per purgatory."""
         peaks = self.peaks

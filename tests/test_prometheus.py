@@ -1,0 +1,149 @@
+"""`purgatory.prometheus`: a real scrape over HTTP, parsed by prometheus_client's own parser.
+
+The collector is served by prometheus_client's ``start_http_server`` on loopback, as an
+application would serve it: the scrape is answered on the server's threads, which read each
+purgatory on the test's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import math
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from metrics_support import scene
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.parser import text_string_to_metric_families
+
+from purgatory import PurgatoryStatistics
+from purgatory._metrics import FIELDS
+from purgatory.prometheus import LABEL, PurgatoryCollector
+
+Families = dict[str, tuple[str, str, dict[str, float]]]
+"""family name -> (type, help, {purgatory: value})"""
+
+
+@pytest_asyncio.fixture
+async def served() -> AsyncIterator[tuple[CollectorRegistry, str]]:
+    """A registry of its own, served on a free loopback port; its ``/metrics`` URL."""
+    registry = CollectorRegistry()
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        yield registry, f"http://127.0.0.1:{server.server_port}/metrics"
+    finally:
+        await asyncio.to_thread(server.shutdown)
+        server.server_close()
+        thread.join()
+
+
+async def scrape(url: str) -> Families:
+    """GET `url` from another thread (this loop stays free to answer) and parse it."""
+
+    def get() -> str:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text: str = response.read().decode()
+        return text
+
+    families: Families = {}
+    for family in text_string_to_metric_families(await asyncio.to_thread(get)):
+        values = {sample.labels[LABEL]: sample.value for sample in family.samples}
+        families[family.name] = (family.type, family.documentation, values)
+    return families
+
+
+def expected(stats: PurgatoryStatistics, field_attribute: str) -> float:
+    return float(getattr(stats, field_attribute))
+
+
+@pytest.mark.asyncio
+async def test_a_scrape_shows_each_purgatorys_gauges_and_counters(
+    served: tuple[CollectorRegistry, str],
+) -> None:
+    registry, url = served
+    s = scene()
+    registry.register(PurgatoryCollector([s.produce, s.fetch]))
+    families = await scrape(url)
+    produce, fetch = s.produce.statistics(), s.fetch.statistics()
+    # Every field, under its Prometheus name (counters as ..._total, seconds as ..._seconds).
+    names = {
+        "purgatory_delayed": ("gauge", "delayed"),
+        "purgatory_watched": ("gauge", "watched"),
+        "purgatory_keys": ("gauge", "keys"),
+        "purgatory_next_deadline_seconds": ("gauge", "next_deadline_in"),
+        "purgatory_completed": ("counter", "completed"),
+        "purgatory_expired": ("counter", "expired"),
+        "purgatory_cancelled": ("counter", "cancelled"),
+        "purgatory_purged": ("counter", "purged"),
+        "purgatory_timer_passes": ("counter", "timer_passes"),
+        "purgatory_purges": ("counter", "purges"),
+    }
+    assert set(families) == set(names)
+    for name, (kind, attribute) in names.items():
+        assert families[name][0] == kind, name
+        assert families[name][2] == {
+            "produce": expected(produce, attribute),
+            "fetch": expected(fetch, attribute),
+        }, name
+    help_texts = {field.attribute: field.description for field in FIELDS}
+    assert families["purgatory_delayed"][1] == help_texts["delayed"]
+    # The figures the docs explain: one operation parked, on two keys; the expired one's
+    # entry not purged yet: watched counts 3 entries while 1 operation waits.
+    assert families["purgatory_delayed"][2]["produce"] == 1
+    assert families["purgatory_watched"][2]["produce"] == 3
+    for counter in ("completed", "expired", "cancelled"):
+        assert families[f"purgatory_{counter}"][2]["produce"] == 1
+    assert 0 < families["purgatory_next_deadline_seconds"][2]["produce"] <= 9  # parked at 10
+    assert families["purgatory_next_deadline_seconds"][2]["fetch"] == math.inf  # none timed
+    # A purge brings watched down to what waits (2 entries of the parked operation).
+    s.produce.purge()
+    families = await scrape(url)
+    assert families["purgatory_watched"][2]["produce"] == 2
+    assert families["purgatory_purged"][2]["produce"] == 1
+
+
+@pytest.mark.asyncio
+async def test_a_purgatory_shut_down_or_gone_leaves_the_scrape(
+    served: tuple[CollectorRegistry, str],
+) -> None:
+    registry, url = served
+    s = scene()
+    collector = PurgatoryCollector([s.produce])
+    collector.add(s.fetch)
+    registry.register(collector)
+    await s.fetch.shutdown()
+    assert set((await scrape(url))["purgatory_delayed"][2]) == {"produce"}
+    del s  # the clock, the purgatories, the operations: nothing else holds them
+    gc.collect()
+    assert (await scrape(url))["purgatory_delayed"][2] == {}  # no sample: the family stays
+
+
+def test_registering_reads_no_purgatory() -> None:
+    """describe() names the families without samples: a registry that auto-describes (as the
+    default one does) reads nothing until the first scrape."""
+    s = scene()
+    collector = PurgatoryCollector([s.produce])
+    families = list(collector.describe())
+    assert [family.samples for family in families] == [[]] * len(FIELDS)
+    CollectorRegistry(auto_describe=True).register(collector)
+
+
+def test_without_prometheus_client_the_import_says_what_to_install() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['prometheus_client'] = None\n"
+        "try:\n"
+        "    import purgatory.prometheus\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == (
+        "purgatory.prometheus needs prometheus_client: "
+        "pip install 'asyncio-purgatory[prometheus]'\n"
+    )
