@@ -41,6 +41,12 @@ Paths:
         2,000 pending). The driver's own work is in the figure, the same for every version.
     w1_threshold_lean: the same, each request watched with ``threshold=`` (one threshold for
         its 3 keys) rather than a mapping of key to threshold.
+    record_none, record_json, record_arrow: what recording costs (``benchmarks.eventlog``'s
+        workload): rounds of 1,000 operations on a purgatory of their own, each watched on one of
+        100 keys, half completed by ``force_complete``, half expired by a timer pass; with no
+        event log, `JsonLinesEventLog` or `ArrowEventLog` (in a temporary directory, anchored to
+        the manual clock, flushed at the end of the run so that every record is rendered and
+        written). The recorder's cost is the difference from ``record_none``.
 """
 
 from __future__ import annotations
@@ -72,6 +78,9 @@ PATHS = (
     "threshold_shuffled",
     "w1_threshold",
     "w1_threshold_lean",
+    "record_none",
+    "record_json",
+    "record_arrow",
 )
 RESULTS_JSON = Path(__file__).with_name("instructions.json")
 RESULTS_MD = Path(__file__).with_name("RESULTS.md")
@@ -250,6 +259,46 @@ class _Paths:
 
     def threshold_shuffled(self) -> Run:
         return self.threshold(shuffled=True)
+
+    def record_none(self) -> Run:
+        return self._record(None)
+
+    def record_json(self) -> Run:
+        return self._record("json")
+
+    def record_arrow(self) -> Run:
+        return self._record("arrow")
+
+    def _record(self, kind: str | None) -> Run:
+        import tempfile
+
+        from purgatory import ArrowEventLog, DelayedOperationPurgatory, JsonLinesEventLog
+        from purgatory.testing import ManualClock
+
+        clock = ManualClock()
+        directory = tempfile.mkdtemp()
+        log: Any = None
+        if kind is not None:
+            recorder = JsonLinesEventLog if kind == "json" else ArrowEventLog
+            log = recorder(directory, clock=clock.now)
+        purgatory = DelayedOperationPurgatory[Any]("record", clock=clock, event_log=log)
+        keys = [(f"k{i}",) for i in range(100)]
+        new = self.Op
+        watch = purgatory.try_complete_else_watch
+
+        def run(n: int) -> None:
+            for _ in range(n // 1000):
+                ops = [new(0.5, 0.0) for _ in range(1000)]
+                for i, op in enumerate(ops):
+                    watch(op, keys[i % 100])
+                for op in ops[::2]:
+                    op.force_complete()
+                clock.advance(1.0)
+            if log is not None:
+                log.flush()
+
+        run(2000)  # warm: imports, the first file, caches
+        return run
 
     def w1_threshold(self) -> Run:
         replica = _W1Replica(lean=False)

@@ -23,7 +23,6 @@ import math
 import os
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from operator import itemgetter
 from typing import Any, Final, Literal, final
 
 from ._recorder import ANCHOR_DRIFT, EVENT_LOG_VERSION, SAME_CLOCK, Batch, FileRecorder
@@ -109,25 +108,17 @@ class JsonLinesEventLog(FileRecorder):
 
     def _render(self, batch: Batch, anchor: tuple[float, float] | None, new: bool) -> bytes:
         """Every line of `batch`, built column by column (see the module docstring)."""
-        watches, outcomes, ends = batch
-        n = len(watches)
-        names, ids, keys, thresholds, watched, timeouts, deadlines, fields = (
-            list(map(get, watches)) for get in _WATCH_COLUMNS
-        )
-        name_cache = self._name_cache
-        if len(name_cache) > _KEY_CACHE_LIMIT:
-            name_cache.clear()
-        names = [name_cache.get(name) or self._name(name) for name in names]
-        key_cache = self._key_cache
-        keys = [key_cache.get(k) or self._render_keys(k) for k in keys]
-        if thresholds.count(None) != n:
-            thresholds = ["null" if t is None else _json(list(t)) for t in thresholds]
-        else:
-            thresholds = ["null"] * n
-        if fields.count(None) != n:
-            fields = ["" if f is None else ',"fields":' + _json(f) for f in fields]
-        else:
-            fields = [""] * n
+        n = len(batch)
+        ids, outcomes, ends = batch.ids, batch.outcomes, batch.ended
+        watched, timeouts, deadlines = batch.watched, batch.timeouts, batch.deadlines
+        names = _rendered(batch.names, self._name_cache, self._name)
+        keys = _rendered(batch.keys, self._key_cache, self._render_keys)
+        thresholds = ["null"] * n
+        if batch.thresholds.count(None) != n:
+            thresholds = ["null" if t is None else _json(list(t)) for t in batch.thresholds]
+        fields = [""] * n
+        if batch.fields.count(None) != n:
+            fields = ["" if f is None else ',"fields":' + _json(f) for f in batch.fields]
         if (
             self._arrow is not None
             and None not in ends
@@ -239,14 +230,11 @@ class JsonLinesEventLog(FileRecorder):
         return data
 
     def _name(self, name: str) -> str:
-        text = self._name_cache[name] = json.dumps(name)
-        return text
+        return json.dumps(name)
 
     def _render_keys(self, keys: tuple[Hashable, ...]) -> str:
-        """JSON of `keys` without the brackets, remembered per key tuple and per key (bounded)."""
-        cache = self._key_cache
-        if len(cache) >= _KEY_CACHE_LIMIT:
-            cache.clear()
+        """JSON of `keys` without the brackets, remembered per key tuple (by `_rendered`) and
+        per key (bounded)."""
         one = self._one_key_cache
         if len(one) >= _KEY_CACHE_LIMIT:
             one.clear()
@@ -256,11 +244,19 @@ class JsonLinesEventLog(FileRecorder):
             if text is None:
                 text = one[key] = json.dumps(self._key(key))
             parts.append(text)
-        joined = cache[keys] = ",".join(parts)
-        return joined
+        return ",".join(parts)
 
 
-_WATCH_COLUMNS: Final = tuple(itemgetter(i) for i in range(8))
+def _rendered(values: list[Any], cache: dict[Any, str], render: Callable[[Any], str]) -> list[str]:
+    """`values` rendered: each distinct one once (remembered in `cache`, bounded), then a
+    C-level lookup per value."""
+    distinct = dict.fromkeys(values)
+    if len(cache) + len(distinct) > _KEY_CACHE_LIMIT:
+        cache.clear()
+    for value in distinct:
+        if value not in cache:
+            cache[value] = render(value)
+    return list(map(cache.__getitem__, values))
 
 
 def _pyarrow_compute() -> tuple[Any, Any] | None:

@@ -21,9 +21,9 @@ only.
 from __future__ import annotations
 
 import os
+import struct
 import time
 from collections.abc import Callable, Hashable, Mapping
-from operator import itemgetter
 from typing import Any, Final, final
 
 from ._eventlog import _json
@@ -138,23 +138,21 @@ class ArrowEventLog(FileRecorder):
         """`batch` as one IPC record-batch message (see the module docstring)."""
         pa = self._pa
         schema = self._schema
-        watches, outcomes, ends = batch
-        n = len(watches)
-        names, ids, keys, thresholds, watched, timeouts, deadlines, fields = (
-            list(map(get, watches)) for get in _WATCH_COLUMNS
-        )
-        double = pa.float64()
+        n = len(batch)
+        names, ids, keys, thresholds = batch.names, batch.ids, batch.keys, batch.thresholds
+        watched, timeouts, deadlines = batch.watched, batch.timeouts, batch.deadlines
+        outcomes, ends, fields = batch.outcomes, batch.ended, batch.fields
         anchor_type = schema.field("anchor").type
         arrays = [
             _repeated_strings(pa, names),
             self._id_column(ids),
             self._key_column(keys),
             _json_column(pa, thresholds, lambda t: _json(list(t))),
-            pa.array(watched, double),
-            pa.array(timeouts, double),
-            pa.array(deadlines, double),
-            _repeated_strings(pa, outcomes),
-            pa.array(ends, double),
+            _doubles(pa, watched),
+            _doubles(pa, timeouts),
+            _doubles(pa, deadlines),
+            _outcomes(pa, outcomes),
+            _doubles(pa, ends),
             _json_column(pa, fields, _json),
             pa.nulls(n, anchor_type)
             if anchor is None
@@ -165,26 +163,54 @@ class ArrowEventLog(FileRecorder):
 
     def _id_column(self, ids: list[Any]) -> Any:
         pa = self._pa
-        try:
-            return pa.array(ids, pa.int64()).cast(pa.string())
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        try:  # (packed in C; a str or a huge int is refused)
+            packed = struct.pack(f"{len(ids)}q", *ids)
+        except struct.error:
             return pa.array([i if type(i) is str else str(i) for i in ids], pa.string())
+        return _from_buffer(pa, pa.int64(), len(ids), packed).cast(pa.string())
 
     def _key_column(self, keys: list[tuple[Hashable, ...]]) -> Any:
         """The keys as list<string>: each distinct key tuple of the batch rendered once."""
         pa = self._pa
-        seen: dict[tuple[Hashable, ...], int] = {}
-        setdefault = seen.setdefault
-        indices = [setdefault(k, len(seen)) for k in keys]
+        seen = dict.fromkeys(keys)  # the distinct key tuples, in order (a C-level loop)
+        index = {k: i for i, k in enumerate(seen)}
+        packed = struct.pack(f"{len(keys)}i", *map(index.__getitem__, keys))
+        indices = _from_buffer(pa, pa.int32(), len(keys), packed)
         render = self._key
         if render is str and all(type(k) is str for key_tuple in seen for k in key_tuple):
             distinct: list[Any] = list(seen)
         else:
             distinct = [[render(k) for k in key_tuple] for key_tuple in seen]
-        return pa.array(distinct, pa.list_(pa.string())).take(pa.array(indices, pa.int32()))
+        return pa.array(distinct, pa.list_(pa.string())).take(indices)
 
 
-_WATCH_COLUMNS: Final = tuple(itemgetter(i) for i in range(8))
+def _from_buffer(pa: Any, kind: Any, n: int, values: bytes) -> Any:
+    """An Arrow array of `n` values of `kind` on the memory of `values` (no copy)."""
+    return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(values)])
+
+
+def _doubles(pa: Any, values: list[Any]) -> Any:
+    """A float64 column: the floats packed into C doubles in one C-level loop, not converted
+    one Python object at a time; null where `values` holds None (an operation still open)."""
+    try:
+        packed = struct.pack(f"{len(values)}d", *values)
+    except struct.error:  # a None
+        return pa.array(values, pa.float64())
+    return _from_buffer(pa, pa.float64(), len(values), packed)
+
+
+#: The outcomes a batch may hold (`purgatory.EventLog`'s, and "open" at `close`), as indices.
+_OUTCOMES: Final = ("completed", "expired", "cancelled", "refused", "open")
+_OUTCOME_INDEX: Final = {outcome: i for i, outcome in enumerate(_OUTCOMES)}
+
+
+def _outcomes(pa: Any, values: list[str]) -> Any:
+    """The outcome column: an index per value (a C-level lookup), the strings taken from them."""
+    try:
+        indices = bytes(map(_OUTCOME_INDEX.__getitem__, values))
+    except KeyError:  # an outcome of a recorder's caller's own
+        return pa.array(values, pa.string())
+    return pa.array(_OUTCOMES, pa.string()).take(_from_buffer(pa, pa.int8(), len(values), indices))
 
 
 def _repeated_strings(pa: Any, values: list[str]) -> Any:

@@ -13,20 +13,43 @@ Outcomes (``record_end``'s `outcome`):
 - ``"refused"``: the watch call raised (`PurgatoryFull`, a raising first `try_complete`, a bad
   key): the operation was never watched.
 
-The recorder is called synchronously from the purgatory's hot paths: it must be cheap, must not
-call back into the purgatory, and must not raise (what it raises propagates to whoever triggered
-the event).
+A recorder's calls come from the purgatory's own code, never concurrently, and in each
+operation's order (its watch before its end), each with the time the event happened; an
+expiry's comes at the end of its timer pass. A recorder
+must not call back into the purgatory; what it raises is reported to the loop's exception
+handler (or the ``purgatory`` logger) and the operations go on.
+
+The bulk path. Two calls per operation are what recording cost, so the purgatory makes none:
+it extends the two flat lists of an `EventSink` with raw values (``op, keys, marks,
+watched_at`` as an operation enters, ``op, outcome, ended_at`` as it ends, where *marks* are the
+watch's thresholds: ``None``, a ``dict`` of key to threshold, or one threshold for every key;
+flat, so that the lists hold no object per event and a recorder takes each column with a slice)
+and calls its `EventSink.collect` once `EventSink.watches` holds `EventSink.limit` items (and
+after each timer pass, and at every end for an eager sink). A recorder that offers
+``event_sink(purgatory_name) -> EventSink`` (the package's recorders do) takes the events in
+bulk that way; any other `EventLog` is given its ``record_watch`` / ``record_end`` calls by
+`sink_for`'s adapter, which collects after every event.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, final, runtime_checkable
+
+from ._asyncio import report_exception
 
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
 
-__all__ = ("EventLog", "Outcome")
+__all__ = (
+    "END_ITEMS",
+    "WATCH_ITEMS",
+    "EventLog",
+    "EventSink",
+    "Outcome",
+    "sink_for",
+    "thresholds_of",
+)
 
 Outcome = Literal["completed", "expired", "cancelled", "refused"]
 
@@ -61,3 +84,98 @@ class EventLog(Protocol):
     def flush(self) -> None:
         """Write out whatever is buffered; the purgatory calls it from `shutdown`."""
         ...
+
+
+#: Items per event in `EventSink.watches` (operation, keys, marks, watched_at) and in
+#: `EventSink.ends` (operation, outcome, ended_at).
+WATCH_ITEMS = 4
+END_ITEMS = 3
+
+
+@final
+class EventSink:
+    """One purgatory's raw events for one event log (the bulk path: see the module docstring).
+
+    The purgatory extends `watches` and `ends` on its hot paths and calls `collect` once either
+    holds `limit` items (after a timer pass for the expiries it added); `collect` takes what
+    the lists hold (and empties them, in place: the purgatory keeps the lists).
+    """
+
+    __slots__ = ("collect", "eager", "ends", "limit", "name", "watches")
+
+    def __init__(
+        self, name: str, limit: int, collect: Callable[[], None], eager: bool = False
+    ) -> None:
+        #: The purgatory's name.
+        self.name = name
+        #: Items `watches` may hold before the purgatory calls `collect`; `ends` is taken then
+        #: too, and after each timer pass.
+        self.limit = limit
+        #: Whether every event is collected at once (an ended operation's too).
+        self.eager = eager
+        #: Takes the events of `watches` and `ends`.
+        self.collect = collect
+        #: ``op, keys, marks, watched_at`` per operation watched, flat.
+        self.watches: list[Any] = []
+        #: ``op, outcome, ended_at`` per operation ended, flat.
+        self.ends: list[Any] = []
+
+
+def thresholds_of(keys: tuple[Hashable, ...], marks: Any) -> tuple[Any, ...] | None:
+    """`record_watch`'s `thresholds` from a watch's marks: ``None`` for a plain watch, else one
+    threshold per key (``None`` for a key watched without one)."""
+    if marks is None:
+        return None
+    if type(marks) is dict:
+        thresholds = tuple(marks.values())
+        return None if thresholds.count(None) == len(thresholds) else thresholds
+    return (marks,) * len(keys)
+
+
+def sink_for(log: EventLog, name: str) -> EventSink:
+    """The `EventSink` through which the purgatory `name` records into `log`: the log's own
+    (``event_sink``), or an adapter that makes the `EventLog` calls."""
+    make = getattr(log, "event_sink", None)
+    if make is not None:
+        sink: EventSink = make(name)
+        return sink
+    return _Calls(log, name).sink
+
+
+@final
+class _Calls:
+    """The adapter of an `EventLog` without a bulk path: each event becomes its call."""
+
+    __slots__ = ("log", "sink")
+
+    def __init__(self, log: EventLog, name: str) -> None:
+        self.log = log
+        self.sink = EventSink(name, 1, self.collect, eager=True)  # each call as its event comes
+
+    def collect(self) -> None:
+        """The events so far, as calls (watches first: each came before its own end); one
+        that raises is reported and the others are still made."""
+        sink = self.sink
+        name = sink.name
+        watches = sink.watches.copy()
+        sink.watches.clear()
+        for i in range(0, len(watches), WATCH_ITEMS):
+            op, keys, marks, at = watches[i : i + WATCH_ITEMS]
+            thresholds = thresholds_of(keys, marks)
+            self._call("record_watch", name, op, keys, thresholds, at, at + op._timeout)
+        ends = sink.ends.copy()
+        sink.ends.clear()
+        for i in range(0, len(ends), END_ITEMS):
+            op, outcome, at = ends[i : i + END_ITEMS]
+            self._call("record_end", name, op, outcome, at)
+
+    def _call(self, method: str, *args: Any) -> None:
+        try:
+            getattr(self.log, method)(*args)
+        except Exception as exc:  # noqa: BLE001 - reported; the operations go on
+            report_exception(
+                f"the event log of purgatory {self.sink.name!r} failed ({method}); the "
+                "operations go on, what it could not record is lost to the log",
+                exc,
+                event_log=self.log,
+            )

@@ -32,7 +32,7 @@ from __future__ import annotations
 import inspect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Coroutine, Generator
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from ._asyncio import (
@@ -326,16 +326,18 @@ _Op = TypeVar("_Op", bound=DelayedOperation[Any])
 
 
 def expire_due(
-    due: list[_Op], purge_queue: dict[Any, None], record: Callable[[_Op], None] | None
+    due: list[_Op], now: float, purge_queue: dict[Any, None], ended: list[Any] | None
 ) -> int:
-    """Expire every operation of `due` still pending, in order; return how many expired.
+    """Expire every operation of `due` still pending, in order, at the time `now`; return how
+    many expired.
 
     The expiry loop of a timer pass, here because it is the one loop outside the operation
     that settles operations, and it runs once per expired operation: state first (expired, in
-    the watcher lists' `purge_queue` if still on a list, told to `record`), then
-    `on_complete`, `on_expiration` and the awaiters. Whatever a callback raises is that
-    operation's failure; ``KeyboardInterrupt`` and ``SystemExit`` still propagate, after the
-    operation is settled (the caller puts back what was not expired yet).
+    the watcher lists' `purge_queue` if still on a list, its end added to `ended` for the
+    event log if there is one: ``op, "expired", now``, flat), then `on_complete`,
+    `on_expiration` and the awaiters. Whatever a callback raises is that operation's failure;
+    ``KeyboardInterrupt`` and ``SystemExit`` still propagate, after the operation is settled
+    (the caller puts back what was not expired yet).
     """
     expired = 0
     for op in due:
@@ -346,8 +348,8 @@ def expire_due(
         if op._listed:
             purge_queue[op] = None
         expired += 1
-        if record is not None:
-            record(op)
+        if ended is not None:
+            ended += (op, "expired", now)
         try:
             op._result = op.on_complete()
         except BaseException as exc:  # noqa: BLE001 - the operation's failure

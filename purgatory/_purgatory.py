@@ -45,7 +45,7 @@ from ._asyncio import (
 )
 from ._clock import DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
-from ._events import EventLog, Outcome
+from ._events import EventLog, EventSink, Outcome, sink_for
 from ._operation import ASYNC, FINISHED, DelayedOperation, Settlement, expire_due
 from ._statistics import PurgatoryStatistics
 from ._timer import SystemTimer
@@ -174,6 +174,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_purge_requested",
         "_purges",
         "_purging",
+        "_sink",
         "_sync_types",
         "_time_op",
         "_timer",
@@ -220,6 +221,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._name = name
         self._max_pending = max_pending
         self._log = event_log
+        # Where the operations' watches and ends go, raw, with no call per event (`_events`).
+        self._sink: EventSink | None = None if event_log is None else sink_for(event_log, name)
         self._lists: WatcherLists[Op] = WatcherLists()
         # The purge queue of the lists, shared by protocol (see `purgatory._watchers`).
         self._purge_queue = self._lists.queue
@@ -243,12 +246,12 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._sync_types: set[type] = set()
         self._attempts = AttemptRunner()
         self._attempt = self._attempts.attempt
-        record = None if event_log is None else self._record_expired
+        ended = None if self._sink is None else self._sink.ends
         self._timer: SystemTimer[Op] = SystemTimer(
             float(tick),
             wheel_size,
             self._unbound_time if clock is None else clock.current_time,
-            partial(expire_due, purge_queue=self._purge_queue, record=record),
+            partial(expire_due, purge_queue=self._purge_queue, ended=ended),
             self._housekeeping,
         )
         # How a watch times its operation: `SystemTimer.add`, or at once while draining.
@@ -355,8 +358,12 @@ class DelayedOperationPurgatory(Generic[Op]):
         binding = self._binding
         if binding.loop is not running_loop():
             binding.bind()
-        if self._log is not None:
-            self._record_watch(op, keys, marks)
+        sink = self._sink
+        if sink is not None:  # the bulk path of the event log: one append, no call
+            watches = sink.watches
+            watches += (op, keys, marks, self._timer.now())
+            if len(watches) >= sink.limit:
+                self._collect()
         if not state:  # a synchronous try_complete: Kafka's first try, before registration
             try:
                 claimed = op.try_complete()
@@ -419,12 +426,12 @@ class DelayedOperationPurgatory(Generic[Op]):
         watch call returns."""
         if op._state & FINISHED:
             self._completed += 1
-            if self._log is not None:
+            if self._sink is not None:
                 self._record_end(op, "completed")
             return True
         op._cancel(closed=True)
         self._cancelled += 1
-        if self._log is not None:
+        if self._sink is not None:
             self._record_end(op, "cancelled")
         return False
 
@@ -657,6 +664,7 @@ class DelayedOperationPurgatory(Generic[Op]):
                 op._cancel(closed=True)
             self._attempts.close()
             if self._log is not None:
+                self._collect()
                 try:
                     self._log.flush()
                 except Exception as exc:  # noqa: BLE001 - reported; the shutdown goes on
@@ -696,8 +704,12 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._cancelled += 1
         if op._listed:  # the purge-queue protocol (`purgatory._watchers`)
             self._purge_queue[op] = None
-        if self._log is not None:
-            self._record_end(op, outcome)
+        sink = self._sink
+        if sink is not None:  # the bulk path of the event log: one extend, no call (the
+            # length is checked as operations are watched: ends never outnumber watches long)
+            sink.ends += (op, outcome, self._timer.now())
+            if sink.eager:
+                self._collect()
 
     def _purge_due(self) -> None:
         """Kafka's purge rule holds between passes: have the driver run a pass (once)."""
@@ -707,8 +719,12 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._timer.request_pass()
 
     def _housekeeping(self, taken: int, budget: int | None) -> bool:
-        """After each timer pass (which took `taken` operations from the wheel): Kafka's purge
-        rule, a purge slice of `budget` entries if one is due; whether work is still owed now."""
+        """After each timer pass (which took `taken` operations from the wheel): the event log's
+        batch if the expiries filled it, Kafka's purge rule and a purge slice of `budget`
+        entries if one is due; whether work is still owed now."""
+        sink = self._sink
+        if sink is not None and len(sink.ends) >= sink.limit:
+            self._collect()
         self._owed += taken
         if self._purging or self._owed > self._purge_interval:
             if not self._purging:
@@ -735,32 +751,21 @@ class DelayedOperationPurgatory(Generic[Op]):
 
     # -- the event log ------------------------------------------------------------------------
 
-    def _record_watch(self, op: Op, keys: tuple[Hashable, ...], marks: Any) -> None:
-        log = self._log
-        assert log is not None
-        now = self._timer.current_time()
-        thresholds = None
-        if type(marks) is dict:
-            thresholds = tuple(marks.values())
-        elif marks is not None:
-            thresholds = (marks,) * len(keys)
-        if thresholds is not None and thresholds.count(None) == len(thresholds):
-            thresholds = None
-        try:
-            log.record_watch(self._name, op, keys, thresholds, now, now + op._timeout)
-        except Exception as exc:  # noqa: BLE001 - reported; the operation must not suffer
-            self._report_log_failure("record_watch", exc)
-
     def _record_end(self, op: Op, outcome: Outcome) -> None:
-        log = self._log
-        assert log is not None
-        try:
-            log.record_end(self._name, op, outcome, self._timer.current_time())
-        except Exception as exc:  # noqa: BLE001 - reported; the operation settles all the same
-            self._report_log_failure("record_end", exc)
+        """Record `op`'s end off the hot paths (a watch call that ended it or refused it)."""
+        sink = self._sink
+        assert sink is not None
+        sink.ends += (op, outcome, self._timer.current_time())
+        if len(sink.ends) >= sink.limit:
+            self._collect()
 
-    def _record_expired(self, op: Op) -> None:
-        self._record_end(op, "expired")
+    def _collect(self) -> None:
+        """Have the event log take the events recorded so far (a batch is full, or shutdown)."""
+        assert self._sink is not None
+        try:
+            self._sink.collect()
+        except Exception as exc:  # noqa: BLE001 - reported; the operations go on
+            self._report_log_failure("collect", exc)
 
     def _report_log_failure(self, call: str, exc: Exception) -> None:
         """An event log that raises is reported, never allowed to strand an operation."""
@@ -799,7 +804,7 @@ class DelayedOperationPurgatory(Generic[Op]):
 
     def _refuse(self, op: Op) -> None:
         """`op`'s watch call failed before registration: it was never watched."""
-        if self._log is not None and not op._state & FINISHED:
+        if self._sink is not None and not op._state & FINISHED:
             self._record_end(op, "refused")
 
     def _abandon(self, op: Op) -> None:

@@ -1,12 +1,14 @@
 """`FileRecorder`: what every file-writing `EventLog` shares, whatever it renders.
 
-Theory of operation. A purgatory given ``event_log=`` calls `record_watch` when an operation
-enters and `record_end` when its fate is settled (see ``_events.py``); both are on its hot path.
-So they only keep raw values: `record_watch` stores one tuple per *open* operation (keyed by the
-operation), `record_end` moves it, with the outcome and end time, onto the batch. Nothing is
-formatted there. When the batch holds ``buffer_lines`` operations, or on `flush` / `close`, a
-subclass renders the whole batch at once (`_render`: JSON Lines, or an Arrow record batch) and
-the bytes are written to the current file in one piece.
+Theory of operation. A purgatory given ``event_log=`` records each operation's watch and end on
+its hot paths, so the recorder takes them in bulk: it gives each purgatory an `EventSink`
+(`event_sink`) to which the purgatory appends raw tuples, with no call per event, and `_collect`
+takes them a batch at a time (see ``_events.py``). Taken watches become one tuple per *open*
+operation (keyed by the operation); taken ends move it, with the outcome and end time, onto the
+batch. `record_watch` and `record_end`, the `EventLog` protocol's calls, do the same one event
+at a time. Nothing is formatted there. When the batch holds ``buffer_lines`` operations, or on
+`flush` / `close`, a subclass renders the whole batch at once (`_render`: JSON Lines, or an
+Arrow record batch) and the bytes are written to the current file in one piece.
 
 Files. Batches go to ``<prefix>-<token>-<seq><suffix>.part`` in `directory`; when that file
 reaches ``max_bytes`` (checked after each batch, so a file can exceed it by one batch) or on
@@ -38,14 +40,17 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Hashable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import dataclass
+from itertools import repeat
+from operator import add, attrgetter
+from typing import TYPE_CHECKING, Any, Final, final
 
-from ._events import Outcome
+from ._events import WATCH_ITEMS, EventSink, Outcome, thresholds_of
 
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
 
-__all__ = ("ANCHOR_DRIFT", "EVENT_LOG_VERSION", "SAME_CLOCK", "FileRecorder")
+__all__ = ("ANCHOR_DRIFT", "EVENT_LOG_VERSION", "SAME_CLOCK", "Batch", "FileRecorder")
 
 #: The schema version of every record; bumped on any incompatible change.
 EVENT_LOG_VERSION: Final = 2
@@ -56,11 +61,141 @@ ANCHOR_DRIFT: Final = 0.001
 #: taken as one clock (they are read microseconds apart; a pause of the process can add more).
 SAME_CLOCK: Final = 1.0
 
-#: One open operation: (purgatory, id, keys, thresholds, watched_at, timeout, deadline, fields).
-Watch = tuple[str, Any, tuple[Hashable, ...], Any, float, float, float, Any]
-#: The finished operations of a batch, as three parallel lists: their watches, outcomes and end
-#: times (None for an operation still open at `close`).
-Batch = tuple[list[Watch], list[str], list[float | None]]
+
+@final
+@dataclass(slots=True)
+class Batch:
+    """The finished operations of a batch, column by column (what a format renders)."""
+
+    names: list[str]
+    ids: list[Any]
+    keys: list[tuple[Hashable, ...]]
+    thresholds: list[tuple[Any, ...] | None]
+    watched: list[float]
+    timeouts: list[float]
+    deadlines: list[float]
+    outcomes: list[str]
+    ended: list[float | None]
+    """``None`` for an operation still open at `close`."""
+    fields: list[Any]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@final
+class _Stream:
+    """One purgatory name's open operations in a recorder, a dict per column (keyed by the
+    operation: entries, no object per operation): keys, marks, watch time, id, and the
+    `fields` values and deadlines given to `record_watch` that are not watched_at + timeout."""
+
+    __slots__ = ("at", "deadlines", "fields", "ids", "keys", "marks", "name", "next_id")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.keys: dict[Any, tuple[Hashable, ...]] = {}
+        self.marks: dict[Any, Any] = {}
+        self.at: dict[Any, float] = {}
+        self.ids: dict[Any, Any] = {}
+        self.fields: dict[Any, Any] = {}
+        self.deadlines: dict[Any, float] = {}
+        self.next_id = 0
+
+    def open(self, ops: list[Any], keys: list[Any], marks: list[Any], at: list[float]) -> None:
+        """Remember the watched `ops` (ids in watch order, unless `ids` is extended after)."""
+        self.keys.update(zip(ops, keys, strict=True))
+        self.marks.update(zip(ops, marks, strict=True))
+        self.at.update(zip(ops, at, strict=True))
+
+
+@final
+class _Pending:
+    """The ended operations of the batch being filled, in end order, as columns of raw values:
+    moving operations here is dict pops into lists, in C-level loops."""
+
+    __slots__ = (
+        "at",
+        "deadlines",
+        "ended",
+        "fields",
+        "ids",
+        "keys",
+        "marks",
+        "names",
+        "ops",
+        "outcomes",
+    )
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.ops: list[Any] = []
+        self.keys: list[tuple[Hashable, ...]] = []
+        self.marks: list[Any] = []
+        self.at: list[float] = []
+        self.ids: list[Any] = []
+        self.outcomes: list[str] = []
+        self.ended: list[float | None] = []
+        self.fields: list[Any] = []
+        # Deadlines given to `record_watch`, by operation.
+        self.deadlines: dict[Any, float] = {}
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def add(self, stream: _Stream, ops: list[Any], outcomes: Any, ended: Any, fields: bool) -> int:
+        """Move `stream`'s open `ops` here with their `outcomes` and `ended` times; return how
+        many were not open (ends of operations never seen watched: dropped)."""
+        at = list(map(stream.at.pop, ops, repeat(None)))
+        unmatched = 0
+        if None in at:
+            kept = [i for i, value in enumerate(at) if value is not None]
+            unmatched = len(ops) - len(kept)
+            outcomes, ended = list(outcomes), list(ended)
+            ops = [ops[i] for i in kept]
+            at = [at[i] for i in kept]
+            outcomes = [outcomes[i] for i in kept]
+            ended = [ended[i] for i in kept]
+        self.names.extend(repeat(stream.name, len(ops)))
+        self.ops.extend(ops)
+        self.keys.extend(map(stream.keys.pop, ops))
+        self.marks.extend(map(stream.marks.pop, ops))
+        self.at.extend(at)  # type: ignore[arg-type]
+        self.ids.extend(map(stream.ids.pop, ops))
+        self.outcomes.extend(outcomes)
+        self.ended.extend(ended)
+        if fields:
+            self.fields.extend(map(stream.fields.pop, ops))
+        if stream.deadlines:
+            given = stream.deadlines
+            self.deadlines.update((op, given.pop(op)) for op in ops if op in given)
+        return unmatched
+
+    def batch(self) -> Batch:
+        """The columns of the batch."""
+        n = len(self.ops)
+        keys, marks = self.keys, self.marks
+        thresholds: list[Any] = [None] * n
+        if marks.count(None) != n:
+            thresholds = list(map(_thresholds, keys, marks))
+        timeouts = list(map(_timeout_of, self.ops))
+        deadlines = list(map(add, self.at, timeouts))
+        if self.deadlines:
+            given = self.deadlines
+            deadlines = [
+                given.get(op, deadline) for op, deadline in zip(self.ops, deadlines, strict=True)
+            ]
+        return Batch(
+            self.names,
+            self.ids,
+            keys,
+            thresholds,
+            self.at,
+            timeouts,
+            deadlines,
+            self.outcomes,
+            self.ended,
+            self.fields or [None] * n,
+        )
 
 
 class FileRecorder:
@@ -72,23 +207,19 @@ class FileRecorder:
         "_buffer_lines",
         "_clock",
         "_directory",
-        "_ended",
-        "_ends",
         "_fd",
         "_fields",
         "_file_bytes",
         "_file_lines",
-        "_ids",
-        "_last_name",
         "_limit",
         "_max_bytes",
-        "_next_id",
         "_op_id",
-        "_open",
-        "_outcomes",
         "_part",
+        "_pending",
         "_prefix",
         "_seq",
+        "_sinks",
+        "_streams",
         "_suffix",
         "_token",
         "_unchecked",
@@ -123,15 +254,12 @@ class FileRecorder:
         self._buffer_lines = buffer_lines
         self._fields = fields
         self._op_id = op_id
-        self._ids: dict[str, int] = {}
-        self._open: dict[DelayedOperation[Any], Watch] = {}
-        self._ended: list[Watch] = []
-        self._outcomes: list[str] = []
-        self._ends: list[float | None] = []
-        # The id counter of the purgatory named last (most recorders serve one purgatory);
-        # `_ids` holds the others' while another is served.
-        self._last_name: str | None = None
-        self._next_id = 0
+        # Per purgatory name: its open operations and its part of the batch.
+        self._streams: dict[str, _Stream] = {}
+        # The batch being filled.
+        self._pending = _Pending()
+        # The purgatories' sinks of raw events (the bulk path), taken by `_collect`.
+        self._sinks: list[EventSink] = []
         self._fd = -1
         self._file_bytes = 0
         self._file_lines = 0
@@ -155,8 +283,8 @@ class FileRecorder:
 
     def __repr__(self) -> str:
         return (
-            f"<{type(self).__name__} {self._directory!r} open={len(self._open)} "
-            f"buffered={len(self._ended)} files={len(self.closed_files)}>"
+            f"<{type(self).__name__} {self._directory!r} open={self._opened()} "
+            f"buffered={len(self._pending)} files={len(self.closed_files)}>"
         )
 
     # -- the EventLog protocol ----------------------------------------------------------------
@@ -171,67 +299,59 @@ class FileRecorder:
         deadline: float,
     ) -> None:
         """Remember `op` until it ends. Runtime complexity: O(1) (plus `fields` and `op_id`)."""
-        if purgatory is self._last_name:
-            ident: Any = self._next_id
-            self._next_id = ident + 1
-        else:
-            ident = self._new_id(purgatory, op)
-        fields = self._fields
-        self._open[op] = (
-            purgatory,
-            ident,
-            keys,
-            thresholds,
-            watched_at,
-            op._timeout,
-            deadline,
-            None if fields is None else fields(op),
-        )
+        stream = self._stream(purgatory)
+        marks = None if thresholds is None else _Given(thresholds)
+        stream.open([op], [keys], [marks], [watched_at])
+        stream.ids[op] = stream.next_id if self._op_id is None else self._op_id(op)
+        stream.next_id += 1
+        if self._fields is not None:
+            stream.fields[op] = self._fields(op)
+        if not deadline == watched_at + op._timeout:  # noqa: SIM201 - NaN too
+            stream.deadlines[op] = deadline
 
     def record_end(
         self, purgatory: str, op: DelayedOperation[Any], outcome: Outcome, ended_at: float
     ) -> None:
         """Put `op` on the batch; render and write the batch when it is full. O(1) amortised."""
-        watch = self._open.pop(op, None)
-        if watch is None:
-            self.unmatched_ends += 1
-            return
-        ended = self._ended
-        ended.append(watch)
-        self._outcomes.append(outcome)
-        self._ends.append(ended_at)
-        if len(ended) >= self._limit:
-            if self._unchecked:
-                self._check_clock(ended_at)
-                if len(ended) < self._limit:
-                    return
-            self._write_batch()
+        self._ended(self._stream(purgatory), [op], [outcome], [ended_at])
 
     def flush(self) -> None:
         """Write every finished operation and publish the file (rename away ``.part``).
 
         Operations still open stay in memory and are written when they end (or at `close`).
         """
+        self._collect()
         self._write_batch()
         self._publish()
+
+    def event_sink(self, purgatory: str) -> EventSink:
+        """The bulk path (see ``purgatory._events``): where the purgatory named `purgatory`
+        appends its raw events, taken a batch at a time."""
+        # The first end checks the clock (at once: a list of one event); then whole batches.
+        limit = 1 if self._unchecked else self._buffer_lines * WATCH_ITEMS
+        sink = EventSink(purgatory, limit, self._collect)
+        self._sinks.append(sink)
+        return sink
 
     # -- beyond the protocol ------------------------------------------------------------------
 
     @property
     def open_operations(self) -> int:
         """Operations watched and not yet ended."""
-        return len(self._open)
+        self._collect()
+        return self._opened()
 
     def close(self) -> None:
         """Write everything, operations still open included (outcome ``open``); idempotent.
 
         The recorder may be used again afterwards: it starts a new file.
         """
-        if self._open:
-            self._ended.extend(self._open.values())
-            self._outcomes.extend(["open"] * len(self._open))
-            self._ends.extend([None] * len(self._open))
-            self._open.clear()
+        self._collect()
+        for stream in self._streams.values():
+            if stream.at:
+                ops = list(stream.at)
+                n = len(ops)
+                self._pending.add(stream, ops, repeat("open", n), repeat(None, n), self._fields_on)
         self.flush()
 
     # -- for subclasses -----------------------------------------------------------------------
@@ -250,22 +370,65 @@ class FileRecorder:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _new_id(self, purgatory: str, op: DelayedOperation[Any]) -> Any:
-        """The id of `op`: from `op_id`, or the counter of another purgatory than the last."""
-        if self._op_id is not None:
-            return self._op_id(op)
-        ids = self._ids
-        if self._last_name is not None:
-            ids[self._last_name] = self._next_id
-        ident = ids.get(purgatory, 0)
-        self._last_name = purgatory
-        self._next_id = ident + 1
-        return ident
+    @property
+    def _fields_on(self) -> bool:
+        return self._fields is not None
+
+    def _opened(self) -> int:
+        return sum(len(stream.at) for stream in self._streams.values())
+
+    def _stream(self, purgatory: str) -> _Stream:
+        stream = self._streams.get(purgatory)
+        if stream is None:
+            stream = self._streams[purgatory] = _Stream(purgatory)
+        return stream
+
+    def _collect(self) -> None:
+        """Take every sink's events (the bulk path): watches into the open operations, then
+        ends onto the batch, which is written whenever it is full."""
+        for sink in self._sinks:
+            if sink.watches:
+                self._open_all(sink)
+            ends = sink.ends
+            if ends:
+                raw = ends.copy()
+                ends.clear()
+                self._ended(self._stream(sink.name), raw[0::3], raw[1::3], raw[2::3])
+
+    def _open_all(self, sink: EventSink) -> None:
+        """`record_watch` for every watch of `sink`, in bulk: a slice per column of the flat
+        list the purgatory extended, C-level loops; ids in watch order. `fields` and `op_id`
+        are called here, soon after each watch."""
+        raw = sink.watches.copy()
+        sink.watches.clear()
+        stream = self._stream(sink.name)
+        ops = raw[0::4]
+        stream.open(ops, raw[1::4], raw[2::4], raw[3::4])
+        if self._op_id is None:
+            first = stream.next_id
+            stream.ids.update(zip(ops, range(first, first + len(ops)), strict=True))
+        else:
+            stream.ids.update(zip(ops, map(self._op_id, ops), strict=True))
+        stream.next_id += len(ops)
+        if self._fields is not None:
+            stream.fields.update(zip(ops, map(self._fields, ops), strict=True))
+
+    def _ended(self, stream: _Stream, ops: list[Any], outcomes: Any, ended: Any) -> None:
+        """`ops` of `stream` ended (`outcomes`, at `ended`): onto the batch, written when full."""
+        if self._unchecked:
+            ended = list(ended)
+            self._check_clock(ended[0])
+        pending = self._pending
+        self.unmatched_ends += pending.add(stream, ops, outcomes, ended, self._fields is not None)
+        if len(pending) >= self._limit:
+            self._write_batch()
 
     def _check_clock(self, ended_at: float) -> None:
         """At the first end: is `clock` the purgatory's? (`ended_at` was read just now.)"""
         self._limit = self._buffer_lines
         self._unchecked = False
+        for sink in self._sinks:
+            sink.limit = self._buffer_lines * WATCH_ITEMS
         clock = self._clock
         assert clock is not None
         now = clock()
@@ -303,11 +466,11 @@ class FileRecorder:
         return True
 
     def _write_batch(self) -> None:
-        ended = self._ended
-        if not ended:
+        if not self._pending:
             return
-        batch = (ended, self._outcomes, self._ends)
-        self._ended, self._outcomes, self._ends = [], [], []
+        batch = self._pending.batch()
+        self._pending = _Pending()
+        ended = batch.ids
         try:
             new_file = self._fd < 0
             new_anchor = self._take_anchor(new_file)
@@ -381,3 +544,19 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+@final
+class _Given(tuple[Any, ...]):
+    """Thresholds given to `record_watch` as they are, where a watch's marks stand."""
+
+    __slots__ = ()
+
+
+def _thresholds(keys: tuple[Hashable, ...], marks: Any) -> tuple[Any, ...] | None:
+    if marks is None or type(marks) is _Given:
+        return marks
+    return thresholds_of(keys, marks)
+
+
+_timeout_of = attrgetter("_timeout")

@@ -85,9 +85,12 @@ class ThresholdWatchers(Generic[Op]):
         )
 
     def __iter__(self) -> Iterator[Op]:
-        """The plain watchers, then those at a threshold (in the order their thresholds came)."""
+        """The plain watchers, then those at a threshold in threshold order (watch order within
+        one), as a trigger without a value re-tries them."""
         yield from self.plain
-        for waiting in list(self.at.values()):
+        at = self.at
+        for threshold in sorted(at):
+            waiting = at[threshold]
             if type(waiting) is list:
                 yield from waiting
             else:

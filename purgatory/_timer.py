@@ -63,7 +63,8 @@ class SystemTimer(Generic[Op]):
         tick: Seconds per tick.
         wheel_size: Slots per wheel level.
         now: Reads the clock (seconds); replaced by `use_clock` when a purgatory binds to a loop.
-        expire: Expires the pending operations of a due list, in order; returns how many.
+        expire: Expires the pending operations of a due list, in order, at a time; returns how
+            many.
         housekeeping: Called after every pass with the number of operations the pass took from
             the wheel and the pass's budget; returns whether work is still owed at once.
     """
@@ -75,11 +76,11 @@ class SystemTimer(Generic[Op]):
         "_expire",
         "_housekeeping",
         "_in_flight",
-        "_now",
         "alarm",
         "delayed",
         "expired",
         "max_timeout",
+        "now",
         "passes",
         "tick",
         "time_limit",
@@ -91,7 +92,7 @@ class SystemTimer(Generic[Op]):
         tick: float,
         wheel_size: int,
         now: Callable[[], float],
-        expire: Callable[[list[Op]], int],
+        expire: Callable[[list[Op], float], int],
         housekeeping: Callable[[int, int | None], bool],
     ) -> None:
         #: Seconds per tick (the `purgatory.Timer` protocol).
@@ -100,7 +101,8 @@ class SystemTimer(Generic[Op]):
         self.max_timeout = MAX_TIMEOUT_TICKS * tick
         #: The latest time (seconds) the timer counts to (the `purgatory.Timer` protocol).
         self.time_limit = MAX_TIME_TICKS * tick
-        self._now = now
+        #: Reads the clock (seconds): the recorders' reads, with no call of the timer's.
+        self.now = now
         self._expire = expire
         self._housekeeping = housekeeping
         #: Operations held (Kafka ``numDelayed``); the wheel keeps no count of its own.
@@ -127,12 +129,12 @@ class SystemTimer(Generic[Op]):
 
     def use_clock(self, now: Callable[[], float]) -> None:
         """Read time from `now` from here on, and start counting ticks at its current time."""
-        self._now = now
+        self.now = now
         self.wheel.advance(self.ticks(now()))
 
     def current_time(self) -> float:
         """The clock's time in seconds."""
-        return self._now()
+        return self.now()
 
     def ticks(self, now: float) -> int:
         """The tick of the time `now` (seconds): every deadline at or before it is due."""
@@ -143,7 +145,7 @@ class SystemTimer(Generic[Op]):
 
         The operation's timeout must be within `max_timeout` (the purgatory checks it first).
         """
-        deadline = _ceil((self._now() + op._timeout) / self.tick - _TICK_SLACK)
+        deadline = _ceil((self.now() + op._timeout) / self.tick - _TICK_SLACK)
         wheel = self.wheel
         if wheel.memo_low <= deadline < wheel.memo_high:  # the wheel's memo protocol, inline
             op._deadline = deadline
@@ -213,7 +215,7 @@ class SystemTimer(Generic[Op]):
             del op._bucket[op]
             op._bucket = None
         self.delayed -= len(due)
-        expired = self._expire_taken(due) if due else 0
+        expired = self._expire_taken(due, self.now()) if due else 0
         self._due_now = self._housekeeping(len(due), None) or self._due_now
         return expired
 
@@ -251,7 +253,7 @@ class SystemTimer(Generic[Op]):
         taken = len(due)
         if due:
             self.delayed -= taken
-            expired = self._expire_taken(due)
+            expired = self._expire_taken(due, now)
         self._due_now = self._housekeeping(taken, budget)
         return expired
 
@@ -273,14 +275,14 @@ class SystemTimer(Generic[Op]):
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _expire_taken(self, due: list[Op]) -> int:
+    def _expire_taken(self, due: list[Op], now: float) -> int:
         """Expire the pending operations of `due`; if a callback interrupts the pass, what was
         not expired yet goes back into the wheel, due at the next pass."""
         in_flight = self._in_flight
         in_flight.append(due)
         expired = 0
         try:
-            expired = self._expire(due)
+            expired = self._expire(due, now)
         except BaseException:
             expired = sum(1 for op in due if op._state & EXPIRED)
             if not self._closed:

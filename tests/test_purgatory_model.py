@@ -172,8 +172,8 @@ class Model:
     def take(self, key: object, reached: int | None) -> list[int]:
         """The watchers a trigger of `key` re-tries, in order; releases those `reached` passes."""
         marks = self.marks.get(key, {})
-        if reached is None:
-            return [*self.watchers.get(key, []), *marks]
+        if reached is None:  # the plain watchers, then those at a threshold in threshold order
+            return [*self.watchers.get(key, []), *sorted(marks, key=marks.__getitem__)]
         released = sorted((i for i, t in marks.items() if t <= reached), key=lambda i: marks[i])
         for i in released:
             del marks[i]
@@ -494,7 +494,8 @@ class PurgatoryMachine(RuleBasedStateMachine):
             if m.status == "pending":
                 m.status = "cancelled"
                 expected.append(m.op)
-        for i in model.marks.pop(key, {}):
+        marks = model.marks.pop(key, {})
+        for i in sorted(marks, key=marks.__getitem__):
             m = model.ops[i]
             if m.status == "pending":
                 m.status = "cancelled"
