@@ -37,7 +37,8 @@ def test_the_committed_results_are_one_run_with_spreads() -> None:
     for name, found in results["workloads"].items():
         for label, figure in found["figures"].items():
             assert set(figure) == SPREAD, (name, label)
-            assert figure["min"] <= figure["median"] <= figure["max"], (name, label)
+            if figure["n"]:  # n = 0: not measured (a W1 search that found no rate), said so
+                assert figure["min"] <= figure["median"] <= figure["max"], (name, label)
 
 
 def goal_row(markdown: str, goal: str) -> str:
