@@ -21,12 +21,12 @@ def test_every_mode_completes_the_same_requests_on_the_same_traffic() -> None:
 
 
 def test_the_virtual_replica_is_deterministic_and_takes_the_pools_it_is_given() -> None:
-    setting = W1Setting("threshold", 20, 60, 100_000)
+    setting = W1Setting("threshold", 20, 60, 100)
     pools = make_pools(setting, seed=1)
-    first = run_virtual(setting, 5_000, 40_000.0, seed=1)
-    again = run_virtual(setting, 5_000, 40_000.0, seed=1, pools=pools)
+    first = run_virtual(setting, 3_000, 40_000.0, seed=1)
+    again = run_virtual(setting, 3_000, 40_000.0, seed=1, pools=pools)
     assert first == again
-    assert run_virtual(setting, 5_000, 40_000.0, seed=2) != first
+    assert run_virtual(setting, 3_000, 40_000.0, seed=2) != first
 
 
 def test_the_settings_cover_every_mode_and_both_traffics() -> None:
