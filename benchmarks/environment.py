@@ -1,7 +1,7 @@
 """Where and with what a run happened: Python, machine, load, library version, git commit.
 
 A results file holds the run of one commit: `describe_environment` names it, and says whether
-``purgatory/`` or ``benchmarks/`` had uncommitted changes when the run started.
+the code (``purgatory/``, the benchmarks' modules) had uncommitted changes when the run started.
 """
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ def _git(*args: str) -> str:
 
 
 def _commit() -> tuple[str, bool]:
-    """The short commit of HEAD and whether purgatory/ or benchmarks/ differ from it."""
+    """The short commit of HEAD and whether the code (purgatory/, benchmarks/*.py) differs from
+    it; results files written into benchmarks/ do not count."""
     try:
         commit = _git("rev-parse", "--short", "HEAD")
-        dirty = bool(_git("status", "--porcelain", "--", "purgatory", "benchmarks"))
+        dirty = bool(_git("status", "--porcelain", "--", "purgatory", "benchmarks/*.py"))
     except (OSError, subprocess.CalledProcessError):
         return "unknown", False
     return commit, dirty

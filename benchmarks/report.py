@@ -27,7 +27,7 @@ BASELINES = ("A", "A-lean", "A-heap", "B")
 def _num(value: Any, digits: int = 1) -> str:
     if value is None:
         return "-"
-    if isinstance(value, int) or (isinstance(value, float) and abs(value) >= 10_000):
+    if isinstance(value, int) or (isinstance(value, float) and abs(value) >= 1_000):
         return f"{value:,.0f}"
     return f"{value:.{digits}f}"
 
