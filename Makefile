@@ -29,9 +29,14 @@ docs: $(BIN)/python
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 	@echo "open build/site/index.html"
 
+# Run the whole benchmark suite (about an hour; the spark extra and valgrind for the pipeline and
+# instruction workloads) into one results file, then render its report and the W2 chart (also
+# when a workload failed: the report names it, and make fails after).
 bench: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[bench]'
-	$(BIN)/python -m benchmarks
+	$(BIN)/python -m pip install --quiet -e '.[bench,spark]'
+	$(BIN)/python -m benchmarks --output benchmarks/results.json; status=$$?; \
+	$(BIN)/python -m benchmarks report benchmarks/results.json --markdown benchmarks/RESULTS.md \
+		--plot benchmarks/w2.png && exit $$status
 
 # The data pipeline in one command (needs Java 17+): a seeded W1 trace, a 3x3 sweep (timeout x
 # rate) replayed on local Spark, the summary table and pipeline-out/sweep.png; then the load

@@ -5,7 +5,7 @@
   waiter is removed from each of its keys' lists at once (``list.remove``, C speed), so nothing
   stays reachable after it is done; a trigger tests the condition inline (an attribute, no method
   call) in one list comprehension.
-- **B**: the same class on uvloop (the loop is the only difference; see `loops.py`).
+- **B**: the same class on uvloop (the loop is the only difference; see `contenders.py`).
 - **A-lean** (`LeanFutureTimer`): the leanest thing an asyncio user writes, no Python class of
   its own per request: a tuple ``(threshold, future, handle)`` of ``loop.call_at`` in a list per
   key, the condition (``threshold <= reached``) checked inline in a list comprehension.
@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 __all__ = (
@@ -34,6 +34,7 @@ __all__ = (
     "LeanFutureTimer",
     "TaskPerRequest",
     "Waiter",
+    "complete_by_key",
 )
 
 _monotonic = time.monotonic
@@ -47,6 +48,18 @@ def _unlink(watchers: dict[Hashable, list[Any]], item: Any, keys: tuple[Hashable
             del watchers[key]
         else:
             waiters.remove(item)
+
+
+def complete_by_key(
+    check: Callable[[Hashable], int], items: Sequence[Any], keysets: Sequence[tuple[Hashable, ...]]
+) -> int:
+    """W2's completion phase for a contender with flags: set each item's flag, then check its
+    first key; how many completed. (Ours, A, B and C share it: the same harness work.)"""
+    done = 0
+    for item, keys in zip(items, keysets, strict=True):
+        item.ready = True
+        done += check(keys[0])
+    return done
 
 
 # -- A and B ------------------------------------------------------------------------------------
@@ -160,12 +173,7 @@ class FutureTimer:
             out[i] = watch(keys, timeout, due)
 
     def complete(self, waiters: Sequence[Waiter], keysets: Sequence[tuple[Hashable, ...]]) -> int:
-        check = self.check
-        done = 0
-        for waiter, keys in zip(waiters, keysets, strict=True):
-            waiter.ready = True
-            done += check(keys[0])
-        return done
+        return complete_by_key(self.check, waiters, keysets)
 
     async def settle(self) -> None:
         """Nothing runs later: completion and watching are synchronous."""
@@ -192,9 +200,9 @@ class HeapFutureTimer:
     Per key a heap of ``(threshold, seq, waiter)`` tuples; a trigger pops the entries whose
     threshold is reached and completes the ready ones, keeping the reached-but-not-ready ones on
     a per-key list that every later trigger re-tests (so none is lost). Finished waiters leave
-    the other keys' heaps lazily, when a trigger reaches their threshold. W1 interface only
-    (``benchmarks.breakdown``'s steady-state table): what an A user gains from a threshold
-    structure, against which ours' threshold path can be judged.
+    the other keys' heaps lazily, when a trigger reaches their threshold. W1 interface only (and
+    the ``steady`` microbenchmark): what an A user gains from a threshold structure, against
+    which ours' threshold path can be judged.
     """
 
     has_timer = True
@@ -202,11 +210,11 @@ class HeapFutureTimer:
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._pending = 0
+        self.expiry_lateness: list[float] = []
         self._heaps: dict[Hashable, list[tuple[float, int, Waiter]]] = {}
         self._reached: dict[Hashable, list[Waiter]] = {}
         self._seq = 0
-        self._pending = 0
-        self.expiry_lateness: list[float] = []
 
     def submit(
         self, keys: tuple[Hashable, ...], timeout: float, deadline: float, threshold: float
@@ -525,12 +533,7 @@ class TaskPerRequest:
     def complete(
         self, requests: Sequence[TaskRequest], keysets: Sequence[tuple[Hashable, ...]]
     ) -> int:
-        check = self.check
-        done = 0
-        for request, keys in zip(requests, keysets, strict=True):
-            request.ready = True
-            done += check(keys[0])
-        return done
+        return complete_by_key(self.check, requests, keysets)
 
     async def settle(self) -> None:
         """Let the loop run until every Task has started and every signalled one has finished.

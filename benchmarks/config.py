@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from .measure import PyperfSettings
+
 __all__ = ("FULL", "QUICK", "Config")
 
 
@@ -30,9 +32,24 @@ class Config:
     sizes: tuple[int, ...]
     big_repeat: int
     """Repetitions at N >= 1e6: 3 in the full run, where one repetition costs 10-20 s per
-    contender and the memory pass about 25 s (tracemalloc), to keep the run under 15 minutes."""
+    contender and the memory pass about 25 s (tracemalloc)."""
     c_max_n: int
     """Baseline C (a Task per request) is skipped above this N."""
+    # idle and the expiry rate (real time)
+    idle_repeat: int
+    expiry_rate_seconds: float
+    """Length of the offer at each rate of the expiry-rate search."""
+    expiry_rate_steps: int
+    """Bisection steps of the expiry-rate search after the doubling."""
+    # the microbenchmarks (pyperf)
+    micro: PyperfSettings
+    virtual_requests: int
+    """W1 requests per value of ``w1-virtual``."""
+    expiry_ops: int
+    """Operations pending in ``expiry-cost`` (half of them expire in the timed walk)."""
+    steady_ops: int
+    steady_pending: tuple[int, ...]
+    eventlog_ops: int
 
     def with_overrides(self, **changes: Any) -> Config:
         """A copy with the given fields replaced (``None`` values are ignored)."""
@@ -54,12 +71,21 @@ FULL = Config(
     sizes=(1_000, 10_000, 100_000, 1_000_000),
     big_repeat=3,
     c_max_n=100_000,
+    idle_repeat=3,
+    expiry_rate_seconds=3.0,
+    expiry_rate_steps=4,
+    micro=PyperfSettings(processes=6, values=3, warmups=1, min_time=0.1),
+    virtual_requests=50_000,
+    expiry_ops=200_000,
+    steady_ops=50_000,
+    steady_pending=(1_000, 8_000),
+    eventlog_ops=100_000,
 )
 
 QUICK = replace(
     FULL,
     quick=True,
-    repeat=1,
+    repeat=2,
     warmup=0,
     probe_seconds=0.25,
     search_precision=2.0,
@@ -67,4 +93,13 @@ QUICK = replace(
     sizes=(1_000, 10_000, 100_000),
     big_repeat=1,
     c_max_n=10_000,
+    idle_repeat=2,
+    expiry_rate_seconds=1.0,
+    expiry_rate_steps=1,
+    micro=PyperfSettings(processes=2, values=2, warmups=1, min_time=0.02),
+    virtual_requests=5_000,
+    expiry_ops=20_000,
+    steady_ops=5_000,
+    steady_pending=(1_000,),
+    eventlog_ops=10_000,
 )

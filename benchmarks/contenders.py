@@ -1,17 +1,58 @@
-"""Who runs in each workload, on which loop: ours, baselines A, A-lean, B, C and the Floor."""
+"""Who runs in each workload and on which event loop: ours, baselines A, A-lean, A-heap, B, C and
+the Floor.
+
+Every probe and repetition gets a fresh loop, so no timer heap, cancelled handle or task left by
+an earlier measurement can slow a later one.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import importlib.util
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from functools import partial
+from typing import Any, Generic, TypeVar
 
 from .baselines import Floor, FutureTimer, HeapFutureTimer, LeanFutureTimer, TaskPerRequest
 from .ours import OursTarget
 
-__all__ = ("DESCRIPTIONS", "Contender", "w1_contenders", "w2_contenders")
+__all__ = (
+    "DESCRIPTIONS",
+    "LOOPS",
+    "Contender",
+    "run_on",
+    "uvloop_available",
+    "w1_contenders",
+    "w2_contenders",
+)
 
 T = TypeVar("T")
+
+
+def _uvloop_loop() -> asyncio.AbstractEventLoop:
+    import uvloop
+
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+#: Loop name -> factory.
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": _uvloop_loop,
+}
+
+
+def uvloop_available() -> bool:
+    """Whether uvloop can be imported (baseline B is left out, and the run says so, if not)."""
+    return importlib.util.find_spec("uvloop") is not None
+
+
+def run_on(loop: str, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run ``main()`` to completion on a fresh loop of the named kind, then close the loop."""
+    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
+        return runner.run(main())
 
 
 @dataclass(frozen=True)
@@ -36,14 +77,6 @@ DESCRIPTIONS: dict[str, str] = {
 }
 
 
-def _a() -> FutureTimer:
-    return FutureTimer("A")
-
-
-def _b() -> FutureTimer:
-    return FutureTimer("B")
-
-
 W1Any = OursTarget | FutureTimer | LeanFutureTimer | HeapFutureTimer
 
 
@@ -51,12 +84,12 @@ def w1_contenders(with_uvloop: bool) -> list[Contender[W1Any]]:
     """Ours, A, A-lean, A-heap (W1-threshold only) and (when uvloop is installed) B."""
     found: list[Contender[W1Any]] = [
         Contender("ours", "asyncio", OursTarget),
-        Contender("A", "asyncio", _a),
+        Contender("A", "asyncio", partial(FutureTimer, "A")),
         Contender("A-lean", "asyncio", LeanFutureTimer),
         Contender("A-heap", "asyncio", HeapFutureTimer),
     ]
     if with_uvloop:
-        found.append(Contender("B", "uvloop", _b))
+        found.append(Contender("B", "uvloop", partial(FutureTimer, "B")))
     return found
 
 
@@ -67,11 +100,11 @@ def w2_contenders(with_uvloop: bool) -> list[Contender[W2Any]]:
     """Ours, A, A-lean, B (when uvloop is installed), C and the Floor."""
     found: list[Contender[W2Any]] = [
         Contender("ours", "asyncio", OursTarget),
-        Contender("A", "asyncio", _a),
+        Contender("A", "asyncio", partial(FutureTimer, "A")),
         Contender("A-lean", "asyncio", LeanFutureTimer),
     ]
     if with_uvloop:
-        found.append(Contender("B", "uvloop", _b))
+        found.append(Contender("B", "uvloop", partial(FutureTimer, "B")))
     found.append(Contender("C", "asyncio", TaskPerRequest))
     found.append(Contender("Floor", "asyncio", Floor))
     return found

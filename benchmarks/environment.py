@@ -1,4 +1,8 @@
-"""Where and with what a run happened: Python, machine, load, library version, git commit."""
+"""Where and with what a run happened: Python, machine, load, library version, git commit.
+
+A results file holds the run of one commit: `describe_environment` names it, and says whether
+the code (``purgatory/``, the benchmarks' modules) had uncommitted changes when the run started.
+"""
 
 from __future__ import annotations
 
@@ -34,25 +38,21 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _git() -> str:
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def _commit() -> tuple[str, bool]:
+    """The short commit of HEAD and whether the code (purgatory/, benchmarks/*.py) differs from
+    it; results files written into benchmarks/ do not count."""
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "purgatory"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        commit = _git("rev-parse", "--short", "HEAD")
+        dirty = bool(_git("status", "--porcelain", "--", "purgatory", "benchmarks/*.py"))
     except (OSError, subprocess.CalledProcessError):
-        return "unknown commit"
-    return f"commit {commit}" + (" + uncommitted changes to purgatory/" if dirty else "")
+        return "unknown", False
+    return commit, dirty
 
 
 def _version(package: str) -> str:
@@ -66,6 +66,8 @@ def describe_environment() -> dict[str, Any]:
     """The provenance block of the results JSON (the run fills in timing and config)."""
     import purgatory
 
+    commit, dirty = _commit()
+    git = f"commit {commit}" + (" + uncommitted changes" if dirty else "")
     return {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "python": sys.version.split()[0],
@@ -75,7 +77,9 @@ def describe_environment() -> dict[str, Any]:
         "cpu_model": _cpu_model(),
         "load_before": load_average(),
         "purgatory_version": purgatory.__version__,
-        "git": _git(),
+        "git": git,
+        "commit": commit,
+        "dirty": dirty,
         "uvloop": _version("uvloop"),
         "command": " ".join(["python -m benchmarks", *sys.argv[1:]]),
     }

@@ -14,20 +14,25 @@ from typing import Any, ClassVar
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory
 
-__all__ = ("BenchOp", "FlagOp", "OursTarget")
+from .baselines import complete_by_key
+
+__all__ = ("FlagOp", "OursTarget", "TimedOp")
 
 _monotonic = time.monotonic
 
 
-class BenchOp(DelayedOperation[None]):
-    """A request that completes once the harness sets `ready`; records how late it expired."""
+class FlagOp(DelayedOperation[None]):
+    """The benchmarks' one operation: it completes once the harness sets `ready`.
+
+    Every workload uses it or `TimedOp`, so "an operation" costs the same everywhere (the
+    instruction counts of ``benchmarks.instructions`` and the pipeline's calibration keep
+    their own, written for their own harness). `deadline` is the time its timeout falls due on
+    the harness's clock; the probes without a loop leave it at 0.
+    """
 
     __slots__ = ("deadline", "ready")
 
-    #: Where expiry lateness (seconds) goes; the target of the current run installs its list.
-    expiry_sink: ClassVar[list[float]] = []
-
-    def __init__(self, timeout: float, deadline: float) -> None:
+    def __init__(self, timeout: float, deadline: float = 0.0) -> None:
         super().__init__(timeout)
         self.deadline = deadline
         self.ready = False
@@ -41,30 +46,22 @@ class BenchOp(DelayedOperation[None]):
         return None
 
     def on_expiration(self) -> None:
-        BenchOp.expiry_sink.append(_monotonic() - self.deadline)
-
-
-class FlagOp(DelayedOperation[None]):
-    """`BenchOp` without the expiry record: for the probes that run without a loop
-    (``w1_virtual``, ``expiry_cost``), where the monotonic clock means nothing. `BenchOp` does not
-    derive from it so that its construction, which W2 times, stays one ``__init__`` deep."""
-
-    __slots__ = ("ready",)
-
-    def __init__(self, timeout: float) -> None:
-        super().__init__(timeout)
-        self.ready = False
-
-    def try_complete(self) -> bool:
-        if self.ready:
-            return self.force_complete()
-        return False
-
-    def on_complete(self) -> None:
         return None
+
+
+class TimedOp(FlagOp):
+    """`FlagOp` that records how late it expired, by ``time.monotonic`` (the loop's clock).
+
+    It adds no ``__init__``, so its construction, which W2 times, is as deep as `FlagOp`'s.
+    """
+
+    __slots__ = ()
+
+    #: Where expiry lateness (seconds) goes; the target of the current run installs its list.
+    expiry_sink: ClassVar[list[float]] = []
 
     def on_expiration(self) -> None:
-        return None
+        TimedOp.expiry_sink.append(_monotonic() - self.deadline)
 
 
 class OursTarget:
@@ -75,36 +72,36 @@ class OursTarget:
 
     def __init__(self) -> None:
         self.expiry_lateness: list[float] = []
-        BenchOp.expiry_sink = self.expiry_lateness
-        self.purgatory: DelayedOperationPurgatory[BenchOp] = DelayedOperationPurgatory("bench")
+        TimedOp.expiry_sink = self.expiry_lateness
+        self.purgatory: DelayedOperationPurgatory[TimedOp] = DelayedOperationPurgatory("bench")
 
     # -- one request at a time (W1) -------------------------------------------------------------
 
     def submit(
         self, keys: tuple[Hashable, ...], timeout: float, deadline: float, threshold: float
-    ) -> BenchOp:
+    ) -> TimedOp:
         """W1-force and W1-key: a plain watch (`threshold` unused)."""
-        op = BenchOp(timeout, deadline)
+        op = TimedOp(timeout, deadline)
         self.purgatory.try_complete_else_watch(op, keys)
         return op
 
-    def force(self, op: BenchOp) -> bool:
+    def force(self, op: TimedOp) -> bool:
         return op.force_complete()
 
-    def trigger(self, op: BenchOp, key: Hashable, reached: float) -> bool:
+    def trigger(self, op: TimedOp, key: Hashable, reached: float) -> bool:
         """W1-key: Kafka's ``checkAndComplete(key)``, every watcher of `key` re-tried."""
         op.ready = True
         return self.purgatory.check_and_complete(key) > 0
 
     def submit_threshold(
         self, keys: tuple[Hashable, ...], timeout: float, deadline: float, threshold: float
-    ) -> BenchOp:
+    ) -> TimedOp:
         """W1-threshold: watch every key at `threshold` (the request's completion time)."""
-        op = BenchOp(timeout, deadline)
+        op = TimedOp(timeout, deadline)
         self.purgatory.try_complete_else_watch(op, dict.fromkeys(keys, threshold))
         return op
 
-    def trigger_threshold(self, op: BenchOp, key: Hashable, reached: float) -> bool:
+    def trigger_threshold(self, op: TimedOp, key: Hashable, reached: float) -> bool:
         """W1-threshold: re-try only the watchers of `key` at a threshold <= `reached`."""
         op.ready = True
         return self.purgatory.check_and_complete(key, reached) > 0
@@ -118,7 +115,7 @@ class OursTarget:
         out: list[Any],
     ) -> None:
         monotonic = _monotonic
-        new = BenchOp
+        new = TimedOp
         watch = self.purgatory.try_complete_else_watch
         for i, keys in enumerate(keysets):
             due = deadlines[i]
@@ -129,13 +126,8 @@ class OursTarget:
             watch(op, keys)
             out[i] = op
 
-    def complete(self, ops: Sequence[BenchOp], keysets: Sequence[tuple[Hashable, ...]]) -> int:
-        check = self.purgatory.check_and_complete
-        done = 0
-        for op, keys in zip(ops, keysets, strict=True):
-            op.ready = True
-            done += check(keys[0])
-        return done
+    def complete(self, ops: Sequence[TimedOp], keysets: Sequence[tuple[Hashable, ...]]) -> int:
+        return complete_by_key(self.purgatory.check_and_complete, ops, keysets)
 
     async def settle(self) -> None:
         """Nothing runs later: completion and watching are synchronous."""

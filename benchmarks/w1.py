@@ -19,8 +19,11 @@ Per setting and contender: a geometric search for the highest sustained rate (on
 rate; sustained = the generator issued its schedule with at most 1 % delay, i.e. achieved >= 99 %
 of the target rate in Kafka's sense, and p99 generator lag < 100 ms), then ``repeat`` confirmation
 probes at that rate, interleaved across contenders. If fewer than half of them pass, the rate is
-lowered by 10 % and confirmed again (twice at most). Figures are medians over the confirmation
-probes at the final rate.
+lowered by 10 % and confirmed again (twice at most). Figures are spreads (median, quartiles,
+min, max) over the confirmation probes at the final rate.
+
+`run_virtual` drives the same traffic through the purgatory alone, in virtual time, for the
+microbenchmark ``w1-virtual`` and for instruction counts.
 """
 
 from __future__ import annotations
@@ -30,25 +33,29 @@ import gc
 import heapq
 import math
 import random
-import re
-import sys
 import time
-from collections.abc import Callable, Collection, Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from purgatory import DelayedOperationPurgatory, PurgatoryStatistics
+from purgatory.testing import ManualClock
+
 from .config import Config
-from .contenders import Contender
-from .loops import run_on
-from .measure import GcPauses, Stopwatch, lateness_ms, median_field
+from .contenders import Contender, run_on, uvloop_available, w1_contenders
+from .measure import Figure, GcPauses, Stopwatch, figure, lateness_ms, spread_field
+from .ours import FlagOp
 
 __all__ = (
     "MODES",
     "SETTINGS",
     "THRESHOLD_CONTENDERS",
+    "Pools",
     "W1Setting",
     "W1Target",
-    "run_w1",
+    "make_pools",
+    "run",
+    "run_virtual",
     "setting_ratios",
 )
 
@@ -72,21 +79,14 @@ class W1Target(Protocol):
     def submit(
         self, keys: tuple[Hashable, ...], timeout: float, deadline: float, threshold: float
     ) -> Any: ...
-
     def submit_threshold(
         self, keys: tuple[Hashable, ...], timeout: float, deadline: float, threshold: float
     ) -> Any: ...
-
     def force(self, req: Any) -> bool: ...
-
     def trigger(self, req: Any, key: Hashable, reached: float) -> bool: ...
-
     def trigger_threshold(self, req: Any, key: Hashable, reached: float) -> bool: ...
-
     def pending(self) -> int: ...
-
     def watched(self) -> int: ...
-
     async def close(self) -> None: ...
 
 
@@ -365,21 +365,21 @@ def _describe(name: str, phase: str, result: dict[str, Any]) -> str:
 
 
 def _summarise(rate: float | None, reps: list[dict[str, Any]]) -> dict[str, Any]:
-    passes = sum(1 for r in reps if r["passed"])
+    """The confirmation probes at the final rate: spreads of their figures."""
     summary: dict[str, Any] = {
         "max_rate": rate,
-        "passes": passes,
+        "passes": sum(1 for r in reps if r["passed"]),
         "repetitions": len(reps),
-        "cpu_s_per_million": median_field(reps, "cpu_s_per_million"),
-        "achieved": median_field(reps, "achieved"),
-        "lag_p99_ms": median_field(reps, "lag_ms", "p99"),
-        "peak_watched": median_field(reps, "peak_watched"),
-        "peak_delayed": median_field(reps, "peak_delayed"),
-        "gc_s": median_field(reps, "gc_s"),
+        "cpu_s_per_million": spread_field(reps, "cpu_s_per_million"),
+        "achieved": spread_field(reps, "achieved"),
+        "lag_p99_ms": spread_field(reps, "lag_ms", "p99"),
+        "peak_watched": spread_field(reps, "peak_watched"),
+        "peak_delayed": spread_field(reps, "peak_delayed"),
+        "gc_s": spread_field(reps, "gc_s"),
     }
     for kind in ("completion", "expiry"):
         summary[f"{kind}_lateness_ms"] = {
-            q: median_field(reps, f"{kind}_lateness_ms", q) for q in ("p50", "p99", "max")
+            q: spread_field(reps, f"{kind}_lateness_ms", q)["median"] for q in ("p50", "p99", "max")
         }
     return summary
 
@@ -410,42 +410,28 @@ def run_setting(
         if rate is not None:
             fallback = rate
 
-    reps: dict[str, list[dict[str, Any]]] = {c.name: [] for c in contenders}
-    for index in range(config.repeat):
+    def confirm(contender: Contender[Any], index: int, phase: str) -> dict[str, Any]:
+        rate = found[contender.name]
+        assert rate is not None
         offset = _offset(config.seed, setting, f"rep{index}")
-        for contender in contenders:
-            rate = found[contender.name]
-            if rate is not None:
-                result = probe(
-                    contender,
-                    setting,
-                    pools,
-                    rate=rate,
-                    duration=config.probe_seconds,
-                    offset=offset,
-                )
-                reps[contender.name].append(result)
-                log(_describe(contender.name, f"rep {index + 1}", result))
-    for contender in contenders:
-        for _ in range(2):
-            rate = found[contender.name]
+        result = probe(
+            contender, setting, pools, rate=rate, duration=config.probe_seconds, offset=offset
+        )
+        log(_describe(contender.name, f"{phase} {index + 1}", result))
+        return result
+
+    searched = [c for c in contenders if found[c.name] is not None]
+    reps: dict[str, list[dict[str, Any]]] = {c.name: [] for c in contenders}
+    for index in range(config.repeat):  # interleaved, so drift hits every contender alike
+        for contender in searched:
+            reps[contender.name].append(confirm(contender, index, "rep"))
+    for contender in searched:
+        for _ in range(2):  # most failed: lower the rate by 10 % and confirm again
             runs = reps[contender.name]
-            if rate is None or 2 * sum(r["passed"] for r in runs) >= len(runs):
+            if 2 * sum(r["passed"] for r in runs) >= len(runs):
                 break
-            rate = found[contender.name] = rate * 0.9
-            runs.clear()
-            for index in range(config.repeat):
-                offset = _offset(config.seed, setting, f"rep{index}")
-                result = probe(
-                    contender,
-                    setting,
-                    pools,
-                    rate=rate,
-                    duration=config.probe_seconds,
-                    offset=offset,
-                )
-                runs.append(result)
-                log(_describe(contender.name, f"re {index + 1}", result))
+            found[contender.name] = 0.9 * (found[contender.name] or 0.0)
+            runs[:] = [confirm(contender, index, "re") for index in range(config.repeat)]
 
     results = {
         c.name: {
@@ -474,45 +460,103 @@ def setting_ratios(results: dict[str, dict[str, Any]]) -> dict[str, float | None
                 continue
             ratios[f"rate ours/{name}"] = _ratio(ours["max_rate"], other["max_rate"])
             ratios[f"cpu {name}/ours"] = _ratio(
-                other["cpu_s_per_million"], ours["cpu_s_per_million"]
+                other["cpu_s_per_million"]["median"], ours["cpu_s_per_million"]["median"]
             )
     return ratios
 
 
-def run_w1(
-    contenders: list[Contender[Any]],
-    config: Config,
-    log: Callable[[str], None],
-    modes: Collection[str] = MODES,
-    match: str | None = None,
-) -> dict[str, Any]:
-    """Every W1 setting of `modes` (whose name `match`, a regular expression, finds, if given)
-    for every contender (W1-threshold: `THRESHOLD_CONTENDERS` only); one warm-up probe per
-    contender first."""
+def run(config: Config, log: Callable[[str], None], mode: str) -> dict[str, Any]:
+    """Every W1 setting of `mode` for every contender (W1-threshold: `THRESHOLD_CONTENDERS`
+    only; B when uvloop is installed), after one warm-up probe per contender."""
+    with_uvloop = uvloop_available()
+    if not with_uvloop:
+        log("uvloop is not installed: baseline B is left out (pip install uvloop)")
+    contenders: list[Contender[Any]] = list(w1_contenders(with_uvloop))
+    if mode == "threshold":
+        contenders = [c for c in contenders if c.name in THRESHOLD_CONTENDERS]
+    else:
+        contenders = [c for c in contenders if c.name not in THRESHOLD_ONLY]
     warm_setting = SETTINGS[0]
     warm_pools = make_pools(warm_setting, config.seed)
     for contender in contenders:
         probe(contender, warm_setting, warm_pools, rate=10_000.0, duration=0.3, offset=0)
-    log("W1 (warm-up done)")
+    log(f"W1-{mode} (warm-up done)")
     settings = []
     previous: dict[str, float | None] = {}
     for setting in SETTINGS:
-        if setting.mode not in modes or (match and not re.search(match, setting.name)):
+        if setting.mode != mode:
             continue
-        if setting.mode == "threshold":
-            running = [c for c in contenders if c.name in THRESHOLD_CONTENDERS]
-        else:
-            running = [c for c in contenders if c.name not in THRESHOLD_ONLY]
-        entry = run_setting(setting, running, config, log, previous)
+        entry = run_setting(setting, contenders, config, log, previous)
         previous = {name: c["max_rate"] for name, c in entry["contenders"].items()}
         settings.append(entry)
     return {
         "timeout_s": TIMEOUT,
         "keys_per_request": KEYS_PER_REQUEST,
         "criteria": {"min_achieved": MIN_ACHIEVED, "max_lag_p99_ms": MAX_LAG * 1e3},
+        "uvloop": with_uvloop,
         "settings": settings,
+        "figures": _figures(settings),
     }
 
 
-def default_log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+def _figures(settings: list[dict[str, Any]]) -> dict[str, Figure]:
+    """Per setting and contender: the rate found (one search, no spread) and the CPU."""
+    figures: dict[str, Figure] = {}
+    for entry in settings:
+        name = entry["setting"]["name"]
+        for who, c in entry["contenders"].items():
+            figures[f"{name} {who}: max rate"] = figure([c["max_rate"]], "/s", "higher")
+            figures[f"{name} {who}: CPU"] = figure(c["cpu_s_per_million"], "s/M req")
+    return figures
+
+
+def run_virtual(
+    setting: W1Setting, requests: int, rate: float, seed: int = 1, *, pools: Pools | None = None
+) -> PurgatoryStatistics:
+    """W1's traffic in virtual time: `requests` requests of `setting` at `rate` per virtual
+    second through a `DelayedOperationPurgatory` on a `ManualClock`, synchronously.
+
+    The clock moves to each arrival and each completion in time order, expiring what falls due
+    on the way; nothing but the purgatory and this small driver runs, so the same call gives the
+    same work every time (``benchmarks.micro`` times it; under callgrind it counts the same
+    instructions). The driver's own work is the same in every mode: compare differences.
+
+    Returns:
+        The purgatory's statistics at the end (requests still pending at the end are neither
+        completed nor expired).
+    """
+    pools = pools or make_pools(setting, seed)
+    mask = POOL_SIZE - 1
+    clock = ManualClock()
+    purgatory: DelayedOperationPurgatory[FlagOp] = DelayedOperationPurgatory("virtual", clock=clock)
+    watch = purgatory.try_complete_else_watch
+    check = purgatory.check_and_complete
+    advance = clock.advance
+    mode = setting.mode
+    completions: list[tuple[float, int, FlagOp, Hashable]] = []
+    at = 0.0
+    for i in range(requests):
+        at += pools.gaps[i & mask] / rate
+        while completions and completions[0][0] <= at:
+            due, _, op, first_key = heapq.heappop(completions)
+            if due > clock.now():
+                advance(due - clock.now())
+            op.ready = True
+            if mode == "force":
+                op.force_complete()
+            elif mode == "key":
+                check(first_key)
+            else:
+                check(first_key, due)
+        if at > clock.now():
+            advance(at - clock.now())
+        keys = pools.keys[(i * 13 + 2) & mask]
+        latency = pools.latencies[(i * 7 + 1) & mask]
+        op = FlagOp(TIMEOUT)
+        if mode == "threshold":
+            watch(op, dict.fromkeys(keys, at + latency))
+        else:
+            watch(op, keys)
+        if latency < TIMEOUT:
+            heapq.heappush(completions, (at + latency, i, op, keys[0]))
+    return purgatory.statistics()

@@ -39,11 +39,10 @@ from typing import Any, Protocol
 
 from .baselines import FloorOp
 from .config import Config
-from .contenders import Contender
-from .loops import run_on
-from .measure import GcPauses, Stopwatch, lateness_ms, median_field
+from .contenders import Contender, run_on, uvloop_available, w2_contenders
+from .measure import Figure, GcPauses, Stopwatch, figure, lateness_ms, spread_field
 
-__all__ = ("W2Target", "Workload", "run_once", "run_w2", "size_ratios")
+__all__ = ("W2Target", "Workload", "run", "run_once", "size_ratios")
 
 MIN_TIMEOUT = 0.010
 MAX_TIMEOUT = 1.0
@@ -77,11 +76,8 @@ class W2Target(Protocol):
         deadlines: Sequence[float],
         out: list[Any],
     ) -> None: ...
-
     def complete(self, reqs: Sequence[Any], keysets: Sequence[tuple[Hashable, ...]]) -> int: ...
-
     async def settle(self) -> None: ...
-
     async def close(self) -> None: ...
 
 
@@ -233,13 +229,15 @@ def run_once(
 
 
 def _summarise(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Spreads of the per-operation costs and lateness over the repetitions."""
     keys = ("schedule_us", "schedule_wall_us", "complete_us", "complete_wall_us", "expire_us")
-    summary: dict[str, Any] = {key: median_field(reps, key) for key in keys}
+    summary: dict[str, Any] = {key: spread_field(reps, key) for key in keys}
     summary["lateness_ms"] = {
-        q: median_field(reps, "lateness_ms", q) for q in ("p50", "p99", "max")
+        q: spread_field(reps, "lateness_ms", q) for q in ("p50", "p99", "max")
     }
     summary["gc_s"] = {
-        phase: median_field(reps, "gc_s", phase) for phase in ("schedule", "complete", "expire")
+        phase: spread_field(reps, "gc_s", phase)["median"]
+        for phase in ("schedule", "complete", "expire")
     }
     summary["max_overrun_ms"] = max((r["overrun_ms"] for r in reps), default=0.0)
     return summary
@@ -250,20 +248,20 @@ METRICS = ("schedule_us", "complete_us", "expire_us")
 
 def size_ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
     """metric -> {"A/ours": x, ..., "ours/Floor": y}: baseline / ours (> 1: ours is cheaper),
-    and ours / Floor (how many times the irreducible work ours costs)."""
+    and ours / Floor (how many times the irreducible work ours costs), from the medians."""
     ratios: dict[str, dict[str, float]] = {}
     ours = results.get("ours")
-    if ours is None or "median" not in ours:
+    if ours is None or "summary" not in ours:
         return ratios
     for metric in (*METRICS, "bytes_per_op"):
         row: dict[str, float] = {}
         for name, other in results.items():
-            if name == "ours" or "median" not in other:
+            if name == "ours" or "summary" not in other:
                 continue
             if metric == "bytes_per_op":
                 mine, theirs = ours["memory"][metric], other["memory"][metric]
             else:
-                mine, theirs = ours["median"][metric], other["median"][metric]
+                mine, theirs = ours["summary"][metric]["median"], other["summary"][metric]["median"]
             if mine and theirs:
                 if name == "Floor":
                     row["ours/Floor"] = mine / theirs
@@ -273,10 +271,13 @@ def size_ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float
     return ratios
 
 
-def run_w2(
-    contenders: list[Contender[Any]], config: Config, log: Callable[[str], None]
-) -> dict[str, Any]:
+def run(config: Config, log: Callable[[str], None]) -> dict[str, Any]:
     """Every N for every contender: warm-up, interleaved repetitions, then the memory pass."""
+    with_uvloop = uvloop_available()
+    if not with_uvloop:
+        log("uvloop is not installed: baseline B is left out (pip install uvloop)")
+    contenders: list[Contender[Any]] = list(w2_contenders(with_uvloop))
+    log(f"W2: N in {', '.join(f'{n:,}' for n in config.sizes)}")
     estimate = {c.name: INITIAL_ESTIMATE.get(c.name, 20e-6) for c in contenders}
     by_n: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -322,7 +323,7 @@ def run_w2(
             )
             results[contender.name] = {
                 "loop": contender.loop,
-                "median": _summarise(reps[contender.name]),
+                "summary": _summarise(reps[contender.name]),
                 "memory": memory,
                 "reps": reps[contender.name],
             }
@@ -343,7 +344,29 @@ def run_w2(
         "memory_method": "tracemalloc: traced bytes allocated by scheduling N ops, / N",
         "sizes": by_n,
         "notes": notes,
+        "figures": _figures(by_n),
     }
+
+
+def _figures(sizes: list[dict[str, Any]]) -> dict[str, Figure]:
+    """Per N and contender: the three costs per operation, the bytes, the p99 lateness."""
+    figures: dict[str, Figure] = {}
+    for block in sizes:
+        for who, c in block["contenders"].items():
+            if "summary" not in c:
+                continue
+            label = f"W2 N={block['n']:,} {who}"
+            for metric in METRICS:
+                if c["summary"][metric]["n"]:
+                    figures[f"{label}: {metric.removesuffix('_us')}"] = figure(
+                        c["summary"][metric], "us/op"
+                    )
+            figures[f"{label}: bytes"] = figure([c["memory"]["bytes_per_op"]], "B/op")
+            if c["summary"]["lateness_ms"]["p99"]["n"]:
+                figures[f"{label}: expiry late p99"] = figure(
+                    c["summary"]["lateness_ms"]["p99"], "ms"
+                )
+    return figures
 
 
 def _describe(n: int, name: str, phase: str, r: dict[str, Any]) -> str:

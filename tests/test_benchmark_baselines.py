@@ -104,16 +104,6 @@ def test_w2_driver_interface_completes_by_key() -> None:
     asyncio.run(main())
 
 
-def test_the_schedule_breakdown_runs_every_variant_and_mode() -> None:
-    """`python -m benchmarks.breakdown` reaches into private modules: keep it from rotting."""
-    from benchmarks.breakdown import STEADY_COLUMNS, VARIANTS, measure, steady_state
-
-    for variant in VARIANTS.values():
-        assert 0.0 < measure(variant, 200, with_gc=True) < 1e6
-    for column in STEADY_COLUMNS:
-        assert 0.0 < steady_state(column, pending=20, ops=500) < 1e6
-
-
 def test_the_hand_written_heap_baseline_completes_only_reached_ready_waiters() -> None:
     async def main() -> None:
         heap = HeapFutureTimer()

@@ -56,6 +56,7 @@ LEFTOVER_DIRS = frozenset(
         "pipeline-out",
         "spark-warehouse",
         "metastore_db",
+        "runs",  # benchmarks/runs: the results files of `python -m benchmarks`
     }
 )
 
