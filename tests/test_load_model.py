@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -326,25 +324,6 @@ def test_calibrate_quick_writes_a_profile_that_loads(
         assert 0 < getattr(profile, kind) < 0.01, kind
     assert not any(p.name.endswith(".part") for p in tmp_path.iterdir())
     assert "written to" in capsys.readouterr().out
-
-
-@pytest.fixture(scope="module")
-def spark() -> SparkSession:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("purgatory-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    return session
 
 
 def test_the_spark_job_with_a_profile_equals_the_replay(

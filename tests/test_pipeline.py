@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -29,6 +28,7 @@ import pytest
 from helpers import FlagOperation
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from spark_support import write_trace
 
 import purgatory
 from purgatory import ArrowEventLog, JsonLinesEventLog
@@ -37,7 +37,7 @@ from purgatory.pipeline import (
     W1,
     ReplayConfig,
     TraceError,
-    _jobs,
+    _job_trace,
     analyze,
     generate,
     load_trace,
@@ -76,26 +76,6 @@ W1_SMALL = W1(
     chunk=1000,
 )
 OP_COLUMNS = ["purgatory", "config_id", "op_id", "outcome", "watched_at", "deadline", "ended_at"]
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("purgatory-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="session")
@@ -200,7 +180,7 @@ def test_summary_from_the_tasks_equals_spark_over_the_operations(
 ) -> None:
     """Each group's summary is computed inside its task; it equals Spark's aggregation of the
     operations' rows, and a replay without the rows writes the same summary."""
-    from purgatory.pipeline._jobs import outcome_summary
+    from purgatory.pipeline._summary import outcome_summary
 
     out, _ = replayed
     by = ["purgatory", "config_id"]
@@ -240,8 +220,6 @@ def test_summary_only_from_the_command_line(
 def test_task_percentiles_are_sparks_percentile_disc(spark: SparkSession, n: int) -> None:
     from array import array
 
-    from pyspark.sql import functions as F
-
     from purgatory.pipeline._replay import _percentiles
 
     values = [float((i * 7919) % 97) / 8 for i in range(n)]  # duplicates, out of order
@@ -268,26 +246,6 @@ def test_event_log_becomes_a_trace_that_replays_the_same(
         for op in ops_of(replay_table(pq.read_table(trace), {0: CONFIGS[0]}))
     ]
     assert again == original
-
-
-def write_trace(path: Path, **changes: Any) -> str:
-    """A valid two-row trace file with some columns replaced (None: removed)."""
-    columns: dict[str, Any] = {
-        "purgatory": pa.array(["p", "p"]),
-        "op_id": pa.array([0, 1], pa.int64()),
-        "arrival": pa.array([0.0, 0.5]),
-        "keys": pa.array([["a"], ["a", "b"]]),
-        "timeout": pa.array([1.0, 1.0]),
-        "condition_at": pa.array([0.25, None], pa.float64()),
-    }
-    for name, value in changes.items():
-        if value is None:
-            del columns[name]
-        else:
-            columns[name] = value
-    path.mkdir()
-    pq.write_table(pa.table(columns), path / "part-0.parquet")
-    return str(path / "part-0.parquet")
 
 
 # -- wall-clock time ---------------------------------------------------------------------------
@@ -388,7 +346,7 @@ def test_analyze_puts_two_hosts_on_utc_and_filters_a_utc_range(
 def test_bad_trace_is_refused_naming_file_and_row(
     spark: SparkSession, tmp_path: Path, changes: dict[str, Any], message: str
 ) -> None:
-    file = write_trace(tmp_path / "bad", **changes)
+    file = write_trace(tmp_path / "bad" / "part-0.parquet", **changes)
     out = tmp_path / "out"
     with pytest.raises(TraceError, match=message) as error:
         replay(spark, str(tmp_path / "bad"), str(out), CONFIGS[:1])
@@ -397,7 +355,7 @@ def test_bad_trace_is_refused_naming_file_and_row(
 
 
 def test_a_bad_row_is_reported_before_a_duplicate_id(spark: SparkSession, tmp_path: Path) -> None:
-    write_trace(tmp_path / "t", op_id=pa.array([0, 0], pa.int64()))
+    write_trace(tmp_path / "t" / "part-0.parquet", op_id=pa.array([0, 0], pa.int64()))
     other = pq.read_table(tmp_path / "t" / "part-0.parquet")
     bad = other.set_column(1, "op_id", pa.array([8, 9], pa.int64())).set_column(
         4, "timeout", pa.array([-1.0, -2.0])
@@ -416,8 +374,8 @@ def test_a_duplicate_id_is_named_with_its_files_and_a_hash_collision_is_not_one(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, collide: bool
 ) -> None:
     if collide:  # every id shares one hash: each is a candidate, the exact check must clear it
-        monkeypatch.setattr(_jobs, "_id_hash", lambda: F.lit(0).cast("long"))
-    write_trace(tmp_path / "good", op_id=pa.array([0, 1], pa.int64()))
+        monkeypatch.setattr(_job_trace, "id_hash", lambda: F.lit(0).cast("long"))
+    write_trace(tmp_path / "good" / "part-0.parquet", op_id=pa.array([0, 1], pa.int64()))
     first = pq.read_table(tmp_path / "good" / "part-0.parquet")
     other = first.set_column(0, "purgatory", pa.array(["q", "q"]))  # same ids, other purgatory
     pq.write_table(other, tmp_path / "good" / "part-1.parquet")

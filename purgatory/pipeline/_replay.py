@@ -405,7 +405,7 @@ class _LoadedGroup(_Group):
     Events are served in the order of their times (at one instant: timer passes, conditions,
     the arrival), each from ``max(its time, busy_until)``. What an event costs is counted from
     the work it did: the tries (``attempts``), the operations it finished, the expiries of a
-    pass and the entries it purged.
+    pass and the entries it purged; and the loop's wake-up if it found the core idle.
     """
 
     __slots__ = (
@@ -468,9 +468,20 @@ class _LoadedGroup(_Group):
             purge = raw <= self.last_pass + 1e-3 * self.config.tick
             self.pass_due = end if purge and raw < start else raw
 
+    def _start(self, at: float) -> tuple[float, float]:
+        """When an event due `at` starts, and the wake-up it costs.
+
+        An event that finds the core idle wakes the loop from its selector (the profile's
+        ``wake``: the knee, where a loop that is often idle pays it often); one that queues
+        behind work is run by a loop already awake and pays none.
+        """
+        if at > self.busy_until:
+            return at, self.costs.wake
+        return self.busy_until, 0.0
+
     def _serve_pass(self) -> None:
         due = self.pass_due
-        start = max(due, self.busy_until)
+        start, wake = self._start(due)
         self.load.set(start)
         purgatory = self.purgatory
         watched = purgatory.watched()
@@ -480,15 +491,15 @@ class _LoadedGroup(_Group):
         late = round((start - due) * 1e9)
         self.late[late] = self.late.get(late, 0) + 1
         costs = self.costs
-        cost = costs.timer_pass + expired * costs.expiry + purged * costs.purged_entry
+        cost = wake + costs.timer_pass + expired * costs.expiry + purged * costs.purged_entry
         self._served(start, cost, True)
 
     def _serve_condition(self, at: float, op: ReplayOperation) -> None:
-        start = max(at, self.busy_until)
+        start, wake = self._start(at)
         self.load.set(start)
         costs = self.costs
         if op.ended:  # expired or completed already: the event finds nothing to do
-            self._served(start, costs.dispatch, False)
+            self._served(start, wake + costs.dispatch, False)
             return
         op.ready = True
         attempts = self.attempts
@@ -499,7 +510,7 @@ class _LoadedGroup(_Group):
             self.purgatory.check_and_complete(op.keys[0])
         done = len(self.waits) - finished
         tries = self.attempts - attempts - done
-        cost = costs.dispatch + tries * costs.attempt + done * costs.completion
+        cost = wake + costs.dispatch + tries * costs.attempt + done * costs.completion
         self._served(start, cost, False)
 
     def run_until(self, t: float) -> None:
@@ -523,7 +534,7 @@ class _LoadedGroup(_Group):
     ) -> None:
         """Serve one arrival due at `t`, once what was due before it has been served."""
         self.run_until(t)
-        start = max(t, self.busy_until)
+        start, wake = self._start(t)
         self.load.set(start)
         if math.isnan(self.start):
             self.start = start
@@ -531,7 +542,7 @@ class _LoadedGroup(_Group):
         op = ReplayOperation(self, op_id, keys, timeout, ready=ready, arrived=t, at=start)
         purgatory = self.purgatory
         costs = self.costs
-        cost = costs.dispatch + costs.application
+        cost = wake + costs.dispatch + costs.application
         if purgatory.try_complete_else_watch(op, keys):
             cost += costs.completion
         else:

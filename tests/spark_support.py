@@ -1,0 +1,206 @@
+"""The Spark the pipeline tests run on, written once.
+
+- `local_session`: the one local[2] session the tests share (made by the pipeline's own
+  `get_session`, so with its defaults: loopback only, no web UI, two shuffle partitions);
+- `standalone_cluster` and `connect_server`: a standalone master with two workers, and a Spark
+  Connect server, started from the pyspark wheel's own scripts as separate JVMs on loopback;
+- `write_trace`: a valid two-row trace file with some columns replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+#: How long a JVM may take to come up on a loaded 2-core machine.
+STARTUP_SECONDS = 180
+
+
+def local_session() -> Iterator[SparkSession]:
+    """The tests' local[2] session, stopped when the tests are done."""
+    from purgatory.pipeline import get_session
+    from purgatory.pipeline._spark import quiet
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = get_session("local[2]", "purgatory-tests")
+    session.conf.set("spark.ui.showConsoleProgress", "false")
+    quiet(session, "ERROR")
+    yield session
+    session.stop()
+
+
+def write_trace(path: Path, **changes: Any) -> Path:
+    """A valid two-row trace file at `path` with some columns replaced (None: removed)."""
+    columns: dict[str, Any] = {
+        "purgatory": pa.array(["p", "p"]),
+        "op_id": pa.array([0, 1], pa.int64()),
+        "arrival": pa.array([0.0, 0.5]),
+        "keys": pa.array([["a"], ["a", "b"]]),
+        "timeout": pa.array([1.0, 1.0]),
+        "condition_at": pa.array([0.25, None], pa.float64()),
+    }
+    for name, value in changes.items():
+        if value is None:
+            del columns[name]
+        else:
+            columns[name] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def spark_home() -> Path:
+    """The Spark distribution inside the pyspark wheel (bin/, sbin/, jars/)."""
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def spark_env() -> dict[str, str]:
+    """The environment of every JVM and pipeline process the tests start: this interpreter for
+    Python workers, loopback for every address."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env["SPARK_HOME"] = str(spark_home())
+    env.pop("SPARK_REMOTE", None)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class Daemon:
+    """A JVM started in the background, its output in a log file; stopped with its children."""
+
+    def __init__(self, name: str, argv: Sequence[str], log: Path) -> None:
+        self.name = name
+        self.log = log
+        self._file = log.open("wb")
+        self.process = subprocess.Popen(
+            argv,
+            env=spark_env(),
+            stdout=self._file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def wait_for(self, text: str) -> None:
+        """Wait until `text` is in the log; fail with the log's tail if the JVM dies first."""
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if text in self.log.read_text(errors="replace"):
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.25)
+        tail = self.log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{self.name} did not start ({text!r} not seen):\n{tail}")
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+        self._file.close()
+
+
+@contextlib.contextmanager
+def standalone_cluster(work: Path) -> Iterator[str]:
+    """A standalone master and two one-core workers on loopback; yields the master's URL."""
+    spark_class = str(spark_home() / "bin" / "spark-class")
+    port = free_port()
+    url = f"spark://127.0.0.1:{port}"
+    daemons = []
+    try:
+        master = Daemon(
+            "master",
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                *("--host", "127.0.0.1", "--port", str(port), "--webui-port", str(free_port())),
+            ],
+            work / "master.log",
+        )
+        daemons.append(master)
+        master.wait_for("I have been elected leader")
+        for i in (1, 2):
+            worker = Daemon(
+                f"worker {i}",
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.worker.Worker",
+                    *("--host", "127.0.0.1", "--cores", "1", "--memory", "1g"),
+                    *("--webui-port", str(free_port()), "--work-dir", str(work / f"worker-{i}")),
+                    url,
+                ],
+                work / f"worker-{i}.log",
+            )
+            daemons.append(worker)
+        for worker in daemons[1:]:
+            worker.wait_for("Successfully registered with master")
+        yield url
+    finally:
+        for daemon in reversed(daemons):
+            daemon.stop()
+
+
+@contextlib.contextmanager
+def connect_server(work: Path) -> Iterator[str]:
+    """A Spark Connect server (local[2], loopback, no UI); yields its ``sc://`` URL."""
+    port = free_port()
+    server = Daemon(
+        "Spark Connect server",
+        [
+            str(spark_home() / "bin" / "spark-submit"),
+            *("--class", "org.apache.spark.sql.connect.service.SparkConnectServer"),
+            *("--master", "local[2]", "--name", "purgatory-tests-connect"),
+            *("--conf", "spark.connect.grpc.binding.address=127.0.0.1"),
+            *("--conf", f"spark.connect.grpc.binding.port={port}"),
+            *("--conf", "spark.ui.enabled=false"),
+            *("--conf", "spark.driver.host=127.0.0.1"),
+            *("--conf", "spark.driver.bindAddress=127.0.0.1"),
+            *("--conf", "spark.sql.shuffle.partitions=2"),
+        ],
+        work / "connect.log",
+    )
+    try:
+        server.wait_for("Spark Connect server started")
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def pipeline(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m purgatory.pipeline ARGS`` in a process of its own (its own Spark driver, or
+    a Spark Connect client)."""
+    return subprocess.run(
+        [sys.executable, "-m", "purgatory.pipeline", *args],
+        cwd=cwd,
+        env=spark_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
