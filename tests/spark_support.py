@@ -36,8 +36,7 @@ def local_session() -> Iterator[SparkSession]:
     from purgatory.pipeline._spark import quiet
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = get_session("local[2]", "purgatory-tests")
-    session.conf.set("spark.ui.showConsoleProgress", "false")
+    session = get_session("local[2]", "purgatory-tests", {"spark.ui.showConsoleProgress": "false"})
     quiet(session, "ERROR")
     yield session
     session.stop()

@@ -20,11 +20,17 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from purgatory.pipeline import W1, ReplayConfig, replay, replay_table
+from purgatory.pipeline import W1, ReplayConfig, _spark, replay, replay_table
 from purgatory.pipeline._chart import saturation_rate
 from purgatory.pipeline._cli import main
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
-from purgatory.pipeline._load import COST_KINDS, CostProfile, load_profile, profile_from_json
+from purgatory.pipeline._load import (
+    COST_KINDS,
+    PROFILE_VERSION,
+    CostProfile,
+    load_profile,
+    profile_from_json,
+)
 
 MS = 0.001
 
@@ -32,13 +38,15 @@ MS = 0.001
 def costs(every: float = 0.0, **changes: float) -> CostProfile:
     """A profile charging `every` seconds for each kind, but for `changes`."""
     return profile_from_json(
-        {"version": 1, "costs": {**dict.fromkeys(COST_KINDS, every), **changes}}, "test"
+        {"version": PROFILE_VERSION, "costs": {**dict.fromkeys(COST_KINDS, every), **changes}},
+        "test",
     )
 
 
 #: Round numbers, so that the schedule can be worked out by hand.
 PROFILE = CostProfile(
     dispatch=0.0,
+    wake=0.0,
     watch=2 * MS,
     watch_key=0.0,
     attempt=0.0,
@@ -143,6 +151,21 @@ def test_a_late_pass_is_late_from_its_deadline_even_when_its_first_bucket_emptie
     assert ops["p", 2]["ended_at"] == pytest.approx(10.5 * MS)
     assert stats["p"]["timer_passes"] == 1
     assert stats["p"]["pass_late_max"] == pytest.approx(6.5 * MS, abs=1e-9)
+
+
+def test_an_event_that_finds_the_core_idle_pays_the_wake_up() -> None:
+    """A watch costs 2 ms and waking an idle loop 1 ms. Op 0 arrives at 1 ms to an idle core: 3
+    ms (busy to 4). Op 1 arrives at 2 ms, queues behind it, and runs on the awake loop at 4: 2
+    ms, no wake-up (busy to 6). Op 2 arrives at 10 ms to an idle core: 3 ms. Their expiries,
+    at ticks 1001, 1004 and 1010, each wake an idle loop: 1 ms each. 11 ms in all; 6 without
+    the wake-up."""
+    trace = trace_table([("p", i, at * MS, 1.0, None) for i, at in enumerate((1, 2, 10))])
+    config = {0: ReplayConfig(tick=MS)}
+    ops, stats = split(replay_table(trace, config, costs=costs(watch=2 * MS, wake=1 * MS)))
+    assert [ops["p", i]["watched_at"] for i in range(3)] == pytest.approx([MS, 4 * MS, 10 * MS])
+    assert stats["p"]["busy"] == pytest.approx(11 * MS)
+    _, asleep = split(replay_table(trace, config, costs=costs(watch=2 * MS)))
+    assert asleep["p"]["busy"] == pytest.approx(6 * MS)
 
 
 def w1_trace(operations: int = 1500) -> pa.Table:
@@ -252,12 +275,15 @@ def test_saturation_rate_from_utilisation() -> None:
 
 def write(tmp_path: Path, content: Any) -> str:
     path = tmp_path / "profile.json"
-    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
     return str(path)
 
 
 GOOD_COSTS = {kind: 1e-6 for kind in COST_KINDS if kind != "application"}
-GOOD: dict[str, Any] = {"version": 1, "loop": "asyncio", "costs": GOOD_COSTS}
+GOOD: dict[str, Any] = {"version": 2, "loop": "asyncio", "costs": GOOD_COSTS}
 
 
 @pytest.mark.parametrize(
@@ -265,10 +291,10 @@ GOOD: dict[str, Any] = {"version": 1, "loop": "asyncio", "costs": GOOD_COSTS}
     [
         ("{not json", "not JSON"),
         ([1, 2], "expected a JSON object"),
-        ({**GOOD, "version": 2}, "version 2, expected 1"),
+        ({**GOOD, "version": 1}, "version 1, expected 2 (make a new one with"),
         (
             {**GOOD, "costs": {**GOOD_COSTS, "expiry": -1e-6}},
-            "'expiry' must be a finite number >= 0, got -1e-06",
+            "'expiry' must be a number of seconds in [0, 1], got -1e-06",
         ),
         ({**GOOD, "costs": {**GOOD_COSTS, "watch": "1us"}}, "'watch' must be a number"),
         ({**GOOD, "costs": {**GOOD_COSTS, "wach": 1e-6}}, "unknown cost 'wach'"),
@@ -276,6 +302,13 @@ GOOD: dict[str, Any] = {"version": 1, "loop": "asyncio", "costs": GOOD_COSTS}
             {**GOOD, "costs": {k: v for k, v in GOOD_COSTS.items() if k != "attempt"}},
             "missing cost 'attempt'",
         ),
+        (b"\xff\xfe{}", "not UTF-8 text (byte 0: 0xff)"),
+        ({**GOOD, "costs": {**GOOD_COSTS, "watch": 10**400}}, "in [0, 1], got 1000000"),
+        ({**GOOD, "costs": {**GOOD_COSTS, "watch": 1e300}}, "in [0, 1], got 1e+300"),
+        ({**GOOD, "costs": {**GOOD_COSTS, "watch": 2}}, "in [0, 1], got 2"),
+        ({**GOOD, "costs": {**GOOD_COSTS, "watch": True}}, "'watch' must be a number"),
+        ({**GOOD, "costs": {**GOOD_COSTS, "watch": math.nan}}, "in [0, 1], got nan"),
+        ("1" * 5000, "not JSON"),
     ],
 )
 def test_bad_profiles_are_refused_in_one_line(tmp_path: Path, content: Any, message: str) -> None:
@@ -287,10 +320,26 @@ def test_bad_profiles_are_refused_in_one_line(tmp_path: Path, content: Any, mess
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (None, "cannot read it"),
+        (b"\xff{}", "not UTF-8 text"),
+        ({**GOOD, "costs": {**GOOD_COSTS, "expiry": 1e300}}, "cost 'expiry' must be"),
+    ],
+)
 def test_a_bad_profile_ends_the_command_before_spark(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    content: Any,
+    said: str,
 ) -> None:
-    missing = str(tmp_path / "nope.json")
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a Spark session was started")
+
+    monkeypatch.setattr(_spark, "get_session", refuse)
+    profile = str(tmp_path / "nope.json") if content is None else write(tmp_path, content)
     code = main(
         [
             "replay",
@@ -299,13 +348,13 @@ def test_a_bad_profile_ends_the_command_before_spark(
             "--out",
             str(tmp_path / "o"),
             "--cost-profile",
-            missing,
+            profile,
         ]
     )
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1
-    assert f"cost profile {missing}: cannot read it" in err
+    assert f"cost profile {profile}: {said}" in err
 
 
 def test_calibrate_quick_writes_a_profile_that_loads(
@@ -315,7 +364,7 @@ def test_calibrate_quick_writes_a_profile_that_loads(
     assert main(["calibrate", "--out", str(out), "--quick", "--application-cost", "0.00002"]) == 0
     profile = load_profile(str(out))
     data = json.loads(out.read_text())
-    assert data["version"] == 1
+    assert data["version"] == PROFILE_VERSION
     assert data["loop"] == "asyncio"
     assert data["python"].startswith("CPython") or data["python"]
     assert profile.application == 0.00002

@@ -298,10 +298,13 @@ def test_analyze_puts_two_hosts_on_utc_and_filters_a_utc_range(
             (row["time_base"], row["window_start"], row["window_utc"], row["watched"])
         )
     night = NIGHT.timestamp()
-    # Both hosts' windows are the same UTC windows, whatever their clocks read.
+    # Both hosts' windows are the same UTC windows, whatever their clocks read; written so that
+    # a Parquet reader keeps the zone (not INT96, which reads back naive).
+    kind = pq.read_schema(next((tmp_path / "all" / "windows").glob("*.parquet")))
+    assert kind.field("window_utc").type == pa.timestamp("us", tz="UTC")
     expected = [
-        ("utc", night, NIGHT.replace(tzinfo=None), 5),
-        ("utc", night + 5, NIGHT.replace(second=5, tzinfo=None), 5),
+        ("utc", night, NIGHT, 5),
+        ("utc", night + 5, NIGHT.replace(second=5), 5),
     ]
     assert seen["host-a"] == seen["host-b"] == seen["host-c"] == expected
     assert seen["unanchored"] == [("clock", 3000.0, None, 5), ("clock", 3005.0, None, 5)]
@@ -468,6 +471,7 @@ def test_spark_submit_with_the_package_zipped(tmp_path: Path, trace: str) -> Non
             trace,
             "--out",
             str(out),
+            "--verbose",  # which also names where the driver found the package
         ],
         cwd=tmp_path,
         env=env,
