@@ -9,6 +9,7 @@ and the row or column named, leaving no output; the spark-submit path with --py-
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -40,6 +41,7 @@ from purgatory.pipeline import (
     _job_trace,
     analyze,
     generate,
+    load_event_log,
     load_trace,
     replay,
     replay_table,
@@ -330,6 +332,92 @@ def test_analyze_puts_two_hosts_on_utc_and_filters_a_utc_range(
     assert trace_from_log(spark, str(logs / "a"), recorded) == 10
     (anchor,) = trace_anchors(spark.read.parquet(recorded))
     assert anchor["utc"] - anchor["clock"] == pytest.approx(night - 1865.0)
+
+
+def log_line(op_id: int, **changes: Any) -> str:
+    """An expired operation's event-log line (version 2), some fields replaced."""
+    line = {
+        "v": 2,
+        "purgatory": "p",
+        "id": op_id,
+        "keys": ["k"],
+        "watched_at": 1.0,
+        "timeout": 1.0,
+        "deadline": 2.0,
+        "outcome": "expired",
+        "ended_at": 2.0,
+        **changes,
+    }
+    return json.dumps({k: v for k, v in line.items() if v is not None})
+
+
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        (log_line(1)[:-9], "line 3: not JSON (Unterminated string starting at, column 126)"),
+        (log_line(1, watched_at="soon"), "line 3: field 'watched_at' is not a number ('soon')"),
+        (log_line(1, ended_at=None), "line 3: field 'ended_at' is missing (purgatory='p', id='1')"),
+        (log_line(1, v=3), "line 3: field 'v' is not 1 or 2 (schema version)"),
+    ],
+)
+def test_a_bad_event_log_line_is_named_by_file_and_line(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: str, said: str
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "good.jsonl").write_text("".join(log_line(i) + "\n" for i in range(3)))
+    (logs / "bad.jsonl").write_text(f"{log_line(7)}\n\n{bad}\n{log_line(8)}\n")
+    out = tmp_path / "out"
+    assert main(["analyze", "--log", str(logs), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # before the job's result
+    assert (
+        captured.err.splitlines()
+        == [f"purgatory.pipeline analyze: error: event log file file://{logs}/bad.jsonl: {said}"]
+        or said in captured.err
+    ), captured.err
+    assert f"{logs}/bad.jsonl: {said}" in captured.err
+    assert len(captured.err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_an_arrow_stream_that_is_not_an_event_log(spark: SparkSession, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with pa.ipc.new_stream(logs / "other.arrows", pa.schema([("x", pa.int64())])) as writer:
+        writer.write_table(pa.table({"x": [1, 2]}))
+    (logs / "broken.arrows").write_bytes(b"\xff\xff\xff\xff" + b"\x00" * 12)
+    with pytest.raises(TraceError) as error:
+        load_event_log(spark, str(logs)).collect()
+    message = str(error.value)
+    assert re.fullmatch(
+        r"event log file \S+/(broken\.arrows: unreadable Arrow stream \(.+\)|other\.arrows: "
+        r"not an event-log Arrow stream of a known schema version \(its purgatory\.event_log "
+        r"is 'missing'\))",
+        message,
+    ), message
+
+
+def test_a_corrupted_parquet_page_is_named_not_replayed(
+    tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """2 KB of a page zeroed, and Hadoop's .crc side files gone (as after a copy by scp or to
+    an object store): Spark reads such a page without a word unless told to check its CRC."""
+    copy = tmp_path / "trace"
+    shutil.copytree(trace, copy, ignore=shutil.ignore_patterns(".*"))
+    file = sorted(copy.glob("part-*.parquet"))[0]
+    data = bytearray(file.read_bytes())
+    data[1000:3048] = bytes(2048)
+    file.write_bytes(data)
+    out = tmp_path / "out"
+    assert main(["replay", "--trace", str(copy), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        f"purgatory.pipeline replay: error: trace file {file}: a Parquet page fails its "
+        "checksum (the file is corrupted)"
+    ]
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,9 @@ session and on Spark Connect.
 from __future__ import annotations
 
 import math
+import os
 import re
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
@@ -19,6 +21,7 @@ from pyspark.sql import types as T
 
 __all__ = (
     "TraceError",
+    "as_given",
     "first_line",
     "first_problem",
     "not_finite",
@@ -30,6 +33,23 @@ __all__ = (
 
 class TraceError(ValueError):
     """A trace or an event log that cannot be used as it is; the message names file and row."""
+
+
+def as_given(file: str, root: str) -> str:
+    """`file` (a URI as Spark reports it) as a path under `root` as the user gave it, when it is
+    under it: an error then names the file the way the user knows it, not by absolute URI."""
+    local = next((file[len(p) :] for p in ("file://", "file:") if file.startswith(p)), None)
+    if local is None:
+        return file
+    base = next((root[len(p) :] for p in ("file://", "file:") if root.startswith(p)), root)
+    if "://" in base:
+        return file
+    local, top = urllib.parse.unquote(local), os.path.abspath(base)
+    if local == top:
+        return root
+    if local.startswith(top.rstrip("/") + "/"):
+        return os.path.join(root, os.path.relpath(local, top))
+    return file
 
 
 def first_problem(checks: Sequence[tuple[Column, str | None]]) -> Column:
@@ -72,12 +92,13 @@ _CAUSES: Final = (
 )
 
 
-def read_failure(exc: BaseException, what: str) -> TraceError | None:
+def read_failure(exc: BaseException, what: str, root: str) -> TraceError | None:
     """A one-line `TraceError` for Spark's failure to read one input file, else ``None``.
 
     Spark wraps what a reader found (a page whose checksum does not match, a page it cannot
     decode) in ``FAILED_READ_FILE`` naming the file, with the reader's own exception further
-    down the JVM trace: this says both in one line. `what` names the input (``trace file``).
+    down the JVM trace: this says both in one line. `what` names the input (``trace file``),
+    and the file is shown under `root` as given (`as_given`).
     """
     text = str(exc)
     found = _FAILED_READ.search(text)
@@ -86,7 +107,7 @@ def read_failure(exc: BaseException, what: str) -> TraceError | None:
     cause = next((said for pattern, said in _CAUSES if pattern.search(text)), None)
     if cause is None:
         cause = "unreadable: " + first_line(exc).split("] ", 1)[-1]
-    return TraceError(f"{what} {found.group(1)}: {cause}")
+    return TraceError(f"{what} {as_given(found.group(1), root)}: {cause}")
 
 
 def spark_schema(schema: pa.Schema) -> T.StructType:
@@ -102,13 +123,13 @@ def spark_schema(schema: pa.Schema) -> T.StructType:
 
 
 @contextmanager
-def read_errors(what: str) -> Iterator[None]:
+def read_errors(what: str, root: str) -> Iterator[None]:
     """Turn Spark's failure to read an input file (`read_failure`) into a one-line `TraceError`
     naming the file and the cause; anything else passes unchanged."""
     try:
         yield
     except Exception as exc:
-        failure = read_failure(exc, what)
+        failure = read_failure(exc, what, root)
         if failure is None:
             raise
         raise failure from exc

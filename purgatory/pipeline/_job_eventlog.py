@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -21,15 +22,17 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ._frames import TraceError, first_line, first_problem
+from ._frames import TraceError, as_given, first_line, first_problem
 from ._spark import atomic_output, utc_timestamps
 from ._summary import SHARED_SUMMARY_COLUMNS, outcome_summary
 
 __all__ = (
     "EVENT_LOG_SCHEMA",
     "LOG_VERSIONS",
+    "Line",
     "analyze",
     "event_log_records",
+    "find_line",
     "line_problem",
     "load_event_log",
     "operations_of",
@@ -118,21 +121,12 @@ def event_log_records(spark: SparkSession, path: str) -> DataFrame:
     bad = (
         records.withColumn("_problem", _record_problem())
         .where(F.col("_problem").isNotNull())
-        .select("_file", "purgatory", "id", "_problem", "_corrupt")
+        .select("_file", "purgatory", "id", "_problem", "_corrupt", "_broken")
         .limit(1)
         .collect()
     )
     if bad:
-        row = bad[0]
-        if row["_corrupt"] is not None:
-            line, cause = _locate(spark, row["_file"], row["_corrupt"])
-            raise TraceError(f"event log file {row['_file']}: line {line}: {cause}")
-        if row["purgatory"] is None and row["id"] is None:
-            raise TraceError(f"event log file {row['_file']}: {row['_problem']}")
-        raise TraceError(
-            f"event log file {row['_file']}: line of purgatory={row['purgatory']!r} "
-            f"id={row['id']!r}: {row['_problem']}"
-        )
+        raise _refused(spark, bad[0].asDict(), path)
     return records.drop("_corrupt", "_broken")
 
 
@@ -168,39 +162,76 @@ def _record_problem() -> Column:
     )
 
 
-def _locate(spark: SparkSession, file: str, record: str) -> tuple[int | str, str]:
-    """The line number of `record` (the text of a line Spark could not read) in `file`, and
-    what is wrong with it; read in a task, since only the cluster may see the file."""
+def _refused(spark: SparkSession, row: dict[str, Any], root: str) -> TraceError:
+    """The one-line error for a bad record: its file (as under `root`, the path given), and its
+    line for a JSON Lines file."""
+    file = as_given(row["_file"], root)
+    if row["_broken"] is not None:  # an Arrow stream that is not an event log
+        return TraceError(f"event log file {file}: {row['_broken']}")
+    what = f"{row['_problem']} (purgatory={row['purgatory']!r}, id={row['id']!r})"
+    if row["_corrupt"] is not None:
+        what = line_problem(row["_corrupt"])
+    elif row["purgatory"] is None and row["id"] is None:
+        what = row["_problem"]
+    known = row["_corrupt"] is not None or row["purgatory"] is not None or row["id"] is not None
+    if not (file.endswith(".jsonl") and known):
+        return TraceError(f"event log file {file}: {what}")
+    line = _locate(spark, row["_file"], Line(row["_corrupt"], row["purgatory"], row["id"]))
+    return TraceError(f"event log file {file}: line {line or '?'}: {what}")
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """What identifies a bad line: its text if Spark could not read it, else its record's
+    purgatory and id (a line that reads, but misses a field or has a wrong value)."""
+
+    text: str | None
+    purgatory: str | None
+    id: str | None
+
+    def matches(self, text: str) -> bool:
+        if self.text is not None:
+            return text == self.text
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return False
+        if not isinstance(data, dict):
+            return False
+        ident = data.get("id")
+        return (
+            data.get("purgatory") == self.purgatory
+            and (None if ident is None else str(ident)) == self.id
+        )
+
+
+def _locate(spark: SparkSession, file: str, line: Line) -> int | None:
+    """The number of `line` in `file`: read in a task, where the file is (the driver, or a
+    Spark Connect client, may not see it). Runs only once a bad line was found."""
 
     def find(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for content in batch.column("content").to_pylist():
-                line, cause = find_line(content, record)
                 yield pa.RecordBatch.from_pydict(
-                    {"line": [line], "cause": [cause]},
-                    schema=pa.schema([("line", pa.int64()), ("cause", pa.string())]),
+                    {"line": [find_line(content, line)]}, schema=pa.schema([("line", pa.int64())])
                 )
 
     rows = (
         spark.read.format("binaryFile")
         .load(file)
         .select("content")
-        .mapInArrow(find, "line long, cause string")
+        .mapInArrow(find, "line long")
         .collect()
     )
-    if not rows or rows[0]["line"] is None:
-        return "?", line_problem(record)
-    return rows[0]["line"], rows[0]["cause"]
+    return rows[0]["line"] if rows else None
 
 
-def find_line(content: bytes, record: str) -> tuple[int | None, str]:
-    """The 1-based number of the first line of `content` that reads as `record`, and its
-    problem (`line_problem`); ``None`` if no line does."""
+def find_line(content: bytes, line: Line) -> int | None:
+    """The 1-based number of the first line of `content` that `line` matches, or ``None``."""
     for number, raw in enumerate(content.split(b"\n"), 1):
-        text = raw.decode("utf-8", errors="replace").removesuffix("\r")
-        if text == record:
-            return number, line_problem(text)
-    return None, line_problem(record)
+        if line.matches(raw.decode("utf-8", errors="replace").removesuffix("\r")):
+            return number
+    return None
 
 
 def line_problem(text: str) -> str:
@@ -209,7 +240,7 @@ def line_problem(text: str) -> str:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        return f"not JSON ({exc.msg} at column {exc.colno})"
+        return f"not JSON ({exc.msg}, column {exc.colno})"
     except ValueError as exc:
         return f"not JSON ({exc})"
     if not isinstance(data, dict):
@@ -474,7 +505,7 @@ def analyze(
         raise ValueError(f"window must be a finite number of seconds > 0, got {window!r}")
     log = operations_of(event_log_records(spark, log_path))
     if since is not None or until is not None:
-        log = _in_utc_range(log, since, until)
+        log = _in_utc_range(log, since, until, log_path)
     log = log.drop("_file").persist(StorageLevel.MEMORY_AND_DISK)
     try:
         tables = {
@@ -575,13 +606,16 @@ def _waits(log: DataFrame) -> DataFrame:
     )
 
 
-def _in_utc_range(log: DataFrame, since: datetime | None, until: datetime | None) -> DataFrame:
+def _in_utc_range(
+    log: DataFrame, since: datetime | None, until: datetime | None, root: str
+) -> DataFrame:
     """The operations watched in ``[since, until)`` (UTC); refused if a log has no anchor."""
     missing = log.where(F.col("utc_offset").isNull()).select("_file").limit(1).collect()
     if missing:
         raise TraceError(
-            f"event log file {missing[0]['_file']}: no UTC anchor (schema version 1, or "
-            "recorded without a wall clock), so --since/--until cannot place its operations"
+            f"event log file {as_given(missing[0]['_file'], root)}: no UTC anchor (schema "
+            "version 1, or recorded without a wall clock), so --since/--until cannot place its "
+            "operations"
         )
     utc = F.col("watched_at") + F.col("utc_offset")
     if since is not None:

@@ -89,7 +89,10 @@ def replay(
         result = result.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         summary = _summary(result.where(F.col("op_id").isNull()), grid)
-        with atomic_output(spark, out, overwrite=overwrite) as staging, read_errors("trace file"):
+        with (
+            atomic_output(spark, out, overwrite=overwrite) as staging,
+            read_errors("trace file", trace_path),
+        ):
             if operations:
                 result.where(F.col("op_id").isNotNull()).select(
                     "purgatory",

@@ -19,7 +19,15 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ._checks import TRACE_COLUMNS, horizon_limits
-from ._frames import TraceError, first_line, first_problem, not_finite, read_errors, spark_schema
+from ._frames import (
+    TraceError,
+    as_given,
+    first_line,
+    first_problem,
+    not_finite,
+    read_errors,
+    spark_schema,
+)
 from ._generate import TRACE_SCHEMA, W1, chunk_plan, generate_chunk
 from ._job_eventlog import anchors_of, event_log_records, operations_of
 from ._replay import ReplayConfig
@@ -93,9 +101,9 @@ def load_trace(spark: SparkSession, path: str, configs: Sequence[ReplayConfig] =
     """
     raw = _read_trace(spark, path)
     trace, with_file = _cast(raw), _cast(raw, file=True)
-    with read_errors("trace file"):
-        _check_rows(with_file, _row_problem(configs))
-        _check_unique_ids(trace, with_file)
+    with read_errors("trace file", path):
+        _check_rows(with_file, _row_problem(configs), path)
+        _check_unique_ids(trace, with_file, path)
     return trace
 
 
@@ -110,7 +118,7 @@ def _read_trace(spark: SparkSession, path: str) -> DataFrame:
         files = raw.inputFiles()
     except AnalysisException as exc:
         raise TraceError(f"trace {path}: cannot read it as Parquet: {first_line(exc)}") from None
-    where = files[0] if len(files) == 1 else path
+    where = as_given(files[0], path) if len(files) == 1 else path
     columns = {field.name: field.dataType for field in raw.schema.fields}
     for name in TRACE_SCHEMA.names:
         if name not in columns:
@@ -197,7 +205,7 @@ def _row_problem(configs: Sequence[ReplayConfig]) -> Column:
     )
 
 
-def _check_rows(with_file: DataFrame, problem: Column) -> None:
+def _check_rows(with_file: DataFrame, problem: Column, root: str) -> None:
     """Raise `TraceError` naming the first bad row (by purgatory, op_id, file) and counting more.
 
     A filter and a top-5 (Spark's TakeOrderedAndProject): one scan, no shuffle, no aggregation;
@@ -213,14 +221,14 @@ def _check_rows(with_file: DataFrame, problem: Column) -> None:
     if bad:
         first = bad[0]
         raise TraceError(
-            f"trace file {first['_file']}: row purgatory={first['purgatory']!r} "
+            f"trace file {as_given(first['_file'], root)}: row purgatory={first['purgatory']!r} "
             f"op_id={first['op_id']!r}: {first['_problem']} (arrival={first['arrival']!r}, "
             f"timeout={first['timeout']!r}, condition_at={first['condition_at']!r})"
             + (f"; {len(bad) - 1}+ more bad rows" if len(bad) > 1 else "")
         )
 
 
-def _check_unique_ids(trace: DataFrame, with_file: DataFrame) -> None:
+def _check_unique_ids(trace: DataFrame, with_file: DataFrame, root: str) -> None:
     """Raise `TraceError` for the first duplicate (purgatory, op_id), naming its files.
 
     Rows are counted per 64-bit hash of the id (`id_hash`): a hash aggregation on one long
@@ -249,8 +257,9 @@ def _check_unique_ids(trace: DataFrame, with_file: DataFrame) -> None:
     )
     if found:
         first = found[0]
+        files = sorted(as_given(file, root) for file in first["files"])
         raise TraceError(
-            f"trace file {', '.join(sorted(first['files']))}: duplicate op_id "
+            f"trace file {', '.join(files)}: duplicate op_id "
             f"{first['op_id']!r} in purgatory {first['purgatory']!r} ({first['n']} rows; "
             "an operation id must be unique within its purgatory)"
         )
@@ -290,7 +299,8 @@ def trace_from_log(spark: SparkSession, log_path: str, out: str, *, overwrite: b
     bad = trace.where(F.col("op_id").isNull()).limit(1).collect()
     if bad:
         raise TraceError(
-            f"event log file {bad[0]['_file']}: id {bad[0]['_id']!r} of purgatory "
+            f"event log file {as_given(bad[0]['_file'], log_path)}: id {bad[0]['_id']!r} of "
+            "purgatory "
             f"{bad[0]['purgatory']!r} is not an integer; a trace needs integer op ids"
         )
     trace = trace.drop("_id", "_file").persist(StorageLevel.MEMORY_AND_DISK)
