@@ -203,3 +203,60 @@ def pipeline(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         timeout=600,
         check=False,
     )
+
+
+def zipped_package(into: Path) -> Path:
+    """The purgatory package as a zip, as a cluster user ships it (``--py-files``)."""
+    import zipfile
+
+    import purgatory
+
+    package = Path(purgatory.__file__).parent
+    bundle = into / "purgatory.zip"
+    with zipfile.ZipFile(bundle, "w") as zf:
+        for file in sorted(package.rglob("*")):
+            if "__pycache__" not in file.parts and file.is_file():
+                zf.write(file, file.relative_to(package.parent))
+    return bundle
+
+
+#: A driver that runs pipeline commands (JSON lists of arguments) in one process, as
+#: spark-submit starts it: each command gets the session spark-submit's JVM holds.
+DRIVER = """
+import json, sys
+from purgatory.pipeline._cli import main
+
+for argv in json.loads(sys.argv[1]):
+    code = main(argv)
+    print(f"exit {code}", flush=True)
+    if code:
+        sys.exit(code)
+"""
+
+
+def spark_submit(
+    master: str, commands: Sequence[Sequence[str]], *, cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """Pipeline `commands` run by one driver under ``spark-submit --master MASTER``, with the
+    package shipped to the executors as a zip (``--py-files``): the cluster recipe."""
+    import json
+
+    driver = cwd / "driver.py"
+    driver.write_text(DRIVER)
+    env = spark_env()
+    env.pop("PYTHONPATH", None)
+    return subprocess.run(
+        [
+            str(spark_home() / "bin" / "spark-submit"),
+            *("--master", master, "--py-files", str(zipped_package(cwd))),
+            *("--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m"),
+            str(driver),
+            json.dumps([list(command) for command in commands]),
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )

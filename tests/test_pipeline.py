@@ -4,20 +4,17 @@ Covered: replay exactness (the outcome model: complete iff the condition comes b
 deadline rounded up to the tick) and determinism (plain single-process replay, one Spark
 partition, one per group); the event log a replay writes, analysed, equals the replay's own
 summary, and turns back into a trace that replays the same; bad input is refused with the file
-and the row or column named, leaving no output; the spark-submit path with --py-files.
+and the row or column named, leaving no output. (A cluster, Spark Connect, and the cluster
+recipe, spark-submit with --py-files: test_pipeline_clusters.py.)
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
-import subprocess
-import sys
 import time
-import zipfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -31,7 +28,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from spark_support import write_trace
 
-import purgatory
 from purgatory import ArrowEventLog, JsonLinesEventLog
 from purgatory.pipeline import (
     SHARED_SUMMARY_COLUMNS,
@@ -528,53 +524,6 @@ def test_missing_java_is_one_clear_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert "Java not found" in err[0]
-
-
-def test_spark_submit_with_the_package_zipped(tmp_path: Path, trace: str) -> None:
-    """The README's cluster recipe, on local[2]: the entry point with --py-files purgatory.zip."""
-    package = Path(purgatory.__file__).parent
-    bundle = tmp_path / "purgatory.zip"
-    with zipfile.ZipFile(bundle, "w") as zf:
-        for file in sorted(package.rglob("*")):
-            if "__pycache__" not in file.parts and file.is_file():
-                zf.write(file, file.relative_to(package.parent))
-    submit = Path(sys.executable).parent / "spark-submit"
-    out = tmp_path / "out"
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
-    env.pop("PYTHONPATH", None)
-    result = subprocess.run(
-        [
-            str(submit),
-            "--master",
-            "local[2]",
-            "--conf",
-            "spark.ui.enabled=false",
-            "--conf",
-            "spark.sql.shuffle.partitions=2",
-            "--py-files",
-            str(bundle),
-            str(package / "pipeline" / "__main__.py"),
-            "replay",
-            "--trace",
-            trace,
-            "--out",
-            str(out),
-            "--verbose",  # which also names where the driver found the package
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "purgatory.zip" in result.stdout  # the driver imported the zipped package
-    summary = pq.read_table(out / "summary")
-    assert summary.num_rows == 2
-    plain = replay_table(pq.read_table(trace), {0: ReplayConfig(tick=0.001)})
-    assert ops_of(pq.read_table(out / "operations")) == ops_of(plain)
-    shutil.rmtree(out)
 
 
 def test_a_rerun_group_publishes_its_event_log_once(tmp_path: Path) -> None:

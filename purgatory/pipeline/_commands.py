@@ -75,18 +75,31 @@ def _paths(args: argparse.Namespace, *names: str) -> bool:
     `names` are checked here, and for a Spark Connect server on this machine made absolute
     (the server resolves a relative path against its own working directory)."""
     here = files_here(args.master)
+    args.given = {}
     if here and connect_url(args.master) is not None:
         for name in names:
             value = getattr(args, name)
             if value and "://" not in value and not value.startswith("file:"):
+                args.given[os.path.abspath(value)] = value
                 setattr(args, name, os.path.abspath(value))
     return here
+
+
+def _shown(args: argparse.Namespace, path: str) -> str:
+    """`path` as the user typed it (before `_paths` made it absolute)."""
+    given: dict[str, str] = getattr(args, "given", {})
+    for absolute, typed in given.items():
+        if path == absolute or path.startswith(absolute.rstrip("/") + "/"):
+            return typed.rstrip("/") + path[len(absolute.rstrip("/")) :]
+    return path
 
 
 def _session(args: argparse.Namespace) -> SparkSession:
     from ._spark import get_session, quiet
 
-    spark = get_session(args.master, f"purgatory-pipeline-{args.command}", ui=args.ui)
+    spark = get_session(
+        args.master, f"purgatory-pipeline-{args.command}", dict(args.conf), ui=args.ui
+    )
     if not args.verbose:
         # Spark logs a failed task's traces itself, before the driver sees the error.
         quiet(spark, "FATAL")
@@ -138,7 +151,7 @@ def _replayed(
 
 def _done(args: argparse.Namespace, out: str, rows: Sequence[Mapping[str, Any]], t: float) -> None:
     ops = sum(row["operations"] for row in rows)
-    print(f"\nreplay in {out}: {ops:,} operations replayed in {_since(t)}")
+    print(f"\nreplay in {_shown(args, out)}: {ops:,} operations replayed in {_since(t)}")
     if args.verbose:
         import purgatory
 
@@ -178,7 +191,7 @@ def run_generate(args: argparse.Namespace) -> int:
         rows = trace_from_log(spark, args.from_log, args.out, overwrite=args.overwrite)
     else:
         rows = generate(spark, w1, args.out, overwrite=args.overwrite)
-    print(f"trace: {rows} operations in {args.out} ({_since(started)})")
+    print(f"trace: {rows} operations in {_shown(args, args.out)} ({_since(started)})")
     return 0
 
 
@@ -258,7 +271,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     windows = read_parquet(spark, f"{args.out}/windows")
     if windows.where(windows["time_base"] == "clock").limit(1).count():
         print("\nwindows: in seconds of the purgatory's clock for logs without a UTC anchor")
-    print(f"\nanalysis in {args.out} ({_since(started)})")
+    print(f"\nanalysis in {_shown(args, args.out)} ({_since(started)})")
     return 0
 
 
@@ -305,7 +318,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         f"timeout {w1.timeout * 1000:g} ms, latency p50/p75 {w1.p50 * 1000:g}/{w1.p75 * 1000:g} ms"
     )
     sweep_chart(summary, f"{out}/sweep.png" if local else "sweep.png", title)
-    print(f"chart: {out}/sweep.png" if local else "chart: sweep.png")
+    print(f"chart: {_shown(args, out)}/sweep.png" if local else "chart: sweep.png")
     if costs is not None:
         load_chart(
             summary,
@@ -313,7 +326,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             w1.rate,
             f"Load model ({costs.loop} loop): W1, {w1.purgatories} purgatories, one core each",
         )
-        print(f"load chart: {out}/load.png" if local else "load chart: load.png")
+        print(f"load chart: {_shown(args, out)}/load.png" if local else "load chart: load.png")
     _done(args, f"{out}/replay", summary, started)
     return 0
 

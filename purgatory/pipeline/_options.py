@@ -30,6 +30,7 @@ __all__ = (
     "grid_of",
     "positive_int",
     "requirements",
+    "setting",
     "utc_time",
     "w1_of",
 )
@@ -85,6 +86,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def setting(text: str) -> tuple[str, str]:
+    """A ``KEY=VALUE`` Spark setting."""
+    key, equals, value = text.partition("=")
+    if not (equals and key.strip()):
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
 def utc_time(text: str) -> datetime:
     """An ISO-8601 time for ``--since``/``--until``; naive means UTC."""
     try:
@@ -135,6 +144,14 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         help="Spark master: local[N], spark://HOST:PORT, yarn, k8s://..., or a Spark Connect "
         "server sc://HOST:PORT (default: SPARK_REMOTE if set, else local[*]; ignored under "
         "spark-submit, which sets it)",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        type=setting,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the session (repeatable), e.g. spark.executor.memory=4g",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     parser.add_argument(
