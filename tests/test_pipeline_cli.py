@@ -571,3 +571,30 @@ def test_calibrate_refuses_bad_arguments_before_measuring(
     assert len(lines) == 1
     assert said in lines[0]
     assert sorted(tmp_path.iterdir()) == before
+
+
+def test_a_saturation_outside_the_measured_rates_is_a_note_not_a_line() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    outside = _chart.saturation_mark(ax, 50_000.0, [1000.0, 8000.0], "C0", "timeout x1")
+    assert outside == (
+        "timeout x1: saturation ~50,000/s, beyond the highest rate measured (no line drawn)"
+    )
+    assert not ax.lines
+    assert _chart.saturation_mark(ax, 5000.0, [1000.0, 8000.0], "C0", "timeout x1") is None
+    assert [line.get_xdata()[0] for line in ax.lines] == [5000.0]
+    plt.close(fig)
+
+
+def test_load_chart_is_written(tmp_path: Path) -> None:
+    rows = [
+        summary_row(i, timeout_scale=scale, rate_scale=rate, utilisation=rate / 40)
+        | {"missed": 200, "lateness_p99": 0.001, "pass_lateness_p99": 0.0005}
+        for i, (scale, rate) in enumerate((s, r) for s in (1.0, 2.0) for r in (1.0, 8.0))
+    ]
+    _chart.load_chart(rows, str(tmp_path / "load.png"), 1000.0, "a load sweep")
+    assert (tmp_path / "load.png").read_bytes()[:4] == b"\x89PNG"

@@ -94,11 +94,13 @@ def load_event_log(spark: SparkSession, path: str) -> DataFrame:
     return operations_of(event_log_records(spark, path)).drop("_file")
 
 
-def event_log_records(spark: SparkSession, path: str) -> DataFrame:
+def event_log_records(spark: SparkSession, path: str, *, keep: bool = False) -> DataFrame:
     """Every record (operations and anchors) of both formats, checked, with its ``_file``.
 
     The check is one scan that keeps nothing on valid logs; the first bad record found is
-    reported (a malformed JSON line located by a second look at its file alone).
+    reported (a malformed JSON line located by a second look at its file alone). With `keep`,
+    the records are persisted first, so that the check's scan is also the one that reads the
+    files for the caller's queries (who unpersists them).
     """
     try:
         lines = (
@@ -118,6 +120,8 @@ def event_log_records(spark: SparkSession, path: str) -> DataFrame:
         records = lines.unionByName(_arrow_records(spark, path))
     except AnalysisException as exc:
         raise TraceError(f"event log {path}: {first_line(exc)}") from None
+    if keep:
+        records = records.persist(StorageLevel.MEMORY_AND_DISK)
     bad = (
         records.withColumn("_problem", _record_problem())
         .where(F.col("_problem").isNotNull())
@@ -126,6 +130,7 @@ def event_log_records(spark: SparkSession, path: str) -> DataFrame:
         .collect()
     )
     if bad:
+        records.unpersist()
         raise _refused(spark, bad[0].asDict(), path)
     return records.drop("_corrupt", "_broken")
 
@@ -503,10 +508,11 @@ def analyze(
     """
     if not (window > 0 and math.isfinite(window)):
         raise ValueError(f"window must be a finite number of seconds > 0, got {window!r}")
-    log = operations_of(event_log_records(spark, log_path))
+    records = event_log_records(spark, log_path, keep=True)
+    log = operations_of(records)
     if since is not None or until is not None:
         log = _in_utc_range(log, since, until, log_path)
-    log = log.drop("_file").persist(StorageLevel.MEMORY_AND_DISK)
+    log = log.drop("_file")
     try:
         tables = {
             "summary": _summary(log).orderBy("purgatory").coalesce(1),
@@ -518,7 +524,7 @@ def analyze(
             for name, table in tables.items():
                 table.write.parquet(f"{staging}/{name}")
     finally:
-        log.unpersist()
+        records.unpersist()
     return spark.read.parquet(f"{out}/summary").orderBy("purgatory")
 
 
