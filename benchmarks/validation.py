@@ -7,7 +7,7 @@ purgatories, as `benchmarks.pipeline` does) and, on one ``local[1]`` session, ti
 `_load_trace_reference`: the same reading, column and type checks, then the one aggregation that
 checked both bad rows and duplicate ids before (``groupBy(purgatory, op_id)`` with a count,
 ``first`` of the problem and of the row, and ``collect_set`` of the file), as it was in
-``purgatory/pipeline/_jobs.py``. Also timed: each of the two checks of `load_trace` alone, and
+``purgatory/pipeline/_job_trace.py``. Also timed: each of the two checks of `load_trace` alone, and
 ``one-scan``, both checks in one hash aggregation (a count and a bad-row flag per id hash),
 the alternative measured against splitting them.
 
@@ -33,17 +33,17 @@ def _load_trace_reference(spark: Any, path: str) -> Any:
     """The previous `load_trace`: one aggregation by id for bad rows and duplicates alike."""
     from pyspark.sql import functions as F
 
-    from purgatory.pipeline import TraceError, _jobs
+    from purgatory.pipeline import TraceError, _job_trace
 
-    trace = _jobs._cast(_jobs._read_trace(spark, path), file=True)
+    trace = _job_trace._cast(_job_trace._read_trace(spark, path), file=True)
     found = (
-        trace.withColumn("_problem", _jobs._row_problem(()))
+        trace.withColumn("_problem", _job_trace._row_problem(()))
         .groupBy("purgatory", "op_id")
         .agg(
             F.count(F.lit(1)).alias("n"),
             F.first("_problem", ignorenulls=True).alias("problem"),
             F.first(
-                F.when(F.col("_problem").isNotNull(), F.struct(*_jobs._ROW)), ignorenulls=True
+                F.when(F.col("_problem").isNotNull(), F.struct(*_job_trace._ROW)), ignorenulls=True
             ).alias("row"),
             F.collect_set("_file").alias("files"),
         )
@@ -61,12 +61,14 @@ def _one_scan(spark: Any, path: str) -> None:
     """Both checks in one scan: per id hash, a count and whether any row is bad."""
     from pyspark.sql import functions as F
 
-    from purgatory.pipeline import TraceError, _jobs
+    from purgatory.pipeline import TraceError, _job_trace
 
-    trace = _jobs._cast(_jobs._read_trace(spark, path))
-    problem = _jobs._row_problem(())
+    trace = _job_trace._cast(_job_trace._read_trace(spark, path))
+    problem = _job_trace._row_problem(())
     (found,) = (
-        trace.select(_jobs._id_hash().alias("_hash"), problem.isNotNull().cast("int").alias("_bad"))
+        trace.select(
+            _job_trace.id_hash().alias("_hash"), problem.isNotNull().cast("int").alias("_bad")
+        )
         .groupBy("_hash")
         .agg(F.count(F.lit(1)).alias("n"), F.max("_bad").alias("bad"))
         .agg(F.max("n").alias("n"), F.max("bad").alias("bad"))
@@ -77,17 +79,17 @@ def _one_scan(spark: Any, path: str) -> None:
 
 
 def _rows_only(spark: Any, path: str) -> None:
-    from purgatory.pipeline import _jobs
+    from purgatory.pipeline import _job_trace
 
-    with_file = _jobs._cast(_jobs._read_trace(spark, path), file=True)
-    _jobs._check_rows(with_file, _jobs._row_problem(()))
+    with_file = _job_trace._cast(_job_trace._read_trace(spark, path), file=True)
+    _job_trace._check_rows(with_file, _job_trace._row_problem(()), path)
 
 
 def _ids_only(spark: Any, path: str) -> None:
-    from purgatory.pipeline import _jobs
+    from purgatory.pipeline import _job_trace
 
-    raw = _jobs._read_trace(spark, path)
-    _jobs._check_unique_ids(_jobs._cast(raw), _jobs._cast(raw, file=True))
+    raw = _job_trace._read_trace(spark, path)
+    _job_trace._check_unique_ids(_job_trace._cast(raw), _job_trace._cast(raw, file=True), path)
 
 
 def _timed(run: Callable[[], object]) -> float:
