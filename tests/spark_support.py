@@ -4,7 +4,8 @@
   `get_session`, so with its defaults: loopback only, no web UI, two shuffle partitions);
 - `standalone_cluster` and `connect_server`: a standalone master with two workers, and a Spark
   Connect server, started from the pyspark wheel's own scripts as separate JVMs on loopback;
-- `write_trace`: a valid two-row trace file with some columns replaced.
+- `write_trace`: a valid two-row trace file with some columns replaced; `CONFIGS` and
+  `small_w1`, the grid and the workload the replay tests share.
 """
 
 from __future__ import annotations
@@ -23,8 +24,42 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from purgatory.pipeline import W1, ReplayConfig
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+CONFIGS = [
+    ReplayConfig(tick=0.001),
+    # A coarse tick (many conditions land between a deadline and its rounding), a small wheel
+    # (overflow levels and cascades), frequent purges, shorter timeouts, doubled traffic.
+    ReplayConfig(
+        tick=0.05,
+        wheel_size=4,
+        purge_interval=10,
+        timeout_scale=0.5,
+        rate_scale=2.0,
+        trigger="force",
+    ),
+]
+
+
+def small_w1(operations: int, seed: int, chunk: int = 200_000) -> W1:
+    """Two purgatories of busy, short-lived traffic: 20 keys, 100 ms timeouts, a latency that
+    often exceeds them, 5 % never completing; both outcomes well exercised."""
+    return W1(
+        purgatories=2,
+        operations=operations,
+        rate=2000.0,
+        timeout=0.1,
+        p50=0.04,
+        p75=0.1,
+        keys=20,
+        never=0.05,
+        seed=seed,
+        chunk=chunk,
+    )
+
 
 #: How long a JVM may take to come up on a loaded 2-core machine.
 STARTUP_SECONDS = 180

@@ -18,9 +18,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+import spark_support
 from pyspark.sql import SparkSession
+from spark_support import small_w1
 
-from purgatory.pipeline import W1, ReplayConfig, _spark, replay, replay_table
+from purgatory.pipeline import ReplayConfig, _spark, replay, replay_table
 from purgatory.pipeline._chart import saturation_rate
 from purgatory.pipeline._cli import main
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
@@ -169,31 +171,11 @@ def test_an_event_that_finds_the_core_idle_pays_the_wake_up() -> None:
 
 
 def w1_trace(operations: int = 1500) -> pa.Table:
-    w1 = W1(
-        purgatories=2,
-        operations=operations,
-        rate=2000.0,
-        timeout=0.1,
-        p50=0.04,
-        p75=0.1,
-        keys=20,
-        never=0.05,
-        seed=3,
-    )
+    w1 = small_w1(operations, seed=3)
     return pa.Table.from_batches([generate_chunk(w1, chunk) for chunk in chunk_plan(w1)])
 
 
-CONFIGS = {
-    0: ReplayConfig(tick=MS),
-    1: ReplayConfig(
-        tick=0.05,
-        wheel_size=4,
-        purge_interval=10,
-        timeout_scale=0.5,
-        rate_scale=2.0,
-        trigger="force",
-    ),
-}
+CONFIGS = dict(enumerate(spark_support.CONFIGS))
 
 
 def test_zero_costs_replay_exactly_as_no_profile() -> None:

@@ -26,13 +26,12 @@ import pytest
 from helpers import FlagOperation
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from spark_support import write_trace
+from spark_support import CONFIGS, small_w1, write_trace
 
 from purgatory import ArrowEventLog, JsonLinesEventLog
 from purgatory.pipeline import (
     SHARED_SUMMARY_COLUMNS,
     W1,
-    ReplayConfig,
     TraceError,
     _job_trace,
     analyze,
@@ -48,31 +47,7 @@ from purgatory.pipeline._cli import main
 from purgatory.pipeline._generate import TRACE_SCHEMA, chunk_plan, generate_chunk
 from purgatory.pipeline._spark import atomic_output
 
-CONFIGS = [
-    ReplayConfig(tick=0.001),
-    # A coarse tick (many conditions land between a deadline and its rounding), a small wheel
-    # (overflow levels and cascades), frequent purges, shorter timeouts, doubled traffic.
-    ReplayConfig(
-        tick=0.05,
-        wheel_size=4,
-        purge_interval=10,
-        timeout_scale=0.5,
-        rate_scale=2.0,
-        trigger="force",
-    ),
-]
-W1_SMALL = W1(
-    purgatories=2,
-    operations=3000,
-    rate=2000.0,
-    timeout=0.1,
-    p50=0.04,
-    p75=0.1,
-    keys=20,
-    never=0.05,
-    seed=7,
-    chunk=1000,
-)
+W1_SMALL = small_w1(3000, seed=7, chunk=1000)
 OP_COLUMNS = ["purgatory", "config_id", "op_id", "outcome", "watched_at", "deadline", "ended_at"]
 
 

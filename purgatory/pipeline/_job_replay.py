@@ -21,7 +21,7 @@ from ._job_trace import load_trace, read_parquet
 from ._load import CostProfile
 from ._replay import OUTPUT_SCHEMA, ReplayConfig, replay_batches
 from ._spark import atomic_output
-from ._summary import COUNTS, REPLAY_SUMMARY_COLUMNS, STATS, share
+from ._summary import COUNTS, GAUGES, REPLAY_SUMMARY_COLUMNS, STATS, share
 
 __all__ = ("replay",)
 
@@ -126,11 +126,7 @@ def _summary(groups: DataFrame, grid: DataFrame) -> DataFrame:
             share("missed"),
             *STATS,
             "peak_delayed",
-            "peak_watched",
-            "timer_passes",
-            "purges",
-            "purged_entries",
-            "attempts",
+            *GAUGES,
             F.col("busy").alias("busy_seconds"),
             F.when(F.col("span") > 0, F.col("busy") / F.col("span"))
             .otherwise(0.0)

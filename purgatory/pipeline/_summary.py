@@ -10,6 +10,7 @@ from pyspark.sql import functions as F
 
 __all__ = (
     "COUNTS",
+    "GAUGES",
     "REPLAY_SUMMARY_COLUMNS",
     "SHARED_SUMMARY_COLUMNS",
     "STATS",
@@ -28,6 +29,8 @@ STATS: Final = (
     "lateness_p99",
     "lateness_max",
 )
+#: A replay group's gauges, as its task reports them.
+GAUGES: Final = ("peak_watched", "timer_passes", "purges", "purged_entries", "attempts")
 #: The columns a replay's summary and an event log's analysis share, computed the same way.
 SHARED_SUMMARY_COLUMNS: Final = ("purgatory", *COUNTS, *STATS, "peak_delayed")
 #: A replay's summary, one row per (purgatory, configuration) (docs/pipeline-schemas.md).
@@ -46,11 +49,7 @@ REPLAY_SUMMARY_COLUMNS: Final = (
     "missed_share",
     *STATS,
     "peak_delayed",
-    "peak_watched",
-    "timer_passes",
-    "purges",
-    "purged_entries",
-    "attempts",
+    *GAUGES,
     "busy_seconds",
     "utilisation",
     "pass_lateness_p50",
