@@ -403,6 +403,7 @@ def test_a_corrupted_parquet_page_is_named_not_replayed(
         ({"op_id": pa.array([3, 3], pa.int64())}, "duplicate op_id 3 in purgatory 'p'"),
         ({"condition_at": pa.array([0.25, 0.4])}, "op_id=1: column 'condition_at' is before"),
         ({"keys": pa.array([["a"], []], pa.list_(pa.string()))}, "column 'keys' is empty"),
+        ({"note": pa.array(["x", "y"])}, "unknown column 'note' (a trace of schema version 1"),
     ],
 )
 def test_bad_trace_is_refused_naming_file_and_row(
@@ -499,6 +500,15 @@ def test_missing_java_is_one_clear_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert "Java not found" in err[0]
+
+
+def test_a_local_session_binds_loopback_and_starts_no_ui(spark: SparkSession) -> None:
+    """The tests' session is made by `get_session("local[2]")`, as the commands make theirs."""
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.driver.bindAddress") == conf.get("spark.driver.host") == "127.0.0.1"
+    assert conf.get("spark.ui.enabled") == "false"
+    assert spark.sparkContext.uiWebUrl is None
+    assert conf.get("spark.sql.shuffle.partitions") == "2"
 
 
 def test_a_rerun_group_publishes_its_event_log_once(tmp_path: Path) -> None:

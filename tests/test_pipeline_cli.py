@@ -153,6 +153,7 @@ def test_files_that_disagree_on_column_types(
         ({"keys": None}, "missing column 'keys'"),
         ({"purgatory": pa.array([1, 2])}, "column 'purgatory' has type int64, expected a string"),
         ({"timeout": pa.array(["1", "2"])}, "column 'timeout' has type string, expected a number"),
+        ({"note": pa.array(["x", "y"])}, "unknown column 'note' (a trace of schema version 1 has"),
     ],
 )
 def test_a_trace_file_without_the_trace_columns(
