@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,21 @@ def test_an_event_that_finds_the_core_idle_pays_the_wake_up() -> None:
     assert stats["p"]["busy"] == pytest.approx(11 * MS)
     _, asleep = split(replay_table(trace, config, costs=costs(watch=2 * MS)))
     assert asleep["p"]["busy"] == pytest.approx(6 * MS)
+
+
+def test_an_idle_loop_sleeps_to_its_next_timer_rounded_up_to_the_millisecond() -> None:
+    """epoll's timeout is whole milliseconds: a loop idle from 0 sleeps until 1 ms for op 0
+    (due at 0.3 ms), wakes once (0.05 ms) and watches it (0.1 ms: busy to 1.15). Op 1, due at
+    0.5 ms, is due by then: it runs next, on the awake loop (busy to 1.25). Op 2, due at 2.2
+    ms, finds the loop asleep since 1.25 ms: it wakes at 1.25 + 1 ms = 2.25 ms."""
+    trace = trace_table([("p", i, at * MS, 1.0, None) for i, at in enumerate((0.3, 0.5, 2.2))])
+    profile = replace(costs(watch=0.1 * MS, wake=0.05 * MS), wake_resolution=MS)
+    ops, stats = split(replay_table(trace, {0: ReplayConfig(tick=MS)}, costs=profile))
+    assert [ops["p", i]["watched_at"] for i in range(3)] == pytest.approx(
+        [1.0 * MS, 1.15 * MS, 2.25 * MS]
+    )
+    # Each expiry's pass wakes the loop too, at most a millisecond after its tick.
+    assert 0 < stats["p"]["pass_late_max"] <= MS
 
 
 def w1_trace(operations: int = 1500) -> pa.Table:
@@ -347,6 +363,7 @@ def test_calibrate_quick_writes_a_profile_that_loads(
     profile = load_profile(str(out))
     data = json.loads(out.read_text())
     assert data["version"] == PROFILE_VERSION
+    assert data["wake_resolution"] == 0.001  # Linux: epoll's milliseconds
     assert data["loop"] == "asyncio"
     assert data["python"].startswith("CPython") or data["python"]
     assert profile.application == 0.00002

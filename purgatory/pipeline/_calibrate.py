@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import platform
+import selectors
 import statistics
 import sys
 import time
@@ -235,6 +236,16 @@ def _machine() -> str:
     return f"{model}, {platform.system()}"
 
 
+def _resolution(loop: str) -> float:
+    """The granularity of the loop's sleep: whole milliseconds for libuv (uvloop) and for the
+    epoll, poll and devpoll selectors (their timeouts are in ms, Python rounds up); a
+    microsecond for select; none for kqueue (nanoseconds)."""
+    if loop == "uvloop":
+        return 0.001
+    name = selectors.DefaultSelector.__name__
+    return {"SelectSelector": 1e-6, "KqueueSelector": 0.0}.get(name, 0.001)
+
+
 def _median(repeats: int, loop: str, scenario: Callable[[], Awaitable[float]]) -> float:
     return statistics.median(_run(loop, scenario) for _ in range(repeats))
 
@@ -307,6 +318,7 @@ def calibrate(
         timer_pass=timer_pass,
         purged_entry=purged_entry,
         application=application,
+        wake_resolution=_resolution(loop),
         loop=loop,
         python=f"{platform.python_implementation()} {platform.python_version()}",
         machine=_machine(),

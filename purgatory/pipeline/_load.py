@@ -69,12 +69,16 @@ class CostProfile:
     timer_pass: float
     purged_entry: float
     application: float = 0.0
+    #: The granularity of the loop's sleep in its selector: an idle loop sleeps until its next
+    #: timer rounded up to this (epoll's and libuv's timeouts are whole milliseconds), then runs
+    #: every event due by then for one wake-up. 0: it wakes exactly on time.
+    wake_resolution: float = 0.0
     loop: str = "asyncio"
     python: str = ""
     machine: str = ""
 
     def __post_init__(self) -> None:
-        for kind in COST_KINDS:
+        for kind in (*COST_KINDS, "wake_resolution"):
             value = getattr(self, kind)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"cost {kind!r} must be a number of seconds, got {value!r:.40}")
@@ -102,13 +106,17 @@ class CostProfile:
             "loop": data.pop("loop"),
             "python": data.pop("python"),
             "machine": data.pop("machine"),
+            "wake_resolution": data.pop("wake_resolution"),
             "costs": data,
         }
 
     def describe(self) -> str:
         """One line for a summary: the loop, and the costs in microseconds."""
         costs = ", ".join(f"{kind} {getattr(self, kind) * 1e6:.2f}" for kind in COST_KINDS)
-        return f"{self.loop} loop, {self.machine or 'unknown machine'}; costs (us): {costs}"
+        return (
+            f"{self.loop} loop, {self.machine or 'unknown machine'}; costs (us): {costs}; "
+            f"wake resolution {self.wake_resolution * 1e3:g} ms"
+        )
 
 
 def profile_from_json(data: Any, where: str) -> CostProfile:
@@ -133,7 +141,7 @@ def profile_from_json(data: Any, where: str) -> CostProfile:
     missing = [kind for kind in COST_KINDS if kind not in costs and kind != "application"]
     if missing:
         raise ValueError(f"cost profile {where}: missing cost {missing[0]!r}")
-    meta: dict[str, Any] = {}
+    meta: dict[str, Any] = {"wake_resolution": data.get("wake_resolution", 0.0)}
     for name in ("loop", "python", "machine"):
         value = data.get(name, "")
         if not isinstance(value, str):

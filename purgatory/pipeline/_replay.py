@@ -471,13 +471,20 @@ class _LoadedGroup(_Group):
     def _start(self, at: float) -> tuple[float, float]:
         """When an event due `at` starts, and the wake-up it costs.
 
-        An event that finds the core idle wakes the loop from its selector (the profile's
-        ``wake``: the knee, where a loop that is often idle pays it often); one that queues
-        behind work is run by a loop already awake and pays none.
+        An event that finds the core idle wakes the loop from its selector: the loop went to
+        sleep when it fell idle, until this event's time rounded up to the selector's
+        resolution (``wake_resolution``), and pays the profile's ``wake`` once; every event
+        due by the time it wakes then runs on a loop already awake, as does one that queues
+        behind work. This is the knee: a loop often idle pays often, and its events (timer
+        passes too) run up to a resolution late.
         """
-        if at > self.busy_until:
-            return at, self.costs.wake
-        return self.busy_until, 0.0
+        free = self.busy_until
+        if at <= free:
+            return free, 0.0
+        step = self.costs.wake_resolution
+        if step > 0:
+            at = free + math.ceil((at - free) / step - 1e-9) * step
+        return at, self.costs.wake
 
     def _serve_pass(self) -> None:
         due = self.pass_due
