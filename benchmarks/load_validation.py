@@ -18,7 +18,7 @@ pyarrow; no Spark). In one run, on this machine:
    (end minus deadline) and utilisation; and the saturation rate, on both sides the same two
    ways: from the overload (operations per CPU second in the most overloaded run, where the
    loop never idles), and from the knee (the offered rate where the loop becomes fully busy:
-   utilisation reaches 95 % of the overloaded run's, interpolated between the rates measured).
+   utilisation reaches 95 % of the highest measured, interpolated between the rates measured).
    Below the knee an event often finds the loop idle and pays its wake-up (the profile's
    ``wake``), so the knee comes before the overload's rate.
 
@@ -60,7 +60,7 @@ TICK = 0.001
 #: The offered rates, as shares of the saturation rate the profile predicts for a loop that
 #: never idles (no wake-up charged).
 SHARES = (0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.4)
-#: The knee: utilisation at this share of the most overloaded run's.
+#: The knee: utilisation at this share of the highest of the runs.
 FULLY_BUSY = 0.95
 
 
@@ -296,9 +296,10 @@ def outcome_stats(
 
 def knee_rate(rows: Sequence[dict[str, Any]], side: str) -> float | None:
     """The offered rate where the loop becomes fully busy on `side`: where utilisation first
-    reaches `FULLY_BUSY` of the most overloaded run's (linear between the rates around it);
+    reaches `FULLY_BUSY` of the highest utilisation of the runs (linear between the rates
+    around it: a busy loop's utilisation, CPU over wall time, stays a little under 1);
     ``None`` if the lowest rate is already there or none gets there."""
-    level = FULLY_BUSY * rows[-1][side]["utilisation"]
+    level = FULLY_BUSY * max(row[side]["utilisation"] for row in rows)
     points = [(row["rate"], row[side]["utilisation"]) for row in rows]
     for (r0, u0), (r1, u1) in itertools.pairwise(points):
         if u0 < level <= u1:
@@ -361,7 +362,7 @@ def render(
         "per CPU second of the loop's thread in the most overloaded run, where the loop never "
         f"idles): predicted {_num(over['predicted'])}/s, measured {_num(over['measured'])}/s "
         f"({_verdict(over)}); **from the knee** (the offered rate where the loop becomes fully "
-        f"busy: utilisation at {FULLY_BUSY:.0%} of the overloaded run's, interpolated): "
+        f"busy: utilisation at {FULLY_BUSY:.0%} of the highest of the runs, interpolated): "
         f"predicted {_num(knee['predicted'])}/s, measured {_num(knee['measured'])}/s "
         f"({_verdict(knee)}). Rows below the measured knee are scored.",
         "",
