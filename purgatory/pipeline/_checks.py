@@ -303,17 +303,12 @@ def check_output(
     local = local_path(path)
     if local is None:
         return
-    target = os.path.realpath(local)
-    for source in inputs:
-        source_local = local_path(source)
-        if source_local is None:
-            continue
-        real = os.path.realpath(source_local)
-        if target == real or _inside(target, real) or _inside(real, target):
-            raise InputError(
-                f"{what} {path} overlaps the input {source}: writing it would destroy the "
-                "input; choose another directory"
-            )
+    source = _overlapped(local, inputs)
+    if source is not None:
+        raise InputError(
+            f"{what} {path} overlaps the input {source}: writing it would destroy the input; "
+            "choose another directory"
+        )
     if os.path.lexists(local):
         if not overwrite:
             raise InputError(f"{what} {path} already exists (pass --overwrite to replace it)")
@@ -338,16 +333,25 @@ def check_apart(path: str, what: str, others: Sequence[tuple[str, str]]) -> None
     local = local_path(path)
     if local is None:
         return
+    other = _overlapped(local, [other for _, other in others])
+    if other is not None:
+        other_what = next(kind for kind, where in others if where == other)
+        raise InputError(
+            f"{what} {path} overlaps the {other_what} {other}; choose a directory of its own"
+        )
+
+
+def _overlapped(local: str, others: Sequence[str]) -> str | None:
+    """The first of `others` (local ones only) that `local` is, contains or lies inside."""
     target = os.path.realpath(local)
-    for other_what, other in others:
+    for other in others:
         other_local = local_path(other)
         if other_local is None:
             continue
         real = os.path.realpath(other_local)
         if target == real or _inside(target, real) or _inside(real, target):
-            raise InputError(
-                f"{what} {path} overlaps the {other_what} {other}; choose a directory of its own"
-            )
+            return other
+    return None
 
 
 def _inside(path: str, directory: str) -> bool:
