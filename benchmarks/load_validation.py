@@ -489,6 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="write the table and the chart")
     args = parser.parse_args(argv)
     started = time.perf_counter()
+    load_at_start = load_average()
     print("calibrating ...", flush=True)
     profile = calibrate("asyncio", quick=args.quick)
     w1 = W1(purgatories=1, operations=1000, rate=1000.0, keys=100, keys_per_op=3, never=0.05)
@@ -539,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     environment = (
         f"{env['cpu_model']}, {env['cpu_count']} cores, {env['implementation']} {env['python']}, "
         f"{env['date']}, git {env['git']}, niceness {os.nice(0)}; load average "
-        f"{env['load_before']} at the start, {load_average()} at the end"
+        f"{load_at_start} at the start, {load_average()} at the end"
     )
     took = time.perf_counter() - started
     text = render(
