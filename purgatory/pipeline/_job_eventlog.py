@@ -31,6 +31,7 @@ __all__ = (
     "LOG_VERSIONS",
     "Line",
     "analyze",
+    "check_records",
     "event_log_records",
     "find_line",
     "line_problem",
@@ -94,14 +95,20 @@ def load_event_log(spark: SparkSession, path: str) -> DataFrame:
     return operations_of(event_log_records(spark, path)).drop("_file")
 
 
-def event_log_records(spark: SparkSession, path: str, *, keep: bool = False) -> DataFrame:
+def event_log_records(spark: SparkSession, path: str) -> DataFrame:
     """Every record (operations and anchors) of both formats, checked, with its ``_file``.
 
     The check is one scan that keeps nothing on valid logs; the first bad record found is
-    reported (a malformed JSON line located by a second look at its file alone). With `keep`,
-    the records are persisted first, so that the check's scan is also the one that reads the
-    files for the caller's queries (who unpersists them).
+    reported (a malformed JSON line located by a second look at its file alone).
     """
+    records = _read_records(spark, path)
+    check_records(spark, records, path)
+    return records.drop("_corrupt", "_broken")
+
+
+def _read_records(spark: SparkSession, path: str) -> DataFrame:
+    """The records of both formats as read, unchecked: with ``_corrupt`` (the text of a JSON
+    line Spark could not read), ``_broken`` (what is wrong with an Arrow stream) and ``_file``."""
     try:
         lines = (
             spark.read.schema(T.StructType([*EVENT_LOG_SCHEMA.fields, _EXTRA[0]]))
@@ -117,11 +124,13 @@ def event_log_records(spark: SparkSession, path: str, *, keep: bool = False) -> 
             F.lit(None).cast("string").alias("_broken"),
             F.col("_metadata.file_path").alias("_file"),
         )
-        records = lines.unionByName(_arrow_records(spark, path))
+        return lines.unionByName(_arrow_records(spark, path))
     except AnalysisException as exc:
         raise TraceError(f"event log {path}: {first_line(exc)}") from None
-    if keep:
-        records = records.persist(StorageLevel.MEMORY_AND_DISK)
+
+
+def check_records(spark: SparkSession, records: DataFrame, path: str) -> None:
+    """Raise `TraceError` for the first bad record of `_read_records` (of the logs at `path`)."""
     bad = (
         records.withColumn("_problem", _record_problem())
         .where(F.col("_problem").isNotNull())
@@ -130,9 +139,7 @@ def event_log_records(spark: SparkSession, path: str, *, keep: bool = False) -> 
         .collect()
     )
     if bad:
-        records.unpersist()
         raise _refused(spark, bad[0].asDict(), path)
-    return records.drop("_corrupt", "_broken")
 
 
 def _record_problem() -> Column:
@@ -508,12 +515,15 @@ def analyze(
     """
     if not (window > 0 and math.isfinite(window)):
         raise ValueError(f"window must be a finite number of seconds > 0, got {window!r}")
-    records = event_log_records(spark, log_path, keep=True)
-    log = operations_of(records)
-    if since is not None or until is not None:
-        log = _in_utc_range(log, since, until, log_path)
-    log = log.drop("_file")
+    # Read once: the check's scan fills the cache the analyses read. (A cached plan outlives
+    # its files, so it is unpersisted whatever happens, through the very DataFrame cached.)
+    raw = _read_records(spark, log_path).persist(StorageLevel.MEMORY_AND_DISK)
     try:
+        check_records(spark, raw, log_path)
+        log = operations_of(raw.drop("_corrupt", "_broken"))
+        if since is not None or until is not None:
+            log = _in_utc_range(log, since, until, log_path)
+        log = log.drop("_file")
         tables = {
             "summary": _summary(log).orderBy("purgatory").coalesce(1),
             "keys": _keys(log).orderBy("purgatory", F.desc("peak_waiters"), "key"),
@@ -524,7 +534,7 @@ def analyze(
             for name, table in tables.items():
                 table.write.parquet(f"{staging}/{name}")
     finally:
-        records.unpersist()
+        raw.unpersist()
     return spark.read.parquet(f"{out}/summary").orderBy("purgatory")
 
 
