@@ -49,8 +49,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import DelayedOperation, DelayedOperationPurgatory
-from .._eventlog import JsonLinesEventLog
+from .. import DelayedOperation, DelayedOperationPurgatory, JsonLinesEventLog
 from ..testing import ManualClock, check_invariants
 from ._load import CostProfile, LoadClock
 
