@@ -358,8 +358,17 @@ def test_a_bad_profile_ends_the_command_before_spark(
 def test_calibrate_quick_writes_a_profile_that_loads(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A solved cost (a difference of two measurements) can come out negative on a busy shared
+    machine, which calibrate refuses with its own one-line error: then it is asked again, up
+    to three times; any other failure fails at once."""
     out = tmp_path / "profile.json"
-    assert main(["calibrate", "--out", str(out), "--quick", "--application-cost", "0.00002"]) == 0
+    argv = ["calibrate", "--out", str(out), "--quick", "--application-cost", "0.00002"]
+    for _ in range(3):
+        if main(argv) == 0:
+            break
+        assert "the machine is too busy to measure" in capsys.readouterr().err
+    else:
+        pytest.fail("calibrate --quick: the machine was too busy three times in a row")
     profile = load_profile(str(out))
     data = json.loads(out.read_text())
     assert data["version"] == PROFILE_VERSION
