@@ -1,7 +1,7 @@
 """The data pipeline at scale: replay throughput on Spark and the event log's cost per operation.
 
 ``python -m benchmarks.pipeline [--operations 10000000] [--write]`` (needs the ``spark`` extra
-and Java 17). It measures, in one run:
+and Java 17). ``--small`` measures small jobs instead (below). It measures, in one run:
 
 1. **Replay on Spark**: a seeded W1 trace of ``--operations`` operations (``--purgatories``
    purgatories), replayed under one configuration by the ``replay`` job, summary only
@@ -19,6 +19,13 @@ and Java 17). It measures, in one run:
    difference per operation is the recorder's cost (record_watch + record_end + formatting and
    writing its line).
 
+``--small [--write]``: what a user waits for a small job, Spark's start included: the command
+line (``python -m purgatory.pipeline``, a process of its own, on ``local[2]``) running
+``analyze`` of 1 MB of JSON Lines event logs and ``replay`` of a 20,000-operation trace,
+``--repetitions`` times each, alternated; wall seconds from the process's start to its exit,
+with the load average before each run. ``--write`` puts the table in PIPELINE_RESULTS.md beside
+the throughput table (between the ``small jobs`` markers; a throughput run keeps it).
+
 Absolute times on this shared 2-core machine drift with the other users' load (reported).
 """
 
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -143,8 +151,132 @@ def engine_figures(trace: Any, repetitions: int) -> dict[str, Any]:
     }
 
 
+SMALL_BEGIN = "<!-- small jobs: written by `python -m benchmarks.pipeline --small --write` -->"
+SMALL_END = "<!-- small jobs: end -->"
+#: The small jobs' inputs: event logs of at least this many bytes, a trace of these operations.
+SMALL_LOG_BYTES = 1_000_000
+SMALL_OPERATIONS = 20_000
+
+
+def small_inputs(work: Path) -> dict[str, Any]:
+    """A directory of JSON Lines event logs of about 1 MB, and a 20,000-operation trace."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from purgatory.pipeline import W1, ReplayConfig, replay_table
+    from purgatory.pipeline._generate import chunk_plan, generate_chunk
+
+    def trace_of(w1: W1) -> Any:
+        return pa.Table.from_batches([generate_chunk(w1, chunk) for chunk in chunk_plan(w1)])
+
+    logs = work / "logs"
+    operations = 1000
+    while True:  # the replay's own event logs, grown until they weigh 1 MB
+        shutil.rmtree(logs, ignore_errors=True)
+        w1 = W1(purgatories=1, operations=operations, never=0.05)
+        replay_table(trace_of(w1), {0: ReplayConfig()}, event_log_dir=str(logs), operations=False)
+        size = sum(f.stat().st_size for f in logs.glob("*.jsonl"))
+        if size >= SMALL_LOG_BYTES:
+            break
+        operations = int(operations * SMALL_LOG_BYTES / size) + 1
+    (work / "trace").mkdir(exist_ok=True)
+    w1 = W1(purgatories=4, operations=SMALL_OPERATIONS // 4)
+    pq.write_table(trace_of(w1), work / "trace" / "part-0.parquet")
+    return {"log_bytes": size, "log_operations": operations, "trace_operations": SMALL_OPERATIONS}
+
+
+def small_jobs(repetitions: int, work: Path) -> dict[str, Any]:
+    """Wall seconds of each small job, from its process's start to its exit, alternated."""
+    inputs = small_inputs(work)
+    jobs = {
+        "analyze": ["analyze", "--log", "logs", "--out", "analysis"],
+        "replay": ["replay", "--trace", "trace", "--out", "replay"],
+    }
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in jobs}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    for i in range(repetitions):
+        for name, args in jobs.items():
+            load = load_average()
+            started = time.perf_counter()
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "purgatory.pipeline",
+                    *args,
+                    "--master=local[2]",
+                    "--overwrite",
+                ],
+                cwd=work,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            seconds = time.perf_counter() - started
+            if done.returncode:
+                raise SystemExit(f"{name} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+            runs[name].append({"seconds": seconds, "load": load})
+            print(f"{name} #{i + 1}: {seconds:.1f} s (load before {load})", flush=True)
+    return {**inputs, "runs": runs}
+
+
+def render_small(f: dict[str, Any]) -> str:
+    """The Markdown section of a small-jobs run."""
+    env = f["environment"]
+    lines = [
+        SMALL_BEGIN,
+        "## Small jobs: wall seconds, Spark's start included",
+        "",
+        "`python -m benchmarks.pipeline --small --write`: the command line on `local[2]`, each "
+        "run a process of its own (Python, the JVM, the session, the job, the table printed), "
+        f"alternated, {len(f['runs']['analyze'])} runs each. `analyze`: "
+        f"{f['log_bytes'] / 1e6:.2f} MB of JSON Lines event logs ({f['log_operations']:,} "
+        f"operations); `replay`: a W1 trace of {f['trace_operations']:,} operations (4 "
+        "purgatories), every operation's row written. Target: within 15 s each on a quiet "
+        "2-core machine.",
+        "",
+        f"- {env['date']}; Python {env['python']}, {env['cpu_model']}, {env['cpu_count']} CPUs "
+        f"shared with other users; {env['git']}.",
+        "",
+        "| job | median s | min s | max s | runs (s, load average before) |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for name, runs in f["runs"].items():
+        seconds = [run["seconds"] for run in runs]
+        each = "; ".join(f"{run['seconds']:.1f} ({run['load']})" for run in runs)
+        lines.append(
+            f"| {name} | {statistics.median(seconds):.1f} | {min(seconds):.1f} | "
+            f"{max(seconds):.1f} | {each} |"
+        )
+    return "\n".join([*lines, "", SMALL_END, ""])
+
+
+def _small_section(path: Path) -> str:
+    """The small-jobs section of the existing results file, or ``""``."""
+    if not path.exists():
+        return ""
+    old = path.read_text()
+    begin, end = old.find(SMALL_BEGIN), old.find(SMALL_END)
+    return "" if begin < 0 or end < 0 else old[begin : end + len(SMALL_END)] + "\n"
+
+
+def write_small(path: Path, section: str) -> None:
+    """Put `section` in the results file: in place of the old one, else before the analysis."""
+    old = path.read_text() if path.exists() else ""
+    current = _small_section(path)
+    if current:
+        path.write_text(old.replace(current, section))
+        return
+    at = old.find(HAND_WRITTEN)
+    path.write_text(old + "\n" + section if at < 0 else old[:at] + section + "\n" + old[at:])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline")
+    parser.add_argument(
+        "--small", action="store_true", help="time small jobs (analyze 1 MB, replay 20,000 ops)"
+    )
     parser.add_argument("--operations", type=int, default=10_000_000)
     parser.add_argument("--purgatories", type=int, default=8)
     parser.add_argument("--engine-operations", type=int, default=200_000)
@@ -158,6 +290,15 @@ def main(argv: list[str] | None = None) -> int:
         "--engine-only", metavar="TRACE", help="only the engine figures, on this trace"
     )
     args = parser.parse_args(argv)
+    if args.small:
+        work = Path(args.work or tempfile.mkdtemp(prefix="purgatory-small-"))
+        figures = {"environment": describe_environment(), **small_jobs(args.repetitions, work)}
+        text = render_small(figures)
+        print(text)
+        if args.write:
+            write_small(RESULTS, text)
+            print(f"wrote {RESULTS}")
+        return 0
     if args.engine_only:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
@@ -235,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render(figures)
     print(text)
     if args.write:
-        RESULTS.write_text(text + _hand_written_part(RESULTS))
+        RESULTS.write_text(text + "\n" + _small_section(RESULTS) + _hand_written_part(RESULTS))
         print(f"wrote {RESULTS}")
     return 0
 

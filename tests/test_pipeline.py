@@ -4,20 +4,17 @@ Covered: replay exactness (the outcome model: complete iff the condition comes b
 deadline rounded up to the tick) and determinism (plain single-process replay, one Spark
 partition, one per group); the event log a replay writes, analysed, equals the replay's own
 summary, and turns back into a trace that replays the same; bad input is refused with the file
-and the row or column named, leaving no output; the spark-submit path with --py-files.
+and the row or column named, leaving no output. (A cluster, Spark Connect, and the cluster
+recipe, spark-submit with --py-files: test_pipeline_clusters.py.)
 """
 
 from __future__ import annotations
 
+import json
 import math
-import os
 import re
 import shutil
-import subprocess
-import sys
 import time
-import zipfile
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -29,17 +26,17 @@ import pytest
 from helpers import FlagOperation
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from spark_support import CONFIGS, small_w1, write_trace
 
-import purgatory
 from purgatory import ArrowEventLog, JsonLinesEventLog
 from purgatory.pipeline import (
     SHARED_SUMMARY_COLUMNS,
     W1,
-    ReplayConfig,
     TraceError,
-    _jobs,
+    _job_trace,
     analyze,
     generate,
+    load_event_log,
     load_trace,
     replay,
     replay_table,
@@ -50,52 +47,8 @@ from purgatory.pipeline._cli import main
 from purgatory.pipeline._generate import TRACE_SCHEMA, chunk_plan, generate_chunk
 from purgatory.pipeline._spark import atomic_output
 
-CONFIGS = [
-    ReplayConfig(tick=0.001),
-    # A coarse tick (many conditions land between a deadline and its rounding), a small wheel
-    # (overflow levels and cascades), frequent purges, shorter timeouts, doubled traffic.
-    ReplayConfig(
-        tick=0.05,
-        wheel_size=4,
-        purge_interval=10,
-        timeout_scale=0.5,
-        rate_scale=2.0,
-        trigger="force",
-    ),
-]
-W1_SMALL = W1(
-    purgatories=2,
-    operations=3000,
-    rate=2000.0,
-    timeout=0.1,
-    p50=0.04,
-    p75=0.1,
-    keys=20,
-    never=0.05,
-    seed=7,
-    chunk=1000,
-)
+W1_SMALL = small_w1(3000, seed=7, chunk=1000)
 OP_COLUMNS = ["purgatory", "config_id", "op_id", "outcome", "watched_at", "deadline", "ended_at"]
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("purgatory-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="session")
@@ -200,7 +153,7 @@ def test_summary_from_the_tasks_equals_spark_over_the_operations(
 ) -> None:
     """Each group's summary is computed inside its task; it equals Spark's aggregation of the
     operations' rows, and a replay without the rows writes the same summary."""
-    from purgatory.pipeline._jobs import outcome_summary
+    from purgatory.pipeline._summary import outcome_summary
 
     out, _ = replayed
     by = ["purgatory", "config_id"]
@@ -240,8 +193,6 @@ def test_summary_only_from_the_command_line(
 def test_task_percentiles_are_sparks_percentile_disc(spark: SparkSession, n: int) -> None:
     from array import array
 
-    from pyspark.sql import functions as F
-
     from purgatory.pipeline._replay import _percentiles
 
     values = [float((i * 7919) % 97) / 8 for i in range(n)]  # duplicates, out of order
@@ -268,26 +219,6 @@ def test_event_log_becomes_a_trace_that_replays_the_same(
         for op in ops_of(replay_table(pq.read_table(trace), {0: CONFIGS[0]}))
     ]
     assert again == original
-
-
-def write_trace(path: Path, **changes: Any) -> str:
-    """A valid two-row trace file with some columns replaced (None: removed)."""
-    columns: dict[str, Any] = {
-        "purgatory": pa.array(["p", "p"]),
-        "op_id": pa.array([0, 1], pa.int64()),
-        "arrival": pa.array([0.0, 0.5]),
-        "keys": pa.array([["a"], ["a", "b"]]),
-        "timeout": pa.array([1.0, 1.0]),
-        "condition_at": pa.array([0.25, None], pa.float64()),
-    }
-    for name, value in changes.items():
-        if value is None:
-            del columns[name]
-        else:
-            columns[name] = value
-    path.mkdir()
-    pq.write_table(pa.table(columns), path / "part-0.parquet")
-    return str(path / "part-0.parquet")
 
 
 # -- wall-clock time ---------------------------------------------------------------------------
@@ -340,10 +271,13 @@ def test_analyze_puts_two_hosts_on_utc_and_filters_a_utc_range(
             (row["time_base"], row["window_start"], row["window_utc"], row["watched"])
         )
     night = NIGHT.timestamp()
-    # Both hosts' windows are the same UTC windows, whatever their clocks read.
+    # Both hosts' windows are the same UTC windows, whatever their clocks read; written so that
+    # a Parquet reader keeps the zone (not INT96, which reads back naive).
+    kind = pq.read_schema(next((tmp_path / "all" / "windows").glob("*.parquet")))
+    assert kind.field("window_utc").type == pa.timestamp("us", tz="UTC")
     expected = [
-        ("utc", night, NIGHT.replace(tzinfo=None), 5),
-        ("utc", night + 5, NIGHT.replace(second=5, tzinfo=None), 5),
+        ("utc", night, NIGHT, 5),
+        ("utc", night + 5, NIGHT.replace(second=5), 5),
     ]
     assert seen["host-a"] == seen["host-b"] == seen["host-c"] == expected
     assert seen["unanchored"] == [("clock", 3000.0, None, 5), ("clock", 3005.0, None, 5)]
@@ -371,6 +305,92 @@ def test_analyze_puts_two_hosts_on_utc_and_filters_a_utc_range(
     assert anchor["utc"] - anchor["clock"] == pytest.approx(night - 1865.0)
 
 
+def log_line(op_id: int, **changes: Any) -> str:
+    """An expired operation's event-log line (version 2), some fields replaced."""
+    line = {
+        "v": 2,
+        "purgatory": "p",
+        "id": op_id,
+        "keys": ["k"],
+        "watched_at": 1.0,
+        "timeout": 1.0,
+        "deadline": 2.0,
+        "outcome": "expired",
+        "ended_at": 2.0,
+        **changes,
+    }
+    return json.dumps({k: v for k, v in line.items() if v is not None})
+
+
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        (log_line(1)[:-9], "line 3: not JSON (Unterminated string starting at, column 126)"),
+        (log_line(1, watched_at="soon"), "line 3: field 'watched_at' is not a number ('soon')"),
+        (log_line(1, ended_at=None), "line 3: field 'ended_at' is missing (purgatory='p', id='1')"),
+        (log_line(1, v=3), "line 3: field 'v' is not 1 or 2 (schema version)"),
+    ],
+)
+def test_a_bad_event_log_line_is_named_by_file_and_line(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: str, said: str
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "good.jsonl").write_text("".join(log_line(i) + "\n" for i in range(3)))
+    (logs / "bad.jsonl").write_text(f"{log_line(7)}\n\n{bad}\n{log_line(8)}\n")
+    out = tmp_path / "out"
+    assert main(["analyze", "--log", str(logs), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # before the job's result
+    assert (
+        captured.err.splitlines()
+        == [f"purgatory.pipeline analyze: error: event log file file://{logs}/bad.jsonl: {said}"]
+        or said in captured.err
+    ), captured.err
+    assert f"{logs}/bad.jsonl: {said}" in captured.err
+    assert len(captured.err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_an_arrow_stream_that_is_not_an_event_log(spark: SparkSession, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with pa.ipc.new_stream(logs / "other.arrows", pa.schema([("x", pa.int64())])) as writer:
+        writer.write_table(pa.table({"x": [1, 2]}))
+    (logs / "broken.arrows").write_bytes(b"\xff\xff\xff\xff" + b"\x00" * 12)
+    with pytest.raises(TraceError) as error:
+        load_event_log(spark, str(logs)).collect()
+    message = str(error.value)
+    assert re.fullmatch(
+        r"event log file \S+/(broken\.arrows: unreadable Arrow stream \(.+\)|other\.arrows: "
+        r"not an event-log Arrow stream of a known schema version \(its purgatory\.event_log "
+        r"is 'missing'\))",
+        message,
+    ), message
+
+
+def test_a_corrupted_parquet_page_is_named_not_replayed(
+    tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """2 KB of a page zeroed, and Hadoop's .crc side files gone (as after a copy by scp or to
+    an object store): Spark reads such a page without a word unless told to check its CRC."""
+    copy = tmp_path / "trace"
+    shutil.copytree(trace, copy, ignore=shutil.ignore_patterns(".*"))
+    file = sorted(copy.glob("part-*.parquet"))[0]
+    data = bytearray(file.read_bytes())
+    data[1000:3048] = bytes(2048)
+    file.write_bytes(data)
+    out = tmp_path / "out"
+    assert main(["replay", "--trace", str(copy), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        f"purgatory.pipeline replay: error: trace file {file}: a Parquet page fails its "
+        "checksum (the file is corrupted)"
+    ]
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
@@ -383,12 +403,13 @@ def test_analyze_puts_two_hosts_on_utc_and_filters_a_utc_range(
         ({"op_id": pa.array([3, 3], pa.int64())}, "duplicate op_id 3 in purgatory 'p'"),
         ({"condition_at": pa.array([0.25, 0.4])}, "op_id=1: column 'condition_at' is before"),
         ({"keys": pa.array([["a"], []], pa.list_(pa.string()))}, "column 'keys' is empty"),
+        ({"note": pa.array(["x", "y"])}, r"unknown column 'note' \(a trace of schema version 1"),
     ],
 )
 def test_bad_trace_is_refused_naming_file_and_row(
     spark: SparkSession, tmp_path: Path, changes: dict[str, Any], message: str
 ) -> None:
-    file = write_trace(tmp_path / "bad", **changes)
+    file = write_trace(tmp_path / "bad" / "part-0.parquet", **changes)
     out = tmp_path / "out"
     with pytest.raises(TraceError, match=message) as error:
         replay(spark, str(tmp_path / "bad"), str(out), CONFIGS[:1])
@@ -397,7 +418,7 @@ def test_bad_trace_is_refused_naming_file_and_row(
 
 
 def test_a_bad_row_is_reported_before_a_duplicate_id(spark: SparkSession, tmp_path: Path) -> None:
-    write_trace(tmp_path / "t", op_id=pa.array([0, 0], pa.int64()))
+    write_trace(tmp_path / "t" / "part-0.parquet", op_id=pa.array([0, 0], pa.int64()))
     other = pq.read_table(tmp_path / "t" / "part-0.parquet")
     bad = other.set_column(1, "op_id", pa.array([8, 9], pa.int64())).set_column(
         4, "timeout", pa.array([-1.0, -2.0])
@@ -416,8 +437,8 @@ def test_a_duplicate_id_is_named_with_its_files_and_a_hash_collision_is_not_one(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, collide: bool
 ) -> None:
     if collide:  # every id shares one hash: each is a candidate, the exact check must clear it
-        monkeypatch.setattr(_jobs, "_id_hash", lambda: F.lit(0).cast("long"))
-    write_trace(tmp_path / "good", op_id=pa.array([0, 1], pa.int64()))
+        monkeypatch.setattr(_job_trace, "id_hash", lambda: F.lit(0).cast("long"))
+    write_trace(tmp_path / "good" / "part-0.parquet", op_id=pa.array([0, 1], pa.int64()))
     first = pq.read_table(tmp_path / "good" / "part-0.parquet")
     other = first.set_column(0, "purgatory", pa.array(["q", "q"]))  # same ids, other purgatory
     pq.write_table(other, tmp_path / "good" / "part-1.parquet")
@@ -481,50 +502,13 @@ def test_missing_java_is_one_clear_line(
     assert "Java not found" in err[0]
 
 
-def test_spark_submit_with_the_package_zipped(tmp_path: Path, trace: str) -> None:
-    """The README's cluster recipe, on local[2]: the entry point with --py-files purgatory.zip."""
-    package = Path(purgatory.__file__).parent
-    bundle = tmp_path / "purgatory.zip"
-    with zipfile.ZipFile(bundle, "w") as zf:
-        for file in sorted(package.rglob("*")):
-            if "__pycache__" not in file.parts and file.is_file():
-                zf.write(file, file.relative_to(package.parent))
-    submit = Path(sys.executable).parent / "spark-submit"
-    out = tmp_path / "out"
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
-    env.pop("PYTHONPATH", None)
-    result = subprocess.run(
-        [
-            str(submit),
-            "--master",
-            "local[2]",
-            "--conf",
-            "spark.ui.enabled=false",
-            "--conf",
-            "spark.sql.shuffle.partitions=2",
-            "--py-files",
-            str(bundle),
-            str(package / "pipeline" / "__main__.py"),
-            "replay",
-            "--trace",
-            trace,
-            "--out",
-            str(out),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "purgatory.zip" in result.stdout  # the driver imported the zipped package
-    summary = pq.read_table(out / "summary")
-    assert summary.num_rows == 2
-    plain = replay_table(pq.read_table(trace), {0: ReplayConfig(tick=0.001)})
-    assert ops_of(pq.read_table(out / "operations")) == ops_of(plain)
-    shutil.rmtree(out)
+def test_a_local_session_binds_loopback_and_starts_no_ui(spark: SparkSession) -> None:
+    """The tests' session is made by `get_session("local[2]")`, as the commands make theirs."""
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.driver.bindAddress") == conf.get("spark.driver.host") == "127.0.0.1"
+    assert conf.get("spark.ui.enabled") == "false"
+    assert spark.sparkContext.uiWebUrl is None
+    assert conf.get("spark.sql.shuffle.partitions") == "2"
 
 
 def test_a_rerun_group_publishes_its_event_log_once(tmp_path: Path) -> None:

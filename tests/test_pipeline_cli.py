@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import doctest
 import json
+import math
 import os
 import subprocess
 import sys
@@ -19,12 +20,23 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from helpers import FlagOperation
+from spark_support import write_trace
 
-import purgatory._timer
-from purgatory.pipeline import W1, ReplayConfig, _chart, _checks, _cli, _spark, replay_table
+from purgatory import DelayedOperationPurgatory
+from purgatory.pipeline import (
+    W1,
+    ReplayConfig,
+    _chart,
+    _checks,
+    _cli,
+    _options,
+    _spark,
+    replay_table,
+)
 from purgatory.pipeline._checks import InputError
+from purgatory.testing import ManualClock
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,26 +77,6 @@ def fails(argv: Sequence[object], capsys: pytest.CaptureFixture[str], *named: ob
     for thing in named:
         assert str(thing) in line, line
     return line
-
-
-def write_trace(path: Path, **changes: Any) -> Path:
-    """A valid two-row trace file with some columns replaced (None: removed)."""
-    columns: dict[str, Any] = {
-        "purgatory": pa.array(["p", "p"]),
-        "op_id": pa.array([0, 1], pa.int64()),
-        "arrival": pa.array([0.0, 0.5]),
-        "keys": pa.array([["a"], ["a", "b"]]),
-        "timeout": pa.array([1.0, 1.0]),
-        "condition_at": pa.array([0.25, None], pa.float64()),
-    }
-    for name, value in changes.items():
-        if value is None:
-            del columns[name]
-        else:
-            columns[name] = value
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table(columns), path)
-    return path
 
 
 def replay_args(trace: Path, out: Path, *more: object) -> list[object]:
@@ -161,6 +153,7 @@ def test_files_that_disagree_on_column_types(
         ({"keys": None}, "missing column 'keys'"),
         ({"purgatory": pa.array([1, 2])}, "column 'purgatory' has type int64, expected a string"),
         ({"timeout": pa.array(["1", "2"])}, "column 'timeout' has type string, expected a number"),
+        ({"note": pa.array(["x", "y"])}, "unknown column 'note' (a trace of schema version 1 has"),
     ],
 )
 def test_a_trace_file_without_the_trace_columns(
@@ -215,14 +208,22 @@ def test_a_sweep_timeout_beyond_the_horizon(
     assert "x2" in line  # the default grid's longest timeout scale is the one beyond
 
 
-def test_horizon_limits_match_the_purgatory() -> None:
-    assert purgatory._timer.MAX_TIMEOUT_TICKS == _checks.HORIZON_TICKS
+def test_the_horizon_is_the_purgatorys_own() -> None:
+    """Found by asking a purgatory: the horizon is accepted, the next double refused."""
+    for tick in (0.001, 0.05):
+        horizon = _checks.timer_horizon(tick)
+        p: DelayedOperationPurgatory[FlagOperation] = DelayedOperationPurgatory(
+            "p", tick=tick, clock=ManualClock()
+        )
+        assert p.try_complete_else_watch(FlagOperation(horizon), ["k"]) is False
+        with pytest.raises(ValueError, match="horizon"):
+            p.try_complete_else_watch(FlagOperation(math.nextafter(horizon, math.inf)), ["k"])
     limits = _checks.horizon_limits(
         [ReplayConfig(tick=0.001), ReplayConfig(tick=0.001), ReplayConfig(timeout_scale=2.0)]
     )
     assert [(scale, limit) for scale, limit, _ in limits] == [
-        (1.0, 2**53 * 0.001),
-        (2.0, 2**53 * 0.001),
+        (1.0, _checks.timer_horizon(0.001)),
+        (2.0, _checks.timer_horizon(0.001)),
     ]
 
 
@@ -432,13 +433,13 @@ def test_the_python_api_says_what_to_install_without_the_extra() -> None:
 
 
 def test_the_help_defaults_are_the_library_defaults() -> None:
-    assert dataclasses.asdict(W1()) == _cli.W1_DEFAULTS
+    assert dataclasses.asdict(W1()) == _options.W1_DEFAULTS
     config = ReplayConfig()
     assert {
         "tick": f"{config.tick:g}",
         "wheel_size": str(config.wheel_size),
         "purge_interval": str(config.purge_interval),
-    } == _cli.GRID_DEFAULTS
+    } == _options.GRID_DEFAULTS
 
 
 # -- replay event logs -------------------------------------------------------------------------
@@ -546,23 +547,57 @@ def test_an_event_log_directory_inside_the_output_or_the_trace(
 
 
 @pytest.mark.parametrize(
-    ("args", "said"),
+    ("args", "out", "said"),
     [
-        (["--application-cost", "nan"], "--application-cost must be a finite number"),
-        (["--application-cost", "-1"], "--application-cost must be a finite number"),
-        (["--out-parent-missing"], "no directory"),
+        (["--application-cost", "nan"], "profile.json", "--application-cost must be a number"),
+        (["--application-cost", "-1"], "profile.json", "in [0, 1], got -1.0"),
+        (["--application-cost", "1e300"], "profile.json", "in [0, 1], got 1e+300"),
+        ([], "missing/profile.json", "no directory"),
+        ([], "a-directory", "is a directory; give the profile file's name"),
+        ([], "/proc/self/profile.json", "cannot write in /proc/self (permission denied)"),
     ],
 )
 def test_calibrate_refuses_bad_arguments_before_measuring(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], said: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], out: str, said: str
 ) -> None:
-    out = tmp_path / "profile.json"
-    if args == ["--out-parent-missing"]:
-        out, args = tmp_path / "missing" / "profile.json", []
-    assert _cli.main(["calibrate", "--quick", "--out", str(out), *args]) == 2
+    """Checked before half a minute of measuring; nothing written. (/proc/self is a place not
+    even root may write in.)"""
+    (tmp_path / "a-directory").mkdir()
+    before = sorted(tmp_path.iterdir())
+    target = tmp_path / out
+    assert _cli.main(["calibrate", "--quick", "--out", str(target), *args]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""  # nothing measured
     lines = captured.err.splitlines()
     assert len(lines) == 1
     assert said in lines[0]
-    assert not out.exists()
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_a_saturation_outside_the_measured_rates_is_a_note_not_a_line() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    outside = _chart.saturation_mark(ax, 50_000.0, [1000.0, 8000.0], "C0", "timeout x1")
+    assert outside == (
+        "timeout x1: saturation ~50,000/s, beyond the highest rate measured (no line drawn)"
+    )
+    assert not ax.lines
+    assert _chart.saturation_mark(ax, 5000.0, [1000.0, 8000.0], "C0", "timeout x1") is None
+    (line,) = ax.lines
+    xy: Any = line.get_xydata()
+    assert xy[0][0] == 5000.0  # a vertical line at the rate
+    plt.close(fig)
+
+
+def test_load_chart_is_written(tmp_path: Path) -> None:
+    rows = [
+        summary_row(i, timeout_scale=scale, rate_scale=rate, utilisation=rate / 40)
+        | {"missed": 200, "lateness_p99": 0.001, "pass_lateness_p99": 0.0005}
+        for i, (scale, rate) in enumerate((s, r) for s in (1.0, 2.0) for r in (1.0, 8.0))
+    ]
+    _chart.load_chart(rows, str(tmp_path / "load.png"), 1000.0, "a load sweep")
+    assert (tmp_path / "load.png").read_bytes()[:4] == b"\x89PNG"

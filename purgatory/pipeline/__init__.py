@@ -22,21 +22,22 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._frames import TraceError as TraceError
     from ._generate import TRACE_SCHEMA as TRACE_SCHEMA
     from ._generate import W1 as W1
-    from ._jobs import SHARED_SUMMARY_COLUMNS as SHARED_SUMMARY_COLUMNS
-    from ._jobs import TraceError as TraceError
-    from ._jobs import analyze as analyze
-    from ._jobs import generate as generate
-    from ._jobs import load_trace as load_trace
-    from ._jobs import replay as replay
-    from ._jobs import trace_anchors as trace_anchors
-    from ._jobs import trace_from_log as trace_from_log
+    from ._job_eventlog import analyze as analyze
+    from ._job_eventlog import load_event_log as load_event_log
+    from ._job_replay import replay as replay
+    from ._job_trace import generate as generate
+    from ._job_trace import load_trace as load_trace
+    from ._job_trace import trace_anchors as trace_anchors
+    from ._job_trace import trace_from_log as trace_from_log
     from ._load import CostProfile as CostProfile
     from ._load import load_profile as load_profile
     from ._replay import ReplayConfig as ReplayConfig
     from ._replay import replay_table as replay_table
     from ._spark import get_session as get_session
+    from ._summary import SHARED_SUMMARY_COLUMNS as SHARED_SUMMARY_COLUMNS
 
 __all__ = (
     "SHARED_SUMMARY_COLUMNS",
@@ -48,6 +49,7 @@ __all__ = (
     "analyze",
     "generate",
     "get_session",
+    "load_event_log",
     "load_profile",
     "load_trace",
     "replay",
@@ -59,14 +61,15 @@ __all__ = (
 _HOME = {
     "TRACE_SCHEMA": "_generate",
     "W1": "_generate",
-    "SHARED_SUMMARY_COLUMNS": "_jobs",
-    "TraceError": "_jobs",
-    "analyze": "_jobs",
-    "generate": "_jobs",
-    "load_trace": "_jobs",
-    "replay": "_jobs",
-    "trace_anchors": "_jobs",
-    "trace_from_log": "_jobs",
+    "SHARED_SUMMARY_COLUMNS": "_summary",
+    "TraceError": "_frames",
+    "analyze": "_job_eventlog",
+    "load_event_log": "_job_eventlog",
+    "generate": "_job_trace",
+    "load_trace": "_job_trace",
+    "replay": "_job_replay",
+    "trace_anchors": "_job_trace",
+    "trace_from_log": "_job_trace",
     "CostProfile": "_load",
     "load_profile": "_load",
     "ReplayConfig": "_replay",

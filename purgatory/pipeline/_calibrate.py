@@ -7,7 +7,10 @@ and less disturbed by other processes than wall time. Each is run a few times an
 kept. The kinds and what they are charged for are listed in `purgatory.pipeline._load.COST_KINDS`.
 
 Costs are those of a loaded loop, the regime where they matter: a callback is one of many due
-at once (no wait in the selector between them). Solved, not measured directly: ``watch_key`` (a
+at once (no wait in the selector between them). The one exception is ``wake``, what waking an
+idle loop costs beyond that: callbacks a tick apart, each finding the loop asleep in its
+selector, minus a due callback's dispatch; the replay charges it to an event that finds the
+modelled core idle. Solved, not measured directly: ``watch_key`` (a
 watch on four keys minus one on one key, over three), and ``expiry`` and ``timer_pass`` from two
 runs: one pass per expiry (each operation on a tick of its own) and one pass for thousands; a
 spaced pass wakes an idle loop, so the CPU of an idle wake-up (callbacks a tick apart) is taken
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import platform
+import selectors
 import statistics
 import sys
 import time
@@ -97,11 +101,13 @@ def _run(loop_kind: str, scenario: Callable[[], Awaitable[float]]) -> float:
         loop.close()
 
 
-async def _dispatch(n: int) -> float:
-    """`n` timer callbacks all due, run by a busy loop: CPU seconds per callback.
+async def _callbacks(n: int, spacing: float) -> float:
+    """`n` timer callbacks `spacing` seconds apart: CPU seconds per callback.
 
-    A loaded loop runs many due callbacks per iteration, without waiting in the selector in
-    between: this is what a callback costs when the core is the bottleneck.
+    With a spacing of a nanosecond they are all due at once and a busy loop runs them one after
+    another, without waiting in the selector (what a callback costs when the core is the
+    bottleneck: ``dispatch``); a tick apart, each wakes an idle loop from its selector (what
+    the first event after an idle spell costs: ``dispatch`` plus ``wake``).
     """
     loop = asyncio.get_running_loop()
     done = loop.create_future()
@@ -113,29 +119,9 @@ async def _dispatch(n: int) -> float:
         if not left:
             done.set_result(None)
 
-    when = loop.time()
+    when = loop.time() + (2 * spacing if spacing >= 1e-3 else 0.0)
     for i in range(n):
-        loop.call_at(when + i * 1e-9, step)
-    start = time.thread_time()
-    await done
-    return (time.thread_time() - start) / n
-
-
-async def _idle_wakes(n: int) -> float:
-    """`n` timer callbacks a tick apart, each waking an idle loop: CPU seconds per wake-up."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    left = n
-
-    def step() -> None:
-        nonlocal left
-        left -= 1
-        if not left:
-            done.set_result(None)
-
-    when = loop.time()
-    for i in range(n):
-        loop.call_at(when + (i + 2) * 0.001, step)
+        loop.call_at(when + i * spacing, step)
     start = time.thread_time()
     await done
     return (time.thread_time() - start) / n
@@ -250,6 +236,16 @@ def _machine() -> str:
     return f"{model}, {platform.system()}"
 
 
+def _resolution(loop: str) -> float:
+    """The granularity of the loop's sleep: whole milliseconds for libuv (uvloop) and for the
+    epoll, poll and devpoll selectors (their timeouts are in ms, Python rounds up); a
+    microsecond for select; none for kqueue (nanoseconds)."""
+    if loop == "uvloop":
+        return 0.001
+    name = selectors.DefaultSelector.__name__
+    return {"SelectSelector": 1e-6, "KqueueSelector": 0.0}.get(name, 0.001)
+
+
 def _median(repeats: int, loop: str, scenario: Callable[[], Awaitable[float]]) -> float:
     return statistics.median(_run(loop, scenario) for _ in range(repeats))
 
@@ -278,7 +274,7 @@ def calibrate(
     say = progress or (lambda _: None)
     r = sizes.repeats
     say("dispatch")
-    dispatch = _median(r, loop, lambda: _dispatch(sizes.callbacks))
+    dispatch = _median(r, loop, lambda: _callbacks(sizes.callbacks, 1e-9))
     say("watch")
     watch1 = _median(r, loop, lambda: _watches(sizes.watches, 1))
     watch4 = _median(r, loop, lambda: _watches(sizes.watches, 4))
@@ -289,7 +285,8 @@ def calibrate(
     say("expiry")
     spaced = _median(r, loop, lambda: _expiries(sizes.spaced_expiries, True))
     bulk = _median(r, loop, lambda: _expiries(sizes.bulk_expiries, False))
-    idle = _median(r, loop, lambda: _idle_wakes(sizes.spaced_expiries))
+    say("wake")
+    idle = _median(r, loop, lambda: _callbacks(sizes.spaced_expiries, 0.001))
     say("purge")
     purged_entry = _median(r, loop, lambda: _purges(sizes.checks))
     # spaced = n_s * (pass + expiry); bulk = pass + n_b * expiry. Each spaced pass wakes an
@@ -298,6 +295,7 @@ def calibrate(
     expiry = (bulk - spaced / n_s) / (n_b - 1)
     timer_pass = spaced / n_s - expiry - idle + dispatch
     solved = {
+        "wake": idle - dispatch,
         "watch": watch1 - dispatch,
         "watch_key": (watch4 - watch1) / 3,
         "expiry": expiry,
@@ -311,6 +309,7 @@ def calibrate(
             )
     return CostProfile(
         dispatch=dispatch,
+        wake=solved["wake"],
         watch=solved["watch"],
         watch_key=solved["watch_key"],
         attempt=attempt,
@@ -319,6 +318,7 @@ def calibrate(
         timer_pass=timer_pass,
         purged_entry=purged_entry,
         application=application,
+        wake_resolution=_resolution(loop),
         loop=loop,
         python=f"{platform.python_implementation()} {platform.python_version()}",
         machine=_machine(),

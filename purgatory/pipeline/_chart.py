@@ -126,6 +126,21 @@ def saturation_rate(points: Sequence[tuple[float, float]]) -> float | None:
     return min(busy) if busy else None
 
 
+def saturation_mark(
+    ax: Any, rate: float | None, rates: Sequence[float], color: str, label: str
+) -> str | None:
+    """Draw the saturation `rate` on `ax` if it lies inside the measured `rates`; else return
+    the note to print instead (a line far past the last point would claim what was not
+    measured: the estimate is a linear extrapolation of the utilisation)."""
+    if rate is None:
+        return None
+    if min(rates) <= rate <= max(rates):
+        ax.axvline(rate, color=color, linestyle=":", linewidth=1.5)
+        return None
+    side = "below the lowest" if rate < min(rates) else "beyond the highest"
+    return f"{label}: saturation ~{number(rate)}/s, {side} rate measured (no line drawn)"
+
+
 def load_chart(rows: Sequence[Mapping[str, Any]], path: str, base_rate: float, title: str) -> None:
     """Write a PNG of expired and missed shares and lateness against the offered rate,
     saturation marked.
@@ -134,13 +149,18 @@ def load_chart(rows: Sequence[Mapping[str, Any]], path: str, base_rate: float, t
     queueing); past saturation it rises with the queue, where the expired share may fall (an
     operation watched late often finds its condition already met).
 
-    One line per configuration other than the rate (worst purgatory of each); the x axis is
-    `base_rate` times ``rate_scale``, in arrivals per second per purgatory.
+    One colour per configuration other than the rate (the timeout scale, typically; worst
+    purgatory of each), the same in both panels; the line style says what is drawn (expired
+    solid, missed dashed; timer pass solid, expiry dashed). The x axis is `base_rate` times
+    ``rate_scale``, in arrivals per second per purgatory. A configuration's saturation rate
+    (from rate / utilisation, `saturation_rate`) is a dotted line of its colour when it lies
+    within the measured rates, and a note under the chart otherwise.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     series: dict[tuple[Any, ...], dict[float, dict[str, float]]] = {}
     for row in rows:
@@ -155,59 +175,49 @@ def load_chart(rows: Sequence[Mapping[str, Any]], path: str, base_rate: float, t
         point["late"] = max(point["late"], row["lateness_p99"] or 0.0)
         point["pass"] = max(point["pass"], row["pass_lateness_p99"] or 0.0)
         point["util"] = max(point["util"], row["utilisation"])
-    fig, axes = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    saturation = []
-    for key, points in sorted(series.items()):
+    labels, _ = config_labels(
+        [
+            dict(zip(("tick", "wheel_size", "purge_interval", "timeout_scale"), k, strict=True))
+            | {"rate_scale": 1.0, "trigger": ""}
+            for k in sorted(series)
+        ]
+    )
+    fig, axes = plt.subplots(2, 1, figsize=(8, 7.5), sharex=True)
+    notes, colours = [], []
+    for i, points in enumerate(series[key] for key in sorted(series)):
+        color, label = f"C{i}", labels[i] if len(series) > 1 else "all"
         rates = sorted(points)
-        suffix = f", timeout x{number(key[3])}" if len(series) > 1 else ""
-        (line,) = axes[0].plot(
-            rates,
-            [100 * points[r]["expired"] / max(1.0, points[r]["operations"]) for r in rates],
-            marker="o",
-            label=f"expired{suffix}",
-        )
-        axes[0].plot(
-            rates,
-            [100 * points[r]["missed"] / max(1.0, points[r]["operations"]) for r in rates],
-            marker="s",
-            linestyle="--",
-            color=line.get_color(),
-            label=f"missed: expired or answered after the timeout{suffix}",
-        )
-        axes[1].plot(
-            rates, [1000 * points[r]["pass"] for r in rates], marker="o", label="timer pass p99"
-        )
-        axes[1].plot(
-            rates,
-            [1000 * points[r]["late"] for r in rates],
-            marker="s",
-            linestyle="--",
-            label="expiry p99",
-        )
+        share = [100 / max(1.0, points[r]["operations"]) for r in rates]
+        for name, style in (("expired", "-"), ("missed", "--")):
+            values = [points[r][name] * k for r, k in zip(rates, share, strict=True)]
+            axes[0].plot(rates, values, color=color, linestyle=style, marker="o", markersize=4)
+        for name, style in (("pass", "-"), ("late", "--")):
+            values = [1000 * points[r][name] for r in rates]
+            axes[1].plot(rates, values, color=color, linestyle=style, marker="o", markersize=4)
         rate = saturation_rate([(r, points[r]["util"]) for r in rates])
-        if rate is not None:
-            saturation.append(rate)
-    if saturation:
-        rate = min(saturation)
         for ax in axes:
-            ax.axvline(rate, color="tab:red", linestyle=":")
-        axes[0].annotate(
-            f"saturation ~{number(rate)}/s",
-            (rate, 0),
-            xycoords=("data", "axes fraction"),
-            xytext=(4, 6),
-            textcoords="offset points",
-            color="tab:red",
-        )
+            note = saturation_mark(ax, rate, rates, color, label)
+        if note:  # (the same for both panels)
+            notes.append(note)
+        colours.append(Line2D([], [], color=color, label=label))
+    styles = (
+        (axes[0], "expired", "missed: expired or answered after the timeout"),
+        (axes[1], "timer pass p99", "expiry p99"),
+    )
+    for ax, solid, dashed in styles:
+        ax.grid(alpha=0.3)
+        handles = [
+            Line2D([], [], color="black", linestyle="-", label=solid),
+            Line2D([], [], color="black", linestyle="--", label=dashed),
+            Line2D([], [], color="black", linestyle=":", label="saturation (rate / utilisation)"),
+        ]
+        ax.legend(handles=handles + (colours if len(series) > 1 else []), fontsize=8)
     axes[0].set_ylabel("share of operations (%)")
     axes[1].set_ylabel("lateness p99 (ms)")
     axes[1].set_xlabel("offered rate (arrivals/s per purgatory)")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    handles, labels = axes[1].get_legend_handles_labels()
-    axes[1].legend(handles[:2], labels[:2], fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
+    if notes:
+        fig.text(0.01, 0.005, "\n".join(notes), fontsize=8, va="bottom")
+    fig.tight_layout(rect=(0, 0.03 * len(notes), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -16,12 +16,15 @@ file is read, so the command line can say what is missing when the Spark extra i
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import math
 import os
+import struct
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final
 
-from .. import DelayedOperationPurgatory
+from .. import DelayedOperation, DelayedOperationPurgatory
 from ..testing import ManualClock
 
 if TYPE_CHECKING:
@@ -30,7 +33,6 @@ if TYPE_CHECKING:
 __all__ = (
     "EVENT_LOG_SUFFIXES",
     "EXTRA_MODULES",
-    "HORIZON_TICKS",
     "TRACE_COLUMNS",
     "InputError",
     "check_apart",
@@ -39,13 +41,14 @@ __all__ = (
     "check_event_logs",
     "check_output",
     "check_trace",
+    "connect_url",
+    "files_here",
     "horizon_limits",
     "local_path",
     "missing_extra",
+    "timer_horizon",
 )
 
-#: The timer's horizon: a deadline at most this many ticks ahead (the purgatory refuses more).
-HORIZON_TICKS: Final = 2**53
 #: The columns every trace file must have (trace schema version 1).
 TRACE_COLUMNS: Final = ("purgatory", "op_id", "arrival", "keys", "timeout", "condition_at")
 #: The files `analyze` and ``generate --from-log`` read; ``*.part`` files are still being written.
@@ -73,6 +76,28 @@ def missing_extra(modules: Sequence[str] = EXTRA_MODULES) -> str | None:
         if not found:
             return f"this command needs the Spark extra (no module {name!r}): {_INSTALL}"
     return None
+
+
+def connect_url(master: str | None) -> str | None:
+    """The Spark Connect URL a command runs against: `master` if it is one (``sc://...``), else
+    ``SPARK_REMOTE`` when no master is given; ``None`` for a classic master."""
+    if master is not None:
+        return master if master.startswith("sc://") else None
+    return os.environ.get("SPARK_REMOTE") or None
+
+
+_LOOPBACK: Final = ("localhost", "::1", "[::1]")
+
+
+def files_here(master: str | None) -> bool:
+    """Whether the jobs of `master` read and write this machine's files, so that local paths
+    can be checked here (and, for Spark Connect, made absolute here): any classic master (the
+    driver runs here), or a Spark Connect server on this machine (a loopback address)."""
+    url = connect_url(master)
+    if url is None:
+        return True
+    host = url.removeprefix("sc://").split("/", 1)[0].rsplit(":", 1)[0].split(";", 1)[0]
+    return host in _LOOPBACK or host.startswith("127.")
 
 
 def local_path(path: str) -> str | None:
@@ -122,7 +147,8 @@ def check_trace(path: str) -> None:
 
     Checked: the path exists; it holds Parquet files and no event logs; every file starts and
     ends with the Parquet magic and its footer reads (a truncated copy fails here); every file
-    has the trace's columns, of usable types; the files agree on each column's type.
+    has the trace's columns and no other, of usable types; the files agree on each column's
+    type.
 
     Raises:
         InputError: The first problem found, naming the file (and the column).
@@ -184,6 +210,12 @@ def _trace_columns(file: str) -> dict[str, str]:
         raise InputError(
             f"trace file {file}: missing column {missing[0]!r} (it has {sorted(schema.names)}; "
             "see docs/pipeline-schemas.md)"
+        )
+    unknown = [name for name in schema.names if name not in TRACE_COLUMNS]
+    if unknown:
+        raise InputError(
+            f"trace file {file}: unknown column {unknown[0]!r} (a trace of schema version 1 "
+            f"has exactly {', '.join(TRACE_COLUMNS)}; select those to replay it)"
         )
     for name in TRACE_COLUMNS:
         kind = schema.field(name).type
@@ -271,17 +303,12 @@ def check_output(
     local = local_path(path)
     if local is None:
         return
-    target = os.path.realpath(local)
-    for source in inputs:
-        source_local = local_path(source)
-        if source_local is None:
-            continue
-        real = os.path.realpath(source_local)
-        if target == real or _inside(target, real) or _inside(real, target):
-            raise InputError(
-                f"{what} {path} overlaps the input {source}: writing it would destroy the "
-                "input; choose another directory"
-            )
+    source = _overlapped(local, inputs)
+    if source is not None:
+        raise InputError(
+            f"{what} {path} overlaps the input {source}: writing it would destroy the input; "
+            "choose another directory"
+        )
     if os.path.lexists(local):
         if not overwrite:
             raise InputError(f"{what} {path} already exists (pass --overwrite to replace it)")
@@ -306,16 +333,25 @@ def check_apart(path: str, what: str, others: Sequence[tuple[str, str]]) -> None
     local = local_path(path)
     if local is None:
         return
+    other = _overlapped(local, [other for _, other in others])
+    if other is not None:
+        other_what = next(kind for kind, where in others if where == other)
+        raise InputError(
+            f"{what} {path} overlaps the {other_what} {other}; choose a directory of its own"
+        )
+
+
+def _overlapped(local: str, others: Sequence[str]) -> str | None:
+    """The first of `others` (local ones only) that `local` is, contains or lies inside."""
     target = os.path.realpath(local)
-    for other_what, other in others:
+    for other in others:
         other_local = local_path(other)
         if other_local is None:
             continue
         real = os.path.realpath(other_local)
         if target == real or _inside(target, real) or _inside(real, target):
-            raise InputError(
-                f"{what} {path} overlaps the {other_what} {other}; choose a directory of its own"
-            )
+            return other
+    return None
 
 
 def _inside(path: str, directory: str) -> bool:
@@ -373,15 +409,60 @@ def check_configs(configs: Sequence[ReplayConfig], timeout: float | None = None)
 def horizon_limits(configs: Sequence[ReplayConfig]) -> list[tuple[float, float, str]]:
     """(timeout scale, the longest scaled timeout in seconds, a description) per configuration.
 
-    A trace's timeout ``t`` replays as ``t * scale``, and the purgatory refuses it beyond
-    `HORIZON_TICKS` ticks: the validation scan of the trace checks ``t * scale <= limit``.
+    A trace's timeout ``t`` replays as ``t * scale``, and the purgatory refuses it beyond its
+    timer's horizon (`timer_horizon`): the validation scan of the trace checks
+    ``t * scale <= limit``.
     """
     limits: dict[tuple[float, float], str] = {}
     for config in configs:
-        limit = HORIZON_TICKS * float(config.tick)
+        limit = timer_horizon(float(config.tick))
         limits.setdefault(
             (config.timeout_scale, limit),
-            f"2**53 ticks: {limit:.3g} s at tick {config.tick:g} s, timeout x"
-            f"{config.timeout_scale:g}",
+            f"{limit:.3g} s at tick {config.tick:g} s, timeout x{config.timeout_scale:g}",
         )
     return [(scale, limit, label) for (scale, limit), label in limits.items()]
+
+
+class _Done(DelayedOperation[None]):
+    """An operation complete at its first try: a watch of it registers nothing."""
+
+    def try_complete(self) -> bool:
+        return self.force_complete()
+
+    def on_complete(self) -> None:
+        pass
+
+    def on_expiration(self) -> None:
+        pass
+
+
+@functools.cache
+def timer_horizon(tick: float) -> float:
+    """The longest timeout a purgatory of this `tick` accepts, in seconds, asked of it.
+
+    The purgatory refuses a timeout beyond its timer's horizon (`ValueError`) before its first
+    try, and an operation complete at that try registers nothing: a bisection over the doubles
+    (as integers, which order non-negative doubles) finds the last accepted one in 64 watches,
+    so the limit is the purgatory's own, whatever it is.
+    """
+    purgatory: DelayedOperationPurgatory[_Done] = DelayedOperationPurgatory(
+        "horizon", tick=tick, clock=ManualClock()
+    )
+
+    def accepted(bits: int) -> bool:
+        timeout = struct.unpack("<d", struct.pack("<q", bits))[0]
+        try:
+            purgatory.try_complete_else_watch(_Done(timeout), ("k",))
+        except ValueError:
+            return False
+        return True
+
+    low, high = 0, struct.unpack("<q", struct.pack("<d", math.inf))[0]  # 0.0 in, inf out
+    while high - low > 1:
+        middle = (low + high) // 2
+        if accepted(middle):
+            low = middle
+        else:
+            high = middle
+    horizon: float = struct.unpack("<d", struct.pack("<q", low))[0]
+    return horizon

@@ -4,8 +4,9 @@ Without a profile the replay runs in virtual time where the purgatory's own work
 so an arrival rate changes nothing. With one, each (purgatory, configuration) group is served
 as one event loop on one core serves it: every event (an arrival's watch, a condition that
 fires, a timer pass) starts at ``max(its time, busy_until)`` and keeps the core busy for what
-its work costs by the profile. Work queues behind work, timer passes run late, and operations
-wait longer and expire more once the offered work exceeds the core.
+its work costs by the profile, plus the wake-up of an idle loop when it finds the core idle.
+Work queues behind work, timer passes run late, and operations wait longer and expire more
+once the offered work exceeds the core.
 
 A profile is measured by ``python -m purgatory.pipeline calibrate`` (in `._calibrate`) on the
 machine and loop that matter, and stored as a small versioned JSON file.
@@ -13,6 +14,7 @@ machine and loop that matter, and stored as a small versioned JSON file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -21,14 +23,27 @@ from typing import Any, Final
 
 from .._clock import Timer
 
-__all__ = ("COST_KINDS", "PROFILE_VERSION", "CostProfile", "LoadClock", "load_profile")
+__all__ = (
+    "COST_KINDS",
+    "MAX_COST",
+    "PROFILE_VERSION",
+    "CostProfile",
+    "LoadClock",
+    "load_profile",
+)
 
 #: The version of the profile file's layout; a file of another version is refused.
-PROFILE_VERSION: Final = 1
+PROFILE_VERSION: Final = 2
+#: The most one event may cost, in seconds of one core: a loop that spends more on a single
+#: callback is not serving a purgatory, and a larger figure is a broken profile (it would
+#: also carry the model's clock past what a double counts in nanoseconds).
+MAX_COST: Final = 1.0
 
 #: What each cost of a profile is charged for, in seconds of one core.
 COST_KINDS: Final = {
     "dispatch": "the loop running one callback: an arrival, a condition firing",
+    "wake": "waking an idle loop (its selector returning), beyond the dispatch: charged to an "
+    "event that finds the core idle",
     "watch": "try_complete_else_watch of an operation that waits, on one key (its two tries)",
     "watch_key": "each key of a watch after the first",
     "attempt": "one try_complete that finds its condition unmet",
@@ -45,6 +60,7 @@ class CostProfile:
     """CPU seconds per event kind (see `COST_KINDS`), and where they were measured."""
 
     dispatch: float
+    wake: float
     watch: float
     watch_key: float
     attempt: float
@@ -53,17 +69,29 @@ class CostProfile:
     timer_pass: float
     purged_entry: float
     application: float = 0.0
+    #: The granularity of the loop's sleep in its selector: an idle loop sleeps until its next
+    #: timer rounded up to this (epoll's and libuv's timeouts are whole milliseconds), then runs
+    #: every event due by then for one wake-up. 0: it wakes exactly on time.
+    wake_resolution: float = 0.0
     loop: str = "asyncio"
     python: str = ""
     machine: str = ""
 
     def __post_init__(self) -> None:
-        for kind in COST_KINDS:
+        for kind in (*COST_KINDS, "wake_resolution"):
             value = getattr(self, kind)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"cost {kind!r} must be a number of seconds, got {value!r}")
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"cost {kind!r} must be a finite number >= 0, got {value!r}")
+                raise ValueError(f"cost {kind!r} must be a number of seconds, got {value!r:.40}")
+            try:
+                seconds = float(value)
+            except OverflowError:
+                seconds = math.inf
+            if not 0 <= seconds <= MAX_COST:
+                raise ValueError(
+                    f"cost {kind!r} must be a number of seconds in [0, {MAX_COST:g}], got "
+                    f"{value!r:.40}"
+                )
+            object.__setattr__(self, kind, seconds)
 
     @property
     def zero(self) -> bool:
@@ -78,13 +106,17 @@ class CostProfile:
             "loop": data.pop("loop"),
             "python": data.pop("python"),
             "machine": data.pop("machine"),
+            "wake_resolution": data.pop("wake_resolution"),
             "costs": data,
         }
 
     def describe(self) -> str:
         """One line for a summary: the loop, and the costs in microseconds."""
         costs = ", ".join(f"{kind} {getattr(self, kind) * 1e6:.2f}" for kind in COST_KINDS)
-        return f"{self.loop} loop, {self.machine or 'unknown machine'}; costs (us): {costs}"
+        return (
+            f"{self.loop} loop, {self.machine or 'unknown machine'}; costs (us): {costs}; "
+            f"wake resolution {self.wake_resolution * 1e3:g} ms"
+        )
 
 
 def profile_from_json(data: Any, where: str) -> CostProfile:
@@ -94,25 +126,26 @@ def profile_from_json(data: Any, where: str) -> CostProfile:
     version = data.get("version")
     if version != PROFILE_VERSION:
         raise ValueError(
-            f"cost profile {where}: version {version!r}, expected {PROFILE_VERSION} "
+            f"cost profile {where}: version {version!r:.40}, expected {PROFILE_VERSION} "
             "(make a new one with: python -m purgatory.pipeline calibrate --out FILE)"
         )
     costs = data.get("costs")
     if not isinstance(costs, dict):
         raise ValueError(f"cost profile {where}: 'costs' must be an object, got {costs!r:.60}")
-    unknown = sorted(set(costs) - set(COST_KINDS))
+    unknown = [kind for kind in costs if kind not in COST_KINDS]
     if unknown:
         raise ValueError(
-            f"cost profile {where}: unknown cost {unknown[0]!r} (known: {', '.join(COST_KINDS)})"
+            f"cost profile {where}: unknown cost {unknown[0]!r:.40} "
+            f"(known: {', '.join(COST_KINDS)})"
         )
     missing = [kind for kind in COST_KINDS if kind not in costs and kind != "application"]
     if missing:
         raise ValueError(f"cost profile {where}: missing cost {missing[0]!r}")
-    meta: dict[str, Any] = {}
+    meta: dict[str, Any] = {"wake_resolution": data.get("wake_resolution", 0.0)}
     for name in ("loop", "python", "machine"):
         value = data.get(name, "")
         if not isinstance(value, str):
-            raise ValueError(f"cost profile {where}: {name!r} must be a string, got {value!r}")
+            raise ValueError(f"cost profile {where}: {name!r} must be a string, got {value!r:.40}")
         meta[name] = value
     try:
         return CostProfile(**{**costs, **meta})
@@ -124,28 +157,50 @@ def load_profile(path: str) -> CostProfile:
     """Read and check a profile file.
 
     Raises:
-        ValueError: One line naming the file: unreadable, not JSON, another version, a cost
-            missing, unknown, negative or not a number.
+        ValueError: One line naming the file: unreadable, not UTF-8, not JSON, another
+            version, a cost missing, unknown, not a number, negative, or beyond `MAX_COST`.
     """
     try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
+        with open(path, "rb") as file:
+            raw = file.read(_LARGEST + 1)
     except OSError as exc:
         raise ValueError(f"cost profile {path}: cannot read it: {exc.strerror}") from None
+    if len(raw) > _LARGEST:
+        raise ValueError(f"cost profile {path}: larger than {_LARGEST:,} bytes: not a profile")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"cost profile {path}: not UTF-8 text (byte {exc.start}: {raw[exc.start]:#04x})"
+        ) from None
     try:
         data = json.loads(text)
     except ValueError as exc:
-        raise ValueError(f"cost profile {path}: not JSON: {exc}") from None
+        raise ValueError(f"cost profile {path}: not JSON: {_one_line(exc)}") from None
     return profile_from_json(data, path)
 
 
+#: A profile file is a few hundred bytes.
+_LARGEST: Final = 1 << 20
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
 def save_profile(profile: CostProfile, path: str) -> None:
-    """Write `profile` as JSON (whole: written beside, then renamed over `path`)."""
+    """Write `profile` as JSON (whole: written beside, then renamed over `path`; nothing is
+    left beside it if that fails)."""
     staging = f"{path}.part"
-    with open(staging, "w", encoding="utf-8") as file:
-        json.dump(profile.to_json(), file, indent=2)
-        file.write("\n")
-    os.replace(staging, path)
+    try:
+        with open(staging, "w", encoding="utf-8") as file:
+            json.dump(profile.to_json(), file, indent=2)
+            file.write("\n")
+        os.replace(staging, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(staging)
+        raise
 
 
 class LoadClock:

@@ -49,8 +49,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import DelayedOperation, DelayedOperationPurgatory
-from .._eventlog import JsonLinesEventLog
+from .. import DelayedOperation, DelayedOperationPurgatory, JsonLinesEventLog
 from ..testing import ManualClock, check_invariants
 from ._load import CostProfile, LoadClock
 
@@ -405,7 +404,7 @@ class _LoadedGroup(_Group):
     Events are served in the order of their times (at one instant: timer passes, conditions,
     the arrival), each from ``max(its time, busy_until)``. What an event costs is counted from
     the work it did: the tries (``attempts``), the operations it finished, the expiries of a
-    pass and the entries it purged.
+    pass and the entries it purged; and the loop's wake-up if it found the core idle.
     """
 
     __slots__ = (
@@ -468,9 +467,27 @@ class _LoadedGroup(_Group):
             purge = raw <= self.last_pass + 1e-3 * self.config.tick
             self.pass_due = end if purge and raw < start else raw
 
+    def _start(self, at: float) -> tuple[float, float]:
+        """When an event due `at` starts, and the wake-up it costs.
+
+        An event that finds the core idle wakes the loop from its selector: the loop went to
+        sleep when it fell idle, until this event's time rounded up to the selector's
+        resolution (``wake_resolution``), and pays the profile's ``wake`` once; every event
+        due by the time it wakes then runs on a loop already awake, as does one that queues
+        behind work. This is the knee: a loop often idle pays often, and its events (timer
+        passes too) run up to a resolution late.
+        """
+        free = self.busy_until
+        if at <= free:
+            return free, 0.0
+        step = self.costs.wake_resolution
+        if step > 0:
+            at = free + math.ceil((at - free) / step - 1e-9) * step
+        return at, self.costs.wake
+
     def _serve_pass(self) -> None:
         due = self.pass_due
-        start = max(due, self.busy_until)
+        start, wake = self._start(due)
         self.load.set(start)
         purgatory = self.purgatory
         watched = purgatory.watched()
@@ -480,15 +497,15 @@ class _LoadedGroup(_Group):
         late = round((start - due) * 1e9)
         self.late[late] = self.late.get(late, 0) + 1
         costs = self.costs
-        cost = costs.timer_pass + expired * costs.expiry + purged * costs.purged_entry
+        cost = wake + costs.timer_pass + expired * costs.expiry + purged * costs.purged_entry
         self._served(start, cost, True)
 
     def _serve_condition(self, at: float, op: ReplayOperation) -> None:
-        start = max(at, self.busy_until)
+        start, wake = self._start(at)
         self.load.set(start)
         costs = self.costs
         if op.ended:  # expired or completed already: the event finds nothing to do
-            self._served(start, costs.dispatch, False)
+            self._served(start, wake + costs.dispatch, False)
             return
         op.ready = True
         attempts = self.attempts
@@ -499,7 +516,7 @@ class _LoadedGroup(_Group):
             self.purgatory.check_and_complete(op.keys[0])
         done = len(self.waits) - finished
         tries = self.attempts - attempts - done
-        cost = costs.dispatch + tries * costs.attempt + done * costs.completion
+        cost = wake + costs.dispatch + tries * costs.attempt + done * costs.completion
         self._served(start, cost, False)
 
     def run_until(self, t: float) -> None:
@@ -523,7 +540,7 @@ class _LoadedGroup(_Group):
     ) -> None:
         """Serve one arrival due at `t`, once what was due before it has been served."""
         self.run_until(t)
-        start = max(t, self.busy_until)
+        start, wake = self._start(t)
         self.load.set(start)
         if math.isnan(self.start):
             self.start = start
@@ -531,7 +548,7 @@ class _LoadedGroup(_Group):
         op = ReplayOperation(self, op_id, keys, timeout, ready=ready, arrived=t, at=start)
         purgatory = self.purgatory
         costs = self.costs
-        cost = costs.dispatch + costs.application
+        cost = wake + costs.dispatch + costs.application
         if purgatory.try_complete_else_watch(op, keys):
             cost += costs.completion
         else:

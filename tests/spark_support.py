@@ -1,0 +1,304 @@
+"""The Spark the pipeline tests run on, written once.
+
+- `local_session`: the one local[2] session the tests share (made by the pipeline's own
+  `get_session`, so with its defaults: loopback only, no web UI, two shuffle partitions);
+- `standalone_cluster` and `connect_server`: a standalone master with two workers, and a Spark
+  Connect server, started from the pyspark wheel's own scripts as separate JVMs on loopback;
+- `write_trace`: a valid two-row trace file with some columns replaced; `CONFIGS` and
+  `small_w1`, the grid and the workload the replay tests share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from purgatory.pipeline import W1, ReplayConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+CONFIGS = [
+    ReplayConfig(tick=0.001),
+    # A coarse tick (many conditions land between a deadline and its rounding), a small wheel
+    # (overflow levels and cascades), frequent purges, shorter timeouts, doubled traffic.
+    ReplayConfig(
+        tick=0.05,
+        wheel_size=4,
+        purge_interval=10,
+        timeout_scale=0.5,
+        rate_scale=2.0,
+        trigger="force",
+    ),
+]
+
+
+def small_w1(operations: int, seed: int, chunk: int = 200_000) -> W1:
+    """Two purgatories of busy, short-lived traffic: 20 keys, 100 ms timeouts, a latency that
+    often exceeds them, 5 % never completing; both outcomes well exercised."""
+    return W1(
+        purgatories=2,
+        operations=operations,
+        rate=2000.0,
+        timeout=0.1,
+        p50=0.04,
+        p75=0.1,
+        keys=20,
+        never=0.05,
+        seed=seed,
+        chunk=chunk,
+    )
+
+
+#: How long a JVM may take to come up on a loaded 2-core machine.
+STARTUP_SECONDS = 180
+#: Every JVM the tests start compiles with C1 only and collects with one thread: they start in
+#: about half the time on a busy 2-core machine, and the tests' jobs are small.
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def local_session() -> Iterator[SparkSession]:
+    """The tests' local[2] session, stopped when the tests are done."""
+    from purgatory.pipeline import get_session
+    from purgatory.pipeline._spark import quiet
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = get_session("local[2]", "purgatory-tests", {"spark.ui.showConsoleProgress": "false"})
+    quiet(session, "ERROR")
+    yield session
+    session.stop()
+
+
+def write_trace(path: Path, **changes: Any) -> Path:
+    """A valid two-row trace file at `path` with some columns replaced (None: removed)."""
+    columns: dict[str, Any] = {
+        "purgatory": pa.array(["p", "p"]),
+        "op_id": pa.array([0, 1], pa.int64()),
+        "arrival": pa.array([0.0, 0.5]),
+        "keys": pa.array([["a"], ["a", "b"]]),
+        "timeout": pa.array([1.0, 1.0]),
+        "condition_at": pa.array([0.25, None], pa.float64()),
+    }
+    for name, value in changes.items():
+        if value is None:
+            del columns[name]
+        else:
+            columns[name] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def spark_home() -> Path:
+    """The Spark distribution inside the pyspark wheel (bin/, sbin/, jars/)."""
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def spark_env() -> dict[str, str]:
+    """The environment of every JVM and pipeline process the tests start: this interpreter for
+    Python workers, loopback for every address."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env["SPARK_HOME"] = str(spark_home())
+    env["SPARK_DAEMON_JAVA_OPTS"] = QUICK_JVM  # the master's, the workers', Connect's
+    env.pop("SPARK_REMOTE", None)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class Daemon:
+    """A JVM started in the background, its output in a log file; stopped with its children."""
+
+    def __init__(self, name: str, argv: Sequence[str], log: Path) -> None:
+        self.name = name
+        self.log = log
+        self._file = log.open("wb")
+        self.process = subprocess.Popen(
+            argv,
+            env=spark_env(),
+            stdout=self._file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def wait_for(self, text: str) -> None:
+        """Wait until `text` is in the log; fail with the log's tail if the JVM dies first."""
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if text in self.log.read_text(errors="replace"):
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.25)
+        tail = self.log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{self.name} did not start ({text!r} not seen):\n{tail}")
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+        self._file.close()
+
+
+@contextlib.contextmanager
+def standalone_cluster(work: Path) -> Iterator[str]:
+    """A standalone master and two one-core workers on loopback; yields the master's URL."""
+    spark_class = str(spark_home() / "bin" / "spark-class")
+    port = free_port()
+    url = f"spark://127.0.0.1:{port}"
+    daemons = []
+    try:
+        master = Daemon(
+            "master",
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                *("--host", "127.0.0.1", "--port", str(port), "--webui-port", str(free_port())),
+            ],
+            work / "master.log",
+        )
+        daemons.append(master)
+        master.wait_for("I have been elected leader")
+        for i in (1, 2):
+            worker = Daemon(
+                f"worker {i}",
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.worker.Worker",
+                    *("--host", "127.0.0.1", "--cores", "1", "--memory", "1g"),
+                    *("--webui-port", str(free_port()), "--work-dir", str(work / f"worker-{i}")),
+                    url,
+                ],
+                work / f"worker-{i}.log",
+            )
+            daemons.append(worker)
+        for worker in daemons[1:]:
+            worker.wait_for("Successfully registered with master")
+        yield url
+    finally:
+        for daemon in reversed(daemons):
+            daemon.stop()
+
+
+@contextlib.contextmanager
+def connect_server(work: Path) -> Iterator[str]:
+    """A Spark Connect server (local[2], loopback, no UI); yields its ``sc://`` URL."""
+    port = free_port()
+    server = Daemon(
+        "Spark Connect server",
+        [
+            str(spark_home() / "bin" / "spark-submit"),
+            *("--class", "org.apache.spark.sql.connect.service.SparkConnectServer"),
+            *("--master", "local[2]", "--name", "purgatory-tests-connect"),
+            *("--conf", "spark.connect.grpc.binding.address=127.0.0.1"),
+            *("--conf", f"spark.connect.grpc.binding.port={port}"),
+            *("--conf", "spark.ui.enabled=false"),
+            *("--conf", "spark.driver.host=127.0.0.1"),
+            *("--conf", "spark.driver.bindAddress=127.0.0.1"),
+            *("--conf", "spark.sql.shuffle.partitions=2"),
+            *("--conf", f"spark.driver.extraJavaOptions={QUICK_JVM}"),
+        ],
+        work / "connect.log",
+    )
+    try:
+        server.wait_for("Spark Connect server started")
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def pipeline(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m purgatory.pipeline ARGS`` in a process of its own (its own Spark driver, or
+    a Spark Connect client)."""
+    return subprocess.run(
+        [sys.executable, "-m", "purgatory.pipeline", *args],
+        cwd=cwd,
+        env=spark_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def zipped_package(into: Path) -> Path:
+    """The purgatory package as a zip, as a cluster user ships it (``--py-files``)."""
+    import zipfile
+
+    import purgatory
+
+    package = Path(purgatory.__file__).parent
+    bundle = into / "purgatory.zip"
+    with zipfile.ZipFile(bundle, "w") as zf:
+        for file in sorted(package.rglob("*")):
+            if "__pycache__" not in file.parts and file.is_file():
+                zf.write(file, file.relative_to(package.parent))
+    return bundle
+
+
+#: A driver that runs pipeline commands (JSON lists of arguments) in one process, as
+#: spark-submit starts it: each command gets the session spark-submit's JVM holds.
+DRIVER = """
+import json, sys
+from purgatory.pipeline._cli import main
+
+for argv in json.loads(sys.argv[1]):
+    code = main(argv)
+    print(f"exit {code}", flush=True)
+    if code:
+        sys.exit(code)
+"""
+
+
+def spark_submit(
+    master: str, commands: Sequence[Sequence[str]], *, cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """Pipeline `commands` run by one driver under ``spark-submit --master MASTER``, with the
+    package shipped to the executors as a zip (``--py-files``): the cluster recipe."""
+    import json
+
+    driver = cwd / "driver.py"
+    driver.write_text(DRIVER)
+    env = spark_env()
+    env.pop("PYTHONPATH", None)
+    return subprocess.run(
+        [
+            str(spark_home() / "bin" / "spark-submit"),
+            *("--master", master, "--py-files", str(zipped_package(cwd))),
+            *("--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m"),
+            *("--conf", f"spark.driver.extraJavaOptions={QUICK_JVM}"),
+            *("--conf", f"spark.executor.extraJavaOptions={QUICK_JVM}"),
+            str(driver),
+            json.dumps([list(command) for command in commands]),
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
