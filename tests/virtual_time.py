@@ -48,12 +48,11 @@ DEFAULT_START = 100_000.0
 _Ts = TypeVarTuple("_Ts")
 
 
-def _checked_start(start: float) -> float:
+def _checked_start(start: object) -> None:
     if isinstance(start, bool) or not isinstance(start, int | float):
         raise TypeError(f"start must be a number of seconds, got {start!r}")
     if not math.isfinite(start):
         raise ValueError(f"start must be a finite number of seconds, got {start!r}")
-    return float(start)
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
@@ -63,8 +62,12 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         start: The loop's time when it is created, in seconds.
     """
 
+    def __new__(cls, start: float = DEFAULT_START) -> VirtualTimeLoop:
+        _checked_start(start)  # here, before there is a loop object to finalise
+        return super().__new__(cls)
+
     def __init__(self, start: float = DEFAULT_START) -> None:
-        self._virtual_now = _checked_start(start)
+        self._virtual_now = float(start)
         super().__init__(_VirtualSelector(self))
 
     def time(self) -> float:
@@ -101,9 +104,13 @@ class VirtualTimeUVLoop(uvloop.Loop):
         start: The loop's time when it is created, in seconds.
     """
 
+    def __new__(cls, start: float = DEFAULT_START) -> VirtualTimeUVLoop:
+        _checked_start(start)  # here, before there is a loop object to finalise
+        return super().__new__(cls)
+
     def __init__(self, start: float = DEFAULT_START) -> None:
         super().__init__()
-        self._virtual_now = _checked_start(start)
+        self._virtual_now = float(start)
         # (when, order of scheduling, handle): equal deadlines run in the order they were set.
         self._timers: list[tuple[float, int, asyncio.TimerHandle]] = []
         self._order = itertools.count()
