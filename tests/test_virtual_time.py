@@ -91,6 +91,48 @@ def test_timers_run_in_time_order_and_cancelled_ones_never(
 
 
 @LOOPS
+def test_a_timer_cancelled_by_another_due_with_it_does_not_run(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    errors: list[dict[str, Any]] = []
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: errors.append(context))
+        fired: list[str] = []
+        handles: dict[str, asyncio.TimerHandle] = {}
+
+        def fire(name: str, other: str) -> None:
+            fired.append(name)
+            handles[other].cancel()
+
+        handles["a"] = loop.call_later(0.1, fire, "a", "b")
+        handles["b"] = loop.call_later(0.1, fire, "b", "a")
+        await asyncio.sleep(1.0)
+        return fired
+
+    assert len(run(new_loop, main())) == 1
+    assert errors == []
+
+
+@LOOPS
+def test_many_cancelled_timers_are_dropped_and_the_rest_still_run(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        fired: list[int] = []
+        handles = [loop.call_later(1.0 + i / 1000, fired.append, i) for i in range(1000)]
+        for i, handle in enumerate(handles):
+            if i % 10:
+                handle.cancel()
+        await asyncio.sleep(5.0)
+        return fired
+
+    assert run(new_loop, main()) == list(range(0, 1000, 10))
+
+
+@LOOPS
 def test_the_clock_stands_still_while_callbacks_are_ready(
     new_loop: Callable[[], asyncio.AbstractEventLoop],
 ) -> None:

@@ -23,7 +23,9 @@ virtual clock.
 
 The price, as with trio's autojump: a timer pending while the loop waits for something outside it
 (a socket, a thread) fires at once, since the loop cannot know the outside is about to answer.
-Join the thread before awaiting what it triggers, and run real network I/O on a real clock.
+Join the thread before awaiting what it triggers, and run real network I/O on a real clock. And
+time passes only when the loop is idle: a callback or task that re-queues itself for as long as
+some deadline has not passed (a busy wait) stops the clock for good; poll with a sleep instead.
 """
 
 from __future__ import annotations
@@ -75,8 +77,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return self._virtual_now
 
     def _jump(self, seconds: float) -> None:
-        # `seconds` is the timer's `when` minus now, both floats of one magnitude: the difference
-        # is exact, so the sum lands on `when` exactly and the timer is due.
+        # `seconds` is the timer's `when` minus now, floats within a factor of two of each other
+        # (the clock stays under twice its start): the difference is exact, so the sum lands on
+        # `when` exactly and the timer is due.
         self._virtual_now += seconds
 
 
@@ -179,7 +182,11 @@ class VirtualTimeUVLoop(uvloop.Loop):
             return  # it ran already
         self._cancelled_timers += 1
         if self._cancelled_timers > 100 and self._cancelled_timers * 2 > len(self._timers):
-            self._timers = [entry for entry in self._timers if not entry[2].cancelled()]
+            self._timers = [
+                entry
+                for entry in self._timers
+                if not entry[2].cancelled() and entry[2] is not handle  # (it is being cancelled)
+            ]
             heapq.heapify(self._timers)
             self._cancelled_timers = 0
 
@@ -202,8 +209,14 @@ class VirtualTimeUVLoop(uvloop.Loop):
                 self._cancelled_timers -= 1
             else:
                 handle._scheduled = False  # type: ignore[attr-defined]
-                super().call_soon(handle._run)
+                super().call_soon(self._run_timer, handle)
         super().call_soon(self._pump)
+
+    @staticmethod
+    def _run_timer(handle: asyncio.TimerHandle) -> None:
+        # A timer due with others may be cancelled by one of them that runs first.
+        if not handle.cancelled():
+            handle._run()  # type: ignore[attr-defined]
 
     def close(self) -> None:
         self._timers.clear()
