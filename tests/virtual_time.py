@@ -216,7 +216,7 @@ class VirtualTimeUVLoop(uvloop.Loop):
     def _run_timer(handle: asyncio.TimerHandle) -> None:
         # A timer due with others may be cancelled by one of them that runs first.
         if not handle.cancelled():
-            handle._run()  # type: ignore[attr-defined]
+            handle._run()
 
     def close(self) -> None:
         self._timers.clear()
