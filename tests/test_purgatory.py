@@ -34,6 +34,7 @@ from helpers import (
     RaisingExpiration,
     Recorder,
     until,
+    wheel_levels,
 )
 
 from purgatory import (
@@ -196,7 +197,7 @@ def test_an_absurd_timeout_is_refused_and_registers_nothing(timeout: float) -> N
     op = FlagOperation(timeout)
     with pytest.raises(ValueError, match="horizon"):
         p.try_complete_else_watch(op, ["k"])
-    assert (p.watched(), p.num_delayed(), p._wheel.levels) == (0, 0, 1)
+    assert (p.watched(), p.num_delayed(), wheel_levels(p)) == (0, 0, 1)
     check_invariants(p)
 
 
@@ -204,7 +205,7 @@ def test_the_largest_timeout_works() -> None:
     _clock, p = manual(tick=1.0)
     op = FlagOperation(2.0**53 - 1)
     p.try_complete_else_watch(op, ["k"])
-    assert p._wheel.levels <= 7
+    assert wheel_levels(p) <= 7
     assert p.statistics().next_deadline_in < math.inf
     check_invariants(p)
 
