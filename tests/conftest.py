@@ -1,4 +1,10 @@
-"""Shared test configuration: every async test runs on the stock asyncio loop and on uvloop."""
+"""Shared test configuration: every async test runs on the stock asyncio loop and on uvloop.
+
+A test marked ``virtualclock`` (or in a module so marked) runs them in virtual time (see
+virtual_time.py): the loop's clock jumps to the next timer whenever the loop would sleep, so
+sleeps, timeouts and expiries take no wall time and time reads exactly. One also marked
+``realclock`` runs on the real clock, for what only a real clock shows.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,15 @@ from typing import Any
 
 import pytest
 import uvloop
+from virtual_time import VirtualTimeLoop, VirtualTimeUVLoop
 
 
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     """pytest-asyncio parametrises each async test over these loop factories."""
+    if item.get_closest_marker("virtualclock") and not item.get_closest_marker("realclock"):
+        return {"asyncio": VirtualTimeLoop, "uvloop": VirtualTimeUVLoop}
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 

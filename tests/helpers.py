@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
-from purgatory import DelayedOperation
+from purgatory import DelayedOperation, DelayedOperationPurgatory
 
 
 class FlagOperation(DelayedOperation[str]):
@@ -30,6 +31,23 @@ class FlagOperation(DelayedOperation[str]):
 
     def on_expiration(self) -> None:
         self.calls.append("expire")
+
+
+class AsyncFlag(DelayedOperation[str]):
+    """`FlagOperation`'s async counterpart: an ``async def try_complete`` that never suspends."""
+
+    def __init__(self, timeout: float = 30.0) -> None:
+        super().__init__(timeout)
+        self.ready = False
+
+    async def try_complete(self) -> bool:
+        return self.force_complete() if self.ready else False
+
+    def on_complete(self) -> str:
+        return "async"
+
+    def on_expiration(self) -> None:
+        pass
 
 
 class DelayedFuture(DelayedOperation[int]):
@@ -75,6 +93,45 @@ class Custom(BaseException):
     """A BaseException of the test's own: neither an Exception nor an interrupt."""
 
 
+class Boom(Exception):
+    """An error of the test's own, raised by the callbacks below."""
+
+
+class RaisingComplete(FlagOperation):
+    def on_complete(self) -> str:
+        super().on_complete()
+        raise Boom("on_complete")
+
+
+class RaisingExpiration(FlagOperation):
+    def on_expiration(self) -> None:
+        super().on_expiration()
+        raise Boom("on_expiration")
+
+
+class FailsFirstAttempt(DelayedOperation[str]):
+    """An async try_complete whose first attempt raises `error` after a suspension (inside the
+    attempt's task); the next one completes."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(30.0)
+        self.error = error
+        self.attempts = 0
+
+    async def try_complete(self) -> bool:
+        self.attempts += 1
+        await asyncio.sleep(0)
+        if self.attempts == 1:
+            raise self.error
+        return self.force_complete()
+
+    def on_complete(self) -> str:
+        return "second time lucky"
+
+    def on_expiration(self) -> None:
+        pass
+
+
 class Raises(FlagOperation):
     """A flag operation whose `on_complete` or `on_expiration` (`where`) raises `error`."""
 
@@ -93,3 +150,50 @@ class Raises(FlagOperation):
         super().on_expiration()
         if self.where == "on_expiration":
             raise self.error
+
+
+async def until(
+    condition: Callable[[], bool], what: str = "the condition", timeout: float = 5.0
+) -> None:
+    """Let the loop run, polling every millisecond of loop time, until `condition()` holds.
+
+    For state nobody signals. On a loop in virtual time (conftest.py) the polls cost no wall time
+    and the bound is in virtual seconds: it fails a test whose loop stopped making progress, never
+    one on a slow machine. On a real clock it is a hang guard.
+    """
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not condition():
+        if loop.time() >= end:
+            raise AssertionError(f"{what}: not reached within {timeout} s of loop time")
+        await asyncio.sleep(0.001)
+
+
+# -- the purgatory's private state: the few reads the tests make, in one place --------------------
+
+
+def reaper_restarts(purgatory: DelayedOperationPurgatory[Any]) -> int:
+    """How many times the reaper's task was started again after it ended unexpectedly."""
+    reaper = purgatory._binding.reaper
+    assert reaper is not None, "the purgatory has no reaper (a driven clock, or never used)"
+    return reaper.restarts
+
+
+def cascading(purgatory: DelayedOperationPurgatory[Any]) -> bool:
+    """Whether a cascade of the timing wheel is under way (cut in slices across timer passes)."""
+    return purgatory._timer.wheel.cascading is not None
+
+
+def wheel_levels(purgatory: DelayedOperationPurgatory[Any]) -> int:
+    """How many levels the timing wheel has grown to."""
+    return purgatory._timer.wheel.levels
+
+
+def attempt_tasks(purgatory: DelayedOperationPurgatory[Any]) -> set[asyncio.Task[None]]:
+    """The tasks of the async attempts in flight."""
+    return purgatory._attempts.tasks
+
+
+def attempt_running(purgatory: DelayedOperationPurgatory[Any], op: object) -> bool:
+    """Whether an async attempt of `op` is in flight."""
+    return purgatory._attempts.running(op)

@@ -3,7 +3,10 @@
 The server tests run a plain ASGI application (no framework) under a real uvicorn on a free
 loopback port, in the test's own event loop, and a real HTTP client (httpx) over TCP: a client
 that goes away is a real socket close, and only uvicorn's ``http.disconnect`` tells the handler.
-The other tests drive `cancel_on_disconnect` with a hand-made ``receive``.
+The other tests drive `cancel_on_disconnect` with a hand-made ``receive``, on event loops in
+virtual time (conftest.py). The server tests run on the real clock (marked ``realclock``): their
+loop waits on real sockets, and a virtual clock would fire the server's and the client's pending
+timeouts instead of waiting for the other end; their bounds only turn a hang into a failure.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from helpers import FlagOperation
+from helpers import FlagOperation, until
 
 from purgatory import DelayedOperationPurgatory, OperationCancelled, PurgatoryClosed
 from purgatory.asgi import (
@@ -33,6 +36,8 @@ from purgatory.asgi import (
 
 #: Every wait here is bounded by this, so a broken helper fails instead of hanging.
 BOUND = 10
+
+pytestmark = pytest.mark.virtualclock
 
 Scope = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
@@ -68,16 +73,6 @@ class LongPoll:
         await send({"type": "http.response.body", "body": result.encode()})
 
 
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Wait until `condition()` holds, polling the loop (for state nobody signals)."""
-    try:
-        async with asyncio.timeout(BOUND):
-            while not condition():
-                await asyncio.sleep(0.005)
-    except TimeoutError:
-        pytest.fail(f"still not {what} after {BOUND} s")
-
-
 @asynccontextmanager
 async def serving(app: LongPoll) -> AsyncIterator[tuple[uvicorn.Server, str]]:
     """Run `app` under uvicorn on a free 127.0.0.1 port; yield the server and its URL."""
@@ -92,7 +87,7 @@ async def serving(app: LongPoll) -> AsyncIterator[tuple[uvicorn.Server, str]]:
     )
     server = uvicorn.Server(config)
     running = asyncio.create_task(server.serve())
-    await until(lambda: server.started or running.done(), "started")
+    await until(lambda: server.started or running.done(), "started", BOUND)
     assert server.started, "uvicorn did not start"
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
@@ -107,12 +102,13 @@ def client() -> httpx.AsyncClient:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realclock
 async def test_a_client_that_disconnects_mid_wait_cancels_its_operation() -> None:
     async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
         app = LongPoll(purgatory)
         async with serving(app) as (server, base), client() as http:
             poll = asyncio.create_task(http.get(f"{base}/"))
-            await until(lambda: purgatory.num_delayed() == 1, "parked")
+            await until(lambda: purgatory.num_delayed() == 1, "parked", BOUND)
             poll.cancel()  # httpx closes the socket mid-response, as a closed tab would
             await asyncio.wait((poll,), timeout=BOUND)
             assert poll.cancelled()
@@ -126,16 +122,17 @@ async def test_a_client_that_disconnects_mid_wait_cancels_its_operation() -> Non
             assert purgatory.num_delayed() == 0
             assert purgatory.statistics().cancelled == 1
             assert purgatory.cancel_for_key("k") == []  # nothing left pending on the key
-            await until(lambda: not server.server_state.tasks, "handler finished")
+            await until(lambda: not server.server_state.tasks, "handler finished", BOUND)
 
 
 @pytest.mark.asyncio
+@pytest.mark.realclock
 async def test_a_client_that_stays_gets_the_outcome() -> None:
     async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
         app = LongPoll(purgatory)
         async with serving(app) as (_, base), client() as http:
             poll = asyncio.create_task(http.get(f"{base}/"))
-            await until(lambda: purgatory.num_delayed() == 1, "parked")
+            await until(lambda: purgatory.num_delayed() == 1, "parked", BOUND)
             app.operations[0].ready = True
             assert purgatory.check_and_complete("k") == 1
             response = await asyncio.wait_for(poll, BOUND)

@@ -259,6 +259,7 @@ def test_a_failed_open_loses_its_batch(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 @pytest.mark.asyncio
+@pytest.mark.virtualclock
 async def test_a_purgatory_whose_recorder_lost_lines_settles_and_reports(
     tmp_path: Path,
 ) -> None:

@@ -3,6 +3,11 @@
 The HTTP long-poll example is served by a real uvicorn server on a free loopback port, in the
 test's own event loop (so the test can read the purgatory's gauges), and driven by a real HTTP
 client (httpx) over TCP: no ASGI transport shortcut, so disconnects are real socket closes.
+Those tests run on the real clock (marked ``realclock``): their loop waits on real sockets, and a
+virtual clock would fire the server's and the client's pending timeouts instead of waiting for
+the other end; their bounds only turn a hang into a failure. The others run on event loops in
+virtual time (conftest.py): the acks=all example's random delays and 100 ms timeouts play out in
+no wall time, and the same way on any machine.
 """
 
 from __future__ import annotations
@@ -12,13 +17,14 @@ import functools
 import ssl
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
+from helpers import until
 from starlette.applications import Starlette
 
 from examples import long_poll_fetch, produce_acks_all
@@ -28,6 +34,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 BOUND = 10
 #: Concurrent long-polls that disconnect; the leak shows with 300 as with 50.
 CLIENTS = 50
+
+pytestmark = pytest.mark.virtualclock
 
 
 @pytest.mark.asyncio
@@ -56,16 +64,6 @@ def test_minimal_example_runs() -> None:
     ]
 
 
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Wait, polling the loop, until `condition()` holds; fail after `BOUND` seconds."""
-    try:
-        async with asyncio.timeout(BOUND):
-            while not condition():
-                await asyncio.sleep(0.005)
-    except TimeoutError:
-        pytest.fail(f"still not {what} after {BOUND} s")
-
-
 @asynccontextmanager
 async def serving(
     app: Starlette,
@@ -83,7 +81,7 @@ async def serving(
     )
     server = uvicorn.Server(config)
     running = asyncio.create_task(server.serve())
-    await until(lambda: server.started or running.done(), "started")
+    await until(lambda: server.started or running.done(), "started", BOUND)
     assert server.started, "uvicorn did not start"
     port = server.servers[0].sockets[0].getsockname()[1]
     service: long_poll_fetch.FetchService = app.state.service  # the lifespan made it
@@ -107,13 +105,14 @@ def client() -> httpx.AsyncClient:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realclock
 async def test_long_poll_fetch_over_real_http() -> None:
     async with serving(long_poll_fetch.make_app()) as (_, base, service), client() as http:
         purgatory = service.purgatory
         parked = asyncio.create_task(
             http.get(f"{base}/fetch", params={"topic": "t", "min_bytes": 10, "max_wait_ms": 20000})
         )
-        await until(lambda: purgatory.num_delayed() == 1, "parked")
+        await until(lambda: purgatory.num_delayed() == 1, "parked", BOUND)
         first = await http.post(f"{base}/produce", params={"topic": "t"}, content=b"hello")
         assert first.json() == {"offset": 0, "woken": 0}  # 5 bytes < min_bytes
         second = await http.post(f"{base}/produce", params={"topic": "t"}, content=b"world!")
@@ -140,6 +139,7 @@ async def test_long_poll_fetch_over_real_http() -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realclock
 async def test_the_app_starts_again_with_a_new_purgatory() -> None:
     """The lifespan creates the purgatory: a second start of one app object works as the first.
 
@@ -171,7 +171,7 @@ async def park_then_disconnect(
     params: dict[str, str | int] = {"topic": "quiet", "min_bytes": 1, "max_wait_ms": 60_000}
     clients = [client() for _ in range(CLIENTS)]
     polls = [asyncio.create_task(c.get(f"{base}/fetch", params=params)) for c in clients]
-    await until(lambda: service.purgatory.num_delayed() == CLIENTS, "all parked")
+    await until(lambda: service.purgatory.num_delayed() == CLIENTS, "all parked", BOUND)
     assert len(server.server_state.connections) == CLIENTS
     for poll in polls:
         poll.cancel()
@@ -179,7 +179,7 @@ async def park_then_disconnect(
     assert all(poll.cancelled() for poll in polls)
     for c in clients:
         await c.aclose()
-    await until(lambda: not server.server_state.connections, "disconnected at the server")
+    await until(lambda: not server.server_state.connections, "disconnected at the server", BOUND)
 
 
 async def round_trip(http: httpx.AsyncClient, base: str) -> None:
@@ -189,18 +189,19 @@ async def round_trip(http: httpx.AsyncClient, base: str) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realclock
 async def test_disconnected_long_polls_leave_nothing_behind() -> None:
     """With the fetch tied to the connection, an abandoned fetch is cancelled."""
     async with serving(long_poll_fetch.make_app(purge_interval=0)) as (server, base, service):
         purgatory = service.purgatory
         await park_then_disconnect(server, base, service)
-        await until(lambda: purgatory.statistics().cancelled == CLIENTS, "cancelled")
-        await until(lambda: purgatory.watched() == 0, "purged from the watcher lists")
+        await until(lambda: purgatory.statistics().cancelled == CLIENTS, "cancelled", BOUND)
+        await until(lambda: purgatory.watched() == 0, "purged from the watcher lists", BOUND)
         assert purgatory.num_delayed() == 0
         stats = purgatory.statistics()
         assert (stats.completed, stats.expired, stats.cancelled) == (0, 0, CLIENTS)
         assert stats.keys == 0
-        await until(lambda: not server.server_state.tasks, "handlers finished")
+        await until(lambda: not server.server_state.tasks, "handlers finished", BOUND)
         async with client() as http:  # the server is as good as new
             seen = (await http.get(f"{base}/stats")).json()
             assert seen == {
@@ -217,6 +218,7 @@ async def test_disconnected_long_polls_leave_nothing_behind() -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realclock
 async def test_naive_handler_leaks_disconnected_long_polls() -> None:
     """Without the tie, uvicorn and Starlette leave every abandoned fetch parked.
 
@@ -235,9 +237,9 @@ async def test_naive_handler_leaks_disconnected_long_polls() -> None:
         assert (stats.watched, stats.delayed, stats.cancelled) == (CLIENTS, CLIENTS, 0)
         assert stats.next_deadline_in > 30  # they would wait out their 60 s
         # ... and so do uvicorn's handler tasks (the round trip's own one ends just after it).
-        await until(lambda: len(server.server_state.tasks) == CLIENTS, "down to the leaked")
+        await until(lambda: len(server.server_state.tasks) == CLIENTS, "down to the leaked", BOUND)
         assert len(purgatory.cancel_for_key("quiet")) == CLIENTS
-        await until(lambda: not server.server_state.tasks, "handlers finished")
+        await until(lambda: not server.server_state.tasks, "handlers finished", BOUND)
         assert (purgatory.watched(), purgatory.num_delayed()) == (0, 0)
 
 

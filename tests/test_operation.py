@@ -17,6 +17,9 @@ from purgatory import (
 )
 from purgatory.testing import ManualClock, check_invariants
 
+#: The event loops run in virtual time (conftest.py): an expiry costs no wall time.
+pytestmark = pytest.mark.virtualclock
+
 
 @pytest.mark.parametrize("timeout", [-0.001, math.nan, math.inf, -math.inf])
 def test_operation_rejects_bad_timeouts(timeout: float) -> None:

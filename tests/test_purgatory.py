@@ -3,7 +3,10 @@ expiry, purge, cancellation, shutdown, its arguments, its event loop and its thr
 happens when the user's callbacks raise or re-enter.
 
 Time is a `ManualClock` unless a test is about the event loop itself; the real-loop side of the
-purgatory (the reaper, async attempts, awaiting) is in test_asyncio.py.
+purgatory (the reaper, async attempts, awaiting) is in test_asyncio.py. The event loops run in
+virtual time (conftest.py): a timeout that guards a wait costs nothing and fails only a loop that
+stopped making progress. A loop waiting for other threads has no timer pending, so it waits for
+them as a real loop does; a guard is set only once they are done.
 """
 
 from __future__ import annotations
@@ -21,7 +24,18 @@ from typing import Any, assert_type
 
 import anyio
 import pytest
-from helpers import DelayedFuture, FlagOperation, Recorder
+from helpers import (
+    AsyncFlag,
+    Boom,
+    DelayedFuture,
+    FailsFirstAttempt,
+    FlagOperation,
+    RaisingComplete,
+    RaisingExpiration,
+    Recorder,
+    until,
+    wheel_levels,
+)
 
 from purgatory import (
     DelayedOperation,
@@ -32,6 +46,8 @@ from purgatory import (
 )
 from purgatory._purgatory import DEFAULT_WHEEL_SIZE
 from purgatory.testing import ManualClock, check_invariants
+
+pytestmark = pytest.mark.virtualclock
 
 # -- arguments, admission, statistics -------------------------------------------------------------
 
@@ -181,7 +197,7 @@ def test_an_absurd_timeout_is_refused_and_registers_nothing(timeout: float) -> N
     op = FlagOperation(timeout)
     with pytest.raises(ValueError, match="horizon"):
         p.try_complete_else_watch(op, ["k"])
-    assert (p.watched(), p.num_delayed(), p._timer.wheel.levels) == (0, 0, 1)
+    assert (p.watched(), p.num_delayed(), wheel_levels(p)) == (0, 0, 1)
     check_invariants(p)
 
 
@@ -189,7 +205,7 @@ def test_the_largest_timeout_works() -> None:
     _clock, p = manual(tick=1.0)
     op = FlagOperation(2.0**53 - 1)
     p.try_complete_else_watch(op, ["k"])
-    assert p._timer.wheel.levels <= 7
+    assert wheel_levels(p) <= 7
     assert p.statistics().next_deadline_in < math.inf
     check_invariants(p)
 
@@ -424,10 +440,6 @@ def test_a_manual_clock_purgatory_is_usable_without_a_loop_after_one() -> None:
 # -- callbacks that raise or re-enter, triggers from other threads --------------------------------
 
 
-class Boom(Exception):
-    pass
-
-
 class RaisingTry(FlagOperation):
     """try_complete raises on chosen attempts (1-based)."""
 
@@ -440,18 +452,6 @@ class RaisingTry(FlagOperation):
         if self.attempts in self.fail_on:
             raise Boom(f"attempt {self.attempts}")
         return result
-
-
-class RaisingComplete(FlagOperation):
-    def on_complete(self) -> str:
-        super().on_complete()
-        raise Boom("on_complete")
-
-
-class RaisingExpiration(FlagOperation):
-    def on_expiration(self) -> None:
-        super().on_expiration()
-        raise Boom("on_expiration")
 
 
 @pytest.mark.parametrize("attempt", [1, 2])
@@ -637,45 +637,26 @@ async def test_check_and_complete_from_another_thread() -> None:
 
         thread = threading.Thread(target=producer)
         thread.start()
+        thread.join()  # the triggers are queued on the loop, which runs them below
         results = await asyncio.wait_for(asyncio.gather(*waiters), 10)
-        thread.join()
         assert results == [f"op{i} done" for i in range(50)]
         assert all(op.calls == ["complete"] for op in ops)
         assert p.num_delayed() == 0
-
-
-class AsyncRaising(DelayedOperation[str]):
-    def __init__(self) -> None:
-        super().__init__(30)
-        self.attempts = 0
-
-    async def try_complete(self) -> bool:
-        self.attempts += 1
-        await asyncio.sleep(0)
-        if self.attempts == 1:
-            raise Boom("async attempt")
-        return self.force_complete()
-
-    def on_complete(self) -> str:
-        return "async done"
-
-    def on_expiration(self) -> None:
-        pass
 
 
 @pytest.mark.asyncio
 async def test_async_try_complete_raising_is_reported_and_the_operation_survives() -> None:
     recorder = Recorder()
     asyncio.get_running_loop().set_exception_handler(recorder)
-    async with DelayedOperationPurgatory[AsyncRaising]("async") as p:
-        op = AsyncRaising()
+    async with DelayedOperationPurgatory[FailsFirstAttempt]("async") as p:
+        op = FailsFirstAttempt(Boom("async attempt"))
         task = asyncio.create_task(p.watch(op, ["k"]))
         for _ in range(5):
             await asyncio.sleep(0)
         assert [str(e) for e in recorder.exceptions] == ["async attempt"]
         assert not op.is_completed
         p.check_and_complete("k")
-        assert await asyncio.wait_for(task, 5) == "async done"
+        assert await asyncio.wait_for(task, 5) == "second time lucky"
         assert op.attempts == 2
 
 
@@ -795,30 +776,6 @@ def test_an_interrupted_timer_pass_does_not_re_time_what_a_callback_finished() -
     check_invariants(p)
     assert clock.advance(0) == 1
     assert late_too.is_expired
-
-
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Let the loop run until `condition` holds; fail after `timeout` seconds."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not condition():
-        assert loop.time() < end, "condition not reached in time"
-        await asyncio.sleep(0.001)
-
-
-class AsyncFlag(DelayedOperation[str]):
-    def __init__(self, timeout: float = 30.0) -> None:
-        super().__init__(timeout)
-        self.ready = False
-
-    async def try_complete(self) -> bool:
-        return self.force_complete() if self.ready else False
-
-    def on_complete(self) -> str:
-        return "async"
-
-    def on_expiration(self) -> None:
-        pass
 
 
 class Claims(FlagOperation):
@@ -1671,8 +1628,9 @@ async def test_try_complete_with_triggers_from_other_threads() -> None:
         futures = [
             pool.submit(trigger, op, rng.choice(delays)) for _ in range(TRIGGERS) for op in ops
         ]
-        async with asyncio.timeout(10):
-            await asyncio.gather(*(asyncio.wrap_future(future) for future in futures))
+        # No timer while the threads trigger: the loop waits for them and runs the attempts.
+        await asyncio.gather(*(asyncio.wrap_future(future) for future in futures))
+        async with asyncio.timeout(60):  # every trigger is queued: what is left is the loop's
             results = [await op for op in ops]
     assert results == list(range(OPERATIONS))
     for op in ops:

@@ -214,6 +214,7 @@ def test_expiry_and_cancellation_of_threshold_watchers() -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.virtualclock
 async def test_watch_and_the_threadsafe_trigger_carry_thresholds() -> None:
     async with DelayedOperationPurgatory[DelayedProduce]("acks") as p:
         partition = Partition()

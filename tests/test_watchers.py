@@ -12,7 +12,7 @@ import weakref
 from typing import Any
 
 import pytest
-from helpers import FlagOperation
+from helpers import AsyncFlag, FlagOperation
 
 from purgatory import (
     DelayedOperation,
@@ -43,21 +43,6 @@ class Big(DelayedOperation[bytes]):
 def manual(**kwargs: Any) -> tuple[ManualClock, DelayedOperationPurgatory[Any]]:
     clock = ManualClock()
     return clock, DelayedOperationPurgatory[Any]("test", clock=clock, **kwargs)
-
-
-class AsyncFlag(DelayedOperation[str]):
-    def __init__(self, timeout: float = 30.0) -> None:
-        super().__init__(timeout)
-        self.ready = False
-
-    async def try_complete(self) -> bool:
-        return self.force_complete() if self.ready else False
-
-    def on_complete(self) -> str:
-        return "async"
-
-    def on_expiration(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize(
