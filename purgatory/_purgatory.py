@@ -341,11 +341,8 @@ class DelayedOperationPurgatory(Generic[Op]):
                     "threshold= is the one threshold of every key: give the keys as a "
                     "collection, or a mapping of key to threshold without threshold="
                 )
-            try:  # `_check_threshold`, inline for the common case: it raises the clear errors
-                hash(threshold)
-            except TypeError:
-                _check_threshold(threshold, None)
-            if not threshold <= threshold:  # noqa: PLR0124 - NaN
+            kind = type(threshold)  # `_check_threshold`, inline for offsets and times
+            if not (kind is int or (kind is float and threshold == threshold)):  # noqa: PLR0124
                 _check_threshold(threshold, None)
             marks = threshold
         if not keys:

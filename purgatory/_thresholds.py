@@ -15,8 +15,10 @@ integer or float comparisons), and thresholds must be hashable as well as ordere
 two structures: offsets mostly arrive in increasing order per key (each produce request appends
 after the last, each fetch asks for what follows), so a threshold at least the last one queued
 goes to the tail of a *run*, a deque sorted by construction, released from its head: O(1) both
-ways. One that arrives out of order goes to a heap instead; a release takes from whichever head
-is smaller, so the order stays exact.
+ways. One that arrives out of order goes to a heap instead, and so does every threshold after it
+until the heap is empty again (a key whose order is lost pays a heap, in C, rather than a merge
+of two queues in Python at every release); a release takes from whichever head is smaller, so
+the order stays exact.
 
 Removal without a scan. Removing an operation deletes it from ``at`` (an operation knows its
 threshold for each key: `threshold_of`); its threshold, if no other operation waits under it,
@@ -125,7 +127,7 @@ class ThresholdWatchers(Generic[Op]):
         waiting = at.get(threshold)
         if waiting is None:
             run = self.run
-            if not run or run[-1] <= threshold:
+            if not self.heap and (not run or run[-1] <= threshold):
                 run.append(threshold)
             else:
                 self.push(threshold)
@@ -178,7 +180,7 @@ class ThresholdWatchers(Generic[Op]):
             return default
         self.dead += 1
         if self.dead > (len(self.run) + len(self.heap)) >> 1:
-            self._compact()
+            self.compact()
         return None
 
     def clear(self) -> None:
@@ -189,7 +191,7 @@ class ThresholdWatchers(Generic[Op]):
         self.heap.clear()
         self.dead = 0
 
-    def _compact(self) -> None:
+    def compact(self) -> None:
         """Drop the dead entries: the run keeps its order; the heap is made again."""
         at = self.at
         self.run = deque(threshold for threshold in self.run if threshold in at)

@@ -139,30 +139,35 @@ class WatcherLists(Generic[Op]):
                 op._listed = listed
                 self._entries += listed
                 return
-            shared = type(marks) is not dict
+            mapping = marks if type(marks) is dict else None
+            threshold = marks  # (one threshold for every key, unless a mapping was given)
             for key in keys:
-                threshold = marks if shared else marks[key]
                 ops = lists.get(key)
+                if mapping is not None:
+                    threshold = mapping[key]
+                    if threshold is None:  # a plain watch of this key
+                        if ops is None:
+                            lists[key] = op
+                        elif type(ops) is dict:
+                            if op in ops:
+                                listed -= 1
+                            else:
+                                ops[op] = None
+                        elif not self._join_plain(key, op, ops):
+                            listed -= 1
+                        continue
                 if ops is None:
                     lists[key] = op
-                elif threshold is None:
-                    if type(ops) is dict:
-                        if op in ops:
-                            listed -= 1
-                        else:
-                            ops[op] = None
-                    elif not self._join_plain(key, op, ops):
-                        listed -= 1
                 elif type(ops) is ThresholdWatchers:
                     # ThresholdWatchers.add, inline: a threshold queued in the run or the heap.
                     at = ops.at
                     waiting = at.get(threshold)
                     if waiting is None:
                         run = ops.run
-                        if not run or run[-1] <= threshold:
+                        heap = ops.heap
+                        if not heap and (not run or run[-1] <= threshold):
                             run.append(threshold)
                         else:
-                            heap = ops.heap
                             try:
                                 _heappush(heap, threshold)
                             except BaseException:
@@ -273,22 +278,22 @@ class WatcherLists(Generic[Op]):
                 heap = ops.heap
                 at = ops.at
                 while True:
-                    if heap:
-                        threshold = heap[0]
-                        if run and not threshold < run[0]:
-                            threshold = run[0]
-                            if not threshold <= reached:
-                                break
-                            run.popleft()
-                        else:
+                    if run:
+                        threshold = run[0]
+                        if heap and heap[0] < threshold:
+                            threshold = heap[0]
                             if not threshold <= reached:
                                 break
                             _heappop(heap)
-                    elif run:
-                        threshold = run[0]
+                        else:
+                            if not threshold <= reached:
+                                break
+                            run.popleft()
+                    elif heap:
+                        threshold = heap[0]
                         if not threshold <= reached:
                             break
-                        run.popleft()
+                        _heappop(heap)
                     else:
                         break
                     waiting = at.pop(threshold, None)
@@ -447,9 +452,20 @@ class WatcherLists(Generic[Op]):
                         purged += 1
                         if not ops:
                             del lists[key]
-                elif type(ops) is ThresholdWatchers and ops.pop(op, _MISSING, key) is not _MISSING:
+                elif type(ops) is ThresholdWatchers:
+                    # ThresholdWatchers.pop, its common case inlined: alone at its threshold.
+                    marks = op._marks
+                    threshold = marks.get(key) if type(marks) is dict else marks
+                    at = ops.at
+                    if threshold is not None and at.get(threshold) is op:
+                        del at[threshold]
+                        ops.dead += 1
+                        if ops.dead > (len(ops.run) + len(ops.heap)) >> 1:
+                            ops.compact()
+                    elif ops.pop(op, _MISSING, key) is _MISSING:
+                        continue
                     purged += 1
-                    if not (ops.plain or ops.at):
+                    if not (ops.plain or at):
                         del lists[key]
             op._listed = 0
         self._purged += purged
