@@ -34,7 +34,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory, OperationCancelled
-from purgatory.asgi import CLIENT_CLOSED_REQUEST, ClientDisconnected, cancel_on_disconnect
+from purgatory.asgi import (
+    CLIENT_CLOSED_REQUEST,
+    ClientDisconnected,
+    cancel_on_disconnect,
+    drain_on_signals,
+)
 
 
 class TopicLog:
@@ -86,9 +91,6 @@ class DelayedFetch(DelayedOperation[dict[str, object]]):
     def on_complete(self) -> dict[str, object]:
         records = [record.decode() for record in self.log.records[self.offset :]]
         return {"records": records, "next_offset": self.offset + len(records)}
-
-    def on_expiration(self) -> None:
-        pass
 
 
 class FetchService:
@@ -181,8 +183,11 @@ def make_app(*, tie_to_connection: bool = True, purge_interval: int = 1000) -> S
         app.state.service = FetchService(
             tie_to_connection=tie_to_connection, purge_interval=purge_interval
         )
-        async with app.state.service.purgatory:
-            yield
+        # On SIGTERM or Ctrl-C, every parked fetch is answered at once (with what its topic
+        # holds), then uvicorn stops: its wait for open connections ends at once.
+        async with app.state.service.purgatory as purgatory:
+            with drain_on_signals(purgatory):
+                yield
 
     return Starlette(
         routes=[

@@ -24,9 +24,6 @@ class WaitForData(DelayedOperation[bytes]):
     def on_complete(self) -> bytes:  # exactly once: condition met or deadline passed
         return b"".join(self.box)
 
-    def on_expiration(self) -> None:  # right after on_complete, on expiry only
-        pass
-
 
 async def main() -> None:
     hello: list[bytes] = []

@@ -3,10 +3,11 @@
 The hot path, the files, anchors and failures are `FileRecorder`'s (``_recorder.py``): raw
 values are kept per operation and nothing is formatted there. This module turns a whole batch
 into one Arrow record batch: each column goes from a Python sequence to Arrow in one C-level
-conversion (keys included, when they are strings), so the per-operation work left in Python is
-a few tuple unpackings. Files are Arrow IPC *streams* (``<prefix>-<token>-<seq>.arrows``): the
+loop (numbers packed to C values, strings taken from their distinct values), so no work is left
+in Python per operation. Files are Arrow IPC *streams* (``<prefix>-<token>-<seq>.arrows``): the
 schema, then one record batch per write. A stream needs no footer, so a ``.part`` file left by a
-killed process still reads up to its last whole batch, as a JSON Lines file does.
+killed process reads batch by batch up to its last whole one (the one being written may be cut:
+a reader stops at it).
 
 Columns (schema version 2; `docs/pipeline-schemas.md`): ``purgatory``, ``id`` (string),
 ``keys`` (list of string), ``thresholds`` (JSON text, null for a plain watch), ``watched_at``,

@@ -83,7 +83,8 @@ class Owner(Protocol):
 class DelayedOperation(ABC, Generic[T_co]):
     """A request parked until its condition holds (`try_complete`) or its deadline passes.
 
-    Subclass it and implement `try_complete`, `on_complete` and `on_expiration`; hand instances
+    Subclass it and implement `try_complete` and `on_complete` (and `on_expiration`, if expiry
+    needs more than what ``on_complete`` does when ``is_expired`` is set); hand instances
     to `DelayedOperationPurgatory.watch` (or `try_complete_else_watch`). Kafka:
     ``DelayedOperation``.
 
@@ -158,11 +159,11 @@ class DelayedOperation(ABC, Generic[T_co]):
         Kafka: ``onComplete``.
         """
 
-    @abstractmethod
     def on_expiration(self) -> None:
         """React to the deadline passing; runs once, right after `on_complete`, only on expiry.
 
-        Kafka: ``onExpiration``.
+        Does nothing unless overridden (``on_complete`` already sees ``is_expired``): most
+        operations need no more. Kafka: ``onExpiration`` (abstract there).
         """
 
     # -- completion ---------------------------------------------------------------------------

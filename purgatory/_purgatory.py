@@ -258,9 +258,9 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._time_op = self._timer.add
         self._max_timeout = self._timer.max_timeout
         self._binding = LoopBinding(name, self._timer, driven=clock is not None)
-        if clock is not None:
-            self._timer.use_clock(clock.current_time)
+        if clock is not None:  # (attached first: the clock refuses a time the timer can't count)
             self._timer.alarm = clock.attach(self._timer)
+            self._timer.use_clock(clock.current_time)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "draining" if self._draining else "open"

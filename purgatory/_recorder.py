@@ -14,8 +14,10 @@ Files. Batches go to ``<prefix>-<token>-<seq><suffix>.part`` in `directory`; whe
 reaches ``max_bytes`` (checked after each batch, so a file can exceed it by one batch) or on
 `flush` / `close`, it is closed and renamed without ``.part``. A published file is therefore
 complete and holds only whole records; readers ignore ``*.part``. `token` is random per
-recorder, so recorders (and processes) may share a directory. A killed process loses the batch
-it had not written; its ``.part`` file holds whole batches only (a batch is one write).
+recorder, so recorders (and processes) may share a directory. A killed process loses the
+batches it had not written, and the one it was killed writing may be cut (a ``write(2)`` of
+megabytes is not atomic against ``SIGKILL``): its ``.part`` file holds whole batches, then
+perhaps the start of one, which a reader drops (``docs/pipeline-schemas.md`` shows how).
 
 Wall-clock anchors. The times a purgatory passes are its clock's (``loop.time()``). To link them
 to UTC, the recorder reads its `clock` (the purgatory's, by default ``time.monotonic``, which is
@@ -170,32 +172,46 @@ class _Pending:
             self.deadlines.update((op, given.pop(op)) for op in ops if op in given)
         return unmatched
 
-    def batch(self) -> Batch:
-        """The columns of the batch."""
-        n = len(self.ops)
-        keys, marks = self.keys, self.marks
-        thresholds: list[Any] = [None] * n
-        if marks.count(None) != n:
+    def take(self, n: int) -> Batch:
+        """The columns of the first `n` operations (at most), which leave the batch."""
+        ops = self.ops[:n]
+        keys, marks, at = self.keys[:n], self.marks[:n], self.at[:n]
+        count = len(ops)
+        thresholds: list[Any] = [None] * count
+        if marks.count(None) != count:
             thresholds = list(map(_thresholds, keys, marks))
-        timeouts = list(map(_timeout_of, self.ops))
-        deadlines = list(map(add, self.at, timeouts))
+        timeouts = list(map(_timeout_of, ops))
+        deadlines = list(map(add, at, timeouts))
         if self.deadlines:
             given = self.deadlines
             deadlines = [
-                given.get(op, deadline) for op, deadline in zip(self.ops, deadlines, strict=True)
+                given.pop(op, deadline) for op, deadline in zip(ops, deadlines, strict=True)
             ]
-        return Batch(
-            self.names,
-            self.ids,
+        batch = Batch(
+            self.names[:n],
+            self.ids[:n],
             keys,
             thresholds,
-            self.at,
+            at,
             timeouts,
             deadlines,
+            self.outcomes[:n],
+            self.ended[:n],
+            self.fields[:n] or [None] * count,
+        )
+        for column in (
+            self.names,
+            self.ops,
+            self.keys,
+            self.marks,
+            self.at,
+            self.ids,
             self.outcomes,
             self.ended,
-            self.fields or [None] * n,
-        )
+            self.fields,
+        ):
+            del column[:n]
+        return batch
 
 
 class FileRecorder:
@@ -320,9 +336,12 @@ class FileRecorder:
 
         Operations still open stay in memory and are written when they end (or at `close`).
         """
-        self._collect()
-        self._write_batch()
-        self._publish()
+        try:
+            self._collect()
+            while self._pending:
+                self._write_batch()
+        finally:  # what is whole is published, whatever the last write did (cut back to it)
+            self._publish()
 
     def event_sink(self, purgatory: str) -> EventSink:
         """The bulk path (see ``purgatory._events``): where the purgatory named `purgatory`
@@ -420,7 +439,7 @@ class FileRecorder:
             self._check_clock(ended[0])
         pending = self._pending
         self.unmatched_ends += pending.add(stream, ops, outcomes, ended, self._fields is not None)
-        if len(pending) >= self._limit:
+        while len(pending) >= self._limit:
             self._write_batch()
 
     def _check_clock(self, ended_at: float) -> None:
@@ -466,10 +485,11 @@ class FileRecorder:
         return True
 
     def _write_batch(self) -> None:
+        """Write the first `buffer_lines` operations of the batch being filled (or all of it
+        once the first end has checked the clock: `_limit` is 1 until then)."""
         if not self._pending:
             return
-        batch = self._pending.batch()
-        self._pending = _Pending()
+        batch = self._pending.take(self._buffer_lines)
         ended = batch.ids
         try:
             new_file = self._fd < 0

@@ -23,6 +23,11 @@ and the answer is written to nobody.
             return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it
         return JSONResponse(result)
 
+At shutdown, a server waits for its open requests before it stops, and a parked request is
+open until its timeout. `drain_on_signals`, entered in the application's lifespan, answers them
+all as the server's shutdown signal arrives (each awaiting ``watch`` returns its
+``on_complete`` value, as on expiry), so the server's wait ends at once.
+
 This module uses only the standard library: ``receive`` is any ASGI receive callable
 (Starlette's and FastAPI's ``request.receive``, or the one a raw ASGI application is given).
 The documentation's "Long-poll over HTTP" and "Serving with Starlette and FastAPI" pages show
@@ -32,8 +37,14 @@ complete applications and how to test them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Final, TypeAlias, TypeVar
+import contextlib
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
+
+if TYPE_CHECKING:
+    from ._purgatory import DelayedOperationPurgatory
 
 __all__ = (
     "CLIENT_CLOSED_REQUEST",
@@ -41,6 +52,7 @@ __all__ = (
     "Message",
     "Receive",
     "cancel_on_disconnect",
+    "drain_on_signals",
     "wait_for_disconnect",
 )
 
@@ -129,3 +141,76 @@ async def cancel_on_disconnect(receive: Receive, awaitable: Awaitable[T]) -> T:
     if failed is not None:
         raise failed  # receive() itself failed: that is not a disconnect
     raise ClientDisconnected
+
+
+#: The signals a server stops on: ``kill``'s default and Ctrl-C.
+SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def drain_on_signals(
+    *purgatories: DelayedOperationPurgatory[Any],
+    signals: Iterable[int] = SHUTDOWN_SIGNALS,
+    forward: int | None = signal.SIGINT,
+) -> Iterator[None]:
+    """While in the block, a shutdown signal first answers every parked request, then goes on to
+    the server: for the application's lifespan.
+
+    Servers stop in order: on SIGTERM or Ctrl-C they stop accepting connections, wait for the
+    open ones (a parked request is open until its timeout), and only then run the lifespan's
+    shutdown. This answers the parked requests as the signal arrives: each purgatory is drained
+    (`purgatory.DelayedOperationPurgatory.drain`: each awaiting ``watch`` returns its
+    ``on_complete`` value, as on expiry; requests still arriving are answered at once), then
+    the signal goes to the handler that was in place before (the server's), whose wait now ends
+    at once. Use it inside the lifespan, around its ``yield``, where the server has installed
+    its own handlers::
+
+        async with Waiters("messages") as waiters, drain_on_signals(waiters):
+            ...
+            yield
+
+    The handlers run on the event loop (``loop.add_signal_handler``), never between two
+    bytecodes of the purgatory's own code; on leaving the block the previous ones are restored.
+    Outside the main thread (a test client's thread, say), where no signal arrives, it does
+    nothing.
+
+    Args:
+        purgatories: What to drain on the first signal (one already shut down is skipped).
+        signals: The signals to answer; default SIGTERM and SIGINT.
+        forward: The signal handed on to the previous handler, whichever arrived: SIGINT by
+            default, the graceful stop of a Ctrl-C (uvicorn then exits 0; handed SIGTERM, it
+            stops as gracefully, then raises SIGTERM again as it exits: status 143). ``None``
+            hands on the signal that arrived.
+
+    Raises:
+        RuntimeError: Not inside a running event loop.
+    """
+    loop = asyncio.get_running_loop()
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    chosen = tuple(signals)
+    previous = {sig: signal.getsignal(sig) for sig in chosen}
+
+    def on_signal(received: int) -> None:
+        for purgatory in purgatories:
+            if not purgatory.closed:
+                purgatory.drain()
+        handler = previous[received]
+        handed = received if forward is None else forward
+        if callable(handler):
+            handler(handed, None)
+        elif handler == signal.SIG_DFL and handed == signal.SIGINT:
+            raise KeyboardInterrupt  # as Python's own handler would
+        elif handler == signal.SIG_DFL:
+            signal.signal(received, signal.SIG_DFL)
+            signal.raise_signal(handed)
+
+    for sig in chosen:
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        yield
+    finally:
+        for sig in chosen:
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, previous[sig])

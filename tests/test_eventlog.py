@@ -495,6 +495,23 @@ def test_either_recorder_counts_a_failed_write(
     assert [x["watched_at"] for x in read(tmp_path)] == [0.0, 1.0, 4.0, 5.0]
 
 
+@pytest.mark.parametrize("recorder", [JsonLinesEventLog, ArrowEventLog])
+def test_a_flush_whose_last_write_fails_still_publishes_the_whole_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recorder: type[JsonLinesEventLog]
+) -> None:
+    log = recorder(tmp_path, buffer_lines=2, clock=None)
+    ended(log, 4)  # two whole batches in the ".part" file
+    ended(log, 1, start=4)  # the last, written by the flush
+    monkeypatch.setattr(os, "write", _FailingWrites(failures=1, partial=9))
+    with pytest.raises(OSError, match="No space left"):
+        log.flush()  # the disk fills at shutdown
+    monkeypatch.undo()
+    assert log.lost_lines == 1  # the failed batch, and nothing else
+    assert not list(tmp_path.glob("*.part"))  # published, and the file closed
+    read = lines if recorder is JsonLinesEventLog else arrow_rows
+    assert [x["watched_at"] for x in read(tmp_path)] == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_lines_rendered_by_arrow_mean_what_python_renders(tmp_path: Path) -> None:
     def record(log: JsonLinesEventLog) -> None:
         for i in range(50):

@@ -283,3 +283,85 @@ async def test_a_produce_retries_only_the_fetches_its_bytes_may_satisfy() -> Non
         assert not far.is_completed
         assert await near == {"records": ["d", "e"], "next_offset": 3}
         assert await ahead == {"records": ["fg"], "next_offset": 4}
+
+
+#: Parked long-polls a SIGTERM must answer.
+PARKED = 20
+
+
+async def started_uvicorn() -> tuple[asyncio.subprocess.Process, str, list[str]]:
+    """``uvicorn --factory examples.long_poll_fetch:make_app`` as a user runs it, in a process
+    of its own on a free loopback port; its URL, and its log lines so far."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "examples.long_poll_fetch:make_app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        cwd=EXAMPLES.parent,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    log: list[str] = []
+    async with asyncio.timeout(BOUND):
+        while "Uvicorn running on" not in (log[-1] if log else ""):
+            line = (await process.stderr.readline()).decode()
+            assert line, f"uvicorn ended before it served: {log}"
+            log.append(line.rstrip("\n"))
+    url = log[-1].split("Uvicorn running on ", 1)[1].split()[0]
+    return process, url, log
+
+
+@pytest.mark.asyncio
+@pytest.mark.realclock
+async def test_sigterm_answers_every_parked_request_and_uvicorn_exits_0() -> None:
+    """Every client parked for 30 s is answered within a second of SIGTERM (its fetch drained:
+    what the topic holds, ``expired``), none gets a 500, and uvicorn exits 0 with no traceback."""
+    process, base, log = await started_uvicorn()
+    try:
+        async with client() as http:
+            await http.post(f"{base}/produce", params={"topic": "t"}, content=b"hi")
+            parked = [
+                asyncio.create_task(
+                    http.get(
+                        f"{base}/fetch",
+                        params={"topic": "t", "offset": 1, "max_wait_ms": 30_000},
+                    )
+                )
+                for _ in range(PARKED)
+            ]
+
+            async def delayed() -> int:
+                stats: int = (await http.get(f"{base}/stats")).json()["delayed"]
+                return stats
+
+            async with asyncio.timeout(BOUND):
+                while await delayed() < PARKED:
+                    await asyncio.sleep(0.05)
+            clock = asyncio.get_running_loop().time
+            signalled = clock()
+            process.terminate()  # SIGTERM, as a process manager stops a server
+            answers = await asyncio.gather(*parked)
+            answered_in = clock() - signalled
+        assert [answer.status_code for answer in answers] == [200] * PARKED
+        assert all(
+            answer.json() == {"records": [], "next_offset": 1, "expired": True}
+            for answer in answers
+        )
+        assert answered_in < 1.0, f"answered {answered_in:.2f} s after SIGTERM"
+        assert process.stderr is not None
+        async with asyncio.timeout(BOUND):
+            rest = (await process.stderr.read()).decode()
+            returncode = await process.wait()
+        log.extend(rest.splitlines())
+        assert returncode == 0, log
+        assert not any("Traceback" in line or "ERROR" in line for line in log), log
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

@@ -103,3 +103,29 @@ async def test_awaiting_an_operation_never_watched_raises() -> None:
     op = FlagOperation(1)
     with pytest.raises(RuntimeError, match="never watched"):
         await asyncio.wait_for(outcome_of(op), 5.0)
+
+
+def test_on_expiration_needs_no_override() -> None:
+    """Only try_complete and on_complete are abstract: on_complete already sees is_expired."""
+
+    class Minimal(DelayedOperation[str]):
+        def try_complete(self) -> bool:
+            return False
+
+        def on_complete(self) -> str:
+            return "expired" if self.is_expired else "done"
+
+    clock, p = manual()
+    op = Minimal(0.5)
+    p.try_complete_else_watch(op, ["k"])
+    clock.advance(0.5)
+    assert op.is_expired
+    assert op._result == "expired"
+
+    class Incomplete(DelayedOperation[None]):  # on_complete stays abstract
+        def try_complete(self) -> bool:
+            return False
+
+    with pytest.raises(TypeError, match="on_complete"):
+        Incomplete(1.0)  # type: ignore[abstract]
+    check_invariants(p)

@@ -2146,3 +2146,84 @@ def test_completed_and_cancelled_operations_never_expire() -> None:
     stats = purgatory.statistics()
     assert (stats.completed, stats.expired, stats.cancelled) == (1, 1, 1)
     check_invariants(purgatory)
+
+
+# -- drain: answer every parked operation now -------------------------------------------------
+
+
+def test_drain_expires_every_pending_operation_now_in_deadline_order() -> None:
+    _clock, p = manual()
+    order: list[str] = []
+
+    class Noted(FlagOperation):
+        def on_expiration(self) -> None:
+            order.append(self.name)
+
+    ops = [Noted(timeout, name) for timeout, name in [(30.0, "late"), (5.0, "soon"), (9.0, "mid")]]
+    for i, op in enumerate(ops):
+        p.try_complete_else_watch(op, [i, "shared"])
+    done = FlagOperation(30.0, "done")
+    p.try_complete_else_watch(done, ["shared"])
+    done.ready = True
+    assert p.check_and_complete("shared") == 1
+    assert p.drain() == 3
+    assert order == ["soon", "mid", "late"]
+    assert all(op.is_expired and op.calls == ["complete"] for op in ops)
+    assert (p.num_delayed(), p.statistics().expired, p.statistics().completed) == (0, 3, 1)
+    assert p.draining
+    assert not p.closed
+    assert "draining" in repr(p)
+    check_invariants(p)
+
+
+def test_drain_lets_the_application_answer_first_and_expires_the_rest() -> None:
+    _clock, p = manual()
+    ops = [FlagOperation(30.0, name) for name in "abc"]
+    for op in ops:
+        p.try_complete_else_watch(op, [op.name])
+
+    def answer(op: FlagOperation) -> None:
+        if op.name != "b":
+            op.ready = True
+            op.force_complete()
+
+    assert p.drain(answer) == 3
+    assert [(op.is_completed, op.is_expired) for op in ops] == [
+        (True, False),
+        (True, True),
+        (True, False),
+    ]
+    check_invariants(p)
+
+
+def test_after_a_drain_new_operations_are_answered_at_the_next_pass() -> None:
+    clock, p = manual()
+    p.drain()
+    ready = FlagOperation(30.0, "ready")
+    ready.ready = True
+    assert p.try_complete_else_watch(ready, ["k"]) is True  # tried as usual
+    parked = FlagOperation(30.0, "parked")
+    assert p.try_complete_else_watch(parked, ["k"]) is False
+    assert not parked.is_completed  # never inside the watch call
+    assert clock.advance(0.0) == 1  # the next pass, not its 30 s timeout
+    assert parked.is_expired
+    check_invariants(p)
+
+
+def test_drain_of_a_shut_down_purgatory_is_refused() -> None:
+    _clock, p = manual()
+    asyncio.run(p.shutdown())
+    with pytest.raises(PurgatoryClosed):
+        p.drain()
+
+
+@pytest.mark.asyncio
+async def test_awaiting_watchers_get_their_answer_from_a_drain() -> None:
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("drain", clock=clock)
+    ops = [FlagOperation(30.0, str(i)) for i in range(3)]
+    waiting = [asyncio.create_task(p.watch(op, [i])) for i, op in enumerate(ops)]
+    await asyncio.sleep(0)
+    assert p.drain() == 3
+    assert await asyncio.gather(*waiting) == ["0 done", "1 done", "2 done"]
+    await p.shutdown()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -243,3 +244,78 @@ def test_alarms_of_purgatories_with_different_ticks_share_one_clock() -> None:
     assert op.expired_at == pytest.approx(0.513)
     check_invariants(coarse)
     check_invariants(fine)
+
+
+# -- a closed purgatory, time that goes only forward, times too large -------------------------
+
+
+@pytest.mark.parametrize("owed", ["purge_interval=0", "more pending than purge_interval"])
+def test_a_purgatory_shut_down_while_it_owes_a_purge_leaves_the_clock_free(owed: str) -> None:
+    clock = ManualClock()
+    interval = 0 if owed == "purge_interval=0" else 3
+    closing = DelayedOperationPurgatory[FlagOperation](
+        "closing", clock=clock, purge_interval=interval
+    )
+    other = DelayedOperationPurgatory[FlagOperation]("other", clock=clock)
+    ops = [FlagOperation(30.0) for _ in range(1 if interval == 0 else 5)]
+    for i, op in enumerate(ops):
+        closing.try_complete_else_watch(op, [i])
+        op.force_complete()  # finished on their lists: a purge is owed
+    asyncio.run(closing.shutdown())
+    later = FlagOperation(2.0)
+    other.try_complete_else_watch(later, ["k"])
+    assert clock.advance_to(1.0) == 0  # a closed purgatory has no timer work
+    assert clock.advance_to(2.0) == 1
+    assert later.is_expired
+    check_invariants(other)
+
+
+def test_a_callback_moving_the_clock_during_advance_to_never_moves_it_back() -> None:
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[Any]("jump", clock=clock)
+
+    class JumpsAhead(FlagOperation):
+        def on_expiration(self) -> None:
+            clock.advance(20.0)  # the contract allows ManualClock.advance from callbacks
+
+    p.try_complete_else_watch(JumpsAhead(5.0), ["a"])
+    clock.advance_to(10.0)
+    assert clock.now() == 25.0
+    later = Stamped(clock, 3.0)
+    p.try_complete_else_watch(later, ["b"])
+    clock.advance_to(27.9)
+    assert not later.is_completed  # due at 28: never early
+    clock.advance_to(28.0)
+    assert later.is_expired
+    check_invariants(p)
+
+
+def test_check_invariants_catches_a_wheel_ahead_of_its_clock() -> None:
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("ahead", clock=clock)
+    p.try_complete_else_watch(FlagOperation(30.0), ["k"])
+    timer = p._timer  # a driver that runs a pass at a time its clock has not reached
+    timer.run_pass(10.0)
+    with pytest.raises(AssertionError, match="ahead of the clock"):
+        check_invariants(p)
+
+
+def test_times_past_what_a_timer_counts_are_refused_with_value_error() -> None:
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("p", clock=clock)  # 1 ms ticks: to 4.6e15 s
+    with pytest.raises(ValueError, match="counts to"):
+        clock.advance(1e306)
+    with pytest.raises(ValueError, match="counts to"):
+        clock.advance_to(1e306)
+    assert clock.now() == 0.0
+    check_invariants(p)
+    with pytest.raises(ValueError, match="past what a timer"):
+        DelayedOperationPurgatory[FlagOperation]("q", clock=ManualClock(1e306))
+
+
+def test_a_clock_alone_refuses_to_reach_infinity() -> None:
+    clock = ManualClock()
+    clock.advance(1e308)
+    with pytest.raises(ValueError, match="finite"):
+        clock.advance(1e308)
+    assert clock.now() == 1e308

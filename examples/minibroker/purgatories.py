@@ -150,6 +150,3 @@ class DelayedFetch(DelayedOperation[list[FetchPartition]]):
 
     def on_complete(self) -> list[FetchPartition]:
         return self.partitions  # the response is read from the log by the handler
-
-    def on_expiration(self) -> None:
-        pass

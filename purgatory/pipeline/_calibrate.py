@@ -55,9 +55,6 @@ class _Op(DelayedOperation[None]):
     def on_complete(self) -> None:
         pass
 
-    def on_expiration(self) -> None:
-        pass
-
 
 @dataclass(frozen=True, slots=True)
 class _Sizes:

@@ -432,9 +432,6 @@ class _Done(DelayedOperation[None]):
     def on_complete(self) -> None:
         pass
 
-    def on_expiration(self) -> None:
-        pass
-
 
 @functools.cache
 def timer_horizon(tick: float) -> float:

@@ -195,9 +195,6 @@ class ReplayOperation(DelayedOperation[None]):
             if group.keep:
                 group.out.append((self.op_id, "completed", watched_at, deadline, now))
 
-    def on_expiration(self) -> None:
-        pass
-
 
 class _Group:
     """The live state of one (purgatory, configuration) replay, and its summary as it goes.
