@@ -96,9 +96,10 @@ class OursTarget:
     def submit_threshold(
         self, keys: tuple[Hashable, ...], timeout: float, deadline: float, threshold: float
     ) -> TimedOp:
-        """W1-threshold: watch every key at `threshold` (the request's completion time)."""
+        """W1-threshold: watch every key at `threshold` (the request's completion time), the
+        one threshold of its keys (``threshold=``: no mapping to build)."""
         op = TimedOp(timeout, deadline)
-        self.purgatory.try_complete_else_watch(op, dict.fromkeys(keys, threshold))
+        self.purgatory.try_complete_else_watch(op, keys, threshold)
         return op
 
     def trigger_threshold(self, op: TimedOp, key: Hashable, reached: float) -> bool:

@@ -554,7 +554,7 @@ def run_virtual(
         latency = pools.latencies[(i * 7 + 1) & mask]
         op = FlagOp(TIMEOUT)
         if mode == "threshold":
-            watch(op, dict.fromkeys(keys, at + latency))
+            watch(op, keys, at + latency)
         else:
             watch(op, keys)
         if latency < TIMEOUT:
