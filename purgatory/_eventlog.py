@@ -23,7 +23,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, Final, Literal, final
+from typing import Any, Final, Literal, NamedTuple, final
 
 from ._recorder import ANCHOR_DRIFT, EVENT_LOG_VERSION, SAME_CLOCK, Batch, FileRecorder
 
@@ -65,7 +65,7 @@ class JsonLinesEventLog(FileRecorder):
         ValueError: `max_bytes` or `buffer_lines` is < 1, or `render` is unknown.
     """
 
-    __slots__ = ("_arrow", "_key", "_key_cache", "_name_cache", "_one_key_cache")
+    __slots__ = ("_arrow", "_key_cache", "_name_cache", "_one_key_cache")
 
     def __init__(
         self,
@@ -90,19 +90,13 @@ class JsonLinesEventLog(FileRecorder):
             buffer_lines=buffer_lines,
             fields=fields,
             op_id=op_id,
+            key=key,
             clock=clock,
         )
-        self._key = key
         self._arrow = _pyarrow_compute() if render == "auto" else None
         self._key_cache: dict[tuple[Hashable, ...], str] = {}
         self._one_key_cache: dict[Hashable, str] = {}
         self._name_cache: dict[str, str] = {}
-
-    def __enter__(self) -> JsonLinesEventLog:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     # -- rendering ----------------------------------------------------------------------------
 
@@ -119,71 +113,53 @@ class JsonLinesEventLog(FileRecorder):
         fields = [""] * n
         if batch.fields.count(None) != n:
             fields = ["" if f is None else ',"fields":' + _json(f) for f in batch.fields]
+        texts = _Columns(
+            names, ids, keys, thresholds, watched, timeouts, deadlines, outcomes, ends, fields
+        )
         if (
             self._arrow is not None
             and None not in ends
             and _all_finite(watched, timeouts, deadlines, ends)
         ):
-            data = self._render_arrow(
-                names, ids, keys, thresholds, (watched, timeouts, deadlines), outcomes, ends, fields
-            )
+            data = self._render_arrow(texts)
         else:
-            data = self._render_python(
-                names, ids, keys, thresholds, (watched, timeouts, deadlines), outcomes, ends, fields
-            )
+            data = self._render_python(texts)
         if new and anchor is not None:
             line = f'{{"v":2,"anchor":{{"clock":{anchor[0]!r},"utc":{anchor[1]!r}}}}}\n'
             data = line.encode() + data
         return data
 
-    def _render_python(  # noqa: PLR0917 - the columns of a batch
-        self,
-        names: list[str],
-        ids: list[Any],
-        keys: list[str],
-        thresholds: list[str],
-        times: tuple[list[Any], list[Any], list[Any]],
-        outcomes: list[str],
-        ends: list[Any],
-        fields: list[str],
-    ) -> bytes:
+    def _render_python(self, texts: _Columns) -> bytes:
         """The lines through one ``%``-format each (floats as their ``repr``)."""
-        ids = [i if type(i) is int else json.dumps(i) for i in ids]
-        watched, timeouts, deadlines = (_numbers(c) for c in times)
+        ids = [i if type(i) is int else json.dumps(i) for i in texts.ids]
+        ends = texts.ends
         if None in ends:
             ends = ["null" if e is None else _number(e) for e in ends]
         else:
             ends = list(_numbers(ends))
         rows = zip(
-            names,
+            texts.names,
             ids,
-            keys,
-            thresholds,
-            watched,
-            timeouts,
-            deadlines,
-            outcomes,
+            texts.keys,
+            texts.thresholds,
+            _numbers(texts.watched),
+            _numbers(texts.timeouts),
+            _numbers(texts.deadlines),
+            texts.outcomes,
             ends,
-            fields,
+            texts.fields,
             strict=True,
         )
         return "".join(map(_LINE.__mod__, rows)).encode()
 
-    def _render_arrow(  # noqa: PLR0917 - the columns of a batch
-        self,
-        names: list[str],
-        ids: list[Any],
-        keys: list[str],
-        thresholds: list[str],
-        times: tuple[list[Any], list[Any], list[Any]],
-        outcomes: list[str],
-        ends: list[Any],
-        fields: list[str],
-    ) -> bytes:
+    def _render_arrow(self, texts: _Columns) -> bytes:
         """The same lines, joined by Arrow in C++ (numbers as their shortest decimal text).
 
         Only for batches whose times are all finite and ended (`_render` checks).
         """
+        names, ids, keys, thresholds = texts.names, texts.ids, texts.keys, texts.thresholds
+        watched, timeouts, deadlines = texts.watched, texts.timeouts, texts.deadlines
+        outcomes, ends, fields = texts.outcomes, texts.ends, texts.fields
         assert self._arrow is not None
         pa, pc = self._arrow
         string = pa.string()
@@ -201,7 +177,6 @@ class JsonLinesEventLog(FileRecorder):
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             # Mixed, or beyond 64 bits: each rendered as the Python renderer does.
             id_column = pa.array([str(i) if type(i) is int else json.dumps(i) for i in ids], string)
-        watched, timeouts, deadlines = times
         joined = pc.binary_join_element_wise(
             '{"v":2,"purgatory":',
             text(names),
@@ -245,6 +220,22 @@ class JsonLinesEventLog(FileRecorder):
                 text = one[key] = json.dumps(self._key(key))
             parts.append(text)
         return ",".join(parts)
+
+
+class _Columns(NamedTuple):
+    """A batch's columns as the lines take them: names, keys, thresholds and fields as JSON
+    text, the rest as values."""
+
+    names: list[str]
+    ids: list[Any]
+    keys: list[str]
+    thresholds: list[str]
+    watched: list[float]
+    timeouts: list[float]
+    deadlines: list[float]
+    outcomes: list[str]
+    ends: list[Any]
+    fields: list[str]
 
 
 def _rendered(values: list[Any], cache: dict[Any, str], render: Callable[[Any], str]) -> list[str]:

@@ -95,7 +95,7 @@ class ArrowEventLog(FileRecorder):
         ImportError: pyarrow is not installed.
     """
 
-    __slots__ = ("_key", "_pa", "_schema")
+    __slots__ = ("_pa", "_schema")
 
     def __init__(
         self,
@@ -119,15 +119,9 @@ class ArrowEventLog(FileRecorder):
             buffer_lines=buffer_lines,
             fields=fields,
             op_id=op_id,
+            key=key,
             clock=clock,
         )
-        self._key = key
-
-    def __enter__(self) -> ArrowEventLog:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     # -- rendering ----------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from itertools import repeat
 from operator import add, attrgetter
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, Self, final
 
 from ._events import WATCH_ITEMS, EventSink, Outcome, thresholds_of
 
@@ -227,6 +227,7 @@ class FileRecorder:
         "_fields",
         "_file_bytes",
         "_file_lines",
+        "_key",
         "_limit",
         "_max_bytes",
         "_op_id",
@@ -255,6 +256,7 @@ class FileRecorder:
         buffer_lines: int,
         fields: Callable[[Any], Mapping[str, Any]] | None,
         op_id: Callable[[Any], int | str] | None,
+        key: Callable[[Hashable], str],
         clock: Callable[[], float] | None,
     ) -> None:
         if max_bytes < 1:
@@ -270,6 +272,7 @@ class FileRecorder:
         self._buffer_lines = buffer_lines
         self._fields = fields
         self._op_id = op_id
+        self._key = key
         # Per purgatory name: its open operations and its part of the batch.
         self._streams: dict[str, _Stream] = {}
         # The batch being filled.
@@ -302,6 +305,12 @@ class FileRecorder:
             f"<{type(self).__name__} {self._directory!r} open={self._opened()} "
             f"buffered={len(self._pending)} files={len(self.closed_files)}>"
         )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # -- the EventLog protocol ----------------------------------------------------------------
 
