@@ -101,7 +101,7 @@ class EventSink:
     the lists hold (and empties them, in place: the purgatory keeps the lists).
     """
 
-    __slots__ = ("collect", "eager", "ends", "limit", "name", "watches")
+    __slots__ = ("collect", "eager", "ends", "limit", "log", "name", "watches")
 
     def __init__(
         self, name: str, limit: int, collect: Callable[[], None], eager: bool = False
@@ -119,6 +119,39 @@ class EventSink:
         self.watches: list[Any] = []
         #: ``op, outcome, ended_at`` per operation ended, flat.
         self.ends: list[Any] = []
+        #: The event log, named in reports of its failures (`sink_for` sets it).
+        self.log: Any = None
+
+    def take(self) -> None:
+        """`collect`, reporting a failure (a full disk, a removed directory): the purgatory's
+        operations never suffer from their recorder."""
+        try:
+            self.collect()
+        except Exception as exc:  # noqa: BLE001 - reported; the operations go on
+            self.report("collect", exc)
+
+    def flush(self) -> None:
+        """Everything recorded so far, collected and flushed (a shutdown), failures reported."""
+        self.take()
+        try:
+            self.log.flush()
+        except Exception as exc:  # noqa: BLE001 - reported; the shutdown goes on
+            self.report("flush", exc)
+
+    def ended(self, op: Any, outcome: str, at: float) -> None:
+        """`op` ended off the hot paths (a watch call that completed it or refused it)."""
+        self.ends += (op, outcome, at)
+        if len(self.ends) >= self.limit:
+            self.take()
+
+    def report(self, call: str, exc: Exception) -> None:
+        """What the event log raised, to the loop's exception handler (or the logger)."""
+        report_exception(
+            f"the event log of purgatory {self.name!r} failed ({call}); the operations go on, "
+            "what it could not record is lost to the log",
+            exc,
+            event_log=self.log,
+        )
 
 
 def thresholds_of(keys: tuple[Hashable, ...], marks: Any) -> tuple[Any, ...] | None:
@@ -136,10 +169,9 @@ def sink_for(log: EventLog, name: str) -> EventSink:
     """The `EventSink` through which the purgatory `name` records into `log`: the log's own
     (``event_sink``), or an adapter that makes the `EventLog` calls."""
     make = getattr(log, "event_sink", None)
-    if make is not None:
-        sink: EventSink = make(name)
-        return sink
-    return _Calls(log, name).sink
+    sink: EventSink = make(name) if make is not None else _Calls(log, name).sink
+    sink.log = log
+    return sink
 
 
 @final
@@ -173,9 +205,4 @@ class _Calls:
         try:
             getattr(self.log, method)(*args)
         except Exception as exc:  # noqa: BLE001 - reported; the operations go on
-            report_exception(
-                f"the event log of purgatory {self.sink.name!r} failed ({method}); the "
-                "operations go on, what it could not record is lost to the log",
-                exc,
-                event_log=self.log,
-            )
+            self.sink.report(method, exc)

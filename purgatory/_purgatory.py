@@ -30,7 +30,6 @@ import inspect
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from functools import partial
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, final
 
 from ._asyncio import (
@@ -39,13 +38,12 @@ from ._asyncio import (
     LoopBinding,
     cancelled_here,
     get_ident,
-    report_exception,
     report_false_claim,
     running_loop,
 )
 from ._clock import DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
-from ._events import EventLog, EventSink, Outcome, sink_for
+from ._events import EventLog, EventSink, sink_for
 from ._operation import ASYNC, FINISHED, DelayedOperation, Settlement, expire_due
 from ._statistics import PurgatoryStatistics
 from ._timer import SystemTimer
@@ -95,6 +93,34 @@ def _split_keys(
     return tuple(keys), None
 
 
+def _not_set_up(op: object) -> TypeError:
+    return TypeError(
+        f"{type(op).__qualname__} object is not a set-up DelayedOperation (did its __init__ "
+        "call super().__init__(timeout)?)"
+    )
+
+
+def _full(name: str, max_pending: int) -> PurgatoryFull:
+    return PurgatoryFull(f"purgatory {name!r} already delays max_pending={max_pending} operations")
+
+
+def _beyond_horizon(timeout: float, horizon: float) -> ValueError:
+    return ValueError(
+        f"timeout {timeout!r} s is beyond the timer's horizon of 2**53 ticks ({horizon:.3g} s); "
+        "use a shorter timeout"
+    )
+
+
+def _check_one_threshold(threshold: Any, marks: object) -> None:
+    """`threshold=` that is not an int or a float: refused with a mapping, else checked."""
+    if marks is not None:
+        raise TypeError(
+            "threshold= is the one threshold of every key: give the keys as a collection, or "
+            "a mapping of key to threshold without threshold="
+        )
+    _check_threshold(threshold, None)
+
+
 def _check_threshold(threshold: Any, key: Hashable | None) -> None:
     """Refuse a threshold no watcher could ever be released at, before anything is tried."""
     where = "" if key is None else f" for {key!r}"
@@ -110,6 +136,42 @@ def _check_threshold(threshold: Any, key: Hashable | None) -> None:
             f"threshold {threshold!r}{where} is not hashable: thresholds are values that are "
             "hashable and ordered (offsets, numbers, strings, tuples of them)"
         ) from None
+
+
+def _check_arguments(  # noqa: PLR0917 - the purgatory's arguments, in its order
+    name: object,
+    purge_interval: object,
+    tick: object,
+    max_pending: object,
+    clock: object,
+    event_log: object,
+) -> None:
+    """A purgatory's arguments, checked before anything is built (see its Raises)."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {name!r}")
+    if isinstance(purge_interval, bool) or not isinstance(purge_interval, int):
+        raise TypeError(f"purge_interval must be an int, got {purge_interval!r}")
+    if purge_interval < 0:
+        raise ValueError(f"purge_interval must be >= 0, got {purge_interval!r}")
+    if isinstance(tick, bool) or not isinstance(tick, int | float):
+        raise TypeError(f"tick must be a number of seconds, got {tick!r}")
+    if not (tick > 0 and math.isfinite(tick)):
+        raise ValueError(f"tick must be a finite number of seconds > 0, got {tick!r}")
+    if max_pending is not None:
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int):
+            raise TypeError(f"max_pending must be an int or None, got {max_pending!r}")
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1 (or None for no cap), got {max_pending!r}")
+    if clock is not None and not isinstance(clock, DrivenClock):
+        raise TypeError(
+            f"clock must be None (the event loop's clock) or a driven clock such as "
+            f"purgatory.testing.ManualClock, got {clock!r}"
+        )
+    if event_log is not None and not isinstance(event_log, EventLog):
+        raise TypeError(
+            "event_log must have record_watch, record_end and flush methods (the "
+            f"purgatory.EventLog protocol), got {event_log!r}"
+        )
 
 
 def _check_identity_semantics(cls: type) -> None:
@@ -159,21 +221,13 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_attempts",
         "_binding",
         "_cancelled",
-        "_checked_types",
         "_closed",
         "_completed",
-        "_draining",
         "_lists",
-        "_log",
         "_max_pending",
         "_max_timeout",
         "_name",
-        "_owed",
-        "_purge_interval",
         "_purge_queue",
-        "_purge_requested",
-        "_purges",
-        "_purging",
         "_sink",
         "_sync_types",
         "_time_op",
@@ -191,57 +245,17 @@ class DelayedOperationPurgatory(Generic[Op]):
         clock: DrivenClock | None = None,
         event_log: EventLog | None = None,
     ) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"name must be a str, got {name!r}")
-        if isinstance(purge_interval, bool) or not isinstance(purge_interval, int):
-            raise TypeError(f"purge_interval must be an int, got {purge_interval!r}")
-        if purge_interval < 0:
-            raise ValueError(f"purge_interval must be >= 0, got {purge_interval!r}")
-        if isinstance(tick, bool) or not isinstance(tick, int | float):
-            raise TypeError(f"tick must be a number of seconds, got {tick!r}")
-        if not (tick > 0 and math.isfinite(tick)):
-            raise ValueError(f"tick must be a finite number of seconds > 0, got {tick!r}")
-        if max_pending is not None:
-            if isinstance(max_pending, bool) or not isinstance(max_pending, int):
-                raise TypeError(f"max_pending must be an int or None, got {max_pending!r}")
-            if max_pending < 1:
-                raise ValueError(
-                    f"max_pending must be >= 1 (or None for no cap), got {max_pending!r}"
-                )
-        if clock is not None and not isinstance(clock, DrivenClock):
-            raise TypeError(
-                f"clock must be None (the event loop's clock) or a driven clock such as "
-                f"purgatory.testing.ManualClock, got {clock!r}"
-            )
-        if event_log is not None and not isinstance(event_log, EventLog):
-            raise TypeError(
-                "event_log must have record_watch, record_end and flush methods (the "
-                f"purgatory.EventLog protocol), got {event_log!r}"
-            )
+        _check_arguments(name, purge_interval, tick, max_pending, clock, event_log)
         self._name = name
         self._max_pending = max_pending
-        self._log = event_log
         # Where the operations' watches and ends go, raw, with no call per event (`_events`).
         self._sink: EventSink | None = None if event_log is None else sink_for(event_log, name)
-        self._lists: WatcherLists[Op] = WatcherLists()
+        self._lists: WatcherLists[Op] = WatcherLists(purge_interval)
         # The purge queue of the lists, shared by protocol (see `purgatory._watchers`).
         self._purge_queue = self._lists.queue
-        # Kafka's purge rule: purge once ``estimated - numDelayed > purgeInterval``, where
-        # ``estimated`` counts the operations registered since the last purge. `_owed` is that
-        # difference, kept as it changes: every registered operation adds one as it leaves the
-        # timer (the timer's passes tell how many they took) or finishes without having
-        # entered it, so the watch path pays nothing for it.
-        self._purge_interval = purge_interval
-        self._owed = 0
-        self._purging = False
-        self._purge_requested = False
-        self._purges = 0
         self._completed = 0
         self._cancelled = 0
         self._closed = False
-        # Drained: every operation watched from now on is due at once (`_time_op`).
-        self._draining = False
-        self._checked_types: set[type] = set()
         # The classes met whose try_complete is synchronous: their watch skips `_admit_type`.
         self._sync_types: set[type] = set()
         self._attempts = AttemptRunner()
@@ -250,11 +264,11 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._timer: SystemTimer[Op] = SystemTimer(
             float(tick),
             wheel_size,
-            self._unbound_time if clock is None else clock.current_time,
+            partial(_unbound_time, name) if clock is None else clock.current_time,
             partial(expire_due, purge_queue=self._purge_queue, ended=ended),
-            self._housekeeping,
+            self._after_pass,
         )
-        # How a watch times its operation: `SystemTimer.add`, or at once while draining.
+        # How a watch times its operation: `SystemTimer.add`, or at once once drained.
         self._time_op = self._timer.add
         self._max_timeout = self._timer.max_timeout
         self._binding = LoopBinding(name, self._timer, driven=clock is not None)
@@ -263,11 +277,9 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._timer.use_clock(clock.current_time)
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "draining" if self._draining else "open"
-        return (
-            f"<DelayedOperationPurgatory {self._name!r} {state} delayed={self._timer.delayed} "
-            f"keys={len(self._lists)}>"
-        )
+        state = "closed" if self._closed else "draining" if self.draining else "open"
+        delayed, keys = self._timer.delayed, len(self._lists)
+        return f"<DelayedOperationPurgatory {self._name!r} {state} {delayed=} {keys=}>"
 
     @property
     def name(self) -> str:
@@ -286,20 +298,19 @@ class DelayedOperationPurgatory(Generic[Op]):
         """Complete `op` now if it can; otherwise watch it on every key and start its timer.
 
         Kafka: ``tryCompleteElseWatch``. Tries once; if not complete, registers `op` on every
-        key, tries again (a trigger may have come in between), and if still not complete adds it
-        to the timer, its deadline being now + ``op.timeout``. An async `try_complete` is not
-        awaited here: `op` is registered and timed, and its attempt starts as a task of its own.
+        key, tries again (a trigger may have come in between), and if still not complete times
+        it: due at now + ``op.timeout``. An async `try_complete` is not awaited here: `op` is
+        registered and timed, and its attempt starts as a task of its own.
 
         Args:
             op: An operation never watched before.
-            keys: The keys whose `check_and_complete` should re-try `op` (any hashables; a
-                collection, not one key: ``["topic-0"]``, not ``"topic-0"``), or a mapping of
-                key to *threshold* (a hashable value that orders against the key's other
-                thresholds, offsets typically; ``None`` for a plain watch of that key): then
-                ``check_and_complete(key, reached)`` re-tries `op` only once ``reached`` is at
-                least its threshold.
-            threshold: One threshold for every key of `keys` (a collection): the common case
-                of a mapping whose values are all the same, without building one.
+            keys: The keys whose `check_and_complete` re-tries `op` (hashables, a collection:
+                ``["topic-0"]``, not ``"topic-0"``), or a mapping of key to *threshold* (a
+                hashable value ordered against the key's others, offsets typically; ``None``:
+                a plain watch of that key): ``check_and_complete(key, reached)`` then re-tries
+                `op` once ``reached`` is at least its threshold.
+            threshold: One threshold for every key of `keys`: a mapping of equal values,
+                without building one.
 
         Returns:
             ``True`` iff `op` completed inside this call.
@@ -315,8 +326,8 @@ class DelayedOperationPurgatory(Generic[Op]):
             RuntimeError: Called outside the thread of the event loop the purgatory is bound to.
             Exception: Whatever a synchronous `try_complete` raised; nothing stays registered.
 
-        Runtime complexity: O(len(keys)) plus two `try_complete` calls (O(log n) more per key
-        watched at a threshold).
+        Runtime complexity: O(len(keys)) plus two `try_complete` calls (O(log n) more per
+        threshold out of order).
         """
         if self._closed:
             raise PurgatoryClosed(f"purgatory {self._name!r} is shut down")
@@ -324,10 +335,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             state = op._state
             owner = op._owner
         except AttributeError:
-            raise TypeError(
-                f"{type(op).__qualname__} object is not a set-up DelayedOperation (did its "
-                "__init__ call super().__init__(timeout)?)"
-            ) from None
+            raise _not_set_up(op) from None
         if owner is not None or state & FINISHED:
             raise ValueError(f"{op!r} was already watched or finished; watch an operation once")
         if type(op) not in self._sync_types:
@@ -336,22 +344,14 @@ class DelayedOperationPurgatory(Generic[Op]):
         if type(keys) is not tuple:
             keys, marks = _split_keys(keys)
         if threshold is not None:
-            if marks is not None:
-                raise TypeError(
-                    "threshold= is the one threshold of every key: give the keys as a "
-                    "collection, or a mapping of key to threshold without threshold="
-                )
-            kind = type(threshold)  # `_check_threshold`, inline for offsets and times
-            if not (kind is int or (kind is float and threshold == threshold)):  # noqa: PLR0124
-                _check_threshold(threshold, None)
+            kind = type(threshold)  # offsets and times pass at once; the rest is checked
+            if marks is not None or not (kind is int or (kind is float and threshold == threshold)):  # noqa: PLR0124
+                _check_one_threshold(threshold, marks)
             marks = threshold
         if not keys:
             raise ValueError("keys is empty: an operation must watch at least one key")
         if op._timeout > self._max_timeout:
-            raise ValueError(
-                f"timeout {op._timeout!r} s is beyond the timer's horizon of 2**53 ticks "
-                f"({self._max_timeout:.3g} s); use a shorter timeout"
-            )
+            raise _beyond_horizon(op._timeout, self._max_timeout)
         binding = self._binding
         if binding.loop is not running_loop():
             binding.bind()
@@ -360,7 +360,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             watches = sink.watches
             watches += (op, keys, marks, self._timer.now())
             if len(watches) >= sink.limit:
-                self._collect()
+                sink.take()
         if not state:  # a synchronous try_complete: Kafka's first try, before registration
             try:
                 claimed = op.try_complete()
@@ -373,10 +373,7 @@ class DelayedOperationPurgatory(Generic[Op]):
                 report_false_claim(op, claimed)
         if self._max_pending is not None and self._timer.delayed >= self._max_pending:
             self._refuse(op)
-            raise PurgatoryFull(
-                f"purgatory {self._name!r} already delays max_pending={self._max_pending} "
-                "operations"
-            )
+            raise _full(self._name, self._max_pending)
         # Registration: on every key or, if a key cannot be hashed or a threshold compared, on
         # none. From here on the operation settles through `_settled`.
         try:
@@ -391,9 +388,9 @@ class DelayedOperationPurgatory(Generic[Op]):
             else:
                 claimed = op.try_complete()
                 if op._state & FINISHED:
-                    self._owed += 1  # registered, never timed (`_settled` counts the others)
-                    if self._owed > self._purge_interval:
-                        self._purge_due()
+                    self._lists.owed += 1  # registered, never timed (the purge-queue protocol)
+                    if self._lists.purge_owed():
+                        self._timer.request_pass()
                     return True
                 if claimed:
                     report_false_claim(op, claimed)
@@ -409,9 +406,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         """The first watch of a class, and every watch of an async one: refuse a class that
         compares by value; mark an async operation; return its state."""
         cls = type(op)
-        if cls not in self._checked_types:
-            _check_identity_semantics(cls)
-            self._checked_types.add(cls)
+        _check_identity_semantics(cls)
         if cls._is_async:
             return op._watched_as_async()
         self._sync_types.add(cls)
@@ -421,16 +416,16 @@ class DelayedOperationPurgatory(Generic[Op]):
         """`op` completed in its first try, or that try shut the purgatory down (which cancels
         it): it never settles through `_settled`, so it is counted here. Returns what the
         watch call returns."""
-        if op._state & FINISHED:
+        completed = bool(op._state & FINISHED)
+        if completed:
             self._completed += 1
-            if self._sink is not None:
-                self._record_end(op, "completed")
-            return True
-        op._cancel(closed=True)
-        self._cancelled += 1
+        else:
+            op._cancel(closed=True)
+            self._cancelled += 1
         if self._sink is not None:
-            self._record_end(op, "cancelled")
-        return False
+            outcome = "completed" if completed else "cancelled"
+            self._sink.ended(op, outcome, self._timer.current_time())
+        return completed
 
     if TYPE_CHECKING:
 
@@ -474,31 +469,13 @@ class DelayedOperationPurgatory(Generic[Op]):
                 raise
         return op._outcome()  # type: ignore[no-any-return]
 
-    # help() and the API reference show the signature a caller reads, not the self-type that
-    # lets the type checker tie `await watch(op)` to `op`'s result type.
-    watch.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [
-            inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-            inspect.Parameter("op", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Op"),
-            inspect.Parameter(
-                "keys",
-                inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                annotation="Iterable[Hashable] | Mapping[Hashable, Any]",
-            ),
-            inspect.Parameter(
-                "threshold", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation="Any"
-            ),
-        ],
-        return_annotation="T",
-    )
-
     def check_and_complete(self, key: Hashable, reached: Any = None) -> int:
         """Re-try the operations watching `key`; return how many completed in this call.
 
-        Kafka: ``checkAndComplete``. Operations found already finished are dropped from the list
-        and not counted; an unknown key creates nothing. A `try_complete` that raises is reported
-        to the loop's exception handler and the others are still tried. Async attempts start (or
-        are marked to run once more) and finish later, in tasks of their own.
+        Kafka: ``checkAndComplete``. Finished operations found on the list are dropped, not
+        counted; an unknown key creates nothing. A `try_complete` that raises is reported to the
+        loop's exception handler, and the others are tried. Async attempts start (or are marked
+        to run once more) and finish later, in tasks of their own.
 
         Args:
             key: The key whose watchers to re-try.
@@ -513,18 +490,16 @@ class DelayedOperationPurgatory(Generic[Op]):
                 (use `check_and_complete_threadsafe`), or a loop-clock purgatory used outside
                 any running loop.
 
-        Runtime complexity: O(operations re-tried) plus their `try_complete` calls, and
-        O(log n) per threshold reached.
+        Runtime complexity: O(operations re-tried) plus their `try_complete` calls (and
+        O(log n) per threshold out of order).
         """
         if get_ident() != self._binding.thread:
             self._binding.check_thread()
         return self._lists.trigger(key, reached, self._attempt)
 
     def check_and_complete_threadsafe(self, key: Hashable, reached: Any = None) -> None:
-        """`check_and_complete` from any thread: scheduled on the loop this purgatory is bound to.
-
-        Nothing is returned (the count is only known later, on the loop); an error inside the
-        call goes to the loop's exception handler.
+        """`check_and_complete` from any thread: scheduled on the loop this purgatory is bound to
+        (what it returns is known only there; an error there goes to its exception handler).
 
         Raises:
             RuntimeError: The purgatory was never used inside a running event loop (it binds to
@@ -539,23 +514,19 @@ class DelayedOperationPurgatory(Generic[Op]):
         """Drop `key`'s watcher list and cancel its pending operations; return those.
 
         Kafka: ``cancelForKey``. Cancelled operations leave the timer at once, never complete nor
-        expire, and their awaiters get `OperationCancelled`. Unknown key: ``[]``.
+        expire, and their awaiters get `OperationCancelled`. Unknown key: ``[]``. Runtime
+        complexity: O(operations on the key's list).
 
         Raises:
             RuntimeError: Called outside the thread of the event loop the purgatory is bound to
-                (from another thread: ``loop.call_soon_threadsafe(purgatory.cancel_for_key,
-                key)``).
-
-        Runtime complexity: O(operations on the key's list).
+                (from another: ``loop.call_soon_threadsafe(purgatory.cancel_for_key, key)``).
         """
         self._check_caller()
         return self._lists.cancel_key(key, _cancel)
 
     def watched(self) -> int:
-        """Entries over all watcher lists (an operation on 3 keys counts 3), unpurged included.
-
-        Kafka: ``watched`` / gauge ``PurgatorySize``: a measure of memory. How many operations
-        are parked is `num_delayed`. Runtime complexity: O(1).
+        """Entries over all watcher lists (an operation on 3 keys counts 3), unpurged included:
+        memory, not what is parked (`num_delayed`). Kafka: ``watched`` / ``PurgatorySize``. O(1).
         """
         return self._lists.entries
 
@@ -569,24 +540,19 @@ class DelayedOperationPurgatory(Generic[Op]):
 
         The purge otherwise runs by Kafka's rule (``purge_interval``) on a timer pass; call this
         to bring `watched` down to the pending operations on demand, for a gauge or a test.
+        Runtime complexity: O(keys of the operations finished since the last purge).
 
         Raises:
             RuntimeError: Called outside the thread of the event loop the purgatory is bound to.
-
-        Runtime complexity: O(keys of the operations finished since the last purge).
         """
         self._check_caller()
-        self._start_purge()
+        self._lists.start_purge(self._timer.in_flight())
         return self._lists.purge(None)
 
     def statistics(self) -> PurgatoryStatistics:
-        """A snapshot of the gauges and counters."""
-        timer = self._timer
-        next_tick = timer.next_deadline_tick()
-        next_in = math.inf
-        if next_tick != math.inf:
-            next_in = max(0.0, next_tick * timer.tick - timer.current_time())
-        lists = self._lists
+        """A snapshot of the gauges and counters; it only reads (a gauge may ask from another
+        thread, though what it reads there may be a step behind)."""
+        timer, lists = self._timer, self._lists
         return PurgatoryStatistics(
             watched=lists.entries,
             delayed=timer.delayed,
@@ -596,8 +562,8 @@ class DelayedOperationPurgatory(Generic[Op]):
             cancelled=self._cancelled,
             purged=lists.purged,
             timer_passes=timer.passes,
-            purges=self._purges,
-            next_deadline_in=next_in,
+            purges=lists.purges,
+            next_deadline_in=timer.next_deadline_in(),
         )
 
     def drain(self, answer: Callable[[Op], object] | None = None) -> int:
@@ -611,9 +577,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         not complete, expires at the next timer pass (at once on the loop) instead of waiting
         for its timeout, so that requests still arriving are answered too. `shutdown` ends it.
 
-        Call it from a signal handler or an ASGI server's shutdown hook before the server waits
-        for its connections (see the ASGI recipe): every parked request then gets its answer
-        instead of waiting out its timeout or being cut off.
+        From a server's shutdown signal: ``purgatory.asgi.drain_on_signals``.
 
         Returns:
             How many operations this call answered (completed by `answer` or expired).
@@ -625,16 +589,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         if self._closed:
             raise PurgatoryClosed(f"purgatory {self._name!r} is shut down")
         self._check_caller()
-        self._draining = True
-        timer = self._timer
-        self._time_op = timer.add_due
-        answered = 0
-        if answer is not None:
-            for op in timer.held():
-                if not op._state & FINISHED:
-                    answer(op)
-                    answered += bool(op._state & FINISHED)
-        return answered + timer.expire_all()
+        self._time_op = self._timer.add_due
+        return self._timer.drain(answer)
 
     @property
     def closed(self) -> bool:
@@ -644,7 +600,7 @@ class DelayedOperationPurgatory(Generic[Op]):
     @property
     def draining(self) -> bool:
         """``True`` once `drain` was called (and until `shutdown`)."""
-        return self._draining and not self._closed
+        return self._time_op != self._timer.add and not self._closed
 
     async def shutdown(self) -> None:
         """Stop the reaper and cancel every pending operation; idempotent.
@@ -660,23 +616,14 @@ class DelayedOperationPurgatory(Generic[Op]):
             for op in pending:
                 op._cancel(closed=True)
             self._attempts.close()
-            if self._log is not None:
-                self._collect()
-                try:
-                    self._log.flush()
-                except Exception as exc:  # noqa: BLE001 - reported; the shutdown goes on
-                    self._report_log_failure("flush", exc)
+            if self._sink is not None:
+                self._sink.flush()
         await self._binding.stop()
 
     async def __aenter__(self) -> DelayedOperationPurgatory[Op]:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.shutdown()
 
     # -- the parts' calls ---------------------------------------------------------------------
@@ -685,16 +632,18 @@ class DelayedOperationPurgatory(Generic[Op]):
         """The operation protocol's one call: the registered `op` completed or was cancelled.
 
         Out of the timer at once (O(1)), counted, queued for the purge if still listed, told to
-        the event log. Runs before the operation's callbacks (update state first).
+        the event log (whose length is checked as operations are watched: ends never outnumber
+        watches long). Runs before the operation's callbacks (update state first).
         """
         bucket = op._bucket
         if bucket is not None:  # out of the timer (`SystemTimer`'s removal protocol)
             del bucket[op]
             op._bucket = None
             self._timer.delayed -= 1
-            self._owed += 1
-            if self._owed > self._purge_interval:
-                self._purge_due()
+            lists = self._lists
+            lists.owed += 1  # (the purge-queue protocol)
+            if lists.owed > lists.purge_interval and lists.purge_owed():
+                self._timer.request_pass()
         if outcome == "completed":
             self._completed += 1
         else:
@@ -702,43 +651,16 @@ class DelayedOperationPurgatory(Generic[Op]):
         if op._listed:  # the purge-queue protocol (`purgatory._watchers`)
             self._purge_queue[op] = None
         sink = self._sink
-        if sink is not None:  # the bulk path of the event log: one extend, no call (the
-            # length is checked as operations are watched: ends never outnumber watches long)
+        if sink is not None:  # the bulk path of the event log: one extend, no call
             sink.ends += (op, outcome, self._timer.now())
             if sink.eager:
-                self._collect()
+                sink.take()
 
-    def _purge_due(self) -> None:
-        """Kafka's purge rule holds between passes: have the driver run a pass (once)."""
-        # (Every completion calls this while a purge is owed: the cheap test first.)
-        if not self._purge_requested:
-            self._purge_requested = True
-            self._timer.request_pass()
-
-    def _housekeeping(self, taken: int, budget: int | None) -> bool:
-        """After each timer pass (which took `taken` operations from the wheel): the event log's
-        batch if the expiries filled it, Kafka's purge rule and a purge slice of `budget`
-        entries if one is due; whether work is still owed now."""
-        sink = self._sink
-        if sink is not None and len(sink.ends) >= sink.limit:
-            self._collect()
-        self._owed += taken
-        if self._purging or self._owed > self._purge_interval:
-            if not self._purging:
-                self._start_purge()
-                self._purging = True
-            if self._lists.purge(budget):
-                self._purges += 1
-            self._purging = bool(self._purge_queue)
-        return self._purging or self._owed > self._purge_interval
-
-    def _start_purge(self) -> None:
-        """Kafka's ``estimated = numDelayed`` as a purge starts. Operations a pass under way
-        took from the wheel but has not expired yet are counted already and finish after this
-        purge, so the next one must see them."""
-        self._owed = self._timer.in_flight()
-        self._purging = False
-        self._purge_requested = False
+    def _after_pass(self, taken: int, budget: int | None) -> bool:
+        """After each timer pass: the event log's batch if full, the lists' housekeeping."""
+        if self._sink is not None and len(self._sink.ends) >= self._sink.limit:
+            self._sink.take()
+        return self._lists.housekeeping(taken, budget, self._timer.in_flight)
 
     def _check_caller(self) -> None:
         """Refuse a call from outside the thread of the loop the purgatory is bound to."""
@@ -748,61 +670,12 @@ class DelayedOperationPurgatory(Generic[Op]):
 
     # -- the event log ------------------------------------------------------------------------
 
-    def _record_end(self, op: Op, outcome: Outcome) -> None:
-        """Record `op`'s end off the hot paths (a watch call that ended it or refused it)."""
-        sink = self._sink
-        assert sink is not None
-        sink.ends += (op, outcome, self._timer.current_time())
-        if len(sink.ends) >= sink.limit:
-            self._collect()
-
-    def _collect(self) -> None:
-        """Have the event log take the events recorded so far (a batch is full, or shutdown)."""
-        assert self._sink is not None
-        try:
-            self._sink.collect()
-        except Exception as exc:  # noqa: BLE001 - reported; the operations go on
-            self._report_log_failure("collect", exc)
-
-    def _report_log_failure(self, call: str, exc: Exception) -> None:
-        """An event log that raises is reported, never allowed to strand an operation."""
-        report_exception(
-            f"the event log of purgatory {self._name!r} failed ({call}); the operations go on, "
-            "what it could not record is lost to the log",
-            exc,
-            event_log=self._log,
-        )
-
-    def _check(self) -> None:
-        """Raise ``AssertionError`` if the purgatory's parts disagree (each checks itself too).
-
-        Checked beside the timer's and the lists' own invariants: every timed operation is
-        pending and ours; every pending operation on a list is ours and timed (or its watch is
-        under way).
-        """
-        timer = self._timer
-        binding = self._binding
-        timer._check(timer.current_time() if binding.bound else None, binding.reaper is None)
-        self._lists._check()
-        for op in timer.wheel:
-            assert not op._state & FINISHED, f"finished {op!r} is still timed"
-            assert op._owner is self, f"timed {op!r} is not this purgatory's"
-        in_pass = timer.in_flight() > 0
-        for key, ops in self._lists:
-            for op in ops:
-                assert op._owner is self, f"{op!r} on {key!r}'s list is not this purgatory's"
-                if not op._state & FINISHED and not in_pass:
-                    assert op._bucket is not None, f"pending watched {op!r} is not timed"
-
     # -- internals ----------------------------------------------------------------------------
-
-    def _unbound_time(self) -> float:
-        raise RuntimeError(f"purgatory {self._name!r} is not bound to an event loop yet")
 
     def _refuse(self, op: Op) -> None:
         """`op`'s watch call failed before registration: it was never watched."""
         if self._sink is not None and not op._state & FINISHED:
-            self._record_end(op, "refused")
+            self._sink.ended(op, "refused", self._timer.current_time())
 
     def _abandon(self, op: Op) -> None:
         """Leave `op` unwatched after its watch call failed once registered: off every list,
@@ -810,6 +683,30 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._lists.unregister(op)
         op._owner = None
         self._refuse(op)
+
+
+# help() and the API reference show the signature a caller reads, not the self-type that
+# lets the type checker tie `await watch(op)` to `op`'s result type.
+DelayedOperationPurgatory.watch.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("op", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Op"),
+        inspect.Parameter(
+            "keys",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            annotation="Iterable[Hashable] | Mapping[Hashable, Any]",
+        ),
+        inspect.Parameter(
+            "threshold", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation="Any"
+        ),
+    ],
+    return_annotation="T",
+)
+
+
+def _unbound_time(name: str) -> float:
+    """The clock of a purgatory on the loop's clock, until its first use in a loop binds it."""
+    raise RuntimeError(f"purgatory {name!r} is not bound to an event loop yet")
 
 
 def _cancel(op: DelayedOperation[Any]) -> bool:

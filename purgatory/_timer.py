@@ -206,6 +206,17 @@ class SystemTimer(Generic[Op]):
         """The operations held, in deadline order (in watch order within a tick)."""
         return sorted(self.wheel, key=_deadline_of)
 
+    def drain(self, answer: Callable[[Op], object] | None) -> int:
+        """Hand every operation held to `answer`, in deadline order, then expire those still
+        pending (a purgatory's drain); return how many `answer` completed or expired."""
+        answered = 0
+        if answer is not None:
+            for op in self.held():
+                if not op._state & FINISHED:
+                    answer(op)
+                    answered += bool(op._state & FINISHED)
+        return answered + self.expire_all()
+
     def expire_all(self) -> int:
         """Expire every operation held now, in deadline order (a drain); return how many."""
         if self._closed:
@@ -268,6 +279,12 @@ class SystemTimer(Generic[Op]):
     def next_pass_at(self) -> float:
         """The time (seconds) at which a pass next has work; ``math.inf`` if none."""
         return self.next_pass_tick() * self.tick
+
+    def next_deadline_in(self) -> float:
+        """Seconds until an operation held next needs a pass (``math.inf`` if none), reading
+        only: a gauge may ask from another thread."""
+        tick = math.inf if self._closed else self.wheel.peek_next_deadline()
+        return math.inf if tick == math.inf else max(0.0, tick * self.tick - self.now())
 
     def next_deadline_tick(self) -> float:
         """The tick at which an operation held next needs a pass (housekeeping aside)."""

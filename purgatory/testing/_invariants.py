@@ -1,8 +1,9 @@
 """Invariant checks: what must hold inside a purgatory between any two calls.
 
 Each owner of state checks its own (``_check``, as sortedcontainers' lists do): the timing
-wheel its buckets, the watcher lists their keys, counts and purge queue, one key's threshold
-watchers their cells, and the purgatory what ties them together. These functions are the way
+wheel its buckets, the timer its count and its clock, the watcher lists their keys, counts and
+purge queue, one key's threshold watchers their thresholds; `check_invariants` then checks what
+ties them together. These functions are the way
 tests call them: one per owner, each reached through the purgatory, and one for everything.
 
 `check_timing_wheel` and `check_threshold_watchers` take the internal object itself, for the
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._operation import FINISHED
 from .._purgatory import DelayedOperationPurgatory
 from .._thresholds import ThresholdWatchers
 from .._wheel import TimingWheel
@@ -33,7 +35,23 @@ def check_invariants(purgatory: DelayedOperationPurgatory[Any]) -> None:
     timed operation is pending and this purgatory's, every pending operation on a watcher list
     is timed, and the count of delayed operations is the wheel's size.
     """
-    _purgatory(purgatory, "check_invariants")._check()
+    p = _purgatory(purgatory, "check_invariants")
+    timer = p._timer
+    binding = p._binding
+    timer._check(timer.current_time() if binding.bound else None, binding.reaper is None)
+    p._lists._check()
+    # What ties the parts together: every timed operation is pending and this purgatory's;
+    # every pending operation on a list is this purgatory's and timed (or its watch is under
+    # way, or a pass took it and has not expired it yet).
+    for op in timer.wheel:
+        assert not op._state & FINISHED, f"finished {op!r} is still timed"
+        assert op._owner is p, f"timed {op!r} is not this purgatory's"
+    in_pass = timer.in_flight() > 0
+    for key, ops in p._lists:
+        for op in ops:
+            assert op._owner is p, f"{op!r} on {key!r}'s list is not this purgatory's"
+            if not op._state & FINISHED and not in_pass:
+                assert op._bucket is not None, f"pending watched {op!r} is not timed"
 
 
 def check_wheel(purgatory: DelayedOperationPurgatory[Any]) -> None:
