@@ -141,7 +141,7 @@ class DelayedOperation(ABC, Generic[T_co]):
         self._bucket: Any = None  # the timing wheel's (its `TimerEntry` protocol)
         self._future: Any = None
 
-    # -- the three methods to implement -------------------------------------------------------
+    # -- the methods to implement (on_expiration: if need be) ----------------------------------
 
     @abstractmethod
     def try_complete(self) -> bool | Coroutine[Any, Any, bool]:
