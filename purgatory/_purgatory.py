@@ -81,8 +81,10 @@ def _split_keys(
     if type(keys) is dict or isinstance(keys, Mapping):
         marks = dict(keys)  # (all None: a plain watch, which these marks then describe)
         for key, threshold in marks.items():
-            if threshold is not None:
-                _check_threshold(threshold, key)
+            kind = type(threshold)  # plain keys, offsets and times pass at once
+            if threshold is None or kind is int or (kind is float and threshold == threshold):  # noqa: PLR0124
+                continue
+            _check_threshold(threshold, key)
         return tuple(marks), marks
     if isinstance(keys, str | bytes):
         raise TypeError(f"keys must be a collection of keys, not the string {keys!r}")
