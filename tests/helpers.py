@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -167,6 +169,19 @@ async def until(
         if loop.time() >= end:
             raise AssertionError(f"{what}: not reached within {timeout} s of loop time")
         await asyncio.sleep(0.001)
+
+
+def run_process(
+    *command: str | os.PathLike[str], timeout: float, **options: Any
+) -> subprocess.CompletedProcess[str]:
+    """Run `command` to its end, its output captured as text; the caller checks how it ended.
+
+    `options` go to `subprocess.run` as they are (``cwd``, ``env``, ``input``).
+    """
+    argv = [os.fspath(part) for part in command]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, check=False, **options
+    )
 
 
 # -- the purgatory's private state: the few reads the tests make, in one place --------------------
