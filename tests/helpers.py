@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory
+from purgatory.testing import ManualClock
 
 
 class FlagOperation(DelayedOperation[str]):
@@ -33,6 +35,12 @@ class FlagOperation(DelayedOperation[str]):
 
     def on_expiration(self) -> None:
         self.calls.append("expire")
+
+
+def manual_purgatory() -> tuple[ManualClock, DelayedOperationPurgatory[FlagOperation]]:
+    """A purgatory of `FlagOperation` driven by a `ManualClock` of its own, and that clock."""
+    clock = ManualClock()
+    return clock, DelayedOperationPurgatory("api", clock=clock)
 
 
 class AsyncFlag(DelayedOperation[str]):
@@ -182,6 +190,17 @@ def run_process(
     return subprocess.run(
         argv, capture_output=True, text=True, timeout=timeout, check=False, **options
     )
+
+
+def import_error(module: str, *, without: str) -> str:
+    """What importing `module` says in a fresh interpreter where `without` cannot be imported."""
+    code = (
+        f"import sys\nsys.modules[{without!r}] = None\n"
+        f"try:\n    import {module}\nexcept ImportError as exc:\n    print(exc)\n"
+    )
+    done = run_process(sys.executable, "-c", code, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 # -- the purgatory's private state: the few reads the tests make, in one place --------------------

@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
-import subprocess
-import sys
 import urllib.request
 from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from helpers import import_error
 from metrics_support import scene
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
@@ -134,16 +133,7 @@ def test_registering_reads_no_purgatory() -> None:
 
 
 def test_without_prometheus_client_the_import_says_what_to_install() -> None:
-    code = (
-        "import sys\n"
-        "sys.modules['prometheus_client'] = None\n"
-        "try:\n"
-        "    import purgatory.prometheus\n"
-        "except ImportError as exc:\n"
-        "    print(exc)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout == (
+    assert import_error("purgatory.prometheus", without="prometheus_client") == (
         "purgatory.prometheus needs prometheus_client: "
         "pip install 'asyncio-purgatory[prometheus]'\n"
     )

@@ -33,6 +33,7 @@ from helpers import (
     RaisingComplete,
     RaisingExpiration,
     Recorder,
+    manual_purgatory,
     until,
     wheel_levels,
 )
@@ -79,13 +80,8 @@ def test_purgatory_rejects_a_non_string_name() -> None:
         DelayedOperationPurgatory(42)  # type: ignore[arg-type]
 
 
-def make() -> tuple[ManualClock, DelayedOperationPurgatory[FlagOperation]]:
-    clock = ManualClock()
-    return clock, DelayedOperationPurgatory("api", clock=clock)
-
-
 def test_empty_keys_are_rejected_and_nothing_is_registered() -> None:
-    _, p = make()
+    _, p = manual_purgatory()
     op = FlagOperation(1)
     with pytest.raises(ValueError, match="at least one key"):
         p.try_complete_else_watch(op, [])
@@ -94,13 +90,13 @@ def test_empty_keys_are_rejected_and_nothing_is_registered() -> None:
 
 
 def test_a_string_is_not_a_collection_of_keys() -> None:
-    _, p = make()
+    _, p = manual_purgatory()
     with pytest.raises(TypeError, match="collection of keys"):
         p.try_complete_else_watch(FlagOperation(1), "topic-0")
 
 
 def test_an_operation_is_watched_once() -> None:
-    _, p = make()
+    _, p = manual_purgatory()
     op = FlagOperation(1)
     p.try_complete_else_watch(op, ["a"])
     with pytest.raises(ValueError, match="already watched"):
@@ -120,7 +116,7 @@ def test_a_subclass_that_forgot_super_init_gets_a_clear_error() -> None:
         def __init__(self) -> None:
             pass
 
-    _, p = make()
+    _, p = manual_purgatory()
     with pytest.raises(TypeError, match=r"super\(\).__init__"):
         p.try_complete_else_watch(Forgetful(), ["a"])
 
@@ -164,7 +160,7 @@ def test_max_pending_rejects_without_registering_but_admits_instant_completions(
 
 
 def test_closed_purgatory_refuses_watches() -> None:
-    _, p = make()
+    _, p = manual_purgatory()
     asyncio.run(p.shutdown())
     with pytest.raises(PurgatoryClosed):
         p.try_complete_else_watch(FlagOperation(1), ["a"])
@@ -172,7 +168,7 @@ def test_closed_purgatory_refuses_watches() -> None:
 
 
 def test_statistics_is_a_frozen_snapshot() -> None:
-    clock, p = make()
+    clock, p = manual_purgatory()
     op = FlagOperation(0.5)
     p.try_complete_else_watch(op, ["a", "b"])
     stats = p.statistics()
@@ -293,7 +289,7 @@ async def test_a_shutdown_inside_an_expiry_cancels_the_rest_of_the_pass() -> Non
 
 
 def test_unbound_purgatory_refuses_threadsafe_triggers() -> None:
-    _, p = make()
+    _, p = manual_purgatory()
     with pytest.raises(RuntimeError, match="not bound to an event loop"):
         p.check_and_complete_threadsafe("a")
 

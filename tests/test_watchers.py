@@ -12,7 +12,7 @@ import weakref
 from typing import Any
 
 import pytest
-from helpers import AsyncFlag, FlagOperation
+from helpers import AsyncFlag, FlagOperation, manual_purgatory
 
 from purgatory import (
     DelayedOperation,
@@ -116,11 +116,6 @@ def test_a_key_given_twice_is_watched_once_and_forgotten_with_it() -> None:
     check_invariants(p)
 
 
-def make() -> tuple[ManualClock, DelayedOperationPurgatory[FlagOperation]]:
-    clock = ManualClock()
-    return clock, DelayedOperationPurgatory("api", clock=clock)
-
-
 class Joiner(FlagOperation):
     """Completes on its trigger after watching a newcomer on the same key (a re-entrant watch)."""
 
@@ -138,7 +133,7 @@ class Joiner(FlagOperation):
 
 def test_a_lone_watcher_completing_while_a_newcomer_joins_its_key() -> None:
     """The lone operation of a key leaves it; one that joined during its attempt stays."""
-    _, p = make()
+    _, p = manual_purgatory()
     joiner = Joiner(p, "k")
     p.try_complete_else_watch(joiner, ["k"])
     assert (p.watched(), p.statistics().keys) == (1, 1)
@@ -152,7 +147,7 @@ def test_a_lone_watcher_completing_while_a_newcomer_joins_its_key() -> None:
 
 
 def test_a_key_listed_twice_is_watched_once_per_listing() -> None:
-    _, p = make()
+    _, p = manual_purgatory()
     op = FlagOperation(1)
     p.try_complete_else_watch(op, ["a", "a", "b"])
     check_watchers(p)
