@@ -26,10 +26,12 @@ from purgatory.prometheus import LABEL, PurgatoryCollector
 
 Families = dict[str, tuple[str, str, dict[str, float]]]
 """family name -> (type, help, {purgatory: value})"""
+Served = tuple[CollectorRegistry, str]
+"""What the `served` fixture gives: the registry, and its ``/metrics`` URL."""
 
 
 @pytest_asyncio.fixture
-async def served() -> AsyncIterator[tuple[CollectorRegistry, str]]:
+async def served() -> AsyncIterator[Served]:
     """A registry of its own, served on a free loopback port; its ``/metrics`` URL."""
     registry = CollectorRegistry()
     server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
@@ -61,9 +63,7 @@ def expected(stats: PurgatoryStatistics, field_attribute: str) -> float:
 
 
 @pytest.mark.asyncio
-async def test_a_scrape_shows_each_purgatorys_gauges_and_counters(
-    served: tuple[CollectorRegistry, str],
-) -> None:
+async def test_a_scrape_shows_each_purgatorys_gauges_and_counters(served: Served) -> None:
     registry, url = served
     s = scene()
     registry.register(PurgatoryCollector([s.produce, s.fetch]))
@@ -107,9 +107,7 @@ async def test_a_scrape_shows_each_purgatorys_gauges_and_counters(
 
 
 @pytest.mark.asyncio
-async def test_a_purgatory_shut_down_or_gone_leaves_the_scrape(
-    served: tuple[CollectorRegistry, str],
-) -> None:
+async def test_a_purgatory_shut_down_or_gone_leaves_the_scrape(served: Served) -> None:
     registry, url = served
     s = scene()
     collector = PurgatoryCollector([s.produce])
