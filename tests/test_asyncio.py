@@ -51,7 +51,7 @@ from helpers import (
     until,
     wheel_levels,
 )
-from virtual_time import VirtualTimeLoop, VirtualTimeUVLoop
+from virtual_time import EACH_LOOP, NewLoop
 
 from purgatory import (
     DelayedOperation,
@@ -68,11 +68,6 @@ TICK = 0.001  # the default tick
 
 #: A bound in loop time on a wait: free in virtual time, where it fails only a stuck loop.
 GUARD = 60.0
-
-#: The loops of the tests that make their own, in virtual time.
-VIRTUAL_LOOPS = pytest.mark.parametrize(
-    "new_loop", [VirtualTimeLoop, VirtualTimeUVLoop], ids=["asyncio", "uvloop"]
-)
 
 
 def due(watched_at: float, timeout: float) -> float:
@@ -1136,10 +1131,10 @@ async def test_a_base_exception_in_an_expiry_callback_is_that_operations_failure
         check_invariants(p)
 
 
-@VIRTUAL_LOOPS
+@EACH_LOOP
 @pytest.mark.parametrize("where", ["on_complete", "on_expiration"])
 def test_a_keyboard_interrupt_in_an_expiry_propagates_and_the_reaper_goes_on(
-    new_loop: Callable[[], asyncio.AbstractEventLoop], where: str
+    new_loop: NewLoop, where: str
 ) -> None:
     loop = new_loop()
     recorder = Recorder()
@@ -1181,10 +1176,8 @@ def test_a_keyboard_interrupt_in_an_expiry_propagates_and_the_reaper_goes_on(
         loop.close()
 
 
-@VIRTUAL_LOOPS
-def test_the_reaper_comes_back_in_a_program_without_tasks(
-    new_loop: Callable[[], asyncio.AbstractEventLoop],
-) -> None:
+@EACH_LOOP
+def test_the_reaper_comes_back_in_a_program_without_tasks(new_loop: NewLoop) -> None:
     """A callback-based server (no task but the reaper) that handles Ctrl-C and goes on."""
     loop = new_loop()
     recorder = Recorder()
@@ -1358,10 +1351,8 @@ async def test_an_attempt_cancelled_from_outside_runs_again(when: str) -> None:
 # -- anyio on its asyncio backend -----------------------------------------------------------------
 
 
-@VIRTUAL_LOOPS
-def test_watch_under_anyio_task_groups_and_cancel_scopes(
-    new_loop: Callable[[], asyncio.AbstractEventLoop],
-) -> None:
+@EACH_LOOP
+def test_watch_under_anyio_task_groups_and_cancel_scopes(new_loop: NewLoop) -> None:
     results: dict[str, object] = {}
 
     async def main() -> None:
