@@ -99,6 +99,13 @@ class Recorder:
         return [c["exception"] for c in self.contexts if "exception" in c]
 
 
+def loop_errors() -> Recorder:
+    """A `Recorder` installed as the running loop's exception handler."""
+    recorder = Recorder()
+    asyncio.get_running_loop().set_exception_handler(recorder)
+    return recorder
+
+
 class Custom(BaseException):
     """A BaseException of the test's own: neither an Exception nor an interrupt."""
 

@@ -47,6 +47,7 @@ from helpers import (
     attempt_running,
     attempt_tasks,
     cascading,
+    loop_errors,
     reaper_restarts,
     until,
     wheel_levels,
@@ -643,8 +644,7 @@ async def test_await_op_returns_on_complete_value() -> None:
 
 @pytest.mark.asyncio
 async def test_await_op_reraises_what_on_complete_raised() -> None:
-    reported = Recorder()
-    asyncio.get_running_loop().set_exception_handler(reported)
+    reported = loop_errors()
     async with DelayedOperationPurgatory[FlagOperation]("raise") as p:
         # Awaited while it completes: the error goes to the awaiter.
         op = Raises(30.0, "on_complete", LookupError("on_complete failed"))
@@ -1075,8 +1075,7 @@ def test_a_patched_loop_time_is_the_one_clock() -> None:
 
 @pytest.mark.asyncio
 async def test_a_reaper_cancelled_from_outside_comes_back() -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     async with DelayedOperationPurgatory[FlagOperation]("cancel-all") as p:
         op = FlagOperation(0.05)
         waiter = asyncio.create_task(p.watch(op, ["k"]))
@@ -1108,8 +1107,7 @@ async def test_a_reaper_cancelled_from_outside_comes_back() -> None:
 async def test_a_base_exception_in_an_expiry_callback_is_that_operations_failure(
     where: str, error: BaseException
 ) -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     async with DelayedOperationPurgatory[FlagOperation]("base-exc") as p:
         bad = Raises(0.01, where, error)
         bad_waiter = asyncio.create_task(p.watch(bad, ["k"]))
@@ -1217,8 +1215,7 @@ def test_no_reaper_comes_back_for_a_loop_that_winds_down() -> None:
 
 @pytest.mark.asyncio
 async def test_reaper_survives_raising_callbacks() -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     async with DelayedOperationPurgatory[FlagOperation]("survivor") as p:
         first = RaisingExpiration(0.01)
         p.try_complete_else_watch(first, ["k"])
@@ -1265,8 +1262,7 @@ class Bounded(DelayedOperation[str]):
 
 @pytest.mark.asyncio
 async def test_an_async_attempt_runs_in_its_own_task_and_context() -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     async with DelayedOperationPurgatory[Bounded]("own-task") as p:
         op = Bounded()
         assert not p.try_complete_else_watch(op, ["k"])
@@ -1290,8 +1286,7 @@ async def test_an_async_attempt_runs_in_its_own_task_and_context() -> None:
 
 @pytest.mark.asyncio
 async def test_an_async_attempt_raising_a_base_exception_does_not_jam_the_operation() -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     async with DelayedOperationPurgatory[FailsFirstAttempt]("jam") as p:
         op = FailsFirstAttempt(Custom("first attempt"))
         p.try_complete_else_watch(op, ["k"])
@@ -1324,8 +1319,7 @@ class Gated(DelayedOperation[str]):
 @pytest.mark.asyncio
 @pytest.mark.parametrize("when", ["before it starts", "with a trigger pending"])
 async def test_an_attempt_cancelled_from_outside_runs_again(when: str) -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     async with DelayedOperationPurgatory[Gated]("attempts") as p:
         op = Gated()
         op.gate.set()
@@ -1525,8 +1519,7 @@ async def test_an_earlier_deadline_wakes_the_reaper_sooner() -> None:
 
 @pytest.mark.asyncio
 async def test_reaper_keeps_running_after_a_callback_raises() -> None:
-    errors = Recorder()
-    asyncio.get_running_loop().set_exception_handler(errors)
+    errors = loop_errors()
     async with DelayedOperationPurgatory[FlagOperation]("reaper") as purgatory:
         bad_expiry = Raises(0.01, "on_expiration", RuntimeError("bad_expiry: on_expiration"))
         bad_complete = Raises(0.01, "on_complete", ValueError("bad_complete: on_complete"))

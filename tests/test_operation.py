@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 import pytest
-from helpers import Custom, FlagOperation, Raises, Recorder
+from helpers import Custom, FlagOperation, Raises, loop_errors
 
 from purgatory import (
     DelayedOperation,
@@ -59,8 +59,7 @@ def manual(**kwargs: Any) -> tuple[ManualClock, DelayedOperationPurgatory[Any]]:
 @pytest.mark.asyncio
 @pytest.mark.parametrize("path", ["check", "threadsafe", "force", "expiry"])
 async def test_a_base_exception_in_on_complete_reaches_every_awaiter(path: str) -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    loop_errors()  # the loop's reports of the raise: recorded, not logged
     error = Custom("from on_complete")
     async with DelayedOperationPurgatory[FlagOperation]("awaiters") as p:
         op = Raises(0.02 if path == "expiry" else 30, "on_complete", error)

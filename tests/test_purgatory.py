@@ -32,7 +32,7 @@ from helpers import (
     FlagOperation,
     RaisingComplete,
     RaisingExpiration,
-    Recorder,
+    loop_errors,
     manual_purgatory,
     until,
     wheel_levels,
@@ -530,8 +530,7 @@ def test_on_complete_raising_on_expiry_still_runs_on_expiration() -> None:
 
 @pytest.mark.asyncio
 async def test_await_re_raises_what_on_complete_raised() -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     clock = ManualClock()
     p = DelayedOperationPurgatory[FlagOperation]("await", clock=clock)
     op = RaisingComplete(1)
@@ -642,8 +641,7 @@ async def test_check_and_complete_from_another_thread() -> None:
 
 @pytest.mark.asyncio
 async def test_async_try_complete_raising_is_reported_and_the_operation_survives() -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     async with DelayedOperationPurgatory[FailsFirstAttempt]("async") as p:
         op = FailsFirstAttempt(Boom("async attempt"))
         task = asyncio.create_task(p.watch(op, ["k"]))
@@ -787,8 +785,7 @@ class AsyncClaims(AsyncFlag):
 
 @pytest.mark.asyncio
 async def test_a_false_claim_is_reported_on_every_path() -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     _clock, p = manual()
     p.try_complete_else_watch(Claims(30), ["k"])
     assert len(recorder.contexts) == 2  # both tries of the watch
@@ -916,13 +913,6 @@ async def settle(done: Callable[[], bool], max_yields: int = 1000) -> None:
         if done():
             return
         await asyncio.sleep(0)
-
-
-def record_loop_errors() -> list[dict[str, Any]]:
-    """Route the running loop's exception handler to a list the test can assert empty."""
-    errors: list[dict[str, Any]] = []
-    asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
-    return errors
 
 
 # -- satisfaction, expiry, purge -------------------------------------------------------------
@@ -1373,7 +1363,7 @@ async def test_try_complete_lock_contention() -> None:
     A trigger arriving while an attempt is suspended neither blocks nor starts a second attempt;
     when the attempt ends, exactly one more runs, and completes the operation.
     """
-    errors = record_loop_errors()
+    errors = loop_errors().contexts
     purgatory = DelayedOperationPurgatory[AsyncFlagOp]("mock", clock=ManualClock())
     gate = asyncio.Event()
     gate.set()
@@ -1412,7 +1402,7 @@ async def test_try_complete_lock_contention() -> None:
 async def test_an_attempt_in_flight_does_not_hold_up_the_other_operations() -> None:
     """Kafka: "lock held by another thread, should not block, only operations that can be locked
     without blocking complete" - and the held-up one completes once its attempt ends."""
-    errors = record_loop_errors()
+    errors = loop_errors().contexts
     purgatory = DelayedOperationPurgatory[Any]("mock", clock=ManualClock())
     gate = asyncio.Event()
     busy = AsyncFlagOp(gate)
@@ -1521,7 +1511,7 @@ async def test_try_complete_with_many_concurrent_triggers(seed: int) -> None:
     Every operation completes exactly once; no two attempts of one operation overlap; the number
     of attempts is exactly what the contract calls for (no lost wake-up, no pile-up).
     """
-    errors = record_loop_errors()
+    errors = loop_errors().contexts
     rng = random.Random(seed)
     purgatory = DelayedOperationPurgatory[StressOp]("mock", clock=ManualClock())
     ops = [StressOp(i, rng, max_yields=10) for i in range(OPERATIONS)]
@@ -1603,7 +1593,7 @@ class ThreadedOp(DelayedOperation[int]):
 @pytest.mark.asyncio
 async def test_try_complete_with_triggers_from_other_threads() -> None:
     """The closest port of Kafka's threaded test: triggers via `check_and_complete_threadsafe`."""
-    errors = record_loop_errors()
+    errors = loop_errors().contexts
     rng = random.Random(42)
     purgatory = DelayedOperationPurgatory[ThreadedOp]("mock", clock=ManualClock())
     ops = [ThreadedOp(i, rng) for i in range(OPERATIONS)]
