@@ -37,10 +37,13 @@ class FlagOperation(DelayedOperation[str]):
         self.calls.append("expire")
 
 
-def manual_purgatory() -> tuple[ManualClock, DelayedOperationPurgatory[FlagOperation]]:
-    """A purgatory of `FlagOperation` driven by a `ManualClock` of its own, and that clock."""
+def manual_purgatory(
+    name: str = "test", **options: Any
+) -> tuple[ManualClock, DelayedOperationPurgatory[Any]]:
+    """A purgatory driven by a `ManualClock` of its own, and that clock (`options`: the
+    purgatory's other arguments)."""
     clock = ManualClock()
-    return clock, DelayedOperationPurgatory("api", clock=clock)
+    return clock, DelayedOperationPurgatory[Any](name, clock=clock, **options)
 
 
 class AsyncFlag(DelayedOperation[str]):

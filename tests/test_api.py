@@ -69,7 +69,7 @@ def test_exception_family() -> None:
 
 
 def test_reprs_show_the_public_path_and_state() -> None:
-    _, p = manual_purgatory()
+    _, p = manual_purgatory("api")
     op = FlagOperation(1)
     assert "new" in repr(op)
     p.try_complete_else_watch(op, ["a"])

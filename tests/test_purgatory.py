@@ -182,14 +182,9 @@ def test_statistics_is_a_frozen_snapshot() -> None:
     assert stats.next_deadline_in == math.inf
 
 
-def manual(**kwargs: Any) -> tuple[ManualClock, DelayedOperationPurgatory[Any]]:
-    clock = ManualClock()
-    return clock, DelayedOperationPurgatory[Any]("test", clock=clock, **kwargs)
-
-
 @pytest.mark.parametrize("timeout", [1e300, 1.8e306, 2.0**53 * 0.001 * 1.001])
 def test_an_absurd_timeout_is_refused_and_registers_nothing(timeout: float) -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     op = FlagOperation(timeout)
     with pytest.raises(ValueError, match="horizon"):
         p.try_complete_else_watch(op, ["k"])
@@ -198,7 +193,7 @@ def test_an_absurd_timeout_is_refused_and_registers_nothing(timeout: float) -> N
 
 
 def test_the_largest_timeout_works() -> None:
-    _clock, p = manual(tick=1.0)
+    _clock, p = manual_purgatory(tick=1.0)
     op = FlagOperation(2.0**53 - 1)
     p.try_complete_else_watch(op, ["k"])
     assert wheel_levels(p) <= 7
@@ -260,7 +255,7 @@ class ShutsDown(FlagOperation):
 @pytest.mark.asyncio
 @pytest.mark.parametrize("when", ["try", "second try"])
 async def test_a_shutdown_inside_the_watch_leaves_no_awaiter_hanging(when: str) -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     op = ShutsDown(30, p, when)
     with pytest.raises(PurgatoryClosed):
         await asyncio.wait_for(p.watch(op, ["k", "j"]), 5.0)
@@ -271,7 +266,7 @@ async def test_a_shutdown_inside_the_watch_leaves_no_awaiter_hanging(when: str) 
 
 @pytest.mark.asyncio
 async def test_a_shutdown_inside_an_expiry_cancels_the_rest_of_the_pass() -> None:
-    clock, p = manual()
+    clock, p = manual_purgatory()
     first = ShutsDown(0.01, p, "expiry")
     rest = [FlagOperation(0.01) for _ in range(3)]
     waiters = [asyncio.create_task(p.watch(op, ["k"])) for op in [first, *rest]]
@@ -452,7 +447,7 @@ class RaisingTry(FlagOperation):
 
 @pytest.mark.parametrize("attempt", [1, 2])
 def test_try_complete_raising_inside_the_watch_leaves_nothing_registered(attempt: int) -> None:
-    clock, p = manual()
+    clock, p = manual_purgatory()
     op = RaisingTry(1, {attempt})
     with pytest.raises(Boom):
         p.try_complete_else_watch(op, ["a", "b"])
@@ -467,7 +462,7 @@ def test_try_complete_raising_inside_the_watch_leaves_nothing_registered(attempt
 def test_try_complete_raising_in_a_trigger_is_logged_and_others_still_complete(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    _, p = manual()
+    _, p = manual_purgatory()
     bad = RaisingTry(1, {3})
     good = FlagOperation(1)
     p.try_complete_else_watch(bad, ["k"])
@@ -489,7 +484,7 @@ def test_try_complete_raising_in_a_trigger_is_logged_and_others_still_complete(
 def test_on_complete_raising_without_awaiter_is_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock, p = manual()
+    clock, p = manual_purgatory()
     op = RaisingComplete(1)
     p.try_complete_else_watch(op, ["k"])
     op.ready = True
@@ -507,7 +502,7 @@ def test_on_complete_raising_without_awaiter_is_logged_once(
 def test_on_expiration_raising_does_not_stop_the_other_expiries(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock, p = manual()
+    clock, p = manual_purgatory()
     ops = [RaisingExpiration(0.1), FlagOperation(0.1), RaisingExpiration(0.2)]
     for op in ops:
         p.try_complete_else_watch(op, ["k"])
@@ -520,7 +515,7 @@ def test_on_expiration_raising_does_not_stop_the_other_expiries(
 
 
 def test_on_complete_raising_on_expiry_still_runs_on_expiration() -> None:
-    clock, p = manual()
+    clock, p = manual_purgatory()
     op = RaisingComplete(0.1)
     p.try_complete_else_watch(op, ["k"])
     clock.advance(0.1)
@@ -570,7 +565,7 @@ class Reentrant(FlagOperation):
 
 
 def test_callbacks_may_re_enter_the_purgatory() -> None:
-    clock, p = manual(purge_interval=0)
+    clock, p = manual_purgatory(purge_interval=0)
     op = Reentrant(0.2, p)
     bystander = FlagOperation(5)
     p.try_complete_else_watch(op, ["k"])
@@ -606,7 +601,7 @@ class SelfTriggering(FlagOperation):
 
 
 def test_try_complete_that_triggers_its_own_key_completes_once() -> None:
-    _, p = manual()
+    _, p = manual_purgatory()
     op = SelfTriggering(p)
     op.ready = False
     p.try_complete_else_watch(op, ["self"])
@@ -662,7 +657,7 @@ def test_try_complete_claiming_success_without_completing_is_reported(
             self.attempts += 1
             return self.ready
 
-    _, p = manual()
+    _, p = manual_purgatory()
     op = Liar(1)
     p.try_complete_else_watch(op, ["k"])
     op.ready = True
@@ -682,7 +677,7 @@ def test_a_completion_counts_even_if_try_complete_returns_false() -> None:
                 self.force_complete()
             return False
 
-    _, p = manual()
+    _, p = manual_purgatory()
     op, other = Quiet(1), FlagOperation(1)
     p.try_complete_else_watch(op, ["k"])
     p.try_complete_else_watch(other, ["k"])
@@ -786,7 +781,7 @@ class AsyncClaims(AsyncFlag):
 @pytest.mark.asyncio
 async def test_a_false_claim_is_reported_on_every_path() -> None:
     recorder = loop_errors()
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     p.try_complete_else_watch(Claims(30), ["k"])
     assert len(recorder.contexts) == 2  # both tries of the watch
     p.check_and_complete("k")
@@ -2138,7 +2133,7 @@ def test_completed_and_cancelled_operations_never_expire() -> None:
 
 
 def test_drain_expires_every_pending_operation_now_in_deadline_order() -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     order: list[str] = []
 
     class Noted(FlagOperation):
@@ -2163,7 +2158,7 @@ def test_drain_expires_every_pending_operation_now_in_deadline_order() -> None:
 
 
 def test_drain_lets_the_application_answer_first_and_expires_the_rest() -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     ops = [FlagOperation(30.0, name) for name in "abc"]
     for op in ops:
         p.try_complete_else_watch(op, [op.name])
@@ -2183,7 +2178,7 @@ def test_drain_lets_the_application_answer_first_and_expires_the_rest() -> None:
 
 
 def test_after_a_drain_new_operations_are_answered_at_the_next_pass() -> None:
-    clock, p = manual()
+    clock, p = manual_purgatory()
     p.drain()
     ready = FlagOperation(30.0, "ready")
     ready.ready = True
@@ -2197,7 +2192,7 @@ def test_after_a_drain_new_operations_are_answered_at_the_next_pass() -> None:
 
 
 def test_drain_of_a_shut_down_purgatory_is_refused() -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     asyncio.run(p.shutdown())
     with pytest.raises(PurgatoryClosed):
         p.drain()
