@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -170,6 +171,22 @@ class Raises(FlagOperation):
         super().on_expiration()
         if self.where == "on_expiration":
             raise self.error
+
+
+def raised_in_a_thread(call: Callable[[], object]) -> BaseException | None:
+    """Run `call` in a thread of its own, to its end: what it raised, or ``None``."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test, which checks it
+            raised.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return raised[0] if raised else None
 
 
 async def until(

@@ -34,6 +34,7 @@ from helpers import (
     RaisingExpiration,
     loop_errors,
     manual_purgatory,
+    raised_in_a_thread,
     until,
     wheel_levels,
 )
@@ -327,19 +328,9 @@ async def test_changing_the_lists_from_a_foreign_thread_is_refused(call: str, ad
             "cancel_for_key": lambda: p.cancel_for_key("k"),
             "purge": p.purge,
         }
-        errors: list[BaseException] = []
-
-        def worker() -> None:
-            try:
-                calls[call]()
-            except RuntimeError as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=worker)
-        thread.start()
-        thread.join()
-        assert len(errors) == 1
-        assert advice in str(errors[0])
+        error = raised_in_a_thread(calls[call])
+        assert isinstance(error, RuntimeError)
+        assert advice in str(error)
         assert not op.is_completed  # nothing happened to it from that thread
         assert not op.is_cancelled
         assert p.check_and_complete("k") == 1
@@ -391,22 +382,13 @@ async def test_a_manual_clock_purgatory_refuses_another_threads_loop_while_its_o
     clock = ManualClock()
     p = DelayedOperationPurgatory[FlagOperation]("fixture", clock=clock)
     p.try_complete_else_watch(FlagOperation(1), ["k"])
-    errors: list[BaseException] = []
 
     async def use() -> None:
         p.try_complete_else_watch(FlagOperation(1), ["k"])
 
-    def other_thread() -> None:
-        try:
-            asyncio.run(use())
-        except RuntimeError as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=other_thread)
-    thread.start()
-    thread.join()
-    assert len(errors) == 1
-    assert "another thread while that loop runs" in str(errors[0])
+    error = raised_in_a_thread(lambda: asyncio.run(use()))
+    assert isinstance(error, RuntimeError)
+    assert "another thread while that loop runs" in str(error)
     await p.shutdown()
 
 
@@ -481,15 +463,23 @@ def test_try_complete_raising_in_a_trigger_is_logged_and_others_still_complete(
     check_invariants(p)
 
 
+def completed_by_a_trigger(
+    p: DelayedOperationPurgatory[Any], op: FlagOperation, caplog: pytest.LogCaptureFixture
+) -> int:
+    """Watch `op` on ``"k"``, meet its condition, trigger ``"k"`` with the purgatory's error log
+    captured: how many operations the trigger completed."""
+    p.try_complete_else_watch(op, ["k"])
+    op.ready = True
+    with caplog.at_level(logging.ERROR, logger="purgatory"):
+        return p.check_and_complete("k")
+
+
 def test_on_complete_raising_without_awaiter_is_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock, p = manual_purgatory()
     op = RaisingComplete(1)
-    p.try_complete_else_watch(op, ["k"])
-    op.ready = True
-    with caplog.at_level(logging.ERROR, logger="purgatory"):
-        assert p.check_and_complete("k") == 1
+    assert completed_by_a_trigger(p, op, caplog) == 1
     assert caplog.text.count("RaisingComplete.on_complete raised") == 1
     assert op.is_completed
     assert not op.force_complete()
@@ -659,10 +649,7 @@ def test_try_complete_claiming_success_without_completing_is_reported(
 
     _, p = manual_purgatory()
     op = Liar(1)
-    p.try_complete_else_watch(op, ["k"])
-    op.ready = True
-    with caplog.at_level(logging.ERROR, logger="purgatory"):
-        assert p.check_and_complete("k") == 0
+    assert completed_by_a_trigger(p, op, caplog) == 0
     assert "must return self.force_complete()" in caplog.text
     assert not op.is_completed
     assert p.num_delayed() == 1
@@ -1548,38 +1535,17 @@ async def test_try_complete_with_many_concurrent_triggers(seed: int) -> None:
     await purgatory.shutdown()
 
 
-class ThreadedOp(DelayedOperation[int]):
-    """Kafka's ``TestDelayOperation`` for triggers that come from other threads."""
+class ThreadedOp(StressOp):
+    """Kafka's ``TestDelayOperation`` for triggers that come from other threads: a `StressOp`
+    whose `remaining` triggers the threads count down under `lock`, and which must not expire.
+
+    The contract's count of attempts (`note_trigger`) is not kept here: a thread cannot note a
+    trigger in step with the attempts on the loop. The rng is used on the loop thread only.
+    """
 
     def __init__(self, index: int, rng: random.Random) -> None:
-        super().__init__(100.0)
-        self.index = index
-        self.key = f"key{index}"
-        self.rng = rng  # used on the loop thread only
-        self.remaining = TRIGGERS
+        super().__init__(index, rng, max_yields=5)
         self.lock = threading.Lock()
-        self.ready = False
-        self.in_flight = False
-        self.overlaps = 0
-        self.attempts = 0
-        self.completions = 0
-
-    async def try_complete(self) -> bool:
-        if self.in_flight:
-            self.overlaps += 1
-        self.in_flight = True
-        self.attempts += 1
-        should_complete = self.ready
-        for _ in range(self.rng.randrange(6)):
-            await asyncio.sleep(0)
-        self.in_flight = False
-        if should_complete:
-            return self.force_complete()
-        return False
-
-    def on_complete(self) -> int:
-        self.completions += 1
-        return self.index
 
     def on_expiration(self) -> None:
         raise AssertionError("must not expire")
@@ -1747,6 +1713,15 @@ def kafka_delays() -> list[int]:
     return delays
 
 
+def timer_scene(
+    start: float = 0.0, **options: Any
+) -> tuple[ManualClock, DelayedOperationPurgatory[TimerOp], list[int]]:
+    """The setting of Kafka's timer tests: a purgatory of `TimerOp` on a `ManualClock` of its
+    own from `start` (`options`: its other arguments), and the log its operations expire into."""
+    clock = ManualClock(start)
+    return clock, DelayedOperationPurgatory[TimerOp]("timer", clock=clock, **options), []
+
+
 def watch_shuffled(
     purgatory: DelayedOperationPurgatory[TimerOp],
     clock: ManualClock,
@@ -1780,9 +1755,7 @@ def test_already_expired_operations(start: float, wheel_size: int) -> None:
     equivalent is a timeout of 0: it is not expired inside the watch call, counts as delayed,
     and expires at the next ``advance(0)``, in watch order.
     """
-    clock = ManualClock(start)
-    purgatory = DelayedOperationPurgatory[TimerOp]("timer", clock=clock, wheel_size=wheel_size)
-    log: list[int] = []
+    clock, purgatory, log = timer_scene(start, wheel_size=wheel_size)
     ops = [TimerOp(0, ident, clock, log) for ident in range(5)]
     for op in ops:
         assert not purgatory.try_complete_else_watch(op, [f"key{op.ident}"])
@@ -1825,11 +1798,7 @@ def test_task_expiration_step_by_step(wheel_size: int) -> None:
     current time have expired, the time they saw is their deadline, and the whole expiry order is
     (deadline, watch order).
     """
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp](
-        "timer", clock=clock, tick=1.0, wheel_size=wheel_size
-    )
-    log: list[int] = []
+    clock, purgatory, log = timer_scene(tick=1.0, wheel_size=wheel_size)
     delays = kafka_delays()
     ops = watch_shuffled(purgatory, clock, [float(d) for d in delays], log, seed=wheel_size)
     assert purgatory.num_delayed() == 585
@@ -1855,11 +1824,7 @@ def test_task_expiration_step_by_step(wheel_size: int) -> None:
 @pytest.mark.parametrize("wheel_size", WHEEL_SIZES)
 def test_task_expiration_in_one_pass(wheel_size: int) -> None:
     """One big advance equals many small ones: same set, same (deadline, watch) order."""
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp](
-        "timer", clock=clock, tick=1.0, wheel_size=wheel_size
-    )
-    log: list[int] = []
+    clock, purgatory, log = timer_scene(tick=1.0, wheel_size=wheel_size)
     ops = watch_shuffled(purgatory, clock, [float(d) for d in kafka_delays()], log, seed=7)
     assert clock.advance(499.0) == 585
     assert log == [op.ident for op in sorted(ops, key=lambda op: (op.timeout, op.ident))]
@@ -1875,9 +1840,7 @@ def test_task_expiration_in_milliseconds(wheel_size: int) -> None:
     The step at which each operation expires must be its delay in milliseconds: the float noise
     of adding 0.001 five hundred times neither delays an expiry by a tick nor fires one early.
     """
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp]("timer", clock=clock, wheel_size=wheel_size)
-    log: list[int] = []
+    clock, purgatory, log = timer_scene(wheel_size=wheel_size)
     delays = kafka_delays()
     ops = watch_shuffled(purgatory, clock, [d / 1000 for d in delays], log, seed=3)
     delay_ms = {op.ident: round(op.timeout * 1000) for op in ops}
@@ -1903,11 +1866,7 @@ def test_random_watches_and_advances_expire_exactly_on_time(wheel_size: int, see
     tick, never before, and each advance expires by (deadline tick, watch order).
     """
     rng = random.Random(seed)
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp](
-        "timer", clock=clock, tick=1.0, wheel_size=wheel_size
-    )
-    log: list[int] = []
+    clock, purgatory, log = timer_scene(tick=1.0, wheel_size=wheel_size)
     ops: list[TimerOp] = []
     due_tick: dict[int, int] = {}
     expected_at: dict[int, float] = {}
@@ -1955,9 +1914,7 @@ def test_deadline_is_rounded_up_to_the_tick() -> None:
 
 def test_deadline_on_a_tick_boundary_is_not_pushed_to_the_next_tick() -> None:
     """Ten steps of 0.1 s make 0.9999999999999999 s, which must count as the 1 s tick."""
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp]("timer", clock=clock)
-    log: list[int] = []
+    clock, purgatory, log = timer_scene()
     one_second = TimerOp(1.0, 0, clock, log)
     just_after = TimerOp(1.001, 1, clock, log)
     purgatory.try_complete_else_watch(one_second, ["k"])
@@ -1984,9 +1941,7 @@ def test_deadline_on_a_tick_boundary_is_not_pushed_to_the_next_tick() -> None:
 
 
 def test_one_pass_expires_by_tick_then_watch_order() -> None:
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp]("timer", clock=clock, tick=1.0)
-    log: list[int] = []
+    clock, purgatory, log = timer_scene(tick=1.0)
     # ident: timeout -> tick 1 for idents 0-2, tick 2 for idents 3-4.
     for ident, timeout in enumerate([1.0, 0.25, 0.5, 2.0, 1.75]):
         purgatory.try_complete_else_watch(TimerOp(timeout, ident, clock, log), ["k"])
@@ -2012,11 +1967,7 @@ def test_watch_order_within_a_tick_survives_overflow_levels(
     A is watched first with a long timeout; B is watched later with a timeout that puts its
     deadline on the same tick. A must expire before B.
     """
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp](
-        "timer", clock=clock, tick=tick, wheel_size=wheel_size
-    )
-    log: list[int] = []
+    clock, purgatory, log = timer_scene(tick=tick, wheel_size=wheel_size)
     a = TimerOp(first, 0, clock, log)
     b = TimerOp(second, 1, clock, log)
     purgatory.try_complete_else_watch(a, ["k"])
@@ -2053,9 +2004,7 @@ class RewatchOp(TimerOp):
 
 
 def test_timeout_zero_watched_during_a_pass_expires_on_the_next_pass() -> None:
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp]("timer", clock=clock)
-    log: list[int] = []
+    clock, purgatory, log = timer_scene()
     follower = TimerOp(0, 1, clock, log)
     leader = RewatchOp(1.0, 0, clock, log, purgatory=purgatory, follower=follower)
     purgatory.try_complete_else_watch(leader, ["lead"])
@@ -2104,9 +2053,7 @@ def test_next_deadline_in_follows_the_clock() -> None:
 
 def test_completed_and_cancelled_operations_never_expire() -> None:
     """Kafka's ``TimerTask.cancel``: completion and cancellation leave the timer at once."""
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp]("timer", clock=clock)
-    log: list[int] = []
+    clock, purgatory, log = timer_scene()
     completed = TimerOp(1.0, 0, clock, log)
     cancelled = TimerOp(1.0, 1, clock, log)
     survivor = TimerOp(1.0, 2, clock, log)
