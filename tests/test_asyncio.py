@@ -113,6 +113,15 @@ def assert_expired_at_its_deadline(op: TimedOp, watched_at: float) -> None:
     assert op.expired_at == due(watched_at, op.timeout)
 
 
+async def expires_on_time(purgatory: DelayedOperationPurgatory[Any], op: TimedOp, key: str) -> None:
+    """Watch `op` on `key` now and wait for it: it must expire at its deadline tick."""
+    start = now()
+    purgatory.try_complete_else_watch(op, [key])
+    async with asyncio.timeout(GUARD):
+        await op
+    assert_expired_at_its_deadline(op, start)
+
+
 class GatedOp(DelayedOperation[str]):
     """An async try_complete that reads its condition, then waits on a gate the test opens.
 
@@ -192,6 +201,17 @@ async def spin(iterations: int = 20) -> None:
     """Let the loop run a few iterations (ready callbacks and tasks) without sleeping."""
     for _ in range(iterations):
         await asyncio.sleep(0)
+
+
+async def watched_and_awaited(
+    purgatory: DelayedOperationPurgatory[Any], op: DelayedOperation[Any], keys: list[str]
+) -> tuple[asyncio.Task[Any], asyncio.Task[Any]]:
+    """`op` watched on `keys` in a task of its own and awaited in another, both under way."""
+    watcher = asyncio.create_task(purgatory.watch(op, keys))
+    await until(lambda: purgatory.num_delayed() == 1, "watched")
+    awaiter = asyncio.create_task(outcome(op))
+    await spin()
+    return watcher, awaiter
 
 
 @contextmanager
@@ -497,10 +517,7 @@ async def test_shutdown_of_an_unused_purgatory() -> None:
 async def test_cancelling_the_watching_task_cancels_the_operation() -> None:
     async with DelayedOperationPurgatory[TimedOp]("cancel") as p:
         op = TimedOp(0.05)
-        task = asyncio.create_task(p.watch(op, ["k1", "k2"]))
-        await until(lambda: p.num_delayed() == 1, "watched")
-        other = asyncio.create_task(outcome(op))
-        await spin()
+        task, other = await watched_and_awaited(p, op, ["k1", "k2"])
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -552,10 +569,7 @@ async def test_cancelling_one_awaiter_only_ends_that_wait() -> None:
 async def test_cancelling_an_awaiter_does_not_cancel_the_watch() -> None:
     async with DelayedOperationPurgatory[TimedOp]("watch-and-await") as p:
         op = TimedOp(30.0, "kept")
-        watcher = asyncio.create_task(p.watch(op, ["k"]))
-        await until(lambda: p.num_delayed() == 1, "watched")
-        bystander = asyncio.create_task(outcome(op))
-        await spin()
+        watcher, bystander = await watched_and_awaited(p, op, ["k"])
         bystander.cancel()
         with pytest.raises(asyncio.CancelledError):
             await bystander
@@ -1394,9 +1408,9 @@ def now() -> float:
 async def test_request_expiry() -> None:
     """Kafka ``DelayedOperationTest.testRequestExpiry``: r1 (20 ms) expires via the reaper."""
     async with DelayedOperationPurgatory[TimedOp]("mock") as purgatory:
+        start = now()  # before the operations are made, as Kafka's test reads it
         r1 = TimedOp(0.020, "r1")
         r2 = TimedOp(200.0, "r2")
-        start = now()
         assert not purgatory.try_complete_else_watch(r1, ["test1"])
         assert not purgatory.try_complete_else_watch(r2, ["test2"])
         assert not r1.is_completed
@@ -1493,12 +1507,7 @@ async def test_shared_timer_between_consumers() -> None:
         assert purgatory.num_delayed() == 0
         await asyncio.sleep(0.03)  # nothing timed: the reaper sleeps with no deadline
 
-        late = TimedOp(0.02, "late")
-        late_start = now()
-        purgatory.try_complete_else_watch(late, ["c2"])
-        async with asyncio.timeout(GUARD):
-            await late
-        assert_expired_at_its_deadline(late, late_start)
+        await expires_on_time(purgatory, TimedOp(0.02, "late"), "c2")
 
 
 @pytest.mark.asyncio
@@ -1508,12 +1517,7 @@ async def test_an_earlier_deadline_wakes_the_reaper_sooner() -> None:
         far = TimedOp(60.0, "far")
         purgatory.try_complete_else_watch(far, ["k"])
         await asyncio.sleep(0.01)  # let the reaper go to sleep
-        near = TimedOp(0.02, "near")
-        start = now()
-        purgatory.try_complete_else_watch(near, ["k"])
-        async with asyncio.timeout(GUARD):
-            await near
-        assert_expired_at_its_deadline(near, start)
+        await expires_on_time(purgatory, TimedOp(0.02, "near"), "k")
         assert not far.is_completed
 
 
@@ -1539,12 +1543,7 @@ async def test_reaper_keeps_running_after_a_callback_raises() -> None:
         assert errors.exceptions == [bad_expiry.error]
 
         # And the reaper is still alive for what comes next.
-        later = TimedOp(0.02, "later")
-        later_start = now()
-        purgatory.try_complete_else_watch(later, ["k"])
-        async with asyncio.timeout(GUARD):
-            await later
-        assert_expired_at_its_deadline(later, later_start)
+        await expires_on_time(purgatory, TimedOp(0.02, "later"), "k")
         assert purgatory.statistics().expired == 4
 
 
