@@ -1426,6 +1426,16 @@ class StressOp(DelayedOperation[int]):
     it ran and ended without completing.
     """
 
+    # The state and the counts start at these class values; each operation keeps its own.
+    ready = False
+    in_flight = False
+    # An attempt is queued (its task started by the watch or a trigger, or a re-run owed by an
+    # attempt that saw a trigger) and has not begun: a trigger now is folded into it.
+    owed = True
+    triggered_during = False
+    expected_attempts = 1
+    attempts = coalesced = overlaps = unexpected = completions = expirations = 0
+
     def __init__(self, index: int, rng: random.Random, max_yields: int) -> None:
         super().__init__(100.0)
         self.index = index
@@ -1433,19 +1443,6 @@ class StressOp(DelayedOperation[int]):
         self.rng = rng
         self.max_yields = max_yields
         self.remaining = TRIGGERS
-        self.ready = False
-        self.in_flight = False
-        # An attempt is queued (its task started by the watch or a trigger, or a re-run owed by
-        # an attempt that saw a trigger) and has not begun: a trigger now is folded into it.
-        self.owed = True
-        self.triggered_during = False
-        self.attempts = 0
-        self.expected_attempts = 1
-        self.coalesced = 0
-        self.overlaps = 0
-        self.unexpected = 0
-        self.completions = 0
-        self.expirations = 0
 
     async def try_complete(self) -> bool:
         if self.in_flight:
