@@ -16,7 +16,7 @@ import json
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,17 @@ def _epilog() -> str:
     return "\n".join(lines)
 
 
+_OVERRIDES: tuple[tuple[str, Callable[[str], Any], str], ...] = (
+    ("repeat", int, "repetitions after the warm-up (default 5)"),
+    ("seed", int, "seed of every random draw (default 1)"),
+    ("sizes", _sizes, "W2 values of N, e.g. 1000,1e4,1e5"),
+    ("big_repeat", int, "W2 repetitions at N >= 1e6"),
+    ("c_max_n", int, "largest N baseline C runs at (1e5)"),
+    ("probe_seconds", float, "W1 schedule length of one probe"),
+)
+"""The `Config` fields an option of the same name overrides: (field, type, help)."""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
@@ -77,24 +88,14 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="results file (default benchmarks/runs/<date>-<commit>[-quick].json)",
     )
-    parser.add_argument("--repeat", type=int, help="repetitions after the warm-up (default 5)")
-    parser.add_argument("--seed", type=int, help="seed of every random draw (default 1)")
-    parser.add_argument("--sizes", type=_sizes, help="W2 values of N, e.g. 1000,1e4,1e5")
-    parser.add_argument("--big-repeat", type=int, help="W2 repetitions at N >= 1e6")
-    parser.add_argument("--c-max-n", type=int, help="largest N baseline C runs at (1e5)")
-    parser.add_argument("--probe-seconds", type=float, help="W1 schedule length of one probe")
+    for field, kind, what in _OVERRIDES:
+        parser.add_argument(f"--{field.replace('_', '-')}", type=kind, help=what)
     return parser
 
 
 def _config(args: argparse.Namespace) -> Config:
-    config = (QUICK if args.quick else FULL).with_overrides(
-        repeat=args.repeat,
-        seed=args.seed,
-        sizes=args.sizes,
-        big_repeat=args.big_repeat,
-        c_max_n=args.c_max_n,
-        probe_seconds=args.probe_seconds,
-    )
+    base = QUICK if args.quick else FULL
+    config = base.with_overrides(**{field: getattr(args, field) for field, _, _ in _OVERRIDES})
     if config.repeat < 1 or config.big_repeat < 1:
         raise SystemExit("--repeat and --big-repeat must be >= 1")
     return config

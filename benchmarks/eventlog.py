@@ -26,7 +26,7 @@ from .config import Config
 from .measure import cpu_seconds, figure, pyperf_group
 from .ours import FlagOp
 
-__all__ = ("GOAL_US", "WRITERS", "recorders", "run", "sampler")
+__all__ = ("GOAL_US", "WRITERS", "NullLog", "recorders", "run", "sampler")
 
 ROUND = 1000
 KEYS = [f"k{i}" for i in range(100)]
@@ -36,7 +36,7 @@ GOAL_US = 1.0
 """At most this many microseconds of recording per operation."""
 
 
-class _NullLog:
+class NullLog:
     """An event log that does nothing: what remains is the cost of the purgatory's calls."""
 
     def record_watch(self, *args: Any) -> None:
@@ -65,7 +65,7 @@ def _make(kind: str, directory: str, clock: ManualClock) -> Any:
     if kind == "none":
         return None
     if kind == "null":
-        return _NullLog()
+        return NullLog()
     if kind == "json":
         return JsonLinesEventLog(directory, clock=clock.now)
     from purgatory import ArrowEventLog

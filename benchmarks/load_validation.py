@@ -43,9 +43,9 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from purgatory import DelayedOperation, DelayedOperationPurgatory
+from purgatory import DelayedOperationPurgatory
 from purgatory.pipeline import W1, ReplayConfig, replay_table
-from purgatory.pipeline._calibrate import calibrate
+from purgatory.pipeline._calibrate import FlagOp, calibrate
 from purgatory.pipeline._chart import saturation_mark, saturation_rate
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
 from purgatory.pipeline._load import CostProfile
@@ -101,8 +101,10 @@ def make_trace(w1: W1) -> pa.Table:
     return pa.Table.from_batches([generate_chunk(w1, chunk) for chunk in chunk_plan(w1)])
 
 
-class _Op(DelayedOperation[None]):
-    __slots__ = ("i", "key", "ready", "run")
+class _Op(FlagOp):
+    """The benchmarks' operation, telling its run when it ends."""
+
+    __slots__ = ("i", "key", "run")
 
     def __init__(self, run: _Run, i: int, key: str, timeout: float, ready: bool) -> None:
         super().__init__(timeout)
@@ -111,16 +113,8 @@ class _Op(DelayedOperation[None]):
         self.key = key
         self.ready = ready
 
-    def try_complete(self) -> bool:
-        if self.ready:
-            return self.force_complete()
-        return False
-
     def on_complete(self) -> None:
         self.run.ended(self)
-
-    def on_expiration(self) -> None:
-        pass
 
 
 class _NoPurgatory:

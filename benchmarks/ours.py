@@ -4,6 +4,10 @@ A `DelayedOperation` subclass whose synchronous `try_complete` checks a flag, wa
 `DelayedOperationPurgatory` on the running loop with its own reaper: exactly what an application
 writes. Nobody awaits the operations (neither does anybody await baseline A's futures), so the
 lazily created future of an operation is never built here.
+
+Every workload's operation is `FlagOp` or `TimedOp`, so "an operation" costs the same everywhere;
+`FlagOp` is the pipeline's calibration's own, so a cost profile times the same operation too
+(``benchmarks.instructions`` keeps one written for its own harness).
 """
 
 from __future__ import annotations
@@ -12,41 +16,14 @@ import time
 from collections.abc import Hashable, Sequence
 from typing import Any, ClassVar
 
-from purgatory import DelayedOperation, DelayedOperationPurgatory
+from purgatory import DelayedOperationPurgatory
+from purgatory.pipeline._calibrate import FlagOp
 
 from .baselines import complete_by_key
 
 __all__ = ("FlagOp", "OursTarget", "TimedOp")
 
 _monotonic = time.monotonic
-
-
-class FlagOp(DelayedOperation[None]):
-    """The benchmarks' one operation: it completes once the harness sets `ready`.
-
-    Every workload uses it or `TimedOp`, so "an operation" costs the same everywhere (the
-    instruction counts of ``benchmarks.instructions`` and the pipeline's calibration keep
-    their own, written for their own harness). `deadline` is the time its timeout falls due on
-    the harness's clock; the probes without a loop leave it at 0.
-    """
-
-    __slots__ = ("deadline", "ready")
-
-    def __init__(self, timeout: float, deadline: float = 0.0) -> None:
-        super().__init__(timeout)
-        self.deadline = deadline
-        self.ready = False
-
-    def try_complete(self) -> bool:
-        if self.ready:
-            return self.force_complete()
-        return False
-
-    def on_complete(self) -> None:
-        return None
-
-    def on_expiration(self) -> None:
-        return None
 
 
 class TimedOp(FlagOp):

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from .environment import describe_environment, load_average
+from .eventlog import NullLog
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "PIPELINE_RESULTS.md"
@@ -102,26 +103,13 @@ def _tree_cpu_seconds(root: int) -> float:
     return total
 
 
-class _NullLog:
-    """An event log that does nothing: what remains is the cost of the purgatory's calls."""
-
-    def record_watch(self, *args: Any) -> None:
-        pass
-
-    def record_end(self, *args: Any) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-
 def _engine(trace: Any, log_dir: str | None, *, null: bool = False) -> float:
     """CPU seconds of one plain replay of `trace` (a pyarrow table)."""
     from purgatory.pipeline import ReplayConfig, _replay, replay_table
 
     real = _replay._group_log
     if null:
-        setattr(_replay, "_group_log", lambda directory, prefix: _NullLog())  # noqa: B010
+        setattr(_replay, "_group_log", lambda directory, prefix: NullLog())  # noqa: B010
     try:
         started = time.process_time()
         replay_table(trace, {0: ReplayConfig()}, event_log_dir=log_dir)

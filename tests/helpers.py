@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory
+from purgatory.testing import ManualClock
 
 
 class FlagOperation(DelayedOperation[str]):
@@ -31,6 +36,15 @@ class FlagOperation(DelayedOperation[str]):
 
     def on_expiration(self) -> None:
         self.calls.append("expire")
+
+
+def manual_purgatory(
+    name: str = "test", **options: Any
+) -> tuple[ManualClock, DelayedOperationPurgatory[Any]]:
+    """A purgatory driven by a `ManualClock` of its own, and that clock (`options`: the
+    purgatory's other arguments)."""
+    clock = ManualClock()
+    return clock, DelayedOperationPurgatory[Any](name, clock=clock, **options)
 
 
 class AsyncFlag(DelayedOperation[str]):
@@ -87,6 +101,13 @@ class Recorder:
     @property
     def exceptions(self) -> list[BaseException]:
         return [c["exception"] for c in self.contexts if "exception" in c]
+
+
+def loop_errors() -> Recorder:
+    """A `Recorder` installed as the running loop's exception handler."""
+    recorder = Recorder()
+    asyncio.get_running_loop().set_exception_handler(recorder)
+    return recorder
 
 
 class Custom(BaseException):
@@ -152,6 +173,22 @@ class Raises(FlagOperation):
             raise self.error
 
 
+def raised_in_a_thread(call: Callable[[], object]) -> BaseException | None:
+    """Run `call` in a thread of its own, to its end: what it raised, or ``None``."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test, which checks it
+            raised.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return raised[0] if raised else None
+
+
 async def until(
     condition: Callable[[], bool], what: str = "the condition", timeout: float = 5.0
 ) -> None:
@@ -167,6 +204,30 @@ async def until(
         if loop.time() >= end:
             raise AssertionError(f"{what}: not reached within {timeout} s of loop time")
         await asyncio.sleep(0.001)
+
+
+def run_process(
+    *command: str | os.PathLike[str], timeout: float, **options: Any
+) -> subprocess.CompletedProcess[str]:
+    """Run `command` to its end, its output captured as text; the caller checks how it ended.
+
+    `options` go to `subprocess.run` as they are (``cwd``, ``env``, ``input``).
+    """
+    argv = [os.fspath(part) for part in command]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, check=False, **options
+    )
+
+
+def import_error(module: str, *, without: str) -> str:
+    """What importing `module` says in a fresh interpreter where `without` cannot be imported."""
+    code = (
+        f"import sys\nsys.modules[{without!r}] = None\n"
+        f"try:\n    import {module}\nexcept ImportError as exc:\n    print(exc)\n"
+    )
+    done = run_process(sys.executable, "-c", code, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 # -- the purgatory's private state: the few reads the tests make, in one place --------------------

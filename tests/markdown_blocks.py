@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+
+from helpers import run_process
 
 ROOT = Path(__file__).resolve().parent.parent
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)(?P<info>.*)$")
@@ -140,15 +141,7 @@ def run_chain(
 ) -> list[str]:
     """Run `chain` in a fresh `python` (warnings are errors); return what each block printed."""
     payload = json.dumps([{"file": str(b.path), "line": b.line, "code": b.code} for b in chain])
-    done = subprocess.run(
-        [python, "-W", "error", "-c", DRIVER],
-        input=payload,
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=timeout,
-        check=False,
-    )
+    done = run_process(python, "-W", "error", "-c", DRIVER, input=payload, cwd=cwd, timeout=timeout)
     assert done.returncode == 0, f"{chain[0].where} failed:\n{done.stderr}"
     printed: list[str] = json.loads(done.stdout.splitlines()[-1])
     return printed

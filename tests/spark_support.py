@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from helpers import run_process
 
 from purgatory.pipeline import W1, ReplayConfig
 
@@ -234,14 +235,8 @@ def connect_server(work: Path) -> Iterator[str]:
 def pipeline(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """``python -m purgatory.pipeline ARGS`` in a process of its own (its own Spark driver, or
     a Spark Connect client)."""
-    return subprocess.run(
-        [sys.executable, "-m", "purgatory.pipeline", *args],
-        cwd=cwd,
-        env=spark_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    return run_process(
+        sys.executable, "-m", "purgatory.pipeline", *args, cwd=cwd, env=spark_env(), timeout=600
     )
 
 
@@ -285,20 +280,15 @@ def spark_submit(
     driver.write_text(DRIVER)
     env = spark_env()
     env.pop("PYTHONPATH", None)
-    return subprocess.run(
-        [
-            str(spark_home() / "bin" / "spark-submit"),
-            *("--master", master, "--py-files", str(zipped_package(cwd))),
-            *("--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m"),
-            *("--conf", f"spark.driver.extraJavaOptions={QUICK_JVM}"),
-            *("--conf", f"spark.executor.extraJavaOptions={QUICK_JVM}"),
-            str(driver),
-            json.dumps([list(command) for command in commands]),
-        ],
+    return run_process(
+        spark_home() / "bin" / "spark-submit",
+        *("--master", master, "--py-files", zipped_package(cwd)),
+        *("--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m"),
+        *("--conf", f"spark.driver.extraJavaOptions={QUICK_JVM}"),
+        *("--conf", f"spark.executor.extraJavaOptions={QUICK_JVM}"),
+        driver,
+        json.dumps([list(command) for command in commands]),
         cwd=cwd,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=900,
-        check=False,
     )

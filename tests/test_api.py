@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import FlagOperation
+from helpers import FlagOperation, manual_purgatory
 
 import purgatory
 from purgatory import (
@@ -68,13 +68,8 @@ def test_exception_family() -> None:
     assert issubclass(PurgatoryClosed, OperationCancelled)
 
 
-def make() -> tuple[ManualClock, DelayedOperationPurgatory[FlagOperation]]:
-    clock = ManualClock()
-    return clock, DelayedOperationPurgatory("api", clock=clock)
-
-
 def test_reprs_show_the_public_path_and_state() -> None:
-    _, p = make()
+    _, p = manual_purgatory("api")
     op = FlagOperation(1)
     assert "new" in repr(op)
     p.try_complete_else_watch(op, ["a"])

@@ -12,17 +12,17 @@ timeouts instead of waiting for the other end; their bounds only turn a hang int
 from __future__ import annotations
 
 import asyncio
-import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
 import uvicorn
 from helpers import FlagOperation, until
+from http_support import BOUND, client, uvicorn_serving
 
 from purgatory import DelayedOperationPurgatory, OperationCancelled, PurgatoryClosed
 from purgatory.asgi import (
@@ -34,13 +34,11 @@ from purgatory.asgi import (
     wait_for_disconnect,
 )
 
-#: Every wait here is bounded by this, so a broken helper fails instead of hanging.
-BOUND = 10
-
 pytestmark = pytest.mark.virtualclock
 
 Scope = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
+Handler = asyncio.Task[str]
 
 
 class LongPoll:
@@ -73,73 +71,57 @@ class LongPoll:
         await send({"type": "http.response.body", "body": result.encode()})
 
 
+class Parked(NamedTuple):
+    """What `one_parked_request` yields."""
+
+    purgatory: DelayedOperationPurgatory[FlagOperation]
+    app: LongPoll
+    server: uvicorn.Server
+    poll: asyncio.Task[httpx.Response]
+
+
 @asynccontextmanager
-async def serving(app: LongPoll) -> AsyncIterator[tuple[uvicorn.Server, str]]:
-    """Run `app` under uvicorn on a free 127.0.0.1 port; yield the server and its URL."""
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=0,
-        lifespan="off",
-        log_config=None,
-        log_level="warning",
-        access_log=False,
-    )
-    server = uvicorn.Server(config)
-    running = asyncio.create_task(server.serve())
-    await until(lambda: server.started or running.done(), "started", BOUND)
-    assert server.started, "uvicorn did not start"
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield server, f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(running, BOUND)
-
-
-def client() -> httpx.AsyncClient:
-    return httpx.AsyncClient(timeout=httpx.Timeout(BOUND * 3), verify=ssl.create_default_context())
+async def one_parked_request() -> AsyncIterator[Parked]:
+    """`LongPoll` under a real server, and one real client's request parked in it."""
+    async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
+        app = LongPoll(purgatory)
+        async with uvicorn_serving(app, lifespan="off") as (server, base), client() as http:
+            poll = asyncio.create_task(http.get(f"{base}/"))
+            await until(lambda: purgatory.num_delayed() == 1, "parked", BOUND)
+            yield Parked(purgatory, app, server, poll)
 
 
 @pytest.mark.asyncio
 @pytest.mark.realclock
 async def test_a_client_that_disconnects_mid_wait_cancels_its_operation() -> None:
-    async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
-        app = LongPoll(purgatory)
-        async with serving(app) as (server, base), client() as http:
-            poll = asyncio.create_task(http.get(f"{base}/"))
-            await until(lambda: purgatory.num_delayed() == 1, "parked", BOUND)
-            poll.cancel()  # httpx closes the socket mid-response, as a closed tab would
-            await asyncio.wait((poll,), timeout=BOUND)
-            assert poll.cancelled()
-            async with asyncio.timeout(BOUND):
-                await app.ended.wait()  # set only once the handler's wait has ended
-            (op,) = app.operations
-            assert app.outcomes == ["disconnected"]
-            assert op.is_cancelled
-            assert not op.is_completed
-            assert op.calls == []
-            assert purgatory.num_delayed() == 0
-            assert purgatory.statistics().cancelled == 1
-            assert purgatory.cancel_for_key("k") == []  # nothing left pending on the key
-            await until(lambda: not server.server_state.tasks, "handler finished", BOUND)
+    async with one_parked_request() as (purgatory, app, server, poll):
+        poll.cancel()  # httpx closes the socket mid-response, as a closed tab would
+        await asyncio.wait((poll,), timeout=BOUND)
+        assert poll.cancelled()
+        async with asyncio.timeout(BOUND):
+            await app.ended.wait()  # set only once the handler's wait has ended
+        (op,) = app.operations
+        assert app.outcomes == ["disconnected"]
+        assert op.is_cancelled
+        assert not op.is_completed
+        assert op.calls == []
+        assert purgatory.num_delayed() == 0
+        assert purgatory.statistics().cancelled == 1
+        assert purgatory.cancel_for_key("k") == []  # nothing left pending on the key
+        await until(lambda: not server.server_state.tasks, "handler finished", BOUND)
 
 
 @pytest.mark.asyncio
 @pytest.mark.realclock
 async def test_a_client_that_stays_gets_the_outcome() -> None:
-    async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
-        app = LongPoll(purgatory)
-        async with serving(app) as (_, base), client() as http:
-            poll = asyncio.create_task(http.get(f"{base}/"))
-            await until(lambda: purgatory.num_delayed() == 1, "parked", BOUND)
-            app.operations[0].ready = True
-            assert purgatory.check_and_complete("k") == 1
-            response = await asyncio.wait_for(poll, BOUND)
-            assert (response.status_code, response.text) == (200, "op done")
-            assert app.outcomes == ["answered"]
-            stats = purgatory.statistics()
-            assert (stats.completed, stats.cancelled, stats.delayed) == (1, 0, 0)
+    async with one_parked_request() as (purgatory, app, _, poll):
+        app.operations[0].ready = True
+        assert purgatory.check_and_complete("k") == 1
+        response = await asyncio.wait_for(poll, BOUND)
+        assert (response.status_code, response.text) == (200, "op done")
+        assert app.outcomes == ["answered"]
+        stats = purgatory.statistics()
+        assert (stats.completed, stats.cancelled, stats.delayed) == (1, 0, 0)
 
 
 def receive_from(*messages: Message) -> tuple[Receive, asyncio.Event]:
@@ -156,14 +138,23 @@ def receive_from(*messages: Message) -> tuple[Receive, asyncio.Event]:
     return receive, gone
 
 
-@pytest.mark.asyncio
-async def test_the_disconnect_cancels_the_operation_before_the_helper_returns() -> None:
-    receive, gone = receive_from({"type": "http.request", "body": b"", "more_body": False})
+@asynccontextmanager
+async def parked_handler(
+    receive: Receive,
+) -> AsyncIterator[tuple[DelayedOperationPurgatory[FlagOperation], FlagOperation, Handler, int]]:
+    """`cancel_on_disconnect` over a parked watch, run as a task: the purgatory, the operation,
+    the handler's task, and how many tasks the loop then has."""
     async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
         op = FlagOperation(timeout=60)
         handler = asyncio.create_task(cancel_on_disconnect(receive, purgatory.watch(op, ["k"])))
         await until(lambda: purgatory.num_delayed() == 1, "parked")
-        tasks = len(asyncio.all_tasks())
+        yield purgatory, op, handler, len(asyncio.all_tasks())
+
+
+@pytest.mark.asyncio
+async def test_the_disconnect_cancels_the_operation_before_the_helper_returns() -> None:
+    receive, gone = receive_from({"type": "http.request", "body": b"", "more_body": False})
+    async with parked_handler(receive) as (purgatory, op, handler, tasks):
         gone.set()
         with pytest.raises(ClientDisconnected):
             await handler
@@ -176,11 +167,7 @@ async def test_the_disconnect_cancels_the_operation_before_the_helper_returns() 
 async def test_when_the_handler_itself_is_cancelled_both_tasks_go_with_it() -> None:
     """A server that does cancel its handler: the operation is cancelled with it, at once."""
     receive, _ = receive_from()  # the client never leaves
-    async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
-        op = FlagOperation(timeout=60)
-        handler = asyncio.create_task(cancel_on_disconnect(receive, purgatory.watch(op, ["k"])))
-        await until(lambda: purgatory.num_delayed() == 1, "parked")
-        tasks = len(asyncio.all_tasks())
+    async with parked_handler(receive) as (purgatory, op, handler, tasks):
         handler.cancel()
         await asyncio.wait((handler,), timeout=BOUND)
         assert handler.cancelled()

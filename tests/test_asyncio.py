@@ -47,11 +47,12 @@ from helpers import (
     attempt_running,
     attempt_tasks,
     cascading,
+    loop_errors,
     reaper_restarts,
     until,
     wheel_levels,
 )
-from virtual_time import VirtualTimeLoop, VirtualTimeUVLoop
+from virtual_time import EACH_LOOP, NewLoop
 
 from purgatory import (
     DelayedOperation,
@@ -68,11 +69,6 @@ TICK = 0.001  # the default tick
 
 #: A bound in loop time on a wait: free in virtual time, where it fails only a stuck loop.
 GUARD = 60.0
-
-#: The loops of the tests that make their own, in virtual time.
-VIRTUAL_LOOPS = pytest.mark.parametrize(
-    "new_loop", [VirtualTimeLoop, VirtualTimeUVLoop], ids=["asyncio", "uvloop"]
-)
 
 
 def due(watched_at: float, timeout: float) -> float:
@@ -115,6 +111,15 @@ def assert_expired_at_its_deadline(op: TimedOp, watched_at: float) -> None:
     assert op.is_expired, op
     assert op.calls == ["complete", "expire"]
     assert op.expired_at == due(watched_at, op.timeout)
+
+
+async def expires_on_time(purgatory: DelayedOperationPurgatory[Any], op: TimedOp, key: str) -> None:
+    """Watch `op` on `key` now and wait for it: it must expire at its deadline tick."""
+    start = now()
+    purgatory.try_complete_else_watch(op, [key])
+    async with asyncio.timeout(GUARD):
+        await op
+    assert_expired_at_its_deadline(op, start)
 
 
 class GatedOp(DelayedOperation[str]):
@@ -196,6 +201,17 @@ async def spin(iterations: int = 20) -> None:
     """Let the loop run a few iterations (ready callbacks and tasks) without sleeping."""
     for _ in range(iterations):
         await asyncio.sleep(0)
+
+
+async def watched_and_awaited(
+    purgatory: DelayedOperationPurgatory[Any], op: DelayedOperation[Any], keys: list[str]
+) -> tuple[asyncio.Task[Any], asyncio.Task[Any]]:
+    """`op` watched on `keys` in a task of its own and awaited in another, both under way."""
+    watcher = asyncio.create_task(purgatory.watch(op, keys))
+    await until(lambda: purgatory.num_delayed() == 1, "watched")
+    awaiter = asyncio.create_task(outcome(op))
+    await spin()
+    return watcher, awaiter
 
 
 @contextmanager
@@ -501,10 +517,7 @@ async def test_shutdown_of_an_unused_purgatory() -> None:
 async def test_cancelling_the_watching_task_cancels_the_operation() -> None:
     async with DelayedOperationPurgatory[TimedOp]("cancel") as p:
         op = TimedOp(0.05)
-        task = asyncio.create_task(p.watch(op, ["k1", "k2"]))
-        await until(lambda: p.num_delayed() == 1, "watched")
-        other = asyncio.create_task(outcome(op))
-        await spin()
+        task, other = await watched_and_awaited(p, op, ["k1", "k2"])
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -556,10 +569,7 @@ async def test_cancelling_one_awaiter_only_ends_that_wait() -> None:
 async def test_cancelling_an_awaiter_does_not_cancel_the_watch() -> None:
     async with DelayedOperationPurgatory[TimedOp]("watch-and-await") as p:
         op = TimedOp(30.0, "kept")
-        watcher = asyncio.create_task(p.watch(op, ["k"]))
-        await until(lambda: p.num_delayed() == 1, "watched")
-        bystander = asyncio.create_task(outcome(op))
-        await spin()
+        watcher, bystander = await watched_and_awaited(p, op, ["k"])
         bystander.cancel()
         with pytest.raises(asyncio.CancelledError):
             await bystander
@@ -648,8 +658,7 @@ async def test_await_op_returns_on_complete_value() -> None:
 
 @pytest.mark.asyncio
 async def test_await_op_reraises_what_on_complete_raised() -> None:
-    reported = Recorder()
-    asyncio.get_running_loop().set_exception_handler(reported)
+    reported = loop_errors()
     async with DelayedOperationPurgatory[FlagOperation]("raise") as p:
         # Awaited while it completes: the error goes to the awaiter.
         op = Raises(30.0, "on_complete", LookupError("on_complete failed"))
@@ -1080,8 +1089,7 @@ def test_a_patched_loop_time_is_the_one_clock() -> None:
 
 @pytest.mark.asyncio
 async def test_a_reaper_cancelled_from_outside_comes_back() -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     async with DelayedOperationPurgatory[FlagOperation]("cancel-all") as p:
         op = FlagOperation(0.05)
         waiter = asyncio.create_task(p.watch(op, ["k"]))
@@ -1113,8 +1121,7 @@ async def test_a_reaper_cancelled_from_outside_comes_back() -> None:
 async def test_a_base_exception_in_an_expiry_callback_is_that_operations_failure(
     where: str, error: BaseException
 ) -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     async with DelayedOperationPurgatory[FlagOperation]("base-exc") as p:
         bad = Raises(0.01, where, error)
         bad_waiter = asyncio.create_task(p.watch(bad, ["k"]))
@@ -1136,10 +1143,10 @@ async def test_a_base_exception_in_an_expiry_callback_is_that_operations_failure
         check_invariants(p)
 
 
-@VIRTUAL_LOOPS
+@EACH_LOOP
 @pytest.mark.parametrize("where", ["on_complete", "on_expiration"])
 def test_a_keyboard_interrupt_in_an_expiry_propagates_and_the_reaper_goes_on(
-    new_loop: Callable[[], asyncio.AbstractEventLoop], where: str
+    new_loop: NewLoop, where: str
 ) -> None:
     loop = new_loop()
     recorder = Recorder()
@@ -1181,10 +1188,8 @@ def test_a_keyboard_interrupt_in_an_expiry_propagates_and_the_reaper_goes_on(
         loop.close()
 
 
-@VIRTUAL_LOOPS
-def test_the_reaper_comes_back_in_a_program_without_tasks(
-    new_loop: Callable[[], asyncio.AbstractEventLoop],
-) -> None:
+@EACH_LOOP
+def test_the_reaper_comes_back_in_a_program_without_tasks(new_loop: NewLoop) -> None:
     """A callback-based server (no task but the reaper) that handles Ctrl-C and goes on."""
     loop = new_loop()
     recorder = Recorder()
@@ -1224,8 +1229,7 @@ def test_no_reaper_comes_back_for_a_loop_that_winds_down() -> None:
 
 @pytest.mark.asyncio
 async def test_reaper_survives_raising_callbacks() -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     async with DelayedOperationPurgatory[FlagOperation]("survivor") as p:
         first = RaisingExpiration(0.01)
         p.try_complete_else_watch(first, ["k"])
@@ -1272,8 +1276,7 @@ class Bounded(DelayedOperation[str]):
 
 @pytest.mark.asyncio
 async def test_an_async_attempt_runs_in_its_own_task_and_context() -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     async with DelayedOperationPurgatory[Bounded]("own-task") as p:
         op = Bounded()
         assert not p.try_complete_else_watch(op, ["k"])
@@ -1297,8 +1300,7 @@ async def test_an_async_attempt_runs_in_its_own_task_and_context() -> None:
 
 @pytest.mark.asyncio
 async def test_an_async_attempt_raising_a_base_exception_does_not_jam_the_operation() -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     async with DelayedOperationPurgatory[FailsFirstAttempt]("jam") as p:
         op = FailsFirstAttempt(Custom("first attempt"))
         p.try_complete_else_watch(op, ["k"])
@@ -1331,8 +1333,7 @@ class Gated(DelayedOperation[str]):
 @pytest.mark.asyncio
 @pytest.mark.parametrize("when", ["before it starts", "with a trigger pending"])
 async def test_an_attempt_cancelled_from_outside_runs_again(when: str) -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     async with DelayedOperationPurgatory[Gated]("attempts") as p:
         op = Gated()
         op.gate.set()
@@ -1358,10 +1359,8 @@ async def test_an_attempt_cancelled_from_outside_runs_again(when: str) -> None:
 # -- anyio on its asyncio backend -----------------------------------------------------------------
 
 
-@VIRTUAL_LOOPS
-def test_watch_under_anyio_task_groups_and_cancel_scopes(
-    new_loop: Callable[[], asyncio.AbstractEventLoop],
-) -> None:
+@EACH_LOOP
+def test_watch_under_anyio_task_groups_and_cancel_scopes(new_loop: NewLoop) -> None:
     results: dict[str, object] = {}
 
     async def main() -> None:
@@ -1409,9 +1408,9 @@ def now() -> float:
 async def test_request_expiry() -> None:
     """Kafka ``DelayedOperationTest.testRequestExpiry``: r1 (20 ms) expires via the reaper."""
     async with DelayedOperationPurgatory[TimedOp]("mock") as purgatory:
+        start = now()  # before the operations are made, as Kafka's test reads it
         r1 = TimedOp(0.020, "r1")
         r2 = TimedOp(200.0, "r2")
-        start = now()
         assert not purgatory.try_complete_else_watch(r1, ["test1"])
         assert not purgatory.try_complete_else_watch(r2, ["test2"])
         assert not r1.is_completed
@@ -1508,12 +1507,7 @@ async def test_shared_timer_between_consumers() -> None:
         assert purgatory.num_delayed() == 0
         await asyncio.sleep(0.03)  # nothing timed: the reaper sleeps with no deadline
 
-        late = TimedOp(0.02, "late")
-        late_start = now()
-        purgatory.try_complete_else_watch(late, ["c2"])
-        async with asyncio.timeout(GUARD):
-            await late
-        assert_expired_at_its_deadline(late, late_start)
+        await expires_on_time(purgatory, TimedOp(0.02, "late"), "c2")
 
 
 @pytest.mark.asyncio
@@ -1523,19 +1517,13 @@ async def test_an_earlier_deadline_wakes_the_reaper_sooner() -> None:
         far = TimedOp(60.0, "far")
         purgatory.try_complete_else_watch(far, ["k"])
         await asyncio.sleep(0.01)  # let the reaper go to sleep
-        near = TimedOp(0.02, "near")
-        start = now()
-        purgatory.try_complete_else_watch(near, ["k"])
-        async with asyncio.timeout(GUARD):
-            await near
-        assert_expired_at_its_deadline(near, start)
+        await expires_on_time(purgatory, TimedOp(0.02, "near"), "k")
         assert not far.is_completed
 
 
 @pytest.mark.asyncio
 async def test_reaper_keeps_running_after_a_callback_raises() -> None:
-    errors = Recorder()
-    asyncio.get_running_loop().set_exception_handler(errors)
+    errors = loop_errors()
     async with DelayedOperationPurgatory[FlagOperation]("reaper") as purgatory:
         bad_expiry = Raises(0.01, "on_expiration", RuntimeError("bad_expiry: on_expiration"))
         bad_complete = Raises(0.01, "on_complete", ValueError("bad_complete: on_complete"))
@@ -1555,12 +1543,7 @@ async def test_reaper_keeps_running_after_a_callback_raises() -> None:
         assert errors.exceptions == [bad_expiry.error]
 
         # And the reaper is still alive for what comes next.
-        later = TimedOp(0.02, "later")
-        later_start = now()
-        purgatory.try_complete_else_watch(later, ["k"])
-        async with asyncio.timeout(GUARD):
-            await later
-        assert_expired_at_its_deadline(later, later_start)
+        await expires_on_time(purgatory, TimedOp(0.02, "later"), "k")
         assert purgatory.statistics().expired == 4
 
 

@@ -13,8 +13,6 @@ no wall time, and the same way on any machine.
 from __future__ import annotations
 
 import asyncio
-import functools
-import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -25,13 +23,12 @@ import httpx
 import pytest
 import uvicorn
 from helpers import until
+from http_support import BOUND, client, uvicorn_serving
 from starlette.applications import Starlette
 
 from examples import long_poll_fetch, produce_acks_all
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-#: Every wait in these tests is bounded by this, so a broken server fails instead of hanging.
-BOUND = 10
 #: Concurrent long-polls that disconnect; the leak shows with 300 as with 50.
 CLIENTS = 50
 
@@ -69,39 +66,10 @@ async def serving(
     app: Starlette,
 ) -> AsyncIterator[tuple[uvicorn.Server, str, long_poll_fetch.FetchService]]:
     """Run `app` under uvicorn on a free 127.0.0.1 port; yield it, its URL and its service."""
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=0,  # the kernel picks a free port
-        lifespan="on",
-        log_config=None,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=BOUND,
-    )
-    server = uvicorn.Server(config)
-    running = asyncio.create_task(server.serve())
-    await until(lambda: server.started or running.done(), "started", BOUND)
-    assert server.started, "uvicorn did not start"
-    port = server.servers[0].sockets[0].getsockname()[1]
-    service: long_poll_fetch.FetchService = app.state.service  # the lifespan made it
-    try:
-        yield server, f"http://127.0.0.1:{port}", service
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(running, BOUND)
+    async with uvicorn_serving(app, lifespan="on") as (server, base):
+        service: long_poll_fetch.FetchService = app.state.service  # the lifespan made it
+        yield server, base, service
     assert service.purgatory.closed  # the lifespan shut it down with the app
-
-
-@functools.cache
-def tls() -> ssl.SSLContext:
-    """One TLS context for every client: building one costs 30 ms, and these URLs are http."""
-    return ssl.create_default_context()
-
-
-def client() -> httpx.AsyncClient:
-    """A client whose own timeout is longer than any long-poll here."""
-    return httpx.AsyncClient(timeout=httpx.Timeout(BOUND * 3), verify=tls())
 
 
 @pytest.mark.asyncio

@@ -12,7 +12,7 @@ import weakref
 
 import pytest
 from helpers import FlagOperation
-from metrics_support import Purgatory, scene
+from metrics_support import Purgatory, Scene, scene
 
 from purgatory import PurgatoryStatistics
 from purgatory._metrics import FIELDS, Tracked
@@ -28,11 +28,17 @@ def test_every_statistics_field_is_exported_by_name() -> None:
     assert len({field.metric for field in FIELDS}) == len(FIELDS)
 
 
-def test_a_purgatory_added_with_no_loop_running_is_read_directly() -> None:
+def tracking_both() -> tuple[Scene, Tracked]:
+    """The scene's two purgatories, tracked in that order."""
     s = scene()
     tracked = Tracked()
     tracked.add(s.produce)
     tracked.add(s.fetch)
+    return s, tracked
+
+
+def test_a_purgatory_added_with_no_loop_running_is_read_directly() -> None:
+    s, tracked = tracking_both()
     assert tracked.snapshot() == [
         ("produce", s.produce.statistics()),
         ("fetch", s.fetch.statistics()),
@@ -41,10 +47,7 @@ def test_a_purgatory_added_with_no_loop_running_is_read_directly() -> None:
 
 @pytest.mark.asyncio
 async def test_another_thread_reads_each_purgatory_on_its_loop() -> None:
-    s = scene()
-    tracked = Tracked()
-    tracked.add(s.produce)
-    tracked.add(s.fetch)
+    s, tracked = tracking_both()
     # Answered while this loop waits for the thread (a read needs the loop: see the next test).
     assert await asyncio.to_thread(tracked.snapshot) == [
         ("produce", s.produce.statistics()),
@@ -102,10 +105,7 @@ async def test_a_tracked_purgatory_is_not_kept_alive() -> None:
 
 @pytest.mark.asyncio
 async def test_a_shut_down_purgatory_is_dropped_and_its_name_can_be_taken_again() -> None:
-    s = scene()
-    tracked = Tracked()
-    tracked.add(s.produce)
-    tracked.add(s.fetch)
+    s, tracked = tracking_both()
     await s.produce.shutdown()
     assert [name for name, _ in tracked.snapshot()] == ["fetch"]
     again = Purgatory("produce", clock=s.clock)

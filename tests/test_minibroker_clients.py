@@ -62,15 +62,21 @@ async def aiokafka_produce(bootstrap: str, acks: Any, count: int) -> dict[tuple[
     return {(m.partition, m.offset): v for m, v in zip(results, values, strict=True)}
 
 
+def reader(bootstrap: str, fetch_max_wait_ms: int = 200) -> dict[str, Any]:
+    """A consumer outside any group that reads from the start (it is assigned its partitions):
+    its settings, by the names aiokafka and kafka-python share."""
+    return {
+        "bootstrap_servers": bootstrap,
+        "group_id": None,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "fetch_max_wait_ms": fetch_max_wait_ms,
+    }
+
+
 async def aiokafka_read_all(bootstrap: str, expected: int) -> dict[tuple[int, int], bytes]:
     """Read every partition from the start until `expected` records came (or 15 s)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=200,
-    )
+    consumer = AIOKafkaConsumer(**reader(bootstrap))
     await consumer.start()
     seen: dict[tuple[int, int], bytes] = {}
     try:
@@ -124,13 +130,7 @@ def kafka_python_round_trip(bootstrap: str) -> tuple[dict[Any, bytes], dict[Any,
             sent += len(futures)
         finally:
             producer.close(timeout=5)
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=200,
-    )
+    consumer = KafkaConsumer(**reader(bootstrap))
     seen: dict[tuple[int, int], bytes] = {}
     timestamps: dict[tuple[int, int], int] = {}
     try:
@@ -178,13 +178,7 @@ def test_a_long_poll_returns_early_when_data_arrives_and_at_max_wait_when_none()
     async def main() -> None:
         async with Cluster(STEADY) as cluster:
             # A real consumer parked with a 20 s max wait gets a record produced meanwhile.
-            consumer = AIOKafkaConsumer(
-                bootstrap_servers=cluster.bootstrap,
-                group_id=None,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                fetch_max_wait_ms=20000,
-            )
+            consumer = AIOKafkaConsumer(**reader(cluster.bootstrap, fetch_max_wait_ms=20000))
             await consumer.start()
             try:
                 consumer.assign([TopicPartition(TOPIC, 0)])

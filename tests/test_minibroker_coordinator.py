@@ -81,6 +81,14 @@ class Setup:
         check_invariants(self.coordinator.rebalance_purgatory)
         check_invariants(self.coordinator.heartbeat_purgatory)
 
+    async def join_two(self) -> tuple[JoinResult, JoinResult]:
+        """Two members join group ``g`` and its first rebalance ends: their answers, leader's
+        first (the second joined during the first delay, so the group waits two)."""
+        first, second = await self.join(), await self.join()
+        await self.advance(DELAY_MS / 1000)
+        await self.advance(DELAY_MS / 1000)
+        return first.result(), second.result()
+
     def state(self, group: str = "g") -> str:
         return self.coordinator.groups[group].state.value
 
@@ -223,10 +231,7 @@ async def test_a_member_leaving_rebalances_at_once_and_an_empty_group_keeps_its_
 @pytest.mark.asyncio
 async def test_sync_group_hands_the_leaders_assignment_to_each_member() -> None:
     s = Setup()
-    first, second = await s.join(), await s.join()
-    await s.advance(DELAY_MS / 1000)
-    await s.advance(DELAY_MS / 1000)  # the second joined during the first delay
-    a, b = first.result(), second.result()
+    a, b = await s.join_two()
     waiting = await s.sync(b)
     assert not waiting.done()  # until the leader's assignment arrives
     stale = await s.sync(JoinResult(0, a.member_id, generation_id=0))
@@ -244,13 +249,11 @@ async def test_sync_group_hands_the_leaders_assignment_to_each_member() -> None:
 @pytest.mark.asyncio
 async def test_a_rebalance_voids_the_assignment_under_way() -> None:
     s = Setup()
-    first, second = await s.join(), await s.join()
-    await s.advance(DELAY_MS / 1000)
-    await s.advance(DELAY_MS / 1000)  # the second joined during the first delay
-    waiting = await s.sync(second.result())
+    a, b = await s.join_two()
+    waiting = await s.sync(b)
     await s.join()  # a third member arrives before the leader assigned
     assert waiting.result().error_code == Errors.REBALANCE_IN_PROGRESS
-    late = await s.sync(first.result())
+    late = await s.sync(a)
     assert late.result().error_code == Errors.REBALANCE_IN_PROGRESS
 
 
@@ -312,10 +315,7 @@ async def test_offset_commits_are_checked_against_the_generation() -> None:
 @pytest.mark.asyncio
 async def test_a_rejoin_with_nothing_new_gets_the_current_generation() -> None:
     s = Setup()
-    first, second = await s.join(), await s.join()
-    await s.advance(DELAY_MS / 1000)
-    await s.advance(DELAY_MS / 1000)
-    a, b = first.result(), second.result()
+    a, b = await s.join_two()
     retried = await s.join(a.member_id)  # in CompletingRebalance: the same answer again
     assert retried.result() == a
     await s.sync(b)

@@ -66,18 +66,23 @@ def kafka_python_produce(bootstrap: str, topic: str, values: list[bytes]) -> Non
         producer.close(timeout=5)
 
 
+def member(bootstrap: str, group: str) -> dict[str, Any]:
+    """A quick-start group member that commits by hand: its settings, by the names aiokafka
+    and kafka-python share."""
+    return {
+        "bootstrap_servers": bootstrap,
+        "group_id": group,
+        "auto_offset_reset": "earliest",
+        "enable_auto_commit": False,
+        "session_timeout_ms": SESSION_MS,
+        "heartbeat_interval_ms": HEARTBEAT_MS,
+        "fetch_max_wait_ms": 200,
+    }
+
+
 def kafka_python_consume(bootstrap: str, group: str, topic: str, count: int) -> list[Record]:
     """kafka-python's quick start: subscribe in a group, poll, commit, close."""
-    consumer = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=group,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        session_timeout_ms=SESSION_MS,
-        heartbeat_interval_ms=HEARTBEAT_MS,
-        fetch_max_wait_ms=200,
-    )
+    consumer = KafkaConsumer(topic, **member(bootstrap, group))
     seen: list[Record] = []
     try:
         deadline = time.monotonic() + 20
@@ -103,16 +108,7 @@ async def aiokafka_produce(bootstrap: str, topic: str, values: list[bytes]) -> N
 
 async def aiokafka_consume(bootstrap: str, group: str, topic: str, count: int) -> list[Record]:
     """aiokafka's quick start: a consumer with a group id, getmany, commit, stop."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=group,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        session_timeout_ms=SESSION_MS,
-        heartbeat_interval_ms=HEARTBEAT_MS,
-        fetch_max_wait_ms=200,
-    )
+    consumer = AIOKafkaConsumer(topic, **member(bootstrap, group))
     await consumer.start()
     seen: list[Record] = []
     try:

@@ -9,13 +9,13 @@ import threading
 from typing import Any
 
 import pytest
-from helpers import Custom, FlagOperation, Raises, Recorder
+from helpers import Custom, FlagOperation, Raises, loop_errors, manual_purgatory
 
 from purgatory import (
     DelayedOperation,
     DelayedOperationPurgatory,
 )
-from purgatory.testing import ManualClock, check_invariants
+from purgatory.testing import check_invariants
 
 #: The event loops run in virtual time (conftest.py): an expiry costs no wall time.
 pytestmark = pytest.mark.virtualclock
@@ -51,16 +51,10 @@ def test_force_complete_outside_a_purgatory_runs_on_complete_once() -> None:
 # -- awaiting an operation ------------------------------------------------------------------------
 
 
-def manual(**kwargs: Any) -> tuple[ManualClock, DelayedOperationPurgatory[Any]]:
-    clock = ManualClock()
-    return clock, DelayedOperationPurgatory[Any]("test", clock=clock, **kwargs)
-
-
 @pytest.mark.asyncio
 @pytest.mark.parametrize("path", ["check", "threadsafe", "force", "expiry"])
 async def test_a_base_exception_in_on_complete_reaches_every_awaiter(path: str) -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    loop_errors()  # the loop's reports of the raise: recorded, not logged
     error = Custom("from on_complete")
     async with DelayedOperationPurgatory[FlagOperation]("awaiters") as p:
         op = Raises(0.02 if path == "expiry" else 30, "on_complete", error)
@@ -84,7 +78,7 @@ async def test_a_base_exception_in_on_complete_reaches_every_awaiter(path: str) 
 
 
 def test_a_base_exception_in_on_complete_under_the_manual_clock() -> None:
-    clock, p = manual()
+    clock, p = manual_purgatory()
     error = Custom("manual")
     op = Raises(0.01, "on_complete", error)
     p.try_complete_else_watch(op, ["k"])
@@ -115,7 +109,7 @@ def test_on_expiration_needs_no_override() -> None:
         def on_complete(self) -> str:
             return "expired" if self.is_expired else "done"
 
-    clock, p = manual()
+    clock, p = manual_purgatory()
     op = Minimal(0.5)
     p.try_complete_else_watch(op, ["k"])
     clock.advance(0.5)

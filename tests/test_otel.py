@@ -7,11 +7,10 @@ test collects both from the event loop's thread and from another one.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from typing import Any
 
 import pytest
+from helpers import import_error
 from metrics_support import scene
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, NumberDataPoint, Sum
@@ -72,15 +71,6 @@ async def test_each_purgatory_is_observed_from_the_loop_and_from_another_thread(
 
 
 def test_without_the_opentelemetry_api_the_import_says_what_to_install() -> None:
-    code = (
-        "import sys\n"
-        "sys.modules['opentelemetry'] = None\n"
-        "try:\n"
-        "    import purgatory.otel\n"
-        "except ImportError as exc:\n"
-        "    print(exc)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout == (
+    assert import_error("purgatory.otel", without="opentelemetry") == (
         "purgatory.otel needs the OpenTelemetry API: pip install 'asyncio-purgatory[otel]'\n"
     )

@@ -15,7 +15,6 @@ import email.message
 import email.parser
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tomllib
@@ -23,20 +22,14 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 import pytest
+from helpers import run_process
 from markdown_blocks import FENCE, ROOT, chains, run_chain
 
 import purgatory
 
 
 def run(*command: str | Path, cwd: Path = ROOT, timeout: float = 300) -> str:
-    done = subprocess.run(
-        [str(part) for part in command],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    done = run_process(*command, cwd=cwd, timeout=timeout)
     assert done.returncode == 0, f"{command} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from helpers import FlagOperation
+from helpers import FlagOperation, run_process
 from spark_support import write_trace
 
 from purgatory import DelayedOperationPurgatory
@@ -370,15 +370,7 @@ def test_one_line_of_a_spark_task_error() -> None:
 
 def without_extra(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-c", WITHOUT_EXTRA, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_process(sys.executable, "-c", WITHOUT_EXTRA, *args, cwd=ROOT, env=env, timeout=60)
 
 
 @pytest.mark.parametrize(
@@ -420,14 +412,8 @@ def test_the_python_api_says_what_to_install_without_the_extra() -> None:
         "except ModuleNotFoundError as exc:\n"
         "    print(exc)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = run_process(sys.executable, "-c", code, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "asyncio-purgatory[spark]" in done.stdout
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
-import subprocess
-import sys
 import urllib.request
 from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from helpers import import_error
 from metrics_support import scene
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,10 +26,12 @@ from purgatory.prometheus import LABEL, PurgatoryCollector
 
 Families = dict[str, tuple[str, str, dict[str, float]]]
 """family name -> (type, help, {purgatory: value})"""
+Served = tuple[CollectorRegistry, str]
+"""What the `served` fixture gives: the registry, and its ``/metrics`` URL."""
 
 
 @pytest_asyncio.fixture
-async def served() -> AsyncIterator[tuple[CollectorRegistry, str]]:
+async def served() -> AsyncIterator[Served]:
     """A registry of its own, served on a free loopback port; its ``/metrics`` URL."""
     registry = CollectorRegistry()
     server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
@@ -62,9 +63,7 @@ def expected(stats: PurgatoryStatistics, field_attribute: str) -> float:
 
 
 @pytest.mark.asyncio
-async def test_a_scrape_shows_each_purgatorys_gauges_and_counters(
-    served: tuple[CollectorRegistry, str],
-) -> None:
+async def test_a_scrape_shows_each_purgatorys_gauges_and_counters(served: Served) -> None:
     registry, url = served
     s = scene()
     registry.register(PurgatoryCollector([s.produce, s.fetch]))
@@ -108,9 +107,7 @@ async def test_a_scrape_shows_each_purgatorys_gauges_and_counters(
 
 
 @pytest.mark.asyncio
-async def test_a_purgatory_shut_down_or_gone_leaves_the_scrape(
-    served: tuple[CollectorRegistry, str],
-) -> None:
+async def test_a_purgatory_shut_down_or_gone_leaves_the_scrape(served: Served) -> None:
     registry, url = served
     s = scene()
     collector = PurgatoryCollector([s.produce])
@@ -134,16 +131,7 @@ def test_registering_reads_no_purgatory() -> None:
 
 
 def test_without_prometheus_client_the_import_says_what_to_install() -> None:
-    code = (
-        "import sys\n"
-        "sys.modules['prometheus_client'] = None\n"
-        "try:\n"
-        "    import purgatory.prometheus\n"
-        "except ImportError as exc:\n"
-        "    print(exc)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout == (
+    assert import_error("purgatory.prometheus", without="prometheus_client") == (
         "purgatory.prometheus needs prometheus_client: "
         "pip install 'asyncio-purgatory[prometheus]'\n"
     )

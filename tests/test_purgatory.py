@@ -32,7 +32,9 @@ from helpers import (
     FlagOperation,
     RaisingComplete,
     RaisingExpiration,
-    Recorder,
+    loop_errors,
+    manual_purgatory,
+    raised_in_a_thread,
     until,
     wheel_levels,
 )
@@ -79,13 +81,8 @@ def test_purgatory_rejects_a_non_string_name() -> None:
         DelayedOperationPurgatory(42)  # type: ignore[arg-type]
 
 
-def make() -> tuple[ManualClock, DelayedOperationPurgatory[FlagOperation]]:
-    clock = ManualClock()
-    return clock, DelayedOperationPurgatory("api", clock=clock)
-
-
 def test_empty_keys_are_rejected_and_nothing_is_registered() -> None:
-    _, p = make()
+    _, p = manual_purgatory()
     op = FlagOperation(1)
     with pytest.raises(ValueError, match="at least one key"):
         p.try_complete_else_watch(op, [])
@@ -94,13 +91,13 @@ def test_empty_keys_are_rejected_and_nothing_is_registered() -> None:
 
 
 def test_a_string_is_not_a_collection_of_keys() -> None:
-    _, p = make()
+    _, p = manual_purgatory()
     with pytest.raises(TypeError, match="collection of keys"):
         p.try_complete_else_watch(FlagOperation(1), "topic-0")
 
 
 def test_an_operation_is_watched_once() -> None:
-    _, p = make()
+    _, p = manual_purgatory()
     op = FlagOperation(1)
     p.try_complete_else_watch(op, ["a"])
     with pytest.raises(ValueError, match="already watched"):
@@ -120,7 +117,7 @@ def test_a_subclass_that_forgot_super_init_gets_a_clear_error() -> None:
         def __init__(self) -> None:
             pass
 
-    _, p = make()
+    _, p = manual_purgatory()
     with pytest.raises(TypeError, match=r"super\(\).__init__"):
         p.try_complete_else_watch(Forgetful(), ["a"])
 
@@ -164,7 +161,7 @@ def test_max_pending_rejects_without_registering_but_admits_instant_completions(
 
 
 def test_closed_purgatory_refuses_watches() -> None:
-    _, p = make()
+    _, p = manual_purgatory()
     asyncio.run(p.shutdown())
     with pytest.raises(PurgatoryClosed):
         p.try_complete_else_watch(FlagOperation(1), ["a"])
@@ -172,7 +169,7 @@ def test_closed_purgatory_refuses_watches() -> None:
 
 
 def test_statistics_is_a_frozen_snapshot() -> None:
-    clock, p = make()
+    clock, p = manual_purgatory()
     op = FlagOperation(0.5)
     p.try_complete_else_watch(op, ["a", "b"])
     stats = p.statistics()
@@ -186,14 +183,9 @@ def test_statistics_is_a_frozen_snapshot() -> None:
     assert stats.next_deadline_in == math.inf
 
 
-def manual(**kwargs: Any) -> tuple[ManualClock, DelayedOperationPurgatory[Any]]:
-    clock = ManualClock()
-    return clock, DelayedOperationPurgatory[Any]("test", clock=clock, **kwargs)
-
-
 @pytest.mark.parametrize("timeout", [1e300, 1.8e306, 2.0**53 * 0.001 * 1.001])
 def test_an_absurd_timeout_is_refused_and_registers_nothing(timeout: float) -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     op = FlagOperation(timeout)
     with pytest.raises(ValueError, match="horizon"):
         p.try_complete_else_watch(op, ["k"])
@@ -202,7 +194,7 @@ def test_an_absurd_timeout_is_refused_and_registers_nothing(timeout: float) -> N
 
 
 def test_the_largest_timeout_works() -> None:
-    _clock, p = manual(tick=1.0)
+    _clock, p = manual_purgatory(tick=1.0)
     op = FlagOperation(2.0**53 - 1)
     p.try_complete_else_watch(op, ["k"])
     assert wheel_levels(p) <= 7
@@ -264,7 +256,7 @@ class ShutsDown(FlagOperation):
 @pytest.mark.asyncio
 @pytest.mark.parametrize("when", ["try", "second try"])
 async def test_a_shutdown_inside_the_watch_leaves_no_awaiter_hanging(when: str) -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     op = ShutsDown(30, p, when)
     with pytest.raises(PurgatoryClosed):
         await asyncio.wait_for(p.watch(op, ["k", "j"]), 5.0)
@@ -275,7 +267,7 @@ async def test_a_shutdown_inside_the_watch_leaves_no_awaiter_hanging(when: str) 
 
 @pytest.mark.asyncio
 async def test_a_shutdown_inside_an_expiry_cancels_the_rest_of_the_pass() -> None:
-    clock, p = manual()
+    clock, p = manual_purgatory()
     first = ShutsDown(0.01, p, "expiry")
     rest = [FlagOperation(0.01) for _ in range(3)]
     waiters = [asyncio.create_task(p.watch(op, ["k"])) for op in [first, *rest]]
@@ -293,7 +285,7 @@ async def test_a_shutdown_inside_an_expiry_cancels_the_rest_of_the_pass() -> Non
 
 
 def test_unbound_purgatory_refuses_threadsafe_triggers() -> None:
-    _, p = make()
+    _, p = manual_purgatory()
     with pytest.raises(RuntimeError, match="not bound to an event loop"):
         p.check_and_complete_threadsafe("a")
 
@@ -336,19 +328,9 @@ async def test_changing_the_lists_from_a_foreign_thread_is_refused(call: str, ad
             "cancel_for_key": lambda: p.cancel_for_key("k"),
             "purge": p.purge,
         }
-        errors: list[BaseException] = []
-
-        def worker() -> None:
-            try:
-                calls[call]()
-            except RuntimeError as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=worker)
-        thread.start()
-        thread.join()
-        assert len(errors) == 1
-        assert advice in str(errors[0])
+        error = raised_in_a_thread(calls[call])
+        assert isinstance(error, RuntimeError)
+        assert advice in str(error)
         assert not op.is_completed  # nothing happened to it from that thread
         assert not op.is_cancelled
         assert p.check_and_complete("k") == 1
@@ -400,22 +382,13 @@ async def test_a_manual_clock_purgatory_refuses_another_threads_loop_while_its_o
     clock = ManualClock()
     p = DelayedOperationPurgatory[FlagOperation]("fixture", clock=clock)
     p.try_complete_else_watch(FlagOperation(1), ["k"])
-    errors: list[BaseException] = []
 
     async def use() -> None:
         p.try_complete_else_watch(FlagOperation(1), ["k"])
 
-    def other_thread() -> None:
-        try:
-            asyncio.run(use())
-        except RuntimeError as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=other_thread)
-    thread.start()
-    thread.join()
-    assert len(errors) == 1
-    assert "another thread while that loop runs" in str(errors[0])
+    error = raised_in_a_thread(lambda: asyncio.run(use()))
+    assert isinstance(error, RuntimeError)
+    assert "another thread while that loop runs" in str(error)
     await p.shutdown()
 
 
@@ -456,7 +429,7 @@ class RaisingTry(FlagOperation):
 
 @pytest.mark.parametrize("attempt", [1, 2])
 def test_try_complete_raising_inside_the_watch_leaves_nothing_registered(attempt: int) -> None:
-    clock, p = manual()
+    clock, p = manual_purgatory()
     op = RaisingTry(1, {attempt})
     with pytest.raises(Boom):
         p.try_complete_else_watch(op, ["a", "b"])
@@ -471,7 +444,7 @@ def test_try_complete_raising_inside_the_watch_leaves_nothing_registered(attempt
 def test_try_complete_raising_in_a_trigger_is_logged_and_others_still_complete(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    _, p = manual()
+    _, p = manual_purgatory()
     bad = RaisingTry(1, {3})
     good = FlagOperation(1)
     p.try_complete_else_watch(bad, ["k"])
@@ -490,15 +463,23 @@ def test_try_complete_raising_in_a_trigger_is_logged_and_others_still_complete(
     check_invariants(p)
 
 
-def test_on_complete_raising_without_awaiter_is_logged_once(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    clock, p = manual()
-    op = RaisingComplete(1)
+def completed_by_a_trigger(
+    p: DelayedOperationPurgatory[Any], op: FlagOperation, caplog: pytest.LogCaptureFixture
+) -> int:
+    """Watch `op` on ``"k"``, meet its condition, trigger ``"k"`` with the purgatory's error log
+    captured: how many operations the trigger completed."""
     p.try_complete_else_watch(op, ["k"])
     op.ready = True
     with caplog.at_level(logging.ERROR, logger="purgatory"):
-        assert p.check_and_complete("k") == 1
+        return p.check_and_complete("k")
+
+
+def test_on_complete_raising_without_awaiter_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock, p = manual_purgatory()
+    op = RaisingComplete(1)
+    assert completed_by_a_trigger(p, op, caplog) == 1
     assert caplog.text.count("RaisingComplete.on_complete raised") == 1
     assert op.is_completed
     assert not op.force_complete()
@@ -511,7 +492,7 @@ def test_on_complete_raising_without_awaiter_is_logged_once(
 def test_on_expiration_raising_does_not_stop_the_other_expiries(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock, p = manual()
+    clock, p = manual_purgatory()
     ops = [RaisingExpiration(0.1), FlagOperation(0.1), RaisingExpiration(0.2)]
     for op in ops:
         p.try_complete_else_watch(op, ["k"])
@@ -524,7 +505,7 @@ def test_on_expiration_raising_does_not_stop_the_other_expiries(
 
 
 def test_on_complete_raising_on_expiry_still_runs_on_expiration() -> None:
-    clock, p = manual()
+    clock, p = manual_purgatory()
     op = RaisingComplete(0.1)
     p.try_complete_else_watch(op, ["k"])
     clock.advance(0.1)
@@ -534,8 +515,7 @@ def test_on_complete_raising_on_expiry_still_runs_on_expiration() -> None:
 
 @pytest.mark.asyncio
 async def test_await_re_raises_what_on_complete_raised() -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     clock = ManualClock()
     p = DelayedOperationPurgatory[FlagOperation]("await", clock=clock)
     op = RaisingComplete(1)
@@ -575,7 +555,7 @@ class Reentrant(FlagOperation):
 
 
 def test_callbacks_may_re_enter_the_purgatory() -> None:
-    clock, p = manual(purge_interval=0)
+    clock, p = manual_purgatory(purge_interval=0)
     op = Reentrant(0.2, p)
     bystander = FlagOperation(5)
     p.try_complete_else_watch(op, ["k"])
@@ -611,7 +591,7 @@ class SelfTriggering(FlagOperation):
 
 
 def test_try_complete_that_triggers_its_own_key_completes_once() -> None:
-    _, p = manual()
+    _, p = manual_purgatory()
     op = SelfTriggering(p)
     op.ready = False
     p.try_complete_else_watch(op, ["self"])
@@ -646,8 +626,7 @@ async def test_check_and_complete_from_another_thread() -> None:
 
 @pytest.mark.asyncio
 async def test_async_try_complete_raising_is_reported_and_the_operation_survives() -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
+    recorder = loop_errors()
     async with DelayedOperationPurgatory[FailsFirstAttempt]("async") as p:
         op = FailsFirstAttempt(Boom("async attempt"))
         task = asyncio.create_task(p.watch(op, ["k"]))
@@ -668,12 +647,9 @@ def test_try_complete_claiming_success_without_completing_is_reported(
             self.attempts += 1
             return self.ready
 
-    _, p = manual()
+    _, p = manual_purgatory()
     op = Liar(1)
-    p.try_complete_else_watch(op, ["k"])
-    op.ready = True
-    with caplog.at_level(logging.ERROR, logger="purgatory"):
-        assert p.check_and_complete("k") == 0
+    assert completed_by_a_trigger(p, op, caplog) == 0
     assert "must return self.force_complete()" in caplog.text
     assert not op.is_completed
     assert p.num_delayed() == 1
@@ -688,7 +664,7 @@ def test_a_completion_counts_even_if_try_complete_returns_false() -> None:
                 self.force_complete()
             return False
 
-    _, p = manual()
+    _, p = manual_purgatory()
     op, other = Quiet(1), FlagOperation(1)
     p.try_complete_else_watch(op, ["k"])
     p.try_complete_else_watch(other, ["k"])
@@ -791,9 +767,8 @@ class AsyncClaims(AsyncFlag):
 
 @pytest.mark.asyncio
 async def test_a_false_claim_is_reported_on_every_path() -> None:
-    recorder = Recorder()
-    asyncio.get_running_loop().set_exception_handler(recorder)
-    _clock, p = manual()
+    recorder = loop_errors()
+    _clock, p = manual_purgatory()
     p.try_complete_else_watch(Claims(30), ["k"])
     assert len(recorder.contexts) == 2  # both tries of the watch
     p.check_and_complete("k")
@@ -920,13 +895,6 @@ async def settle(done: Callable[[], bool], max_yields: int = 1000) -> None:
         if done():
             return
         await asyncio.sleep(0)
-
-
-def record_loop_errors() -> list[dict[str, Any]]:
-    """Route the running loop's exception handler to a list the test can assert empty."""
-    errors: list[dict[str, Any]] = []
-    asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
-    return errors
 
 
 # -- satisfaction, expiry, purge -------------------------------------------------------------
@@ -1377,7 +1345,7 @@ async def test_try_complete_lock_contention() -> None:
     A trigger arriving while an attempt is suspended neither blocks nor starts a second attempt;
     when the attempt ends, exactly one more runs, and completes the operation.
     """
-    errors = record_loop_errors()
+    errors = loop_errors().contexts
     purgatory = DelayedOperationPurgatory[AsyncFlagOp]("mock", clock=ManualClock())
     gate = asyncio.Event()
     gate.set()
@@ -1416,7 +1384,7 @@ async def test_try_complete_lock_contention() -> None:
 async def test_an_attempt_in_flight_does_not_hold_up_the_other_operations() -> None:
     """Kafka: "lock held by another thread, should not block, only operations that can be locked
     without blocking complete" - and the held-up one completes once its attempt ends."""
-    errors = record_loop_errors()
+    errors = loop_errors().contexts
     purgatory = DelayedOperationPurgatory[Any]("mock", clock=ManualClock())
     gate = asyncio.Event()
     busy = AsyncFlagOp(gate)
@@ -1458,6 +1426,16 @@ class StressOp(DelayedOperation[int]):
     it ran and ended without completing.
     """
 
+    # The state and the counts start at these class values; each operation keeps its own.
+    ready = False
+    in_flight = False
+    # An attempt is queued (its task started by the watch or a trigger, or a re-run owed by an
+    # attempt that saw a trigger) and has not begun: a trigger now is folded into it.
+    owed = True
+    triggered_during = False
+    expected_attempts = 1
+    attempts = coalesced = overlaps = unexpected = completions = expirations = 0
+
     def __init__(self, index: int, rng: random.Random, max_yields: int) -> None:
         super().__init__(100.0)
         self.index = index
@@ -1465,19 +1443,6 @@ class StressOp(DelayedOperation[int]):
         self.rng = rng
         self.max_yields = max_yields
         self.remaining = TRIGGERS
-        self.ready = False
-        self.in_flight = False
-        # An attempt is queued (its task started by the watch or a trigger, or a re-run owed by
-        # an attempt that saw a trigger) and has not begun: a trigger now is folded into it.
-        self.owed = True
-        self.triggered_during = False
-        self.attempts = 0
-        self.expected_attempts = 1
-        self.coalesced = 0
-        self.overlaps = 0
-        self.unexpected = 0
-        self.completions = 0
-        self.expirations = 0
 
     async def try_complete(self) -> bool:
         if self.in_flight:
@@ -1525,7 +1490,7 @@ async def test_try_complete_with_many_concurrent_triggers(seed: int) -> None:
     Every operation completes exactly once; no two attempts of one operation overlap; the number
     of attempts is exactly what the contract calls for (no lost wake-up, no pile-up).
     """
-    errors = record_loop_errors()
+    errors = loop_errors().contexts
     rng = random.Random(seed)
     purgatory = DelayedOperationPurgatory[StressOp]("mock", clock=ManualClock())
     ops = [StressOp(i, rng, max_yields=10) for i in range(OPERATIONS)]
@@ -1567,38 +1532,17 @@ async def test_try_complete_with_many_concurrent_triggers(seed: int) -> None:
     await purgatory.shutdown()
 
 
-class ThreadedOp(DelayedOperation[int]):
-    """Kafka's ``TestDelayOperation`` for triggers that come from other threads."""
+class ThreadedOp(StressOp):
+    """Kafka's ``TestDelayOperation`` for triggers that come from other threads: a `StressOp`
+    whose `remaining` triggers the threads count down under `lock`, and which must not expire.
+
+    The contract's count of attempts (`note_trigger`) is not kept here: a thread cannot note a
+    trigger in step with the attempts on the loop. The rng is used on the loop thread only.
+    """
 
     def __init__(self, index: int, rng: random.Random) -> None:
-        super().__init__(100.0)
-        self.index = index
-        self.key = f"key{index}"
-        self.rng = rng  # used on the loop thread only
-        self.remaining = TRIGGERS
+        super().__init__(index, rng, max_yields=5)
         self.lock = threading.Lock()
-        self.ready = False
-        self.in_flight = False
-        self.overlaps = 0
-        self.attempts = 0
-        self.completions = 0
-
-    async def try_complete(self) -> bool:
-        if self.in_flight:
-            self.overlaps += 1
-        self.in_flight = True
-        self.attempts += 1
-        should_complete = self.ready
-        for _ in range(self.rng.randrange(6)):
-            await asyncio.sleep(0)
-        self.in_flight = False
-        if should_complete:
-            return self.force_complete()
-        return False
-
-    def on_complete(self) -> int:
-        self.completions += 1
-        return self.index
 
     def on_expiration(self) -> None:
         raise AssertionError("must not expire")
@@ -1607,7 +1551,7 @@ class ThreadedOp(DelayedOperation[int]):
 @pytest.mark.asyncio
 async def test_try_complete_with_triggers_from_other_threads() -> None:
     """The closest port of Kafka's threaded test: triggers via `check_and_complete_threadsafe`."""
-    errors = record_loop_errors()
+    errors = loop_errors().contexts
     rng = random.Random(42)
     purgatory = DelayedOperationPurgatory[ThreadedOp]("mock", clock=ManualClock())
     ops = [ThreadedOp(i, rng) for i in range(OPERATIONS)]
@@ -1766,6 +1710,15 @@ def kafka_delays() -> list[int]:
     return delays
 
 
+def timer_scene(
+    start: float = 0.0, **options: Any
+) -> tuple[ManualClock, DelayedOperationPurgatory[TimerOp], list[int]]:
+    """The setting of Kafka's timer tests: a purgatory of `TimerOp` on a `ManualClock` of its
+    own from `start` (`options`: its other arguments), and the log its operations expire into."""
+    clock = ManualClock(start)
+    return clock, DelayedOperationPurgatory[TimerOp]("timer", clock=clock, **options), []
+
+
 def watch_shuffled(
     purgatory: DelayedOperationPurgatory[TimerOp],
     clock: ManualClock,
@@ -1799,9 +1752,7 @@ def test_already_expired_operations(start: float, wheel_size: int) -> None:
     equivalent is a timeout of 0: it is not expired inside the watch call, counts as delayed,
     and expires at the next ``advance(0)``, in watch order.
     """
-    clock = ManualClock(start)
-    purgatory = DelayedOperationPurgatory[TimerOp]("timer", clock=clock, wheel_size=wheel_size)
-    log: list[int] = []
+    clock, purgatory, log = timer_scene(start, wheel_size=wheel_size)
     ops = [TimerOp(0, ident, clock, log) for ident in range(5)]
     for op in ops:
         assert not purgatory.try_complete_else_watch(op, [f"key{op.ident}"])
@@ -1844,11 +1795,7 @@ def test_task_expiration_step_by_step(wheel_size: int) -> None:
     current time have expired, the time they saw is their deadline, and the whole expiry order is
     (deadline, watch order).
     """
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp](
-        "timer", clock=clock, tick=1.0, wheel_size=wheel_size
-    )
-    log: list[int] = []
+    clock, purgatory, log = timer_scene(tick=1.0, wheel_size=wheel_size)
     delays = kafka_delays()
     ops = watch_shuffled(purgatory, clock, [float(d) for d in delays], log, seed=wheel_size)
     assert purgatory.num_delayed() == 585
@@ -1874,11 +1821,7 @@ def test_task_expiration_step_by_step(wheel_size: int) -> None:
 @pytest.mark.parametrize("wheel_size", WHEEL_SIZES)
 def test_task_expiration_in_one_pass(wheel_size: int) -> None:
     """One big advance equals many small ones: same set, same (deadline, watch) order."""
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp](
-        "timer", clock=clock, tick=1.0, wheel_size=wheel_size
-    )
-    log: list[int] = []
+    clock, purgatory, log = timer_scene(tick=1.0, wheel_size=wheel_size)
     ops = watch_shuffled(purgatory, clock, [float(d) for d in kafka_delays()], log, seed=7)
     assert clock.advance(499.0) == 585
     assert log == [op.ident for op in sorted(ops, key=lambda op: (op.timeout, op.ident))]
@@ -1894,9 +1837,7 @@ def test_task_expiration_in_milliseconds(wheel_size: int) -> None:
     The step at which each operation expires must be its delay in milliseconds: the float noise
     of adding 0.001 five hundred times neither delays an expiry by a tick nor fires one early.
     """
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp]("timer", clock=clock, wheel_size=wheel_size)
-    log: list[int] = []
+    clock, purgatory, log = timer_scene(wheel_size=wheel_size)
     delays = kafka_delays()
     ops = watch_shuffled(purgatory, clock, [d / 1000 for d in delays], log, seed=3)
     delay_ms = {op.ident: round(op.timeout * 1000) for op in ops}
@@ -1922,11 +1863,7 @@ def test_random_watches_and_advances_expire_exactly_on_time(wheel_size: int, see
     tick, never before, and each advance expires by (deadline tick, watch order).
     """
     rng = random.Random(seed)
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp](
-        "timer", clock=clock, tick=1.0, wheel_size=wheel_size
-    )
-    log: list[int] = []
+    clock, purgatory, log = timer_scene(tick=1.0, wheel_size=wheel_size)
     ops: list[TimerOp] = []
     due_tick: dict[int, int] = {}
     expected_at: dict[int, float] = {}
@@ -1974,9 +1911,7 @@ def test_deadline_is_rounded_up_to_the_tick() -> None:
 
 def test_deadline_on_a_tick_boundary_is_not_pushed_to_the_next_tick() -> None:
     """Ten steps of 0.1 s make 0.9999999999999999 s, which must count as the 1 s tick."""
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp]("timer", clock=clock)
-    log: list[int] = []
+    clock, purgatory, log = timer_scene()
     one_second = TimerOp(1.0, 0, clock, log)
     just_after = TimerOp(1.001, 1, clock, log)
     purgatory.try_complete_else_watch(one_second, ["k"])
@@ -2003,9 +1938,7 @@ def test_deadline_on_a_tick_boundary_is_not_pushed_to_the_next_tick() -> None:
 
 
 def test_one_pass_expires_by_tick_then_watch_order() -> None:
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp]("timer", clock=clock, tick=1.0)
-    log: list[int] = []
+    clock, purgatory, log = timer_scene(tick=1.0)
     # ident: timeout -> tick 1 for idents 0-2, tick 2 for idents 3-4.
     for ident, timeout in enumerate([1.0, 0.25, 0.5, 2.0, 1.75]):
         purgatory.try_complete_else_watch(TimerOp(timeout, ident, clock, log), ["k"])
@@ -2031,11 +1964,7 @@ def test_watch_order_within_a_tick_survives_overflow_levels(
     A is watched first with a long timeout; B is watched later with a timeout that puts its
     deadline on the same tick. A must expire before B.
     """
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp](
-        "timer", clock=clock, tick=tick, wheel_size=wheel_size
-    )
-    log: list[int] = []
+    clock, purgatory, log = timer_scene(tick=tick, wheel_size=wheel_size)
     a = TimerOp(first, 0, clock, log)
     b = TimerOp(second, 1, clock, log)
     purgatory.try_complete_else_watch(a, ["k"])
@@ -2072,9 +2001,7 @@ class RewatchOp(TimerOp):
 
 
 def test_timeout_zero_watched_during_a_pass_expires_on_the_next_pass() -> None:
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp]("timer", clock=clock)
-    log: list[int] = []
+    clock, purgatory, log = timer_scene()
     follower = TimerOp(0, 1, clock, log)
     leader = RewatchOp(1.0, 0, clock, log, purgatory=purgatory, follower=follower)
     purgatory.try_complete_else_watch(leader, ["lead"])
@@ -2123,9 +2050,7 @@ def test_next_deadline_in_follows_the_clock() -> None:
 
 def test_completed_and_cancelled_operations_never_expire() -> None:
     """Kafka's ``TimerTask.cancel``: completion and cancellation leave the timer at once."""
-    clock = ManualClock()
-    purgatory = DelayedOperationPurgatory[TimerOp]("timer", clock=clock)
-    log: list[int] = []
+    clock, purgatory, log = timer_scene()
     completed = TimerOp(1.0, 0, clock, log)
     cancelled = TimerOp(1.0, 1, clock, log)
     survivor = TimerOp(1.0, 2, clock, log)
@@ -2152,7 +2077,7 @@ def test_completed_and_cancelled_operations_never_expire() -> None:
 
 
 def test_drain_expires_every_pending_operation_now_in_deadline_order() -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     order: list[str] = []
 
     class Noted(FlagOperation):
@@ -2177,7 +2102,7 @@ def test_drain_expires_every_pending_operation_now_in_deadline_order() -> None:
 
 
 def test_drain_lets_the_application_answer_first_and_expires_the_rest() -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     ops = [FlagOperation(30.0, name) for name in "abc"]
     for op in ops:
         p.try_complete_else_watch(op, [op.name])
@@ -2197,7 +2122,7 @@ def test_drain_lets_the_application_answer_first_and_expires_the_rest() -> None:
 
 
 def test_after_a_drain_new_operations_are_answered_at_the_next_pass() -> None:
-    clock, p = manual()
+    clock, p = manual_purgatory()
     p.drain()
     ready = FlagOperation(30.0, "ready")
     ready.ready = True
@@ -2211,7 +2136,7 @@ def test_after_a_drain_new_operations_are_answered_at_the_next_pass() -> None:
 
 
 def test_drain_of_a_shut_down_purgatory_is_refused() -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     asyncio.run(p.shutdown())
     with pytest.raises(PurgatoryClosed):
         p.drain()

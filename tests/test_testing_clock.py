@@ -84,12 +84,21 @@ def test_advance_to_runs_a_pass_only_where_there_is_work() -> None:
     assert p.statistics().expired == 3
 
 
-def test_advance_to_runs_due_work_and_purges_at_the_current_time() -> None:
+def purging_every_two(
+    name: str,
+) -> tuple[ManualClock, DelayedOperationPurgatory[FlagOperation], list[FlagOperation]]:
+    """A purgatory that purges after every two completions, on a clock of its own, and four
+    operations due in 60 s, each watched on ``"k"`` and on a key of its own."""
     clock = ManualClock()
-    p = DelayedOperationPurgatory[FlagOperation]("purge", clock=clock, purge_interval=2)
+    p = DelayedOperationPurgatory[FlagOperation](name, clock=clock, purge_interval=2)
     ops = [FlagOperation(60.0, str(i)) for i in range(4)]
     for op in ops:
         p.try_complete_else_watch(op, ["k", op.name])
+    return clock, p, ops
+
+
+def test_advance_to_runs_due_work_and_purges_at_the_current_time() -> None:
+    clock, p, ops = purging_every_two("purge")
     for op in ops[:3]:
         op.force_complete()
     assert p.watched() == 8  # finished entries stay on the lists until a purge
@@ -167,11 +176,7 @@ def test_advance_to_meets_a_deadline_earlier_than_what_the_clock_last_learned() 
 
 
 def test_advance_to_runs_a_purge_owed_by_completions_since_it_last_learned() -> None:
-    clock = ManualClock()
-    p = DelayedOperationPurgatory[FlagOperation]("owed", clock=clock, purge_interval=2)
-    ops = [FlagOperation(60.0, str(i)) for i in range(4)]
-    for op in ops:
-        p.try_complete_else_watch(op, ["k", op.name])
+    clock, p, ops = purging_every_two("owed")
     clock.advance_to(1.0)  # learns: nothing before 60 s
     for op in ops[:3]:
         op.force_complete()

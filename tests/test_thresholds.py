@@ -13,7 +13,7 @@ from collections.abc import Hashable
 from typing import Any
 
 import pytest
-from helpers import FlagOperation
+from helpers import FlagOperation, manual_purgatory
 
 from purgatory import (
     DelayedOperation,
@@ -53,13 +53,8 @@ class DelayedProduce(DelayedOperation[str]):
         pass
 
 
-def manual() -> tuple[ManualClock, DelayedOperationPurgatory[Any]]:
-    clock = ManualClock()
-    return clock, DelayedOperationPurgatory[Any]("thresholds", clock=clock)
-
-
 def test_acks_all_tries_only_the_produces_the_high_watermark_passed() -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     partition = Partition()
     produces = [DelayedProduce(partition, offset) for offset in range(0, 1000, 10)]
     for op in produces:
@@ -97,7 +92,7 @@ class Picky(DelayedOperation[int]):
 
 
 def test_an_operation_reached_but_not_ready_is_never_lost() -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     log: list[int] = []
     op = Picky(1, log)
     p.try_complete_else_watch(op, {"k": 10})
@@ -115,7 +110,7 @@ def test_an_operation_reached_but_not_ready_is_never_lost() -> None:
 
 
 def test_order_plain_then_reached_in_threshold_order_then_watch_order() -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     log: list[int] = []
     ops = {name: Picky(name, log) for name in range(6)}
     p.try_complete_else_watch(ops[0], ["k"])
@@ -136,7 +131,7 @@ def test_order_plain_then_reached_in_threshold_order_then_watch_order() -> None:
 def test_a_lone_watcher_keeps_its_threshold_or_its_release_when_others_join() -> None:
     # A key's only watcher is stored as itself, its threshold in its own marks: when a second
     # watcher comes, the key's heap must take over that threshold, or its release.
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     log: list[int] = []
     waiting, released = Picky(1, log), Picky(2, log)
     p.try_complete_else_watch(waiting, {"w": 8})
@@ -154,7 +149,7 @@ def test_a_lone_watcher_keeps_its_threshold_or_its_release_when_others_join() ->
 
 
 def test_a_key_can_mix_plain_and_threshold_watchers_of_many_keys() -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     log: list[int] = []
     op = Picky(1, log)
     p.try_complete_else_watch(op, {"a": 5, "b": None, "c": 2})
@@ -174,7 +169,7 @@ def test_a_key_can_mix_plain_and_threshold_watchers_of_many_keys() -> None:
 
 
 def test_finished_watchers_leave_the_heap_without_a_scan_and_are_not_kept_alive() -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     ops = [Picky(index, []) for index in range(1000)]
     for op in ops:
         p.try_complete_else_watch(op, {"k": op.name, "j": op.name})
@@ -189,7 +184,7 @@ def test_finished_watchers_leave_the_heap_without_a_scan_and_are_not_kept_alive(
 
 
 def test_a_value_that_does_not_compare_raises_and_leaves_everything_consistent() -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     log: list[int] = []
     p.try_complete_else_watch(Picky(1, log), {"k": 5})
     with pytest.raises(TypeError):
@@ -199,7 +194,7 @@ def test_a_value_that_does_not_compare_raises_and_leaves_everything_consistent()
 
 
 def test_expiry_and_cancellation_of_threshold_watchers() -> None:
-    clock, p = manual()
+    clock, p = manual_purgatory()
     log: list[int] = []
     early = Picky(1, log, timeout=0.01)
     late = Picky(2, log, timeout=10)
@@ -287,7 +282,7 @@ def test_in_order_thresholds_take_the_run_and_out_of_order_ones_the_heap() -> No
 
 
 def test_released_watchers_are_retried_in_threshold_order_then_watch_order() -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     log: list[int] = []
     for name, threshold in [(1, 1), (2, 3), (3, 3), (4, 7), (5, 2), (6, 9)]:
         p.try_complete_else_watch(Picky(name, log), {"k": threshold})
@@ -327,7 +322,7 @@ def test_a_finished_operation_released_on_another_key_is_dropped_not_retried() -
 
 @pytest.mark.parametrize("bad", [math.nan, float("nan")])
 def test_a_nan_threshold_or_value_is_refused(bad: float) -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     good = FlagOperation(30)
     p.try_complete_else_watch(good, {"hw": 5})
     with pytest.raises(ValueError, match="does not order against itself"):

@@ -15,18 +15,14 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
-from virtual_time import DEFAULT_START, VirtualTimeLoop, VirtualTimeUVLoop
+from virtual_time import DEFAULT_START, EACH_LOOP, NewLoop
 
 from purgatory._asyncio import loop_time_function
 
 T = TypeVar("T")
 
-LOOPS = pytest.mark.parametrize(
-    "new_loop", [VirtualTimeLoop, VirtualTimeUVLoop], ids=["asyncio", "uvloop"]
-)
 
-
-def run(new_loop: Callable[[], asyncio.AbstractEventLoop], main: Coroutine[Any, Any, T]) -> T:
+def run(new_loop: NewLoop, main: Coroutine[Any, Any, T]) -> T:
     loop = new_loop()
     try:
         return loop.run_until_complete(main)
@@ -34,10 +30,8 @@ def run(new_loop: Callable[[], asyncio.AbstractEventLoop], main: Coroutine[Any, 
         loop.close()
 
 
-@LOOPS
-def test_sleeps_take_no_wall_time_and_the_clock_reads_the_timers(
-    new_loop: Callable[[], asyncio.AbstractEventLoop],
-) -> None:
+@EACH_LOOP
+def test_sleeps_take_no_wall_time_and_the_clock_reads_the_timers(new_loop: NewLoop) -> None:
     async def main() -> list[float]:
         loop = asyncio.get_running_loop()
         assert loop.time() == DEFAULT_START
@@ -61,10 +55,8 @@ def test_sleeps_take_no_wall_time_and_the_clock_reads_the_timers(
     assert time.monotonic() - started < 30.0  # an hour of sleeping, not an hour
 
 
-@LOOPS
-def test_timers_run_in_time_order_and_cancelled_ones_never(
-    new_loop: Callable[[], asyncio.AbstractEventLoop],
-) -> None:
+@EACH_LOOP
+def test_timers_run_in_time_order_and_cancelled_ones_never(new_loop: NewLoop) -> None:
     async def main() -> list[tuple[str, float]]:
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -90,10 +82,8 @@ def test_timers_run_in_time_order_and_cancelled_ones_never(
     ]
 
 
-@LOOPS
-def test_a_timer_cancelled_by_another_due_with_it_does_not_run(
-    new_loop: Callable[[], asyncio.AbstractEventLoop],
-) -> None:
+@EACH_LOOP
+def test_a_timer_cancelled_by_another_due_with_it_does_not_run(new_loop: NewLoop) -> None:
     errors: list[dict[str, Any]] = []
 
     async def main() -> list[str]:
@@ -115,10 +105,8 @@ def test_a_timer_cancelled_by_another_due_with_it_does_not_run(
     assert errors == []
 
 
-@LOOPS
-def test_many_cancelled_timers_are_dropped_and_the_rest_still_run(
-    new_loop: Callable[[], asyncio.AbstractEventLoop],
-) -> None:
+@EACH_LOOP
+def test_many_cancelled_timers_are_dropped_and_the_rest_still_run(new_loop: NewLoop) -> None:
     async def main() -> list[int]:
         loop = asyncio.get_running_loop()
         fired: list[int] = []
@@ -132,10 +120,8 @@ def test_many_cancelled_timers_are_dropped_and_the_rest_still_run(
     assert run(new_loop, main()) == list(range(0, 1000, 10))
 
 
-@LOOPS
-def test_the_clock_stands_still_while_callbacks_are_ready(
-    new_loop: Callable[[], asyncio.AbstractEventLoop],
-) -> None:
+@EACH_LOOP
+def test_the_clock_stands_still_while_callbacks_are_ready(new_loop: NewLoop) -> None:
     """A timer that is due runs among ready callbacks, and nothing later does."""
 
     async def main() -> tuple[int, bool, float]:
@@ -159,10 +145,8 @@ def test_the_clock_stands_still_while_callbacks_are_ready(
     assert elapsed == 0.0
 
 
-@LOOPS
-def test_with_no_timer_the_loop_waits_for_another_thread(
-    new_loop: Callable[[], asyncio.AbstractEventLoop],
-) -> None:
+@EACH_LOOP
+def test_with_no_timer_the_loop_waits_for_another_thread(new_loop: NewLoop) -> None:
     async def main() -> float:
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -181,10 +165,8 @@ def test_with_no_timer_the_loop_waits_for_another_thread(
     assert run(new_loop, main()) == 0.0  # it waited, and the virtual clock did not move
 
 
-@LOOPS
-def test_ready_io_runs_before_the_clock_jumps(
-    new_loop: Callable[[], asyncio.AbstractEventLoop],
-) -> None:
+@EACH_LOOP
+def test_ready_io_runs_before_the_clock_jumps(new_loop: NewLoop) -> None:
     """A timer pending (a guard) while a socket becomes readable: the read, not a jump."""
 
     async def main() -> tuple[bytes, float]:
@@ -204,10 +186,8 @@ def test_ready_io_runs_before_the_clock_jumps(
     assert run(new_loop, main()) == (b"ready", 0.0)
 
 
-@LOOPS
-def test_the_purgatory_reads_the_virtual_clock(
-    new_loop: Callable[[], asyncio.AbstractEventLoop],
-) -> None:
+@EACH_LOOP
+def test_the_purgatory_reads_the_virtual_clock(new_loop: NewLoop) -> None:
     loop = new_loop()
     try:
         assert loop_time_function(loop) == loop.time
@@ -216,7 +196,7 @@ def test_the_purgatory_reads_the_virtual_clock(
         loop.close()
 
 
-@LOOPS
+@EACH_LOOP
 @pytest.mark.parametrize("start", [float("nan"), float("inf"), "0", True])
 def test_a_bad_start_is_refused(
     new_loop: Callable[[float], asyncio.AbstractEventLoop], start: Any

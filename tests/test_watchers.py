@@ -12,13 +12,13 @@ import weakref
 from typing import Any
 
 import pytest
-from helpers import AsyncFlag, FlagOperation
+from helpers import AsyncFlag, FlagOperation, manual_purgatory
 
 from purgatory import (
     DelayedOperation,
     DelayedOperationPurgatory,
 )
-from purgatory.testing import ManualClock, check_invariants, check_watchers
+from purgatory.testing import check_invariants, check_watchers
 
 # -- registration ---------------------------------------------------------------------------------
 
@@ -40,11 +40,6 @@ class Big(DelayedOperation[bytes]):
         pass
 
 
-def manual(**kwargs: Any) -> tuple[ManualClock, DelayedOperationPurgatory[Any]]:
-    clock = ManualClock()
-    return clock, DelayedOperationPurgatory[Any]("test", clock=clock, **kwargs)
-
-
 @pytest.mark.parametrize(
     "keys",
     [
@@ -56,7 +51,7 @@ def manual(**kwargs: Any) -> tuple[ManualClock, DelayedOperationPurgatory[Any]]:
 @pytest.mark.asyncio
 async def test_a_bad_key_registers_nothing(keys: Any) -> None:
     for make in (FlagOperation, AsyncFlag):
-        _clock, p = manual()
+        _clock, p = manual_purgatory()
         first = make(30)
         assert not p.try_complete_else_watch(first, {"bad": 1, "orders": 2})
         op = make(30)
@@ -85,7 +80,7 @@ class Canceller(FlagOperation):
 
 
 def test_cancel_for_key_inside_a_trigger_of_that_key_counts_each_list_once() -> None:
-    _clock, p = manual(purge_interval=1000)
+    _clock, p = manual_purgatory(purge_interval=1000)
     first = Canceller(p)
     victim = FlagOperation(30, "victim")
     p.try_complete_else_watch(first, ["k"])
@@ -101,7 +96,7 @@ def test_cancel_for_key_inside_a_trigger_of_that_key_counts_each_list_once() -> 
 
 
 def test_a_key_given_twice_is_watched_once_and_forgotten_with_it() -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     op = Big()
     p.try_complete_else_watch(op, ["k", "k", 1, 1.0])
     assert p.watched() == 2
@@ -114,11 +109,6 @@ def test_a_key_given_twice_is_watched_once_and_forgotten_with_it() -> None:
     assert ref() is None
     assert (p.watched(), len(p._lists.queue)) == (0, 0)
     check_invariants(p)
-
-
-def make() -> tuple[ManualClock, DelayedOperationPurgatory[FlagOperation]]:
-    clock = ManualClock()
-    return clock, DelayedOperationPurgatory("api", clock=clock)
 
 
 class Joiner(FlagOperation):
@@ -138,7 +128,7 @@ class Joiner(FlagOperation):
 
 def test_a_lone_watcher_completing_while_a_newcomer_joins_its_key() -> None:
     """The lone operation of a key leaves it; one that joined during its attempt stays."""
-    _, p = make()
+    _, p = manual_purgatory()
     joiner = Joiner(p, "k")
     p.try_complete_else_watch(joiner, ["k"])
     assert (p.watched(), p.statistics().keys) == (1, 1)
@@ -152,7 +142,7 @@ def test_a_lone_watcher_completing_while_a_newcomer_joins_its_key() -> None:
 
 
 def test_a_key_listed_twice_is_watched_once_per_listing() -> None:
-    _, p = make()
+    _, p = manual_purgatory()
     op = FlagOperation(1)
     p.try_complete_else_watch(op, ["a", "a", "b"])
     check_watchers(p)
@@ -165,7 +155,7 @@ def test_a_key_listed_twice_is_watched_once_per_listing() -> None:
 
 
 def test_an_operation_that_left_every_list_is_not_kept_alive() -> None:
-    _clock, p = manual()
+    _clock, p = manual_purgatory()
     refs = []
     for index in range(200):
         op = Big()
@@ -190,7 +180,7 @@ def test_an_operation_that_left_every_list_is_not_kept_alive() -> None:
 
 
 def test_purge_now_releases_what_only_the_lists_still_hold() -> None:
-    clock, p = manual(purge_interval=1000)
+    clock, p = manual_purgatory(purge_interval=1000)
     ops = [Big(0.01) for _ in range(5)]
     for op in ops:
         p.try_complete_else_watch(op, ["shared", object()])

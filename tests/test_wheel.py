@@ -59,25 +59,23 @@ def test_timer_task_list_all() -> None:
     assert all(entry._bucket is list1 for entry in entries)
     assert bucket_size(list1) == 10
 
-    # Moving an entry to another bucket (Kafka: re-adding its task) does not change the count.
-    for entry in entries[:4]:
-        before = len(wheel)
-        assert wheel.remove(entry)
-        wheel.add(entry, 11)
-        assert len(wheel) == before
-    list2 = entries[0]._bucket
-    assert list2 is not None
+    def move(moved: list[Entry], expiration: int) -> Bucket:
+        """Moving entries to another bucket (Kafka: re-adding their tasks) keeps the count."""
+        for entry in moved:
+            before = len(wheel)
+            assert wheel.remove(entry)
+            wheel.add(entry, expiration)
+            assert len(wheel) == before
+        bucket = moved[0]._bucket
+        assert bucket is not None
+        return bucket
+
+    list2 = move(entries[:4], 11)
     assert list2 is not list1
     assert (bucket_size(list1), bucket_size(list2)) == (6, 4)
     assert len(wheel) == 10
 
-    for entry in entries[4:]:
-        before = len(wheel)
-        assert wheel.remove(entry)
-        wheel.add(entry, 12)
-        assert len(wheel) == before
-    list3 = entries[4]._bucket
-    assert list3 is not None
+    list3 = move(entries[4:], 12)
     assert (bucket_size(list1), bucket_size(list2), bucket_size(list3)) == (0, 4, 6)
     assert len(wheel) == 10
 

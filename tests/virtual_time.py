@@ -39,9 +39,10 @@ import selectors
 from collections.abc import Callable
 from typing import TypeVarTuple, Unpack
 
+import pytest
 import uvloop
 
-__all__ = ("DEFAULT_START", "VirtualTimeLoop", "VirtualTimeUVLoop")
+__all__ = ("DEFAULT_START", "EACH_LOOP", "NewLoop", "VirtualTimeLoop", "VirtualTimeUVLoop")
 
 #: Where virtual time starts: a magnitude like a real monotonic clock's after a day of uptime,
 #: so that float rounding at real magnitudes is exercised, not hidden by times near zero.
@@ -221,3 +222,12 @@ class VirtualTimeUVLoop(uvloop.Loop):
     def close(self) -> None:
         self._timers.clear()
         super().close()
+
+
+NewLoop = Callable[[], asyncio.AbstractEventLoop]
+"""A loop factory: either class above, called with the default start."""
+
+#: Runs a test that makes its own loops (argument ``new_loop``, a `NewLoop`) on both loops.
+EACH_LOOP = pytest.mark.parametrize(
+    "new_loop", [VirtualTimeLoop, VirtualTimeUVLoop], ids=["asyncio", "uvloop"]
+)

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import signal
 import sys
+from typing import Any
 
 from .cluster import Cluster, ClusterConfig, ClusterStartError
 from .coordinator import GroupSettings
@@ -39,14 +40,9 @@ async def _serve(args: argparse.Namespace) -> int:
     config = ClusterConfig(
         port=args.port,
         followers=args.followers,
-        topics=_topics(args.topics),
-        min_insync_replicas=args.min_insync_replicas,
-        replica_lag_time_max_ms=args.replica_lag_time_max_ms,
-        auto_create_topics=args.auto_create_topics,
-        num_partitions=args.num_partitions,
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
         group_min_session_timeout_ms=args.group_min_session_timeout_ms,
-        metrics_port=args.metrics_port,
+        **_broker_settings(args),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -120,6 +116,18 @@ def _broker_options(parser: argparse.ArgumentParser) -> None:
         help="shortest session.timeout.ms a consumer may ask for (default: %(default)s; Kafka: "
         "6000)",
     )
+
+
+def _broker_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The `BrokerSettings` that `_broker_options` and ``--metrics-port`` set."""
+    return {
+        "topics": _topics(args.topics),
+        "min_insync_replicas": args.min_insync_replicas,
+        "replica_lag_time_max_ms": args.replica_lag_time_max_ms,
+        "auto_create_topics": args.auto_create_topics,
+        "num_partitions": args.num_partitions,
+        "metrics_port": args.metrics_port,
+    }
 
 
 def _metrics_options(parser: argparse.ArgumentParser, default: int) -> None:
@@ -240,18 +248,13 @@ def main(argv: list[str] | None = None) -> None:
                 port=args.port,
                 broker_id=args.broker_id,
                 follower_ids=args.followers,
-                topics=_topics(args.topics),
-                min_insync_replicas=args.min_insync_replicas,
-                replica_lag_time_max_ms=args.replica_lag_time_max_ms,
-                max_request_bytes=args.max_request_bytes,
-                max_message_bytes=args.max_message_bytes,
-                auto_create_topics=args.auto_create_topics,
-                num_partitions=args.num_partitions,
                 groups=GroupSettings(
                     initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
                     min_session_timeout_ms=args.group_min_session_timeout_ms,
                 ),
-                metrics_port=args.metrics_port,
+                max_request_bytes=args.max_request_bytes,
+                max_message_bytes=args.max_message_bytes,
+                **_broker_settings(args),
             )
             sys.exit(asyncio.run(run_leader(config, control_stdin=args.control_stdin)))
         elif args.command == "member":

@@ -15,11 +15,12 @@ import json
 import os
 import signal
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from .coordinator import GroupSettings
+from .settings import BrokerSettings
 
 __all__ = ("Cluster", "ClusterConfig", "ClusterStartError")
 
@@ -27,23 +28,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
-class ClusterConfig:
-    """What the processes are started with (Kafka's names where it has them)."""
+class ClusterConfig(BrokerSettings):
+    """What the processes are started with: the broker's own settings (`BrokerSettings`, for
+    the leader; its ``/metrics`` on loopback), and the cluster's (Kafka's names)."""
 
     port: int = 0
     followers: int = 2
-    topics: dict[str, int] = field(default_factory=lambda: {"demo": 4})
-    min_insync_replicas: int = 2
-    replica_lag_time_max_ms: int = 1000
     replica_fetch_wait_max_ms: int = 200
-    max_request_bytes: int = 8 * 1024 * 1024
-    max_message_bytes: int = 1024 * 1024
-    auto_create_topics: bool = True
-    num_partitions: int = 4
     group_initial_rebalance_delay_ms: int = GroupSettings.initial_rebalance_delay_ms
     group_min_session_timeout_ms: int = GroupSettings.min_session_timeout_ms
-    metrics_port: int | None = None
-    """The leader's ``/metrics`` port on loopback (0: any free port); ``None``: none."""
 
     @property
     def follower_ids(self) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ("CLIENTS", "MemberConfig", "run_member")
 
@@ -24,6 +25,18 @@ class MemberConfig:
     topic: str
     session_timeout_ms: int = 2000
     heartbeat_interval_ms: int = 300
+
+    def consumer_settings(self) -> dict[str, Any]:
+        """The quick-start consumer's settings, by the names aiokafka and kafka-python share."""
+        return {
+            "bootstrap_servers": self.bootstrap,
+            "group_id": self.group,
+            "auto_offset_reset": "earliest",
+            "auto_commit_interval_ms": 500,
+            "session_timeout_ms": self.session_timeout_ms,
+            "heartbeat_interval_ms": self.heartbeat_interval_ms,
+            "fetch_max_wait_ms": 200,
+        }
 
 
 class _Reporter:
@@ -48,16 +61,7 @@ def _aiokafka(config: MemberConfig) -> None:
 async def _aiokafka_main(config: MemberConfig) -> None:
     from aiokafka import AIOKafkaConsumer
 
-    consumer = AIOKafkaConsumer(
-        config.topic,
-        bootstrap_servers=config.bootstrap,
-        group_id=config.group,
-        auto_offset_reset="earliest",
-        auto_commit_interval_ms=500,
-        session_timeout_ms=config.session_timeout_ms,
-        heartbeat_interval_ms=config.heartbeat_interval_ms,
-        fetch_max_wait_ms=200,
-    )
+    consumer = AIOKafkaConsumer(config.topic, **config.consumer_settings())
     report = _Reporter()
     await consumer.start()
     try:
@@ -72,16 +76,7 @@ async def _aiokafka_main(config: MemberConfig) -> None:
 def _kafka_python(config: MemberConfig) -> None:
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(
-        config.topic,
-        bootstrap_servers=config.bootstrap,
-        group_id=config.group,
-        auto_offset_reset="earliest",
-        auto_commit_interval_ms=500,
-        session_timeout_ms=config.session_timeout_ms,
-        heartbeat_interval_ms=config.heartbeat_interval_ms,
-        fetch_max_wait_ms=200,
-    )
+    consumer = KafkaConsumer(config.topic, **config.consumer_settings())
     report = _Reporter()
     try:
         while True:

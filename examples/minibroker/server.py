@@ -34,6 +34,7 @@ from .coordinator import GroupCoordinator, GroupSettings
 from .metrics import MetricsServer
 from .network import SocketServer
 from .replica_manager import ReplicaManager, ReplicaSettings
+from .settings import BrokerSettings
 from .stats import BrokerStats
 
 __all__ = ("BrokerConfig", "Leader", "run_leader")
@@ -42,27 +43,15 @@ log = logging.getLogger("minibroker.leader")
 
 
 @dataclass(frozen=True)
-class BrokerConfig:
-    """The leader's settings, named after Kafka's where Kafka has one."""
+class BrokerConfig(BrokerSettings):
+    """The leader's settings: the broker's own (`BrokerSettings`; ``/metrics`` is served on
+    `host`), where it listens, who it is, and its groups'."""
 
     port: int = 0
     host: str = "127.0.0.1"
     broker_id: int = 0
     follower_ids: tuple[int, ...] = (1, 2)
-    topics: dict[str, int] = field(default_factory=lambda: {"demo": 4})
-    min_insync_replicas: int = 2
-    replica_lag_time_max_ms: int = 1000
-    max_request_bytes: int = 8 * 1024 * 1024
-    """``socket.request.max.bytes``: a bigger frame closes the connection."""
-    max_message_bytes: int = 1024 * 1024
-    """``max.message.bytes``: a bigger record batch gets ``MESSAGE_TOO_LARGE``."""
-    auto_create_topics: bool = True
-    """``auto.create.topics.enable``: a Metadata request naming an unknown topic creates it."""
-    num_partitions: int = 4
-    """``num.partitions``: the partition count of a topic created on first use."""
     groups: GroupSettings = field(default_factory=GroupSettings)
-    metrics_port: int | None = None
-    """Serve ``/metrics`` on `host` at this port (0: any free port); ``None``: not at all."""
 
 
 class Leader:

@@ -32,19 +32,25 @@ from typing import Final
 from .. import DelayedOperation, DelayedOperationPurgatory
 from ._load import CostProfile
 
-__all__ = ("LOOPS", "calibrate")
+__all__ = ("LOOPS", "FlagOp", "calibrate")
 
 #: The loops a profile can be measured on.
 LOOPS: Final = ("asyncio", "uvloop")
 
 
-class _Op(DelayedOperation[None]):
-    """An operation whose condition the benchmark sets (the replay's own kind of operation)."""
+class FlagOp(DelayedOperation[None]):
+    """The one "ready flag" operation: it completes once its caller sets `ready`.
 
-    __slots__ = ("ready",)
+    The calibration times it, and the benchmarks (``benchmarks.ours``) run it, so "an operation"
+    costs the same in a cost profile as in every benchmark. `deadline` is when its timeout falls
+    due on the caller's clock, for callers that measure how late it expired (0: not kept).
+    """
 
-    def __init__(self, timeout: float) -> None:
+    __slots__ = ("deadline", "ready")
+
+    def __init__(self, timeout: float, deadline: float = 0.0) -> None:
         super().__init__(timeout)
+        self.deadline = deadline
         self.ready = False
 
     def try_complete(self) -> bool:
@@ -53,7 +59,7 @@ class _Op(DelayedOperation[None]):
         return False
 
     def on_complete(self) -> None:
-        pass
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +133,8 @@ async def _callbacks(n: int, spacing: float) -> float:
 async def _watches(n: int, keys_per_op: int) -> float:
     """A chain of `n` callbacks, each watching a new operation that waits: seconds per callback."""
     loop = asyncio.get_running_loop()
-    purgatory: DelayedOperationPurgatory[_Op] = DelayedOperationPurgatory("calibrate")
-    purgatory.try_complete_else_watch(_Op(60.0), ("k0",))  # the reaper started, not measured
+    purgatory: DelayedOperationPurgatory[FlagOp] = DelayedOperationPurgatory("calibrate")
+    purgatory.try_complete_else_watch(FlagOp(60.0), ("k0",))  # the reaper started, not measured
     done = loop.create_future()
     keys = [tuple(f"k{(i + j * 7) % _KEYS}" for j in range(keys_per_op)) for i in range(_KEYS)]
     left = n
@@ -136,7 +142,7 @@ async def _watches(n: int, keys_per_op: int) -> float:
     def step() -> None:
         nonlocal left
         left -= 1
-        purgatory.try_complete_else_watch(_Op(60.0), keys[left % _KEYS])
+        purgatory.try_complete_else_watch(FlagOp(60.0), keys[left % _KEYS])
         if not left:
             done.set_result(None)
 
@@ -152,9 +158,9 @@ async def _watches(n: int, keys_per_op: int) -> float:
 
 async def _attempts(per_key: int, checks: int) -> float:
     """``check_and_complete`` on a key whose operations all stay unmet: seconds per try."""
-    purgatory: DelayedOperationPurgatory[_Op] = DelayedOperationPurgatory("calibrate")
+    purgatory: DelayedOperationPurgatory[FlagOp] = DelayedOperationPurgatory("calibrate")
     for _ in range(per_key):
-        purgatory.try_complete_else_watch(_Op(60.0), ("k",))
+        purgatory.try_complete_else_watch(FlagOp(60.0), ("k",))
     start = time.thread_time()
     for _ in range(checks):
         purgatory.check_and_complete("k")
@@ -165,8 +171,8 @@ async def _attempts(per_key: int, checks: int) -> float:
 
 async def _completions(n: int) -> float:
     """``check_and_complete`` that completes the one operation of its key: seconds per call."""
-    purgatory: DelayedOperationPurgatory[_Op] = DelayedOperationPurgatory("calibrate")
-    ops = [_Op(60.0) for _ in range(n)]
+    purgatory: DelayedOperationPurgatory[FlagOp] = DelayedOperationPurgatory("calibrate")
+    ops = [FlagOp(60.0) for _ in range(n)]
     for i, op in enumerate(ops):
         purgatory.try_complete_else_watch(op, (f"k{i}",))
     start = time.thread_time()
@@ -182,9 +188,9 @@ async def _expiries(n: int, spaced: bool) -> float:
     """`n` operations expired by the reaper, one per tick or all in one pass: CPU seconds."""
     loop = asyncio.get_running_loop()
     tick = 0.001
-    purgatory: DelayedOperationPurgatory[_Op] = DelayedOperationPurgatory("calibrate", tick=tick)
+    purgatory: DelayedOperationPurgatory[FlagOp] = DelayedOperationPurgatory("calibrate", tick=tick)
     done = loop.create_future()
-    ops = [_Op((i + 2) * tick if spaced else 2 * tick) for i in range(n)]
+    ops = [FlagOp((i + 2) * tick if spaced else 2 * tick) for i in range(n)]
     for i, op in enumerate(ops):
         purgatory.try_complete_else_watch(op, (f"k{i % _KEYS}",))
     start = time.thread_time()
@@ -204,10 +210,10 @@ async def _expiries(n: int, spaced: bool) -> float:
 
 async def _purges(n: int) -> float:
     """`purge` of the entries of `n` completed operations on three keys: seconds per entry."""
-    purgatory: DelayedOperationPurgatory[_Op] = DelayedOperationPurgatory(
+    purgatory: DelayedOperationPurgatory[FlagOp] = DelayedOperationPurgatory(
         "calibrate", purge_interval=10 * n
     )
-    ops = [_Op(60.0) for _ in range(n)]
+    ops = [FlagOp(60.0) for _ in range(n)]
     for i, op in enumerate(ops):
         purgatory.try_complete_else_watch(op, tuple(f"k{(i + j) % _KEYS}" for j in range(3)))
     for op in ops:
@@ -291,29 +297,25 @@ def calibrate(
     n_s, n_b = sizes.spaced_expiries, sizes.bulk_expiries
     expiry = (bulk - spaced / n_s) / (n_b - 1)
     timer_pass = spaced / n_s - expiry - idle + dispatch
-    solved = {
+    costs = {
+        "dispatch": dispatch,
         "wake": idle - dispatch,
         "watch": watch1 - dispatch,
         "watch_key": (watch4 - watch1) / 3,
+        "attempt": attempt,
+        "completion": completion,
         "expiry": expiry,
         "timer_pass": timer_pass,
+        "purged_entry": purged_entry,
     }
-    for kind, value in solved.items():
+    for kind, value in costs.items():
         if value < 0:
             raise RuntimeError(
                 f"calibrate: the {kind} cost came out negative ({value * 1e6:.3f} us): the "
                 "machine is too busy to measure; run it again on a quieter machine"
             )
     return CostProfile(
-        dispatch=dispatch,
-        wake=solved["wake"],
-        watch=solved["watch"],
-        watch_key=solved["watch_key"],
-        attempt=attempt,
-        completion=completion,
-        expiry=expiry,
-        timer_pass=timer_pass,
-        purged_entry=purged_entry,
+        **costs,
         application=application,
         wake_resolution=_resolution(loop),
         loop=loop,

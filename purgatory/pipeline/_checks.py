@@ -313,13 +313,7 @@ def check_output(
         if not overwrite:
             raise InputError(f"{what} {path} already exists (pass --overwrite to replace it)")
         return
-    parent = os.path.dirname(os.path.abspath(local))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise InputError(f"{what} {path}: {parent} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"{what} {path}: cannot create it in {parent} (permission denied)")
+    _check_writable_above(os.path.dirname(os.path.abspath(local)), f"{what} {path}", "create it in")
 
 
 def check_apart(path: str, what: str, others: Sequence[tuple[str, str]]) -> None:
@@ -367,13 +361,19 @@ def check_directory(path: str, what: str) -> None:
     local = local_path(path)
     if local is None:
         return
-    existing = os.path.abspath(local)
+    _check_writable_above(os.path.abspath(local), f"{what} {path}", "write in")
+
+
+def _check_writable_above(start: str, named: str, doing: str) -> None:
+    """Check that the nearest existing directory at or above `start` can be written: the one a
+    job would create its directories in. `named` and `doing` word the error."""
+    existing = start
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        raise InputError(f"{what} {path}: {existing} is a file, not a directory")
+        raise InputError(f"{named}: {existing} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise InputError(f"{what} {path}: cannot write in {existing} (permission denied)")
+        raise InputError(f"{named}: cannot {doing} {existing} (permission denied)")
 
 
 def check_configs(configs: Sequence[ReplayConfig], timeout: float | None = None) -> None:

@@ -1,0 +1,28 @@
+"""The broker's own settings, declared once: `ClusterConfig` hands them to the leader process,
+which runs with them as part of its `BrokerConfig` (Kafka's names where Kafka has one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ("BrokerSettings",)
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    topics: dict[str, int] = field(default_factory=lambda: {"demo": 4})
+    """Topics created at start: name -> partitions."""
+    min_insync_replicas: int = 2
+    """``min.insync.replicas``: the in-sync replicas an ``acks=all`` produce waits for."""
+    replica_lag_time_max_ms: int = 1000
+    """``replica.lag.time.max.ms``: a follower this far behind leaves the ISR."""
+    max_request_bytes: int = 8 * 1024 * 1024
+    """``socket.request.max.bytes``: a bigger frame closes the connection."""
+    max_message_bytes: int = 1024 * 1024
+    """``max.message.bytes``: a bigger record batch gets ``MESSAGE_TOO_LARGE``."""
+    auto_create_topics: bool = True
+    """``auto.create.topics.enable``: a Metadata request naming an unknown topic creates it."""
+    num_partitions: int = 4
+    """``num.partitions``: the partition count of a topic created on first use."""
+    metrics_port: int | None = None
+    """The leader's ``/metrics`` port (0: any free port); ``None``: no ``/metrics``."""
