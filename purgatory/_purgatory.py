@@ -670,8 +670,6 @@ class DelayedOperationPurgatory(Generic[Op]):
         if binding.thread is not None and get_ident() != binding.thread:
             binding.bind()  # refuses a foreign thread while the purgatory's loop runs
 
-    # -- the event log ------------------------------------------------------------------------
-
     # -- internals ----------------------------------------------------------------------------
 
     def _refuse(self, op: Op) -> None:

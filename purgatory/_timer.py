@@ -147,7 +147,7 @@ class SystemTimer(Generic[Op]):
         """
         deadline = _ceil((self.now() + op._timeout) / self.tick - _TICK_SLACK)
         wheel = self.wheel
-        if wheel.memo_low <= deadline < wheel.memo_high:  # the wheel's memo protocol, inline
+        if deadline < wheel.memo_high and deadline >= wheel.memo_low:  # the wheel's memo, inline
             op._deadline = deadline
             bucket = wheel.memo_bucket
             bucket[op] = None
