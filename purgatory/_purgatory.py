@@ -15,13 +15,14 @@ burst of garbage never stalls the expirations. The purgatory holds an operation 
 list or the timer does: one that has left them all is forgotten at once, whatever its result.
 
 The purgatory is a facade over parts that each own their state: `WatcherLists` (every key's
-watchers, the trigger loop, cancel, the purge; `purgatory._watchers`), the `SystemTimer` (the
-wheel, its count, ticks and the expiry passes; `purgatory._timer`), the `LoopBinding` (the loop
-and thread it belongs to, its reaper; `purgatory._asyncio`) and the operations themselves
-(`purgatory._operation`, whose docstring lists which fields of an operation belong to whom). It
-checks arguments, composes the parts, counts, and keeps Kafka's purge rule. An operation reaches
-it through one call when it settles (`_settled`); everything else goes from the facade down: a
-trigger to the lists, then the operation; an expiry from the driver to the timer, then the wheel.
+watchers, the trigger loop, cancel, the purge; `purgatory._watchers`), the `PurgeRule` (Kafka's rule
+of when to purge; `purgatory._purge_rule`), the `SystemTimer` (the wheel, its count, ticks and the
+expiry passes; `purgatory._timer`), the `LoopBinding` (the loop and thread it belongs to, its
+reaper; `purgatory._asyncio`) and the operations themselves (`purgatory._operation`, whose docstring
+lists which fields of an operation belong to whom). It checks arguments, composes the parts and
+counts. An operation reaches it through one call when it settles (`_settled`); everything else goes
+from the facade down: a trigger to the lists, then the operation; an expiry from the driver to the
+timer, then the wheel.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ._clock import DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
 from ._events import EventLog, EventSink, sink_for
 from ._operation import ASYNC, FINISHED, DelayedOperation, Settlement, expire_due
+from ._purge_rule import PurgeRule
 from ._statistics import PurgatoryStatistics
 from ._timer import SystemTimer
 from ._watchers import WatcherLists
@@ -230,6 +232,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         "_max_timeout",
         "_name",
         "_purge_queue",
+        "_rule",
         "_sink",
         "_sync_types",
         "_time_op",
@@ -252,7 +255,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._max_pending = max_pending
         # Where the operations' watches and ends go, raw, with no call per event (`_events`).
         self._sink: EventSink | None = None if event_log is None else sink_for(event_log, name)
-        self._lists: WatcherLists[Op] = WatcherLists(purge_interval)
+        self._lists: WatcherLists[Op] = WatcherLists()
+        self._rule = PurgeRule(self._lists, purge_interval)
         # The purge queue of the lists, shared by protocol (see `purgatory._watchers`).
         self._purge_queue = self._lists.queue
         self._completed = 0
@@ -390,8 +394,8 @@ class DelayedOperationPurgatory(Generic[Op]):
             else:
                 claimed = op.try_complete()
                 if op._state & FINISHED:
-                    self._lists.owed += 1  # registered, never timed (the purge-queue protocol)
-                    if self._lists.purge_owed():
+                    self._rule.owed += 1  # registered, never timed (the purge-queue protocol)
+                    if self._rule.due():
                         self._timer.request_pass()
                     return True
                 if claimed:
@@ -548,7 +552,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             RuntimeError: Called outside the thread of the event loop the purgatory is bound to.
         """
         self._check_caller()
-        self._lists.start_purge(self._timer.in_flight())
+        self._rule.start(self._timer.in_flight())
         return self._lists.purge(None)
 
     def statistics(self) -> PurgatoryStatistics:
@@ -564,7 +568,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             cancelled=self._cancelled,
             purged=lists.purged,
             timer_passes=timer.passes,
-            purges=lists.purges,
+            purges=self._rule.purges,
             next_deadline_in=timer.next_deadline_in(),
         )
 
@@ -642,9 +646,9 @@ class DelayedOperationPurgatory(Generic[Op]):
             del bucket[op]
             op._bucket = None
             self._timer.delayed -= 1
-            lists = self._lists
-            lists.owed += 1  # (the purge-queue protocol)
-            if lists.owed > lists.purge_interval and lists.purge_owed():
+            rule = self._rule
+            rule.owed += 1  # (the purge-queue protocol)
+            if rule.owed > rule.interval and rule.due():
                 self._timer.request_pass()
         if outcome == "completed":
             self._completed += 1
@@ -659,10 +663,10 @@ class DelayedOperationPurgatory(Generic[Op]):
                 sink.take()
 
     def _after_pass(self, taken: int, budget: int | None) -> bool:
-        """After each timer pass: the event log's batch if full, the lists' housekeeping."""
+        """After each timer pass: the event log's batch if full, the purge rule's slice."""
         if self._sink is not None and len(self._sink.ends) >= self._sink.limit:
             self._sink.take()
-        return self._lists.housekeeping(taken, budget, self._timer.in_flight)
+        return self._rule.after_pass(taken, budget, self._timer.in_flight)
 
     def _check_caller(self) -> None:
         """Refuse a call from outside the thread of the loop the purgatory is bound to."""

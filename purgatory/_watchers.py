@@ -1,10 +1,10 @@
 """`WatcherLists`: every key's watchers, the re-tries a trigger makes, and the purge.
 
-Kafka gives these one owner (its private ``Watchers``: ``tryCompleteWatched``, purge, cancel);
-so does this module. `WatcherLists` owns the map of key to watchers, the queue of finished
-operations the next purge visits and the counters of Kafka's purge rule; it is the only code
-that writes an operation's list fields (``_keys``, ``_listed``, ``_marks``: the watcher-list part
-of the operation protocol, see `purgatory._operation`).
+Kafka gives these one owner (its private ``Watchers``: ``tryCompleteWatched``, purge, cancel); so
+does this module. `WatcherLists` owns the map of key to watchers and the queue of finished
+operations the next purge visits (*when* to purge is `purgatory._purge_rule`); it is the only code
+that writes an operation's list fields (``_keys``, ``_listed``, ``_marks``: the watcher-list part of
+the operation protocol, see `purgatory._operation`).
 
 Theory of operation
 -------------------
@@ -30,20 +30,15 @@ Finished operations are dropped lazily, as in Kafka: by the trigger that finds t
 purge. Every operation counts the lists that hold it (``_listed``); one that finishes while
 listed enters the purge queue, and leaves it the moment it has left its last list, so the
 purge visits only garbage, never every watched entry, and nothing keeps a finished operation
-alive. *When* to purge is Kafka's rule, also kept here: purge once ``estimated - numDelayed >
-purgeInterval``, where ``estimated`` counts the operations registered since the last purge.
-`WatcherLists.owed` is that difference, kept as it changes: a registered operation adds one as
-it leaves the timer (a timer pass says how many it took) or finishes without entering it, so a
-watch pays nothing for it. The purge itself runs in a timer pass (`housekeeping`).
+alive.
 
-The purge-queue protocol. The queue (`WatcherLists.queue`) and `WatcherLists.owed` are the two
-pieces of the lists that code elsewhere writes, by one rule: whoever settles an operation whose
-``_listed`` is not zero puts it in the queue (``queue[op] = None``), before any callback runs,
-and whoever takes a settled operation out of the timer (or settles one that never entered it)
-adds one to `owed`. The purgatory's ``_settled`` (a completion or a cancellation) and the timer
-pass's expiry loop (`purgatory._operation.expire_due`) do, on paths that run once per operation
-and cannot afford a call. Everything else about the queue (taking operations out, the purge,
-when to purge) is here.
+The purge-queue protocol. The queue (`WatcherLists.queue`) is the one piece of the lists that
+code elsewhere writes, by one rule: whoever settles an operation whose ``_listed`` is not zero
+puts it in the queue (``queue[op] = None``), before any callback runs. The purgatory's
+``_settled`` (a completion or a cancellation) and the timer pass's expiry loop
+(`purgatory._operation.expire_due`) do, on paths that run once per operation and cannot afford a
+call (the settle also counts the operation for the purge rule, `PurgeRule.owed`; a timer pass
+counts those it took). Everything else about the queue (taking operations out, the purge) is here.
 """
 
 from __future__ import annotations
@@ -76,34 +71,15 @@ _heappush = heapq.heappush
 class WatcherLists(Generic[Op]):
     """The watcher lists of one purgatory, for all keys, and their purge."""
 
-    __slots__ = (
-        "_entries",
-        "_lists",
-        "_purged",
-        "_purging",
-        "_requested",
-        "owed",
-        "purge_interval",
-        "purges",
-        "queue",
-    )
+    __slots__ = ("_entries", "_lists", "_purged", "queue")
 
-    def __init__(self, purge_interval: int) -> None:
+    def __init__(self) -> None:
         # A key's watchers: the operation, an ordered set or a ThresholdWatchers.
         self._lists: dict[Hashable, Any] = {}
         #: Operations that finished while still on some list: what the next purge visits.
         self.queue: dict[Op, None] = {}
         self._entries = 0
         self._purged = 0
-        #: Kafka's ``purgeInterval``.
-        self.purge_interval = purge_interval
-        #: Kafka's ``estimated - numDelayed`` (see the module docstring).
-        self.owed = 0
-        #: Timer passes that purged (on the loop a purge runs in slices, one per pass).
-        self.purges = 0
-        # A purge is under way in slices, or a pass was asked for to start one.
-        self._purging = False
-        self._requested = False
 
     def __len__(self) -> int:
         """Keys with a watcher list."""
@@ -422,39 +398,6 @@ class WatcherLists(Generic[Op]):
             single._listed -= 1
             if not single._listed:
                 self.queue.pop(single, None)
-
-    # -- Kafka's purge rule -------------------------------------------------------------------
-
-    def purge_owed(self) -> bool:
-        """Whether the rule says purge and no pass was asked for yet (``True`` once: the caller
-        asks a timer pass for it)."""
-        if self._requested or self.owed <= self.purge_interval:
-            return False
-        self._requested = True
-        return True
-
-    def housekeeping(self, taken: int, budget: int | None, in_flight: Callable[[], int]) -> bool:
-        """After each timer pass (which took `taken` operations from the timer): a purge slice of
-        `budget` entries if the rule says so (``None``: all); whether more is owed at once.
-
-        `in_flight` counts the operations a pass under way took and has not expired yet: they
-        finish after a purge that starts now, so the next one must see them.
-        """
-        self.owed += taken
-        if self._purging or self.owed > self.purge_interval:
-            if not self._purging:
-                self.start_purge(in_flight())
-                self._purging = True
-            if self.purge(budget):
-                self.purges += 1
-            self._purging = bool(self.queue)
-        return self._purging or self.owed > self.purge_interval
-
-    def start_purge(self, in_flight: int) -> None:
-        """Kafka's ``estimated = numDelayed`` as a purge starts (see `housekeeping`)."""
-        self.owed = in_flight
-        self._purging = False
-        self._requested = False
 
     # -- cancel, finish, purge, drain ---------------------------------------------------------
 
