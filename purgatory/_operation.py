@@ -133,7 +133,7 @@ class DelayedOperation(ABC, Generic[T_co]):
         cls._is_async = inspect.iscoroutinefunction(cls.try_complete)
 
     def __init__(self, timeout: float) -> None:
-        if not (type(timeout) is float and 0.0 <= timeout < _INF):
+        if not (type(timeout) is float and timeout >= 0.0 and timeout < _INF):
             timeout = _checked_timeout(timeout)
         self._timeout = timeout
         self._state = 0

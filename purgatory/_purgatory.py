@@ -358,15 +358,13 @@ class DelayedOperationPurgatory(Generic[Op]):
             raise ValueError("keys is empty: an operation must watch at least one key")
         if op._timeout > self._max_timeout:
             raise _beyond_horizon(op._timeout, self._max_timeout)
-        binding = self._binding
-        if binding.loop is not running_loop():
-            binding.bind()
-        sink = self._sink
-        if sink is not None:  # the bulk path of the event log: one append, no call
-            watches = sink.watches
+        if self._binding.loop is not running_loop():
+            self._binding.bind()
+        if self._sink is not None:  # the bulk path of the event log: one append, no call
+            watches = self._sink.watches
             watches += (op, keys, marks, self._timer.now())
-            if len(watches) >= sink.limit:
-                sink.take()
+            if len(watches) >= self._sink.limit:
+                self._sink.take()
         if not state:  # a synchronous try_complete: Kafka's first try, before registration
             try:
                 claimed = op.try_complete()
@@ -656,11 +654,10 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._cancelled += 1
         if op._listed:  # the purge-queue protocol (`purgatory._watchers`)
             self._purge_queue[op] = None
-        sink = self._sink
-        if sink is not None:  # the bulk path of the event log: one extend, no call
-            sink.ends += (op, outcome, self._timer.now())
-            if sink.eager:
-                sink.take()
+        if self._sink is not None:  # the bulk path of the event log: one extend, no call
+            self._sink.ends += (op, outcome, self._timer.now())
+            if self._sink.eager:
+                self._sink.take()
 
     def _after_pass(self, taken: int, budget: int | None) -> bool:
         """After each timer pass: the event log's batch if full, the purge rule's slice."""

@@ -156,9 +156,8 @@ class SystemTimer(Generic[Op]):
         else:
             due = wheel.add(op, deadline)
         self.delayed += 1
-        alarm = self.alarm
-        if alarm is not None and due < alarm.wake_tick:
-            alarm.wake_by(due)
+        if self.alarm is not None and due < self.alarm.wake_tick:
+            self.alarm.wake_by(due)
 
     def add_due(self, op: Op) -> None:
         """Hold `op` due at once: the next pass expires it (a draining purgatory's watch)."""
