@@ -493,7 +493,7 @@ def section(results: dict[str, dict[str, int]]) -> str:
         "the core under `valgrind --tool=callgrind`, two run lengths subtracted so that start-up "
         "cancels, `PYTHONHASHSEED=0`; see the module's docstring for each path. These figures do "
         "not move with the machine's load (the recording paths write files with random names: "
-        "about 1 % between runs). Columns: " + ", ".join(f"`{label}`" for label in labels) + ".",
+        "up to 3 % between runs). Columns: " + ", ".join(f"`{label}`" for label in labels) + ".",
         "",
         "| path | " + " | ".join(labels) + " | change | vs the Floor |",
         "|---|" + "---:|" * len(labels) + "---:|---:|",
