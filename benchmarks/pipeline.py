@@ -22,9 +22,11 @@ and Java 17). ``--small`` measures small jobs instead (below). It measures, in o
 ``--small [--write]``: what a user waits for a small job, Spark's start included: the command
 line (``python -m purgatory.pipeline``, a process of its own, on ``local[2]``) running
 ``analyze`` of 1 MB of JSON Lines event logs and ``replay`` of a 20,000-operation trace,
-``--repetitions`` times each, alternated; wall seconds from the process's start to its exit,
-with the load average before each run. ``--write`` puts the table in PIPELINE_RESULTS.md beside
-the throughput table (between the ``small jobs`` markers; a throughput run keeps it).
+``--repetitions`` times each, alternated, with the local driver's class archive (in a directory
+of the run's own, saved by a first ``analyze`` timed on its own) and without it; wall seconds
+from the process's start to its exit, with the load average before each run. ``--write`` puts
+the table in PIPELINE_RESULTS.md beside the throughput table (between the ``small jobs``
+markers; a throughput run keeps it).
 
 Absolute times on this shared 2-core machine drift with the other users' load (reported).
 """
@@ -48,6 +50,8 @@ from .eventlog import NullLog
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "PIPELINE_RESULTS.md"
+#: Where a local driver keeps the archive of its classes, or ``off`` (docs/pipeline.md).
+ARCHIVE_SETTING = "PURGATORY_SPARK_CLASS_ARCHIVE"
 
 
 def _child_replay(trace: str, out: str, master: str, rows: str) -> dict[str, Any]:
@@ -174,38 +178,40 @@ def small_inputs(work: Path) -> dict[str, Any]:
 
 
 def small_jobs(repetitions: int, work: Path) -> dict[str, Any]:
-    """Wall seconds of each small job, from its process's start to its exit, alternated."""
+    """Wall seconds of each small job, from its process's start to its exit, alternated: with
+    the local driver's class archive (saved by a first job, timed on its own) and without."""
     inputs = small_inputs(work)
     jobs = {
         "analyze": ["analyze", "--log", "logs", "--out", "analysis"],
         "replay": ["replay", "--trace", "trace", "--out", "replay"],
     }
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in jobs}
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    for i in range(repetitions):
+    archive = {ARCHIVE_SETTING: str(work / "class-archive")}
+    without = {ARCHIVE_SETTING: "off"}
+    runs: dict[str, list[dict[str, Any]]] = {}
+
+    def timed(label: str, args: list[str], setting: dict[str, str]) -> None:
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **setting}
+        load = load_average()
+        started = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "purgatory.pipeline", *args, "--master=local[2]", "--overwrite"],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        seconds = time.perf_counter() - started
+        if done.returncode:
+            raise SystemExit(f"{label} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        runs.setdefault(label, []).append({"seconds": seconds, "load": load})
+        print(f"{label}: {seconds:.1f} s (load before {load})", flush=True)
+
+    timed("analyze, the first job: saves the class archive", jobs["analyze"], archive)
+    for _ in range(repetitions):
         for name, args in jobs.items():
-            load = load_average()
-            started = time.perf_counter()
-            done = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "purgatory.pipeline",
-                    *args,
-                    "--master=local[2]",
-                    "--overwrite",
-                ],
-                cwd=work,
-                env=env,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            seconds = time.perf_counter() - started
-            if done.returncode:
-                raise SystemExit(f"{name} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-            runs[name].append({"seconds": seconds, "load": load})
-            print(f"{name} #{i + 1}: {seconds:.1f} s (load before {load})", flush=True)
+            timed(name, args, archive)
+            timed(f"{name}, no class archive", args, without)
     return {**inputs, "runs": runs}
 
 
@@ -218,7 +224,9 @@ def render_small(f: dict[str, Any]) -> str:
         "",
         "`python -m benchmarks.pipeline --small --write`: the command line on `local[2]`, each "
         "run a process of its own (Python, the JVM, the session, the job, the table printed), "
-        f"alternated, {len(f['runs']['analyze'])} runs each. `analyze`: "
+        f"alternated, {len(f['runs']['analyze'])} runs each, with the local driver's class "
+        "archive (`docs/pipeline.md`; saved by a first job, timed on its own) and without it "
+        "(`PURGATORY_SPARK_CLASS_ARCHIVE=off`). `analyze`: "
         f"{f['log_bytes'] / 1e6:.2f} MB of JSON Lines event logs ({f['log_operations']:,} "
         f"operations); `replay`: a W1 trace of {f['trace_operations']:,} operations (4 "
         "purgatories), every operation's row written. Target: within 15 s each on a quiet "

@@ -9,12 +9,18 @@ sleeps, timeouts and expiries take no wall time and time reads exactly. One also
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
 import uvloop
 from virtual_time import VirtualTimeLoop, VirtualTimeUVLoop
+
+# No Spark driver the tests start keeps or uses an archive of its classes in the user's cache
+# (each process of the tests would race to save it at its exit); test_pipeline_class_archive.py
+# tests the archive in a directory of its own.
+os.environ["PURGATORY_SPARK_CLASS_ARCHIVE"] = "off"
 
 
 def pytest_asyncio_loop_factories(

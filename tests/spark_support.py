@@ -232,11 +232,19 @@ def connect_server(work: Path) -> Iterator[str]:
         server.stop()
 
 
-def pipeline(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def pipeline(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``python -m purgatory.pipeline ARGS`` in a process of its own (its own Spark driver, or
-    a Spark Connect client)."""
+    a Spark Connect client), in `env` (default: `spark_env`)."""
     return run_process(
-        sys.executable, "-m", "purgatory.pipeline", *args, cwd=cwd, env=spark_env(), timeout=600
+        sys.executable,
+        "-m",
+        "purgatory.pipeline",
+        *args,
+        cwd=cwd,
+        env=spark_env() if env is None else env,
+        timeout=600,
     )
 
 

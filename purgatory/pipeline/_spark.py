@@ -16,12 +16,15 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Final
 
 import pyarrow as pa
 from pyspark import SparkContext
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
+from . import _class_archive as class_archive
 from ._checks import connect_url
 
 __all__ = (
@@ -138,23 +141,41 @@ def get_session(
             if is_local_master(master):
                 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
                 settings.update(_local_settings(master))
+    saving: Path | None = None
+    options = "spark.driver.extraJavaOptions"
+    if options in settings and options not in (conf or {}):  # a local driver started here
+        settings[options], saving = class_archive.java_options(settings[options])
     for key, value in {**settings, **(conf or {})}.items():
         builder = builder.config(key, value)
-    session: SparkSession = builder.getOrCreate()
+    try:
+        session: SparkSession = builder.getOrCreate()
+    except PySparkRuntimeError:
+        # A JVM that refuses its class archive does not start: drop the archive, start without.
+        if options not in settings or not class_archive.discard(settings[options]):
+            raise
+        saving = None
+        session = builder.config(options, _JVM_OPTIONS).getOrCreate()
+    if saving is not None:
+        class_archive.publish_at_exit(saving)
     quiet(session, "WARN")
     return session
+
+
+#: A local driver's JVM: C1 only and one collector thread (see `_local_settings`).
+_JVM_OPTIONS: Final = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def _local_settings(master: str | None) -> dict[str, str]:
     """What a ``local[...]`` session sets: loopback only; a shuffle partition per core; and a
     JVM that compiles with C1 only and collects with one thread, which halves the start of
     Spark on a busy 2-core machine (its optimising compiler's threads otherwise compete with
-    the job for the cores). ``--conf spark.driver.extraJavaOptions=`` undoes the latter."""
+    the job for the cores), started from the archive of its classes (`_class_archive`). ``--conf
+    spark.driver.extraJavaOptions=`` undoes the latter two."""
     return {
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.sql.shuffle.partitions": str(local_cores(master)),
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        "spark.driver.extraJavaOptions": _JVM_OPTIONS,
     }
 
 
