@@ -4,8 +4,8 @@ Half of a small job's wall time is Spark's start, and most of that is the JVM lo
 verifying the ten thousand classes Spark needs. Since Java 13 a JVM can save the classes it
 loaded as it exits (``-XX:ArchiveClassesAtExit``) and map them at the next start
 (``-XX:SharedArchiveFile``). Measured on a 2-core machine: a session and its first job
-8-10 s -> 4-6 s; `analyze` of 1 MB of logs 18.6 -> 10.3 s, `replay` of 20,000 operations
-17.5 -> 10.3 s (``benchmarks/PIPELINE_RESULTS.md``).
+8-10 s -> 4-6 s; in one run, `analyze` of 1 MB of logs 20.5 -> 13.5 s and `replay` of 20,000
+operations 21.7 -> 14.6 s, medians (``benchmarks/PIPELINE_RESULTS.md``).
 
 The first local session of an installation (this Java, this Spark, these JVM options) saves the
 archive as its driver exits: the process waits for it once (a few seconds, about 190 MB in the
