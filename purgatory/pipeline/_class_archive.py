@@ -8,7 +8,7 @@ loaded as it exits (``-XX:ArchiveClassesAtExit``) and map them at the next start
 operations 21.7 -> 14.6 s, medians (``benchmarks/PIPELINE_RESULTS.md``).
 
 The first local session of an installation (this Java, this Spark, these JVM options) saves the
-archive as its driver exits: the process waits for it once (a few seconds, about 190 MB in the
+archive as its driver exits: the process waits for it once (10-15 s, about 190 MB in the
 user's cache). The archive is written under a name of its own and published by rename only
 after its JVM exited cleanly, so no session maps a cut file; an archive the JVM refuses anyway
 (damaged since: the JVM prints a crash banner and leaves its report beside the archive) is
