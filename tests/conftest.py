@@ -17,9 +17,10 @@ import pytest
 import uvloop
 from virtual_time import VirtualTimeLoop, VirtualTimeUVLoop
 
-# No Spark driver the tests start keeps or uses an archive of its classes in the user's cache
-# (each process of the tests would race to save it at its exit); test_pipeline_class_archive.py
-# tests the archive in a directory of its own.
+# No Spark driver the tests start keeps or uses an archive of its classes in the user's cache:
+# whichever test started the first driver would wait 10-15 s at its exit to save it and find a
+# line about it on its stderr. test_pipeline_class_archive.py tests the archive in a directory
+# of its own.
 os.environ["PURGATORY_SPARK_CLASS_ARCHIVE"] = "off"
 
 
