@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from helpers import until
+
 from benchmarks.baselines import COMPACT_EVERY, HeapFutureTimer, LeanFutureTimer
 
 FAR = 3600.0  # seconds: a deadline no test reaches
@@ -27,14 +29,6 @@ def on_the_stock_loop(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable
         asyncio.run(test())
 
     return run
-
-
-async def _until(condition: object, limit: int = 100) -> None:
-    for _ in range(limit):
-        if callable(condition) and condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition not reached within the loop passes allowed")
 
 
 @on_the_stock_loop
@@ -70,7 +64,7 @@ async def test_expiry_resolves_false_once_and_a_later_trigger_skips_it() -> None
     now = time.monotonic()
     expiring = lean.submit(("k",), 0.0, now - 0.001, 5.0)
     waiting = lean.submit(("k",), FAR, now + FAR, 6.0)
-    await _until(expiring[1].done)
+    await until(expiring[1].done, "the expiry of a deadline already past")
     assert expiring[1].result() is False
     assert len(lean.expiry_lateness) == 1
     assert lean.expiry_lateness[0] > 0
