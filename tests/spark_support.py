@@ -5,7 +5,10 @@
 - `standalone_cluster` and `connect_server`: a standalone master with two workers, and a Spark
   Connect server, started from the pyspark wheel's own scripts as separate JVMs on loopback;
 - `write_trace`: a valid two-row trace file with some columns replaced; `CONFIGS` and
-  `small_w1`, the grid and the workload the replay tests share.
+  `small_w1`, the grid and the workload the replay tests share;
+- `record_at`: event logs recorded as by a host at a given UTC time (anchored), and
+  `follow_killed_and_restarted`, the test of ``analyze --follow`` that every kind of session
+  runs: a job killed mid-stream and started again gives the windows of a batch ``analyze``.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from helpers import run_process
 
+from purgatory import ArrowEventLog, JsonLinesEventLog
 from purgatory.pipeline import W1, ReplayConfig
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 CONFIGS = [
     ReplayConfig(tick=0.001),
@@ -300,3 +304,147 @@ def spark_submit(
         env=env,
         timeout=900,
     )
+
+
+# -- event logs at known UTC times, and analyze --follow ------------------------------------
+
+#: An instant of UTC the recorded operations are placed at (2027-01-15 08:00:00).
+BASE_UTC = 1_800_000_000.0
+#: The outcomes `record_at` gives its operations in turn (all but refused and open).
+OUTCOMES = ("completed", "completed", "expired", "completed", "cancelled", "drained")
+
+
+def record_at(
+    directory: Path,
+    name: str,
+    utc: float,
+    count: int,
+    *,
+    recorder: type[JsonLinesEventLog] | type[ArrowEventLog] = JsonLinesEventLog,
+    spacing: float = 0.25,
+    clock_start: float = 1000.0,
+) -> None:
+    """`count` operations of purgatory `name` recorded into `directory` as by a host whose
+    clock read `clock_start` when UTC was `utc` (anchored files): one watched every `spacing`
+    seconds, each ended 0.1 s later (0.5 s when expired) with the outcomes of `OUTCOMES` in
+    turn. Files are published whole, as recorders publish them."""
+    from helpers import FlagOperation
+
+    now = [clock_start]
+    wall = utc - clock_start
+    with pytest_monkeypatch() as patch:
+        patch.setattr(time, "time", lambda: wall + now[0])
+        log = recorder(directory, buffer_lines=8, clock=lambda: now[0])
+        for i in range(count):
+            op = FlagOperation(0.5)
+            now[0] = clock_start + i * spacing
+            log.record_watch(name, op, (f"k{i % 3}",), None, now[0], now[0] + 0.5)
+            outcome = OUTCOMES[i % len(OUTCOMES)]
+            now[0] += 0.5 if outcome == "expired" else 0.1
+            log.record_end(name, op, outcome, now[0])  # type: ignore[arg-type]
+        log.close()
+
+
+def pytest_monkeypatch() -> contextlib.AbstractContextManager[Any]:
+    import pytest
+
+    return pytest.MonkeyPatch.context()
+
+
+#: The follow job's settings in the tests: windows of 2 s, written once 4 s behind the newest.
+WINDOW, WATERMARK = 2.0, 4.0
+
+
+def follow_logs(directory: Path, part: int) -> None:
+    """Part `part` (0, 1, 2) of the logs the follow tests publish: two purgatories, JSON Lines
+    and Arrow, 10 s of operations from ``BASE_UTC + 9 * part`` (each part's windows overlap
+    the previous part's last ones, which a job keeps open across a restart)."""
+    start = BASE_UTC + 9 * part
+    record_at(directory, "fetch", start, 40)
+    record_at(directory, "produce", start + 0.1, 40, recorder=ArrowEventLog, spacing=0.24)
+
+
+def follow_command(log: Path, out: Path, checkpoint: Path, *more: str) -> list[str]:
+    return [
+        *("analyze", "--follow", "--log", str(log), "--out", str(out)),
+        *("--checkpoint", str(checkpoint), "--window", str(WINDOW)),
+        *("--watermark", str(WATERMARK), "--interval", "1"),
+        *more,
+    ]
+
+
+def written_windows(spark: SparkSession, out: Path) -> DataFrame:
+    """Every window the follow job wrote (any Parquet reader sees the same files)."""
+    return spark.read.parquet(str(out / "windows"))
+
+
+def expected_windows(spark: SparkSession, log: Path, work: Path) -> DataFrame:
+    """The windows a follow job must have written once it has read every file of `log`: those
+    of a batch ``analyze`` of the same files that the watermark has passed (the newest window
+    read starts `WATERMARK` seconds or more after them)."""
+    from pyspark.sql import functions as F
+
+    from purgatory.pipeline import analyze
+
+    analyze(spark, str(log), str(work / "batch"), window=WINDOW, overwrite=True)
+    batch = spark.read.parquet(str(work / "batch" / "windows"))
+    newest = batch.agg(F.max("window_start")).first()
+    assert newest is not None
+    return batch.where(F.col("window_start") <= newest[0] - WATERMARK)
+
+
+def follow_killed_and_restarted(
+    spark: SparkSession, where: Sequence[str], work: Path, *, env: dict[str, str] | None = None
+) -> None:
+    """``analyze --follow`` on `where` (``--master ...`` or ``--remote ...``), killed (SIGKILL)
+    while it runs with more files coming, then started again with ``--once``: what it wrote is
+    exactly what a batch ``analyze`` of the same files gives (no window twice, none lost), and
+    nothing was late. `spark` is the tests' local session, which computes the expectation."""
+    from pyspark.testing import assertDataFrameEqual, assertSchemaEqual
+
+    log, out, checkpoint = work / "events", work / "live", work / "checkpoint"
+    follow_logs(log, 0)
+    said = work / "follow.out"
+    with said.open("w") as stdout:
+        command = follow_command(log, out, checkpoint, *where)
+        job = subprocess.Popen(
+            [sys.executable, "-m", "purgatory.pipeline", *command],
+            cwd=work,
+            env=spark_env() if env is None else env,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            until(lambda: any((out / "windows").glob("batch-*.parquet")), job, said)
+            # More files: the next micro-batch (a second at most) reads them, and is killed
+            # while it runs, or just after; either way they are read once, here or after.
+            follow_logs(log, 1)
+            time.sleep(1.5)
+        finally:
+            os.killpg(job.pid, signal.SIGKILL)  # the driver (and a local JVM) killed at once
+            job.wait(timeout=60)
+    before = said.read_text()
+    assert "late" not in before, before
+    follow_logs(log, 2)
+    again = pipeline(*follow_command(log, out, checkpoint, "--once", *where), cwd=work, env=env)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    assert "late" not in again.stdout, again.stdout
+    assert again.stderr == "", again.stderr
+    written = written_windows(spark, out)
+    expected = expected_windows(spark, log, work)
+    assertSchemaEqual(written.schema, expected.schema)
+    assertDataFrameEqual(written, expected, rtol=0, atol=0)
+    assert written.count() > 10
+    # Each operation of OUTCOMES' sixth kind was drained: an outcome of its own, counted.
+    summary = spark.read.parquet(str(work / "batch" / "summary"))
+    assert summary.groupBy().sum("drained", "operations").first() == (36, 240)
+
+
+def until(done: Any, job: subprocess.Popen[bytes], said: Path, seconds: float = 240) -> None:
+    """Wait until `done()`; fail with the job's output if it ends first or time runs out."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        if job.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"follow job: {said.read_text()[-3000:]}")
+        time.sleep(0.2)

@@ -1,14 +1,24 @@
 """The local Spark driver's class archive (purgatory/pipeline/_class_archive.py).
 
-Unit tests of the options, the claim and the discard; then real pipeline processes: the first
-saves the archive at its exit, the next starts from it, and one whose archive was damaged
-drops it and still runs its job.
+Unit tests of the plan, the claim (a dead process's claim taken over at once) and of `mapped`
+against real JVMs given a good archive and three the JVM ignores; then real pipeline processes:
+the first exits without waiting and a detached process saves the archive, the next starts from
+it, one whose archive is damaged (the JVM refuses it) or ignored (not mapped) drops it and still
+runs its job, and an ignored one is saved again.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
 import time
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,14 +47,16 @@ def option(options: str, name: str) -> str | None:
 def test_off_leaves_the_options_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     for setting in ("off", "OFF", "0", "false"):
         monkeypatch.setenv(archive.SETTING, setting)
-        assert archive.java_options(BASE) == (BASE, None)
+        plan = archive.plan(BASE)
+        assert (plan.options, plan.used, plan.save) == (BASE, None, None)
 
 
 def test_a_directory_with_a_space_is_not_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(archive.SETTING, str(tmp_path / "a b"))
-    assert archive.java_options(BASE) == (BASE, None)
+    plan = archive.plan(BASE)
+    assert (plan.options, plan.save) == (BASE, None)
     assert not (tmp_path / "a b").exists()
 
 
@@ -56,20 +68,25 @@ def test_the_default_place_is_the_users_cache(
     assert archive.archive_directory() == tmp_path / "purgatory" / "spark-classes"
 
 
-def test_one_process_saves_the_archive_and_later_ones_use_it(directory: Path) -> None:
-    options, saving = archive.java_options(BASE)
-    assert saving is not None
-    assert saving.name.endswith(".jsa.part")
-    assert options.startswith(BASE + " ")
-    assert option(options, "-XX:ArchiveClassesAtExit") == str(saving)
-    # While it is claimed, another process neither saves nor uses one.
-    assert archive.java_options(BASE) == (BASE, None)
-    published = saving.with_suffix("")
+def test_without_an_archive_one_is_saved_after_the_job_and_used_once_there(
+    directory: Path,
+) -> None:
+    plan = archive.plan(BASE)
+    published = archive.archive_path(directory, BASE)
+    assert (plan.options, plan.used, plan.save) == (BASE, None, published)
+    # The job's own JVM saves nothing (that would keep the user waiting at its exit).
+    assert "ArchiveClassesAtExit" not in plan.options
+    # While another live process saves it, no other job plans to.
+    part = published.with_name(published.name + ".part")
+    assert archive._claim(part)
+    assert archive.plan(BASE).save is None
+    assert not archive._claim(part)
+    directory.joinpath(part.name).with_suffix(".claim").unlink()
     published.write_bytes(b"classes")
-    options, again = archive.java_options(BASE)
-    assert again is None
-    assert option(options, "-XX:SharedArchiveFile") == str(published)
-    assert option(options, "-XX:ErrorFile") == str(directory / "hs_err_pid%p.log")
+    plan = archive.plan(BASE)
+    assert (plan.used, plan.save) == (published, None)
+    assert option(plan.options, "-XX:SharedArchiveFile") == str(published)
+    assert option(plan.options, "-XX:ErrorFile") == str(directory / "hs_err_pid%p.log")
 
 
 def test_other_jvm_options_name_another_archive(directory: Path) -> None:
@@ -77,29 +94,171 @@ def test_other_jvm_options_name_another_archive(directory: Path) -> None:
     assert archive.archive_path(directory, BASE) == archive.archive_path(directory, BASE)
 
 
-def test_a_claim_left_by_a_dead_process_is_taken_over_once_old(directory: Path) -> None:
-    _, saving = archive.java_options(BASE)
-    assert saving is not None
-    saving.write_bytes(b"half")
-    claim = saving.with_suffix(".claim")
-    assert archive.java_options(BASE)[1] is None
-    old = time.time() - 2 * 3600
-    os.utime(claim, (old, old))
-    assert archive.java_options(BASE)[1] == saving
-    assert not saving.exists()  # the half-written one is gone
+def dead_pid() -> int:
+    """The id of a process that has exited (and been reaped)."""
+    done = subprocess.run([sys.executable, "-c", "pass"], check=True)
+    assert done.returncode == 0
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
 
 
-def test_discard_deletes_the_archive_named(directory: Path) -> None:
-    directory.mkdir()
-    published = archive.archive_path(directory, BASE)
-    published.write_bytes(b"classes")
-    options, _ = archive.java_options(BASE)
-    assert archive.discard(options)
-    assert not published.exists()
-    assert not archive.discard(BASE)
+def claim_of(directory: Path, **owner: object) -> tuple[Path, Path]:
+    """A claim (and the .part it guards) naming `owner`, as a saver writes it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    part = directory / "spark-x.jsa.part"
+    part.write_bytes(b"half an archive")
+    claim = part.with_suffix(".claim")
+    claim.write_text(json.dumps(owner))
+    return part, claim
 
 
-def test_a_real_driver_saves_uses_and_drops_a_damaged_archive(tmp_path: Path) -> None:
+def test_a_claim_of_a_dead_process_is_taken_over_at_once_with_its_part(directory: Path) -> None:
+    part, claim = claim_of(directory, pid=dead_pid(), host=socket.gethostname(), started="1")
+    assert not archive._claimed(part)
+    assert archive._claim(part)
+    assert not part.exists()  # the dead process's half archive is gone
+    assert json.loads(claim.read_text())["pid"] == os.getpid()
+
+
+def test_a_live_claim_is_respected_and_one_this_host_cannot_check_lasts_an_hour(
+    directory: Path,
+) -> None:
+    me = archive._me()
+    part, claim = claim_of(directory, **me)
+    assert archive._claimed(part)
+    assert not archive._claim(part)
+    assert part.exists()
+    # Another host's process, or a claim of an older version (no owner): its age decides.
+    for text in (json.dumps({"pid": 1, "host": "elsewhere"}), ""):
+        claim.write_text(text)
+        assert archive._claimed(part)
+        old = time.time() - 2 * 3600
+        os.utime(claim, (old, old))
+        assert not archive._claimed(part)
+    assert archive._claim(part)
+
+
+# -- what a real JVM maps -------------------------------------------------------------------
+
+SLEEP = """
+public class Sleep {
+    public static void main(String[] args) throws Exception {
+        System.out.println("up");
+        System.out.flush();
+        Thread.sleep(Long.parseLong(args[0]));
+    }
+}
+"""
+
+
+def java() -> str:
+    found = archive._java()
+    if found is None:
+        pytest.skip("no java")
+    return found
+
+
+@pytest.fixture(scope="module")
+def real_archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A program that waits, and a dynamic archive of the classes it loads (made once)."""
+    work = tmp_path_factory.mktemp("jvm")
+    (work / "Sleep.java").write_text(SLEEP)
+    javac = Path(os.path.realpath(java())).with_name("javac")
+    if not javac.exists():  # a runtime without the compiler: nothing to run the JVM on
+        pytest.skip(f"no javac beside {java()}")
+    subprocess.run([javac, "-d", work, work / "Sleep.java"], check=True, timeout=120)
+    # (An archive's class path holds jars: a directory with files in it is refused.)
+    with zipfile.ZipFile(work / "sleep.jar", "w") as jar:
+        jar.write(work / "Sleep.class", "Sleep.class")
+    jsa = work / "sleep.jsa"
+    with running(work, f"-XX:ArchiveClassesAtExit={jsa}", sleep=0) as jvm:
+        assert jvm.wait(timeout=120) == 0  # it exits and saves the classes it loaded
+    assert jsa.stat().st_size > 4096
+    return work, jsa
+
+
+@pytest.fixture
+def bad_archives(real_archive: tuple[Path, Path], tmp_path: Path) -> dict[str, Path]:
+    _, jsa = real_archive
+    good = jsa.read_bytes()
+    made = {
+        "empty": b"",
+        "random bytes": os.urandom(len(good)),
+        "a valid header and garbage": good[:4096] + os.urandom(len(good) - 4096),
+    }
+    files = {}
+    for name, content in made.items():
+        files[name] = tmp_path / f"{name.replace(' ', '-')}.jsa"
+        files[name].write_bytes(content)
+    return files
+
+
+class running:
+    """A JVM running Sleep with `options`, up (it said so), killed at the end."""
+
+    def __init__(self, work: Path, *options: str, sleep: int = 60_000) -> None:
+        jar = str(work / "sleep.jar")
+        quiet = archive._QUIET.split()  # as a driver runs: the JVM says nothing of the archive
+        self.argv = [java(), *options, *quiet, "-cp", jar, "Sleep", str(sleep)]
+
+    def __enter__(self) -> subprocess.Popen[bytes]:
+        self.jvm = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert self.jvm.stdout is not None
+        assert self.jvm.stdout.readline() == b"up\n"
+        return self.jvm
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.jvm.poll() is None:
+            self.jvm.kill()
+        self.jvm.wait(timeout=60)
+        assert self.jvm.stdout is not None
+        self.jvm.stdout.close()
+
+
+def test_a_jvm_maps_a_good_archive_and_ignores_a_bad_one_without_a_word(
+    real_archive: tuple[Path, Path], bad_archives: dict[str, Path]
+) -> None:
+    work, jsa = real_archive
+    with running(work, f"-XX:SharedArchiveFile={jsa}") as jvm:
+        assert archive.mapped(jvm.pid, jsa) is True
+    for name, bad in bad_archives.items():
+        with running(work, f"-XX:SharedArchiveFile={bad}") as jvm:
+            assert archive.mapped(jvm.pid, bad) is False, name
+    assert archive.mapped(dead_pid(), jsa) is None  # (no /proc entry: cannot tell)
+
+
+# -- real pipeline processes ----------------------------------------------------------------
+
+
+def saved(place: Path, seconds: float = 300) -> Path:
+    """The archive once the background process has published it (and released its claim)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done = list(place.glob("*.jsa"))
+        if done and not list(place.glob("*.claim")):
+            return done[0]
+        time.sleep(0.5)
+    logs = "".join(log.read_text(errors="replace")[-2000:] for log in place.glob("*.log"))
+    raise AssertionError(f"no archive saved in {place}: {sorted(place.iterdir())}\n{logs}")
+
+
+@pytest.fixture
+def stop_savers(tmp_path: Path) -> Iterator[None]:
+    """Whatever saver a test started in the background is stopped when it ends."""
+    yield
+    for claim in tmp_path.rglob("*.claim"):
+        try:
+            owner = json.loads(claim.read_text())
+            os.killpg(int(owner["pid"]), signal.SIGKILL)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+
+
+@pytest.mark.usefixtures("stop_savers")
+def test_a_real_driver_saves_in_the_background_uses_and_replaces_what_it_cannot_use(
+    tmp_path: Path,
+) -> None:
     place = tmp_path / "archive"
     env = {**spark_env(), archive.SETTING: str(place)}
     args = ["generate", "--out", "trace", "--operations", "200", "--purgatories", "1"]
@@ -107,23 +266,53 @@ def test_a_real_driver_saves_uses_and_drops_a_damaged_archive(tmp_path: Path) ->
 
     first = pipeline(*args, cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stderr
-    assert "saving Spark's classes for a faster start next time" in first.stderr
-    assert "Traceback" not in first.stderr
-    saved = sorted(path.name for path in place.iterdir())
-    assert len(saved) == 1, saved
-    assert saved[0].endswith(".jsa")
+    assert first.stderr.splitlines() == [
+        "purgatory.pipeline: saving Spark's classes in the background for a faster start next "
+        "time (once)"
+    ]
+    published = saved(place)
+    good = published.read_bytes()
 
     second = pipeline(*args, cwd=tmp_path, env=env)
     assert second.returncode == 0, second.stderr
-    assert "saving Spark's classes" not in second.stderr
-    assert sorted(path.name for path in place.iterdir()) == saved
+    assert second.stderr == ""
+    assert published.read_bytes() == good  # mapped: kept as it is
 
-    published = place / saved[0]
+    # Damaged after it was published: the JVM refuses it at start. The test holds the claim, so
+    # no new one is saved meanwhile.
+    part = published.with_name(published.name + ".part")
+    assert archive._claim(part)
     published.chmod(0o644)
-    with published.open("r+b") as damaged:
-        damaged.truncate(published.stat().st_size // 2)
+    published.write_bytes(good[: len(good) // 2])
     third = pipeline(*args, cwd=tmp_path, env=env)
     assert third.returncode == 0, third.stderr
     assert not published.exists()
     assert not list(tmp_path.glob("hs_err_pid*.log"))  # the crash report is not left here
+    part.with_suffix(".claim").unlink()
+
+    # A valid header and garbage: the JVM starts without it, without a word. The session sees
+    # it was not mapped, deletes it, and has a new one saved (as the first job did: started
+    # here, then stopped by the fixture).
+    published.write_bytes(good[:4096] + os.urandom(len(good) - 4096))
+    fourth = pipeline(*args, cwd=tmp_path, env=env)
+    assert fourth.returncode == 0, fourth.stderr
+    assert fourth.stderr.splitlines() == first.stderr.splitlines()
+    assert not published.exists()
+    claim = part.with_suffix(".claim")
+    deadline = time.monotonic() + 60
+    while not (claim.exists() and archive._claimed(part)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert archive._claimed(part), sorted(place.iterdir())
     assert (tmp_path / "trace").is_dir()
+
+
+def test_the_saver_of_a_killed_job_left_nothing_that_blocks(
+    directory: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A saver killed while saving leaves its claim and .part: the next plan takes over."""
+    published = archive.archive_path(directory, BASE)
+    part = published.with_name(published.name + ".part")
+    claim_of(directory, pid=dead_pid(), host=socket.gethostname())
+    shutil.move(directory / "spark-x.jsa.part", part)
+    shutil.move(directory / "spark-x.jsa.claim", part.with_suffix(".claim"))
+    assert archive.plan(BASE).save == published

@@ -3,6 +3,7 @@ loopback, for unmodified Kafka clients. Run from the repository root:
 
     python -m examples.minibroker serve --port 9092   # leader + 2 followers; Ctrl-C stops
     python -m examples.minibroker demo                # the demo, with its summary table
+    python -m examples.minibroker serve --event-log events/   # recording what it parks
 
 Both serve the purgatories' gauges and counters for Prometheus at /metrics on loopback, and
 print where. The commands leader, follower and member are the processes serve and the demo
@@ -15,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -119,7 +121,8 @@ def _broker_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _broker_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The `BrokerSettings` that `_broker_options` and ``--metrics-port`` set."""
+    """The `BrokerSettings` that `_broker_options`, ``--metrics-port`` and ``--event-log``
+    set."""
     return {
         "topics": _topics(args.topics),
         "min_insync_replicas": args.min_insync_replicas,
@@ -127,7 +130,34 @@ def _broker_settings(args: argparse.Namespace) -> dict[str, Any]:
         "auto_create_topics": args.auto_create_topics,
         "num_partitions": args.num_partitions,
         "metrics_port": args.metrics_port,
+        "event_log": args.event_log,
+        "event_log_interval": args.event_log_interval,
     }
+
+
+def _directory(text: str) -> str:
+    """A directory for the event logs, absolute (the leader runs from the repository root)."""
+    return os.path.abspath(text)
+
+
+def _event_log_options(parser: argparse.ArgumentParser) -> None:
+    """``--event-log DIR``: the leader's purgatories record there."""
+    parser.add_argument(
+        "--event-log",
+        type=_directory,
+        default=None,
+        metavar="DIR",
+        help="record every operation of the leader's purgatories in JSON Lines files in DIR, "
+        "for python -m purgatory.pipeline analyze (default: no recording)",
+    )
+    parser.add_argument(
+        "--event-log-interval",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="publish the current event-log file every S seconds, for "
+        "'analyze --follow' (default: %(default)s)",
+    )
 
 
 def _metrics_options(parser: argparse.ArgumentParser, default: int) -> None:
@@ -177,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     _broker_options(serve)
     _metrics_options(serve, default=9464)  # the port OpenTelemetry's Prometheus exporter uses
+    _event_log_options(serve)
 
     demo = command("demo", "the demo: load, a paused follower, a summary")
     demo.add_argument(
@@ -191,12 +222,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     demo.add_argument("--broker-log", metavar="PATH", help="keep the brokers' logs in this file")
     _metrics_options(demo, default=0)
+    _event_log_options(demo)
 
     leader = command("leader", "one leader process (serve starts it)")
     leader.add_argument("--port", type=int, default=0)
     leader.add_argument("--broker-id", type=int, default=0)
     leader.add_argument("--followers", type=_ids, default=(1, 2))
     _broker_options(leader)
+    _event_log_options(leader)
     leader.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024)
     leader.add_argument("--max-message-bytes", type=int, default=1024 * 1024)
     leader.add_argument("--metrics-port", type=int, help="serve /metrics (default: none)")
@@ -239,6 +272,8 @@ def main(argv: list[str] | None = None) -> None:
                     seconds=args.seconds,
                     broker_log=args.broker_log,
                     metrics_port=args.metrics_port,
+                    event_log=args.event_log,
+                    event_log_interval=args.event_log_interval,
                 )
             )
             if summary["lost"] or not summary["group_ok"]:

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from purgatory import DelayedOperation, DelayedOperationPurgatory, DrivenClock
+from purgatory import DelayedOperation, DelayedOperationPurgatory, DrivenClock, EventLog
 
 from .group import Group, GroupState, GroupSummary, JoinResult, Member, SyncResult
 from .protocol import Errors
@@ -165,13 +165,17 @@ class GroupCoordinator:
         partition_exists: Callable[[TopicPartition], bool],
         *,
         clock: DrivenClock | None = None,
+        event_log: EventLog | None = None,
     ) -> None:
-        """`clock`: ``None`` for the event loop's, a `ManualClock` in the tests."""
+        """`clock`: ``None`` for the event loop's, a `ManualClock` in the tests; `event_log`:
+        where the purgatories record (``None``: nowhere)."""
         self.settings = settings
         self.groups: dict[str, Group] = {}
-        self.rebalance_purgatory = DelayedOperationPurgatory[DelayedJoin]("rebalance", clock=clock)
+        self.rebalance_purgatory = DelayedOperationPurgatory[DelayedJoin](
+            "rebalance", clock=clock, event_log=event_log
+        )
         self.heartbeat_purgatory = DelayedOperationPurgatory[DelayedHeartbeat](
-            "heartbeat", clock=clock
+            "heartbeat", clock=clock, event_log=event_log
         )
         stats.register(self.rebalance_purgatory, self.heartbeat_purgatory)
         self._counters = stats.counters

@@ -353,12 +353,16 @@ async def run_demo(
     seconds: float = 12.0,
     broker_log: str | None = None,
     metrics_port: int | None = 0,
+    event_log: str | None = None,
+    event_log_interval: float = 10.0,
 ) -> dict[str, Any]:
     """Run the demo, print progress and the summary; return the figures (for a test).
 
     The brokers' own logs (ISR changes, rebalances, refused connections) go to `broker_log`
     if given (kept), else to an anonymous temporary file that vanishes with the demo. The
-    leader serves ``/metrics`` on `metrics_port` (0: any free port; ``None``: not at all).
+    leader serves ``/metrics`` on `metrics_port` (0: any free port; ``None``: not at all), and
+    its purgatories record their event logs in `event_log` if given (published every
+    `event_log_interval` seconds).
     """
     rng = random.Random(seed)
     config = ClusterConfig(
@@ -367,6 +371,8 @@ async def run_demo(
         replica_lag_time_max_ms=1000,
         replica_fetch_wait_max_ms=200,
         metrics_port=metrics_port,
+        event_log=event_log,
+        event_log_interval=event_log_interval,
     )
     tally = Tally()
     view = GroupView()
@@ -385,6 +391,8 @@ async def run_demo(
         async with Cluster(config, log=log) as cluster:
             if cluster.metrics_url is not None:
                 print(f"  metrics (Prometheus): {cluster.metrics_url}", flush=True)
+            if event_log is not None:
+                print(f"  event logs (JSON Lines): {event_log}", flush=True)
             stats = await _drive(cluster, rng, seconds, tally, view)
     lost = [key for key, value in tally.acked.items() if tally.consumed.get(key) != value]
     summary = _summary(tally, view, stats, lost, time.monotonic() - started)

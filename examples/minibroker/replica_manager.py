@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from purgatory import DelayedOperationPurgatory
+from purgatory import DelayedOperationPurgatory, EventLog
 
 from .log import BatchError, parse_batches
 from .protocol import Errors
@@ -62,15 +62,21 @@ class FetchedPartition:
 class ReplicaManager:
     """The leader's partitions, the produce / fetch / follower-fetch purgatories, the ISR task."""
 
-    def __init__(self, settings: ReplicaSettings, stats: BrokerStats) -> None:
+    def __init__(
+        self, settings: ReplicaSettings, stats: BrokerStats, *, event_log: EventLog | None = None
+    ) -> None:
         self.settings = settings
         self.topics: dict[str, int] = {}
         self.partitions: dict[TopicPartition, Partition] = {}
         self.isr_changes: list[str] = []
         self.followers_seen: set[int] = set()
-        self.produce_purgatory = DelayedOperationPurgatory[DelayedProduce]("produce")
-        self.fetch_purgatory = DelayedOperationPurgatory[DelayedFetch]("fetch")
-        self.follower_purgatory = DelayedOperationPurgatory[DelayedFetch]("follower-fetch")
+        self.produce_purgatory = DelayedOperationPurgatory[DelayedProduce](
+            "produce", event_log=event_log
+        )
+        self.fetch_purgatory = DelayedOperationPurgatory[DelayedFetch]("fetch", event_log=event_log)
+        self.follower_purgatory = DelayedOperationPurgatory[DelayedFetch](
+            "follower-fetch", event_log=event_log
+        )
         stats.register(self.produce_purgatory, self.fetch_purgatory, self.follower_purgatory)
         self._counters = stats.counters
         self._isr_task: asyncio.Task[None] | None = None

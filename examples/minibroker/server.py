@@ -28,6 +28,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from purgatory import JsonLinesEventLog
+
 from .apis import KafkaApis
 from .control import read_commands
 from .coordinator import GroupCoordinator, GroupSettings
@@ -60,6 +62,12 @@ class Leader:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.stats = BrokerStats()
+        self.event_log = (
+            None
+            if config.event_log is None
+            else JsonLinesEventLog(config.event_log, prefix=f"minibroker-{config.broker_id}")
+        )
+        self._publishing: asyncio.Task[None] | None = None
         self.replicas = ReplicaManager(
             ReplicaSettings(
                 broker_id=config.broker_id,
@@ -69,9 +77,13 @@ class Leader:
                 max_message_bytes=config.max_message_bytes,
             ),
             self.stats,
+            event_log=self.event_log,
         )
         self.coordinator = GroupCoordinator(
-            config.groups, self.stats, self.replicas.partitions.__contains__
+            config.groups,
+            self.stats,
+            self.replicas.partitions.__contains__,
+            event_log=self.event_log,
         )
         self.apis = KafkaApis(
             broker_id=config.broker_id,
@@ -110,14 +122,32 @@ class Leader:
         except OSError:
             await self.replicas.stop()
             raise
+        if self.event_log is not None:
+            self._publishing = asyncio.create_task(self._publish_event_log(self.event_log))
 
     async def stop(self) -> None:
         """Stop listening, drop the connections, cancel what waits: a clean stop."""
         if self.metrics is not None:
             await self.metrics.stop()
         await self.network.stop()
+        if self._publishing is not None:
+            self._publishing.cancel()
+            await asyncio.gather(self._publishing, return_exceptions=True)
         await self.coordinator.stop()
         await self.replicas.stop()
+        if self.event_log is not None:
+            self.event_log.close()
+
+    async def _publish_event_log(self, recorder: JsonLinesEventLog) -> None:
+        """Publish the event log's current file every ``event_log_interval`` seconds, so that
+        a job following the directory sees what ended since (a file is otherwise published
+        only when it is full, 64 MiB, or at the stop)."""
+        while True:
+            await asyncio.sleep(self.config.event_log_interval)
+            try:
+                recorder.flush()
+            except OSError as exc:  # the recorder counted the lines it lost
+                log.warning("event log: %s (%d lines lost so far)", exc, recorder.lost_lines)
 
     def statistics(self) -> dict[str, Any]:
         """Gauges, counters, peaks, partitions and groups as one JSON-able dict (``stats``)."""

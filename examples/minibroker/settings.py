@@ -26,3 +26,9 @@ class BrokerSettings:
     """``num.partitions``: the partition count of a topic created on first use."""
     metrics_port: int | None = None
     """The leader's ``/metrics`` port (0: any free port); ``None``: no ``/metrics``."""
+    event_log: str | None = None
+    """A directory where the leader's purgatories record their event logs (JSON Lines, for
+    ``python -m purgatory.pipeline analyze``); ``None``: no recording."""
+    event_log_interval: float = 10.0
+    """Seconds between publications of the event log's current file: what a follower of the
+    directory (``analyze --follow``) sees lags the broker by at most this (plus its own)."""

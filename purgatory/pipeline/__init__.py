@@ -4,10 +4,15 @@
 - ``replay``: every (purgatory, configuration) of a trace through the real
   `DelayedOperationPurgatory` under `purgatory.testing.ManualClock`, in virtual time;
 - ``analyze``: summaries per purgatory, key and time window of recorded event logs
-  (`purgatory.JsonLinesEventLog`);
+  (`purgatory.JsonLinesEventLog`, `purgatory.ArrowEventLog`); ``analyze --follow`` keeps the
+  windows up to date while recorders write (Structured Streaming, `follow`);
 - ``sweep``: generate, replay over a grid, print the summary and chart it;
 - ``calibrate``: measure a `CostProfile` for the load model (``--cost-profile`` of replay and
   sweep: each group served as one core serves an event loop).
+
+`register_data_sources` makes event logs and traces Spark data sources of their own:
+``spark.read.format("purgatory-events")``, ``spark.readStream.format("purgatory-events")`` and
+``spark.read.format("purgatory-trace")``.
 
 Command line: ``python -m purgatory.pipeline --help``. Schemas: ``docs/pipeline-schemas.md``.
 Only this subpackage imports pyspark; ``import purgatory`` stays standard-library only.
@@ -22,11 +27,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._datasource import register_data_sources as register_data_sources
     from ._frames import TraceError as TraceError
     from ._generate import TRACE_SCHEMA as TRACE_SCHEMA
     from ._generate import W1 as W1
     from ._job_eventlog import analyze as analyze
     from ._job_eventlog import load_event_log as load_event_log
+    from ._job_follow import follow as follow
     from ._job_replay import replay as replay
     from ._job_trace import generate as generate
     from ._job_trace import load_trace as load_trace
@@ -47,11 +54,13 @@ __all__ = (
     "ReplayConfig",
     "TraceError",
     "analyze",
+    "follow",
     "generate",
     "get_session",
     "load_event_log",
     "load_profile",
     "load_trace",
+    "register_data_sources",
     "replay",
     "replay_table",
     "trace_anchors",
@@ -65,6 +74,8 @@ _HOME = {
     "TraceError": "_frames",
     "analyze": "_job_eventlog",
     "load_event_log": "_job_eventlog",
+    "follow": "_job_follow",
+    "register_data_sources": "_datasource",
     "generate": "_job_trace",
     "load_trace": "_job_trace",
     "replay": "_job_replay",

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import math
 import os
 import struct
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .. import DelayedOperation, DelayedOperationPurgatory
 from ..testing import ManualClock
@@ -33,9 +34,11 @@ if TYPE_CHECKING:
 __all__ = (
     "EVENT_LOG_SUFFIXES",
     "EXTRA_MODULES",
+    "FOLLOW_SETTINGS",
     "TRACE_COLUMNS",
     "InputError",
     "check_apart",
+    "check_checkpoint",
     "check_configs",
     "check_directory",
     "check_event_logs",
@@ -47,6 +50,7 @@ __all__ = (
     "local_path",
     "missing_extra",
     "timer_horizon",
+    "trace_schema_problem",
 )
 
 #: The columns every trace file must have (trace schema version 1).
@@ -78,9 +82,13 @@ def missing_extra(modules: Sequence[str] = EXTRA_MODULES) -> str | None:
     return None
 
 
-def connect_url(master: str | None) -> str | None:
-    """The Spark Connect URL a command runs against: `master` if it is one (``sc://...``), else
-    ``SPARK_REMOTE`` when no master is given; ``None`` for a classic master."""
+def connect_url(master: str | None, remote: str | None = None) -> str | None:
+    """The Spark Connect URL a command runs against: `remote` (``--remote``: ``sc://...``, or
+    ``local``/``local[N]`` for a server started in this process, as pyspark takes it), else
+    `master` if it is one (``sc://...``), else ``SPARK_REMOTE`` when no master is given;
+    ``None`` for a classic master."""
+    if remote is not None:
+        return remote
     if master is not None:
         return master if master.startswith("sc://") else None
     return os.environ.get("SPARK_REMOTE") or None
@@ -89,12 +97,12 @@ def connect_url(master: str | None) -> str | None:
 _LOOPBACK: Final = ("localhost", "::1", "[::1]")
 
 
-def files_here(master: str | None) -> bool:
-    """Whether the jobs of `master` read and write this machine's files, so that local paths
-    can be checked here (and, for Spark Connect, made absolute here): any classic master (the
-    driver runs here), or a Spark Connect server on this machine (a loopback address)."""
-    url = connect_url(master)
-    if url is None:
+def files_here(master: str | None, remote: str | None = None) -> bool:
+    """Whether the jobs read and write this machine's files, so that local paths can be
+    checked here (and, for Spark Connect, made absolute here): any classic master (the driver
+    runs here), or a Spark Connect server on this machine (a loopback address, or ``local``)."""
+    url = connect_url(master, remote)
+    if url is None or url.startswith("local"):
         return True
     host = url.removeprefix("sc://").split("/", 1)[0].rsplit(":", 1)[0].split(";", 1)[0]
     return host in _LOOPBACK or host.startswith("127.")
@@ -205,26 +213,33 @@ def _trace_columns(file: str) -> dict[str, str]:
     except (OSError, pa.ArrowException) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"trace file {file}: unreadable Parquet footer: {reason}") from None
+    problem = trace_schema_problem(schema)
+    if problem is not None:
+        raise InputError(f"trace file {file}: {problem}")
+    return {field.name: str(field.type) for field in schema}
+
+
+def trace_schema_problem(schema: Any) -> str | None:
+    """What makes an Arrow schema (a ``pyarrow.Schema``) not a trace's: a missing or an unknown
+    column, or a column of a type that cannot be read as the trace's; ``None`` if it is one."""
     missing = [name for name in TRACE_COLUMNS if name not in schema.names]
     if missing:
-        raise InputError(
-            f"trace file {file}: missing column {missing[0]!r} (it has {sorted(schema.names)}; "
+        return (
+            f"missing column {missing[0]!r} (it has {sorted(schema.names)}; "
             "see docs/pipeline-schemas.md)"
         )
     unknown = [name for name in schema.names if name not in TRACE_COLUMNS]
     if unknown:
-        raise InputError(
-            f"trace file {file}: unknown column {unknown[0]!r} (a trace of schema version 1 "
-            f"has exactly {', '.join(TRACE_COLUMNS)}; select those to replay it)"
+        return (
+            f"unknown column {unknown[0]!r} (a trace of schema version 1 has exactly "
+            f"{', '.join(TRACE_COLUMNS)}; select those to replay it)"
         )
     for name in TRACE_COLUMNS:
         kind = schema.field(name).type
         expected = _usable(name, kind)
         if expected:
-            raise InputError(
-                f"trace file {file}: column {name!r} has type {kind}, expected {expected}"
-            )
-    return {field.name: str(field.type) for field in schema}
+            return f"column {name!r} has type {kind}, expected {expected}"
+    return None
 
 
 def _usable(name: str, kind: object) -> str | None:
@@ -374,6 +389,44 @@ def _check_writable_above(start: str, named: str, doing: str) -> None:
         raise InputError(f"{named}: {existing} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise InputError(f"{named}: cannot {doing} {existing} (permission denied)")
+
+
+#: The file, in a ``--follow`` checkpoint, that remembers the settings its state depends on.
+FOLLOW_SETTINGS: Final = "purgatory-follow.json"
+
+
+def check_checkpoint(path: str, settings: dict[str, float]) -> None:
+    """Check a ``--follow`` checkpoint against `settings` (``window``): a checkpoint holds
+    windows of one length, so a job resumed from it must count the same windows. A new
+    checkpoint is made and remembers them.
+
+    Raises:
+        InputError: The checkpoint was made with another window, or cannot be written.
+    """
+    local = local_path(path)
+    if local is None:
+        return
+    file = os.path.join(local, FOLLOW_SETTINGS)
+    try:
+        with open(file, encoding="utf-8") as f:
+            kept = json.load(f)
+    except FileNotFoundError:
+        kept = None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--checkpoint {path}: cannot read {file}: {exc}") from None
+    if isinstance(kept, dict) and kept.get("window") != settings["window"]:
+        raise InputError(
+            f"--checkpoint {path} holds windows of {kept.get('window')!r} s, not "
+            f"{settings['window']!r}: resume with --window {kept.get('window')!r}, or give a "
+            "new --out and --checkpoint"
+        )
+    if kept is None:
+        try:
+            os.makedirs(local, exist_ok=True)
+            with open(file, "w", encoding="utf-8") as f:
+                json.dump(settings, f)
+        except OSError as exc:
+            raise InputError(f"--checkpoint {path}: cannot write in it: {exc.strerror}") from None
 
 
 def check_configs(configs: Sequence[ReplayConfig], timeout: float | None = None) -> None:

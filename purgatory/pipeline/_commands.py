@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from ._checks import (
     EXTRA_MODULES,
     InputError,
     check_apart,
+    check_checkpoint,
     check_configs,
     check_directory,
     check_event_logs,
@@ -26,6 +28,7 @@ from ._checks import (
     check_trace,
     connect_url,
     files_here,
+    local_path,
     missing_extra,
 )
 from ._load import MAX_COST, CostProfile, load_profile
@@ -38,7 +41,13 @@ from ._options import (
     utc_time,
     w1_of,
 )
-from ._tables import ANALYSIS_COLUMNS, KEY_COLUMNS, print_replay_summary, print_table
+from ._tables import (
+    ANALYSIS_COLUMNS,
+    KEY_COLUMNS,
+    WINDOW_COLUMNS,
+    print_replay_summary,
+    print_table,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -74,9 +83,9 @@ def _paths(args: argparse.Namespace, *names: str) -> bool:
     """Whether this machine's files are the jobs' (`files_here`): then the path options
     `names` are checked here, and for a Spark Connect server on this machine made absolute
     (the server resolves a relative path against its own working directory)."""
-    here = files_here(args.master)
+    here = files_here(args.master, args.remote)
     args.given = {}
-    if here and connect_url(args.master) is not None:
+    if here and connect_url(args.master, args.remote) is not None:
         for name in names:
             value = getattr(args, name)
             if value and "://" not in value and not value.startswith("file:"):
@@ -98,7 +107,11 @@ def _session(args: argparse.Namespace) -> SparkSession:
     from ._spark import get_session, quiet
 
     spark = get_session(
-        args.master, f"purgatory-pipeline-{args.command}", dict(args.conf), ui=args.ui
+        args.master,
+        f"purgatory-pipeline-{args.command}",
+        dict(args.conf),
+        ui=args.ui,
+        remote=args.remote,
     )
     if not args.verbose:
         # Spark logs a failed task's traces itself, before the driver sees the error.
@@ -239,14 +252,54 @@ def _analyze_options(parser: argparse.ArgumentParser) -> None:
             help=f"only operations watched {edge} this ISO-8601 time (naive: UTC); "
             "needs logs with a UTC anchor",
         )
+    live = parser.add_argument_group(
+        "following a directory that recorders keep writing (Structured Streaming)"
+    )
+    live.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep OUT/windows/ up to date as event logs are published into --log, until "
+        "stopped (Ctrl-C); needs --checkpoint",
+    )
+    live.add_argument(
+        "--checkpoint",
+        default=None,
+        help="the stream's checkpoint directory: a job started again with it resumes where it "
+        "stopped, no window counted twice or lost",
+    )
+    live.add_argument(
+        "--watermark",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="a window is written once the newest window read ends S seconds after it; "
+        "operations of a window already written are dropped (and counted)",
+    )
+    live.add_argument(
+        "--interval", type=float, default=10.0, metavar="S", help="seconds between batches"
+    )
+    live.add_argument(
+        "--once",
+        action="store_true",
+        help="read what is there now, write what it completes, and exit (for a scheduler)",
+    )
     add_common(parser)
 
 
-def run_analyze(args: argparse.Namespace) -> int:
-    """``analyze``: summaries of recorded event logs."""
-    _need()
+def _check_window(args: argparse.Namespace) -> None:
     if not (args.window > 0 and math.isfinite(args.window)):
         raise InputError(f"--window must be a finite number of seconds > 0, got {args.window!r}")
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    """``analyze``: summaries of recorded event logs (``--follow``: windows, kept up to date)."""
+    _need()
+    _check_window(args)
+    if args.follow:
+        return _run_follow(args)
+    given = [name for name in ("checkpoint", "once") if getattr(args, name)]
+    if given:
+        raise InputError(f"--{given[0]} is an option of --follow")
     if _paths(args, "log", "out"):
         check_event_logs(args.log)
         check_output(args.out, overwrite=args.overwrite, inputs=[args.log])
@@ -273,6 +326,96 @@ def run_analyze(args: argparse.Namespace) -> int:
         print("\nwindows: in seconds of the purgatory's clock for logs without a UTC anchor")
     print(f"\nanalysis in {_shown(args, args.out)} ({_since(started)})")
     return 0
+
+
+def _check_follow(args: argparse.Namespace) -> None:
+    """What ``--follow`` needs, checked before Spark starts."""
+    if args.checkpoint is None:
+        raise InputError("--follow needs --checkpoint DIR (where the stream keeps its progress)")
+    for name in ("since", "until"):
+        if getattr(args, name) is not None:
+            raise InputError(f"--{name} is not an option of --follow (it reads what comes)")
+    if args.overwrite:
+        raise InputError(
+            "--overwrite is not an option of --follow: a job resumes from its checkpoint; give "
+            "a new --out and --checkpoint to start over"
+        )
+    if not (args.watermark >= 0 and math.isfinite(args.watermark)):
+        raise InputError(
+            f"--watermark must be a finite number of seconds >= 0, got {args.watermark!r}"
+        )
+    if not (args.interval > 0 and math.isfinite(args.interval)):
+        raise InputError(
+            f"--interval must be a finite number of seconds > 0, got {args.interval!r}"
+        )
+    if _paths(args, "log", "out", "checkpoint"):
+        local = local_path(args.log)
+        if local is not None and not os.path.isdir(local):
+            what = "not a directory" if os.path.exists(local) else "no such directory"
+            raise InputError(
+                f"--log {args.log}: {what} (--follow reads the files published into a directory)"
+            )
+        check_apart(args.out, "output", [("input", args.log)])
+        check_apart(args.checkpoint, "checkpoint", [("input", args.log), ("output", args.out)])
+        check_directory(args.out, "output")
+        check_directory(args.checkpoint, "checkpoint")
+        check_checkpoint(args.checkpoint, {"window": args.window, "watermark": args.watermark})
+
+
+def _run_follow(args: argparse.Namespace) -> int:
+    _check_follow(args)
+    spark = _session(args)
+    from ._job_follow import follow
+
+    print(
+        f"following {_shown(args, args.log)}: {args.window:g} s windows into "
+        f"{_shown(args, args.out)}/windows/, each written once the newest window read ends "
+        f"{args.watermark:g} s after it" + (" (what is there now, then exit)" if args.once else ""),
+        flush=True,
+    )
+    started = time.perf_counter()
+    last: dict[str, Any] = {}
+
+    def report(progress: dict[str, Any], written: Any) -> None:
+        last.update(progress)
+        print(_batch_line(progress, written is not None), flush=True)
+        if written is not None:
+            rows = [row.asDict() for row in written.orderBy("purgatory", "window_start").collect()]
+            print_table(rows, WINDOW_COLUMNS)
+            sys.stdout.flush()
+
+    follow(
+        spark,
+        args.log,
+        args.out,
+        args.checkpoint,
+        window=args.window,
+        watermark=args.watermark,
+        once=args.once,
+        interval=args.interval,
+        report=report,
+    )
+    state = (last.get("stateOperators") or [{}])[0].get("numRowsTotal", 0)
+    print(
+        f"\nwindows in {_shown(args, args.out)}/windows/ ({_since(started)}); {state} still "
+        "open: written once the watermark passes them"
+    )
+    return 0
+
+
+def _batch_line(progress: Mapping[str, Any], wrote: bool) -> str:
+    """One line per micro-batch: what it read, wrote and dropped, and the watermark."""
+    state = (progress.get("stateOperators") or [{}])[0]
+    late = state.get("numRowsDroppedByWatermark", 0)
+    watermark = progress.get("eventTime", {}).get("watermark", "")
+    line = f"batch {progress['batchId']}: {progress.get('numInputRows', 0):,} operations read"
+    if not wrote:
+        line += ", no window complete"
+    if late:
+        line += f", {late:,} late (their windows were written already: raise --watermark)"
+    if watermark and not watermark.startswith("1970-01-01"):
+        line += f"; watermark {watermark}"
+    return line
 
 
 # -- sweep ------------------------------------------------------------------------------------
@@ -431,6 +574,8 @@ COMMANDS: tuple[Command, ...] = (
         (
             "analyze --log events/ --out analysis/",
             "analyze --log events/ --out analysis/ --window 1",
+            "analyze --follow --log events/ --out live/ --checkpoint live-checkpoint/",
+            "analyze --follow --once --log events/ --out live/ --checkpoint live-checkpoint/",
         ),
         _analyze_options,
         run_analyze,

@@ -22,12 +22,15 @@ from pyspark.sql import types as T
 __all__ = (
     "TraceError",
     "as_given",
+    "file_cause",
     "first_line",
     "first_problem",
     "not_finite",
     "read_errors",
     "read_failure",
     "spark_schema",
+    "task_error",
+    "task_errors",
 )
 
 
@@ -90,6 +93,44 @@ _CAUSES: Final = (
         "the file ends early (truncated)",
     ),
 )
+
+
+def file_cause(exc: BaseException) -> str | None:
+    """What a reader's error says about its file in a user's words (a page failing its checksum,
+    a truncated file, ...), or ``None`` if it is none of those."""
+    text = str(exc)
+    return next((said for pattern, said in _CAUSES if pattern.search(text)), None)
+
+
+#: The last line of a Python traceback for our own error, as a Spark task reports it.
+_OUR_ERROR: Final = re.compile(r"^(?:[\w.]+\.)?(TraceError|InputError): (.+)$", re.M)
+
+
+def task_error(exc: BaseException) -> TraceError | None:
+    """Our own error (`TraceError`) raised inside a Spark task or a data source, as the driver
+    receives it (Spark's error around the task's traceback), or ``None`` if it is not one."""
+    if isinstance(exc, TraceError):
+        return exc
+    text = str(exc)
+    if "Traceback (most recent call" not in text and not type(exc).__module__.startswith(
+        ("pyspark", "py4j")
+    ):
+        return None
+    found = _OUR_ERROR.findall(text)
+    return TraceError(found[-1][1].strip()) if found else None
+
+
+@contextmanager
+def task_errors() -> Iterator[None]:
+    """Raise a `TraceError` raised in a Spark task (a bad event log or trace found by a data
+    source's reader) as itself, one line, instead of Spark's error around its traceback."""
+    try:
+        yield
+    except Exception as exc:
+        ours = task_error(exc)
+        if ours is None or ours is exc:
+            raise
+        raise ours from None
 
 
 def read_failure(exc: BaseException, what: str, root: str) -> TraceError | None:

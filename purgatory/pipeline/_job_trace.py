@@ -27,9 +27,10 @@ from ._frames import (
     not_finite,
     read_errors,
     spark_schema,
+    task_errors,
 )
 from ._generate import TRACE_SCHEMA, W1, chunk_plan, generate_chunk
-from ._job_eventlog import anchors_of, event_log_records, operations_of
+from ._job_eventlog import event_log_anchors, events
 from ._replay import ReplayConfig
 from ._spark import atomic_output
 
@@ -283,9 +284,8 @@ def trace_from_log(spark: SparkSession, log_path: str, out: str, *, overwrite: b
     Returns:
         The number of rows written.
     """
-    records = event_log_records(spark, log_path)
-    log = operations_of(records)
-    anchors = json.dumps(anchors_of(records))
+    log = events(spark, log_path)
+    anchors = json.dumps(event_log_anchors(spark, log_path))
     trace = log.select(
         "purgatory",
         F.col("id").cast("long").alias("op_id"),
@@ -294,13 +294,13 @@ def trace_from_log(spark: SparkSession, log_path: str, out: str, *, overwrite: b
         F.coalesce(F.col("timeout"), F.col("deadline") - F.col("watched_at")).alias("timeout"),
         F.when(F.col("outcome") == "completed", F.col("ended_at")).alias("condition_at"),
         F.col("id").alias("_id"),
-        "_file",
+        F.col("file").alias("_file"),
     )
-    bad = trace.where(F.col("op_id").isNull()).limit(1).collect()
+    with task_errors():
+        bad = trace.where(F.col("op_id").isNull()).limit(1).collect()
     if bad:
         raise TraceError(
-            f"event log file {as_given(bad[0]['_file'], log_path)}: id {bad[0]['_id']!r} of "
-            "purgatory "
+            f"event log file {bad[0]['_file']}: id {bad[0]['_id']!r} of purgatory "
             f"{bad[0]['purgatory']!r} is not an integer; a trace needs integer op ids"
         )
     trace = trace.drop("_id", "_file").persist(StorageLevel.MEMORY_AND_DISK)

@@ -138,12 +138,20 @@ def examples(*commands: str) -> str:
 
 def add_common(parser: argparse.ArgumentParser) -> None:
     """The options every Spark command has: where it runs, outputs, errors, the web UI."""
-    parser.add_argument(
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
         "--master",
         default=None,
         help="Spark master: local[N], spark://HOST:PORT, yarn, k8s://..., or a Spark Connect "
         "server sc://HOST:PORT (default: SPARK_REMOTE if set, else local[*]; ignored under "
         "spark-submit, which sets it)",
+    )
+    where.add_argument(
+        "--remote",
+        default=None,
+        metavar="URL",
+        help="run on Spark Connect, as pyspark's --remote: a server sc://HOST:PORT, or "
+        "local / local[N] to start one in this process",
     )
     parser.add_argument(
         "--conf",

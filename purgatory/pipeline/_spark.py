@@ -9,19 +9,22 @@ Connect, whose client has no JVM).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Final
 
 import pyarrow as pa
-from pyspark import SparkContext
+from pyspark import SparkConf, SparkContext
 from pyspark.errors import PySparkRuntimeError
+from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
 from . import _class_archive as class_archive
@@ -100,65 +103,202 @@ def get_session(
     conf: Mapping[str, str] | None = None,
     *,
     ui: bool = False,
+    remote: str | None = None,
+    quiet_start: bool = True,
 ) -> SparkSession:
     """The Spark session of a command: Spark Connect, a classic master, or spark-submit's.
 
-    - ``sc://host:port`` (or no master and ``SPARK_REMOTE`` set): a Spark Connect session; no
-      Java is needed here, the server runs the jobs.
+    - Spark Connect: `remote` (``sc://host:port``, or ``local``/``local[N]`` for a server
+      started in this process, as pyspark's ``--remote``), a `master` ``sc://host:port``, or no
+      master and ``SPARK_REMOTE`` set. A remote server runs the jobs: no Java is needed here.
     - a classic master (default ``local[*]``), unless spark-submit already chose one. With a
       ``local[...]`` master the driver binds 127.0.0.1 only, and the shuffle has as many
       partitions as there are cores (adaptive execution coalesces them further): a small job
       does not pay for 200 tasks per shuffle.
-    - the web UI starts only with `ui` (under spark-submit, its own settings decide).
+    - the web UI starts only with `ui` (under spark-submit, its own settings decide); the
+      console progress bar only when stderr is a terminal.
+    - `quiet_start`: a driver started here says nothing while it starts (the JVM's and Spark's
+      start-up lines, which would come before a command's one-line error); later lines pass.
 
     The Python workers run this interpreter (``PYSPARK_PYTHON``, unless set), so the package
     and its dependencies are the ones installed here. `conf` is applied last.
     """
     settings: dict[str, str] = dict(_SQL)
-    remote = connect_url(master)
-    if remote is not None:
-        builder: Any = SparkSession.builder.remote(remote)
+    url = connect_url(master, remote)
+    if url is not None:
+        if url.startswith("local"):  # pyspark starts a Connect server in this process
+            check_java()
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder: Any = SparkSession.builder.remote(url)
+        for key, value in {**settings, **(conf or {})}.items():
+            builder = builder.config(key, value)
+        session: SparkSession = builder.getOrCreate()
+        return session
+    if master is not None and os.environ.get("SPARK_REMOTE"):
+        # The explicit option wins; pyspark would refuse the two together.
+        print(f"purgatory.pipeline: --master {master}: SPARK_REMOTE ignored", file=sys.stderr)
+        del os.environ["SPARK_REMOTE"]
+    check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    submitted = running_under_spark_submit()
+    if submitted:
+        if master is not None:
+            print(
+                f"purgatory.pipeline: --master {master} ignored: spark-submit chose the master",
+                file=sys.stderr,
+            )
+        if ui:
+            settings["spark.ui.enabled"] = "true"
     else:
-        if master is not None and os.environ.get("SPARK_REMOTE"):
-            # The explicit option wins; pyspark would refuse the two together.
-            print(f"purgatory.pipeline: --master {master}: SPARK_REMOTE ignored", file=sys.stderr)
-            del os.environ["SPARK_REMOTE"]
-        check_java()
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = SparkSession.builder.appName(app)
-        if running_under_spark_submit():
-            if master is not None:
-                print(
-                    f"purgatory.pipeline: --master {master} ignored: spark-submit chose the master",
-                    file=sys.stderr,
-                )
-            if ui:
-                settings["spark.ui.enabled"] = "true"
-        else:
-            builder = builder.master(master or "local[*]")
-            settings["spark.ui.enabled"] = "true" if ui else "false"
-            settings["spark.ui.showConsoleProgress"] = "true"
-            if is_local_master(master):
-                os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-                settings.update(_local_settings(master))
-    saving: Path | None = None
+        settings["spark.master"] = master or "local[*]"
+        settings["spark.app.name"] = app
+        settings["spark.ui.enabled"] = "true" if ui else "false"
+        settings["spark.ui.showConsoleProgress"] = "true" if _terminal() else "false"
+        if is_local_master(master):
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            settings.update(_local_settings(master))
+    archive: class_archive.Plan | None = None
     options = "spark.driver.extraJavaOptions"
     if options in settings and options not in (conf or {}):  # a local driver started here
-        settings[options], saving = class_archive.java_options(settings[options])
-    for key, value in {**settings, **(conf or {})}.items():
+        archive = class_archive.plan(settings[options])
+        settings[options] = archive.options
+    settings.update(conf or {})
+    try:
+        session = _classic(app, settings, quiet_start and not submitted)
+    except PySparkRuntimeError:
+        # A JVM that refuses its class archive does not start: drop the archive, start without.
+        if archive is None or archive.used is None:
+            raise
+        class_archive.discard(archive.used)
+        archive = class_archive.Plan(archive.base, None, archive.used)
+        settings[options] = archive.options
+        session = _classic(app, settings, quiet_start and not submitted)
+    if archive is not None:
+        _check_archive(archive)
+    quiet(session, "WARN")
+    return session
+
+
+def _terminal() -> bool:
+    try:
+        return os.isatty(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _check_archive(archive: class_archive.Plan) -> None:
+    """After a local driver started: an archive its JVM did not map goes (it would slow every
+    later job down without a word), and one to be saved is saved after this job."""
+    process: Any = getattr(SparkContext._gateway, "proc", None)
+    used = archive.used
+    if (
+        used is not None
+        and process is not None
+        and class_archive.mapped(process.pid, used) is False
+    ):
+        class_archive.discard(used)
+        archive.save = used
+    if archive.save is not None:
+        class_archive.save_after_exit(archive.save, archive.base)
+
+
+def _classic(app: str, settings: Mapping[str, str], quiet_start: bool) -> SparkSession:
+    """A classic session with `settings`; with `quiet_start`, its driver's JVM started here
+    with its stderr passed through a filter that drops what it says while it starts."""
+    if quiet_start and SparkContext._gateway is None:
+        conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
+        launch: Any = launch_gateway  # (untyped)
+        gateway = launch(conf, popen_kwargs={"stderr": subprocess.PIPE})
+        relay = _StartFilter(gateway.proc.stderr)
+        SparkContext._gateway = gateway
+        SparkContext._jvm = gateway.jvm
+    else:
+        relay = None
+    builder: Any = SparkSession.builder.appName(app)
+    for key, value in settings.items():
         builder = builder.config(key, value)
     try:
         session: SparkSession = builder.getOrCreate()
-    except PySparkRuntimeError:
-        # A JVM that refuses its class archive does not start: drop the archive, start without.
-        if options not in settings or not class_archive.discard(settings[options]):
-            raise
-        saving = None
-        session = builder.config(options, _JVM_OPTIONS).getOrCreate()
-    if saving is not None:
-        class_archive.publish_at_exit(saving)
-    quiet(session, "WARN")
+    except BaseException:
+        if relay is not None:
+            _forget_gateway()
+        raise
+    finally:
+        if relay is not None:
+            relay.started()
     return session
+
+
+def _forget_gateway() -> None:
+    """Shut a gateway launched here whose context did not start, so that a retry starts a
+    new JVM (with other options)."""
+    gateway: Any = SparkContext._gateway
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if gateway is not None:
+        with contextlib.suppress(Exception):
+            gateway.shutdown()
+        process = getattr(gateway, "proc", None)
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+#: What a driver's JVM says while it starts that a user has no use for: the JVM's note on
+#: Spark's incubator module, log4j's profile, the default log level, the native Hadoop library.
+_START_NOISE: Final = re.compile(
+    rb"^(WARNING: Using incubator modules: |Using Spark's default log4j profile: |Setting "
+    rb"default log level to |To adjust logging level use sc\.setLogLevel|\S+ \S+ WARN "
+    rb"NativeCodeLoader: Unable to load native-hadoop library)"
+)
+
+
+class _StartFilter:
+    """Passes a JVM's stderr on to ours, except the start-up lines (`_START_NOISE`) it prints
+    before `started`; a daemon thread reads it for the JVM's life."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._starting = threading.Event()
+        self._starting.set()
+        threading.Thread(target=self._run, name="purgatory-jvm-stderr", daemon=True).start()
+
+    def started(self) -> None:
+        self._starting.clear()
+
+    def _run(self) -> None:
+        pending = b""
+        while True:
+            data = self._stream.read1(65536) if hasattr(self._stream, "read1") else b""
+            if not data:
+                break
+            if not self._starting.is_set():
+                _write(pending + data)
+                pending = b""
+                continue
+            lines = (pending + data).split(b"\n")
+            pending = lines.pop()
+            kept = [line + b"\n" for line in lines if not _START_NOISE.match(line)]
+            if kept:
+                _write(b"".join(kept))
+        if pending:
+            _write(pending)
+
+
+def _write(data: bytes) -> None:
+    stream: Any = sys.stderr
+    try:
+        stream.buffer.write(data)
+        stream.buffer.flush()
+    except (AttributeError, OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):
+            stream.write(data.decode("utf-8", errors="replace"))
+            stream.flush()
 
 
 #: A local driver's JVM: C1 only and one collector thread (see `_local_settings`).

@@ -58,19 +58,22 @@ REPLAY_SUMMARY_COLUMNS: Final = (
 )
 
 
-def outcome_summary(ops: DataFrame, by: Sequence[str]) -> DataFrame:
+def outcome_summary(ops: DataFrame, by: Sequence[str], *, more: Sequence[str] = ()) -> DataFrame:
     """Counts by outcome, wait and expiry-lateness percentiles per group of `by`.
 
     `ops` has ``outcome``, ``watched_at``, ``deadline`` and ``ended_at``. The wait (end minus
     watch) is taken over completed and expired operations; the lateness (end minus deadline)
     over expired ones. Percentiles are ``percentile_disc`` (nearest rank: an observed value, the
     same whatever the partitioning), so two summaries of the same operations are equal.
+    `more` adds a count for each of these other outcomes (``drained``: an event log's).
     """
     outcome = F.col("outcome")
     ended = outcome.isin("completed", "expired")
     wait = F.when(ended, F.col("ended_at") - F.col("watched_at"))
     late = F.when(outcome == "expired", F.col("ended_at") - F.col("deadline"))
-    counts = [F.sum(F.when(outcome == name, 1).otherwise(0)).alias(name) for name in COUNTS[1:]]
+    counts = [
+        F.sum(F.when(outcome == name, 1).otherwise(0)).alias(name) for name in (*COUNTS[1:], *more)
+    ]
     return (
         ops.withColumn("_wait", wait)
         .withColumn("_late", late)

@@ -10,6 +10,7 @@ from ._load import CostProfile
 __all__ = (
     "ANALYSIS_COLUMNS",
     "KEY_COLUMNS",
+    "WINDOW_COLUMNS",
     "print_replay_summary",
     "print_table",
 )
@@ -61,6 +62,15 @@ ANALYSIS_COLUMNS: Final[Columns] = (
     ("wait max ms", "wait_max", ms),
     ("late p99 ms", "lateness_p99", ms),
     ("peak delayed", "peak_delayed", str),
+)
+WINDOW_COLUMNS: Final[Columns] = (
+    ("purgatory", "purgatory", str),
+    ("window (UTC)", "window_utc", lambda t: "-" if t is None else t.strftime("%Y-%m-%d %H:%M:%S")),
+    ("watched", "watched", str),
+    ("completed", "completed", str),
+    ("expired", "expired", str),
+    ("cancelled", "cancelled", str),
+    ("drained", "drained", str),
 )
 KEY_COLUMNS: Final[Columns] = (
     ("purgatory", "purgatory", str),
