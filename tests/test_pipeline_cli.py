@@ -587,3 +587,109 @@ def test_load_chart_is_written(tmp_path: Path) -> None:
     ]
     _chart.load_chart(rows, str(tmp_path / "load.png"), 1000.0, "a load sweep")
     assert (tmp_path / "load.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# -- analyze --follow, before Spark ---------------------------------------------------------
+
+
+def follow_args(tmp_path: Path, *more: object) -> list[object]:
+    (tmp_path / "events").mkdir(exist_ok=True)
+    return ["analyze", "--follow", "--log", tmp_path / "events", "--out", tmp_path / "live", *more]
+
+
+@pytest.mark.parametrize(
+    ("more", "said"),
+    [
+        ((), "--follow needs --checkpoint DIR"),
+        (("--checkpoint", "c", "--since", "2026-11-24"), "--since is not an option of --follow"),
+        (("--checkpoint", "c", "--overwrite"), "--overwrite is not an option of --follow"),
+        (("--checkpoint", "c", "--watermark", "-1"), "--watermark must be a finite number"),
+        (("--checkpoint", "c", "--interval", "0"), "--interval must be a finite number"),
+        (("--checkpoint", "c", "--window", "nan"), "--window must be a finite number"),
+    ],
+)
+def test_follow_options_are_checked_before_spark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], more: tuple[str, ...], said: str
+) -> None:
+    more = tuple(str(tmp_path / m) if m == "c" else m for m in more)
+    fails(follow_args(tmp_path, *more), capsys, said)
+
+
+@pytest.mark.parametrize("option", ["--checkpoint", "--once", "--state-partitions"])
+def test_follow_options_need_follow(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str
+) -> None:
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "a.jsonl").write_text("{}\n")
+    values: dict[str, list[object]] = {
+        "--checkpoint": [tmp_path / "c"],
+        "--state-partitions": ["2"],
+    }
+    value = values.get(option, [])
+    argv = ["analyze", "--log", tmp_path / "events", "--out", tmp_path / "o", option, *value]
+    fails(argv, capsys, f"{option} is an option of --follow")
+
+
+def test_follow_paths_are_checked_before_spark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = tmp_path / "checkpoint"
+    line = fails(
+        ["analyze", "--follow", "--log", tmp_path / "nope", "--out", tmp_path / "o",
+         "--checkpoint", checkpoint],
+        capsys,
+    )  # fmt: skip
+    assert "no such directory (--follow reads the files published into a directory)" in line
+    for out, ck, other in (
+        (tmp_path / "events" / "live", checkpoint, "input"),
+        (tmp_path / "live", tmp_path / "live" / "ck", "output"),
+    ):
+        line = fails([*follow_args(tmp_path)[:5], out, "--checkpoint", ck], capsys)
+        assert f"overlaps the {other}" in line
+
+
+def test_a_checkpoint_keeps_its_window(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint's state is windows of one length: resuming with another is refused."""
+    checkpoint = tmp_path / "checkpoint"
+    _checks.check_checkpoint(str(checkpoint), {"window": 60.0, "watermark": 120.0})
+    _checks.check_checkpoint(str(checkpoint), {"window": 60.0, "watermark": 30.0})
+    line = fails(
+        follow_args(tmp_path, "--checkpoint", checkpoint, "--window", "10"), capsys, checkpoint
+    )
+    assert "holds windows of 60.0 s, not 10.0: resume with --window 60.0" in line
+
+
+# -- --remote, as pyspark takes it --------------------------------------------------------------
+
+
+def test_remote_is_spark_connect_as_pyspark_takes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    assert _checks.connect_url(None, "sc://spark-host:15002") == "sc://spark-host:15002"
+    assert _checks.connect_url("local[2]", None) is None
+    assert _checks.connect_url(None, "local[2]") == "local[2]"  # a server started here
+    assert _checks.files_here(None, "local[2]")
+    assert _checks.files_here(None, "sc://127.0.0.1:15002")
+    assert not _checks.files_here(None, "sc://spark-host:15002")
+    parser = _cli.build_parser()
+    args = parser.parse_args(["generate", "--out", "t", "--remote", "sc://h:1"])
+    assert (args.master, args.remote) == (None, "sc://h:1")
+
+
+def test_master_and_remote_together_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        _cli.main(["generate", "--out", "t", "--master", "local[2]", "--remote", "sc://h:1"])
+    assert exit_.value.code == 2
+    assert "not allowed with argument --master" in capsys.readouterr().err
+
+
+def test_remote_reaches_the_session(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``--remote`` goes to `get_session` as its own argument (not as a classic master)."""
+    seen: dict[str, Any] = {}
+
+    def session(*args: Any, **kwargs: Any) -> None:
+        seen.update(kwargs, master=args[0])
+        raise RuntimeError("no Spark here")
+
+    monkeypatch.setattr(_spark, "get_session", session)
+    assert _cli.main(["generate", "--out", str(tmp_path / "t"), "--remote", "local[2]"]) == 1
+    assert (seen["master"], seen["remote"]) == (None, "local[2]")

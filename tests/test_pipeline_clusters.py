@@ -6,11 +6,16 @@ server (``sc://``). ``generate``, ``replay`` and ``analyze`` run as a user runs 
 give what the same jobs give on the tests' local[2] session: on the cluster, by the cluster
 recipe (one ``spark-submit`` of the command line with the package zipped in ``--py-files``;
 one driver for the three commands, which keeps the test to three JVMs); on Spark Connect,
-``python -m purgatory.pipeline ... --master sc://...``, each a client process without a JVM.
+``python -m purgatory.pipeline ... --master sc://...`` (and ``--remote sc://...``, as pyspark
+takes it), each a client process without a JVM. On both, the data sources read as on local[2]
+(``spark.read.format``), and ``analyze --follow`` killed mid-stream and started again gives the
+windows of a batch ``analyze`` (``spark.readStream.format``).
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +24,20 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import FlagOperation
+from helpers import FlagOperation, run_process
 from pyspark.sql import SparkSession
-from spark_support import connect_server, pipeline, spark_submit, standalone_cluster
+from pyspark.testing import assertDataFrameEqual
+from spark_support import (
+    BASE_UTC,
+    QUICK_JVM,
+    connect_server,
+    follow_killed_and_restarted,
+    pipeline,
+    record_at,
+    spark_env,
+    spark_submit,
+    standalone_cluster,
+)
 
 from purgatory import ArrowEventLog, DelayedOperationPurgatory
 from purgatory.pipeline import W1, ReplayConfig, analyze, generate, replay, replay_table
@@ -103,8 +119,8 @@ def test_generate_replay_and_analyze_give_the_local_result(
     commands[1][5:5] = ["--tick", ",".join(TICKS)]
     if master.startswith("sc://"):
         said = ""
-        for command in commands:
-            done = pipeline(*command, "--master", master, cwd=tmp_path)
+        for command, flag in zip(commands, ("--master", "--remote", "--master"), strict=True):
+            done = pipeline(*command, flag, master, cwd=tmp_path)
             assert done.returncode == 0, done.stderr[-3000:]
             said += done.stdout
     else:
@@ -121,3 +137,73 @@ def test_generate_replay_and_analyze_give_the_local_result(
         mine = pq.read_table(tmp_path / "analysis" / name)
         assert mine.schema == local.analysed[name].schema, name
         assert sorted_rows(mine) == sorted_rows(local.analysed[name]), name
+
+
+#: What the data sources read, summed up by Spark where they ran: run as a script on a master
+#: (argv: where, the events, the trace), it prints each summary's rows as a JSON line; the
+#: test runs the same `summaries` on its local session.
+SOURCES = """
+import json, sys
+
+from pyspark.sql import functions as F
+
+from purgatory.pipeline import get_session, register_data_sources
+
+
+def summaries(spark, events, trace):
+    register_data_sources(spark)
+    read = spark.read.format("purgatory-events").load(events)
+    yield read.groupBy("purgatory", "outcome").agg(
+        F.count(F.lit(1)).alias("n"),
+        F.sum("watched_at").alias("watched"),
+        F.sum("ended_at").alias("ended"),
+        F.sum("utc_offset").alias("offsets"),
+        F.unix_micros(F.min("watched_utc")).alias("first_utc"),
+        F.sum(F.size("keys")).alias("keys"),
+    )
+    read = spark.read.format("purgatory-trace").load(trace)
+    yield read.groupBy("purgatory").agg(
+        F.count(F.lit(1)).alias("n"),
+        F.sum("arrival").alias("arrivals"),
+        F.sum(F.size("keys")).alias("keys"),
+        F.count("condition_at").alias("conditions"),
+    )
+
+
+if __name__ == "__main__":
+    where, events, trace = sys.argv[1:]
+    spark = get_session(remote=where) if where.startswith("sc://") else get_session(where)
+    for frame in summaries(spark, events, trace):
+        print(json.dumps([row.asDict() for row in frame.collect()]))
+"""
+
+
+def test_the_data_sources_read_as_on_local(
+    master: str, local: Local, spark: SparkSession, tmp_path: Path
+) -> None:
+    events = tmp_path / "events"
+    record_at(events, "p", BASE_UTC, 30)
+    record_at(events, "q", BASE_UTC, 20, recorder=ArrowEventLog)
+    script = tmp_path / "sources.py"
+    script.write_text(SOURCES)
+    where = [master, str(events), str(local.trace)]
+    done = run_process(sys.executable, script, *where, cwd=tmp_path, env=spark_env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    read = [json.loads(line) for line in done.stdout.splitlines()[-2:]]
+    namespace: dict[str, Any] = {}
+    exec(compile(SOURCES, "sources.py", "exec"), namespace)
+    for rows, mine in zip(read, namespace["summaries"](spark, *where[1:]), strict=True):
+        # (Sums of doubles: added in another order on another partitioning.)
+        assertDataFrameEqual(spark.createDataFrame(rows, mine.schema), mine, rtol=1e-12, atol=0)
+
+
+def test_follow_killed_and_restarted_gives_the_batch_windows(
+    master: str, spark: SparkSession, tmp_path: Path
+) -> None:
+    if master.startswith("sc://"):
+        where = ["--remote", master]
+    else:  # the driver here and the executors start as the other JVMs of the tests do
+        where = ["--master", master, "--conf", "spark.executor.memory=512m"]
+        for side in ("driver", "executor"):
+            where += ["--conf", f"spark.{side}.extraJavaOptions={QUICK_JVM}"]
+    follow_killed_and_restarted(spark, where, tmp_path)

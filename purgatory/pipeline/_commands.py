@@ -38,6 +38,7 @@ from ._options import (
     add_grid,
     add_w1,
     grid_of,
+    positive_int,
     utc_time,
     w1_of,
 )
@@ -279,6 +280,14 @@ def _analyze_options(parser: argparse.ArgumentParser) -> None:
         "--interval", type=float, default=10.0, metavar="S", help="seconds between batches"
     )
     live.add_argument(
+        "--state-partitions",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="partitions of the open windows' state, a task each per batch (default: the "
+        "shuffle partitions, at most 8; a checkpoint keeps its own)",
+    )
+    live.add_argument(
         "--once",
         action="store_true",
         help="read what is there now, write what it completes, and exit (for a scheduler)",
@@ -297,9 +306,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     _check_window(args)
     if args.follow:
         return _run_follow(args)
-    given = [name for name in ("checkpoint", "once") if getattr(args, name)]
+    given = [name for name in ("checkpoint", "once", "state_partitions") if getattr(args, name)]
     if given:
-        raise InputError(f"--{given[0]} is an option of --follow")
+        raise InputError(f"--{given[0].replace('_', '-')} is an option of --follow")
     if _paths(args, "log", "out"):
         check_event_logs(args.log)
         check_output(args.out, overwrite=args.overwrite, inputs=[args.log])
@@ -376,12 +385,11 @@ def _run_follow(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     last: dict[str, Any] = {}
 
-    def report(progress: dict[str, Any], written: Any) -> None:
+    def report(progress: dict[str, Any], written: list[dict[str, Any]] | None) -> None:
         last.update(progress)
-        print(_batch_line(progress, written is not None), flush=True)
+        print(_batch_line(progress, written), flush=True)
         if written is not None:
-            rows = [row.asDict() for row in written.orderBy("purgatory", "window_start").collect()]
-            print_table(rows, WINDOW_COLUMNS)
+            print_table(written, WINDOW_COLUMNS)
             sys.stdout.flush()
 
     follow(
@@ -394,6 +402,7 @@ def _run_follow(args: argparse.Namespace) -> int:
         once=args.once,
         interval=args.interval,
         report=report,
+        partitions=args.state_partitions,
     )
     state = (last.get("stateOperators") or [{}])[0].get("numRowsTotal", 0)
     print(
@@ -403,14 +412,13 @@ def _run_follow(args: argparse.Namespace) -> int:
     return 0
 
 
-def _batch_line(progress: Mapping[str, Any], wrote: bool) -> str:
+def _batch_line(progress: Mapping[str, Any], written: Sequence[Any] | None) -> str:
     """One line per micro-batch: what it read, wrote and dropped, and the watermark."""
     state = (progress.get("stateOperators") or [{}])[0]
     late = state.get("numRowsDroppedByWatermark", 0)
     watermark = progress.get("eventTime", {}).get("watermark", "")
     line = f"batch {progress['batchId']}: {progress.get('numInputRows', 0):,} operations read"
-    if not wrote:
-        line += ", no window complete"
+    line += f", {len(written)} windows written" if written else ", no window complete"
     if late:
         line += f", {late:,} late (their windows were written already: raise --watermark)"
     if watermark and not watermark.startswith("1970-01-01"):

@@ -37,7 +37,7 @@ from ._datasource import EVENTS_FORMAT, register_data_sources
 from ._frames import task_errors
 from ._job_eventlog import WINDOW_KINDS, window_counts, window_events
 
-__all__ = ("WINDOWS_SCHEMA", "follow", "window_file")
+__all__ = ("STATE_PARTITIONS", "WINDOWS_SCHEMA", "follow", "window_file")
 
 #: The columns of ``windows/``, as batch `analyze` writes them.
 WINDOWS_SCHEMA: Final = pa.schema(
@@ -51,6 +51,8 @@ WINDOWS_SCHEMA: Final = pa.schema(
     ]
 )
 _READ: Final = ("purgatory", "watched_at", "outcome", "ended_at", "utc_offset")
+#: The most partitions the windows' state gets by default.
+STATE_PARTITIONS: Final = 8
 #: The name of the metrics each micro-batch reports: the windows it wrote.
 _OBSERVED: Final = "purgatory_windows"
 
@@ -67,9 +69,10 @@ def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
     return fs, str(where)
 
 
-def _writer(out: str) -> Callable[[DataFrame, int], None]:
-    """The function each micro-batch's windows go through (run where Spark runs the query's
-    driver: this process, or a Spark Connect server)."""
+def _writer(out: str, seen: dict[int, list[dict[str, Any]]]) -> Callable[[DataFrame, int], None]:
+    """The function each micro-batch's windows go through, run where Spark runs the query's
+    driver: this process (classic: what it wrote is also kept in `seen`, for the report), or a
+    Spark Connect server (a copy of it there: `seen` stays empty here)."""
 
     def write(batch: DataFrame, batch_id: int) -> None:
         table = batch.toArrow()
@@ -77,6 +80,7 @@ def _writer(out: str) -> Callable[[DataFrame, int], None]:
             return
         table = table.select(WINDOWS_SCHEMA.names).cast(WINDOWS_SCHEMA)
         table = table.sort_by([("purgatory", "ascending"), ("window_start", "ascending")])
+        seen[batch_id] = table.to_pylist()
         fs, target = _filesystem(window_file(out, batch_id))
         directory, _, name = target.rpartition("/")
         fs.create_dir(directory, recursive=True)
@@ -102,8 +106,9 @@ def follow(
     watermark: float = 120.0,
     once: bool = False,
     interval: float = 10.0,
-    report: Callable[[dict[str, Any], DataFrame | None], None] | None = None,
+    report: Callable[[dict[str, Any], list[dict[str, Any]] | None], None] | None = None,
     poll: float = 1.0,
+    partitions: int | None = None,
 ) -> None:
     """Follow the event logs under `log_path` into ``out/windows/`` until stopped (`once`: until
     what is there now has been read).
@@ -115,8 +120,12 @@ def follow(
             already written are dropped (and counted in the batch's progress).
         interval: Seconds between micro-batches (a processing-time trigger).
         report: Called after each micro-batch with its progress (Spark's JSON, as a dict) and
-            the windows it wrote (``None`` if it wrote none).
+            the windows it wrote, as rows (``None`` if it wrote none).
         poll: Seconds between looks at the query's progress.
+        partitions: The partitions of the windows' state (fixed by a new checkpoint; one kept
+            says its own): default, the session's shuffle partitions up to `STATE_PARTITIONS`.
+            Each micro-batch runs a task per partition, and the windows open at a time are
+            few: Spark's default of 200 would make every micro-batch 200 small tasks.
 
     Raises:
         TraceError: A bad event log, or one without a UTC anchor (the query stops).
@@ -129,6 +138,7 @@ def follow(
     if not (watermark >= 0 and math.isfinite(watermark)):
         raise ValueError(f"watermark must be a finite number of seconds >= 0, got {watermark!r}")
     register_data_sources(spark)
+    written: dict[int, list[dict[str, Any]]] = {}
     operations = (
         spark.readStream.format(EVENTS_FORMAT)
         .option("requireUtc", "true")
@@ -143,17 +153,25 @@ def follow(
     writer = (
         windows.writeStream.outputMode("append")
         .option("checkpointLocation", checkpoint)
-        .foreachBatch(_writer(out))
+        .foreachBatch(_writer(out, written))
     )
     writer = (
         writer.trigger(availableNow=True)
         if once
         else writer.trigger(processingTime=_delay(interval))
     )
+    key = "spark.sql.shuffle.partitions"
+    before = spark.conf.get(key)
+    if partitions is None:
+        partitions = min(int(before or STATE_PARTITIONS), STATE_PARTITIONS)
     with task_errors():
-        query = writer.start()
+        spark.conf.set(key, str(partitions))  # (a query keeps what it started with)
         try:
-            _watch(spark, query, out, report, poll)
+            query = writer.start()
+        finally:
+            spark.conf.set(key, before or "200")
+        try:
+            _watch(spark, query, out, report=report, poll=poll, written=written)
         finally:
             if query.isActive:
                 query.stop()
@@ -163,8 +181,10 @@ def _watch(
     spark: SparkSession,
     query: Any,
     out: str,
-    report: Callable[[dict[str, Any], DataFrame | None], None] | None,
+    *,
+    report: Callable[[dict[str, Any], list[dict[str, Any]] | None], None] | None,
     poll: float,
+    written: dict[int, list[dict[str, Any]]],
 ) -> None:
     """Report each finished micro-batch until the query ends (raising its error)."""
     seen = -1
@@ -177,11 +197,18 @@ def _watch(
             seen = data["batchId"]
             rows = data.get("observedMetrics", {}).get(_OBSERVED, {}).get("rows", 0)
             if report is not None:
-                report(data, _written(spark, out, seen) if rows else None)
+                report(data, _written(spark, out, seen, written) if rows else None)
         if ended:
             return
 
 
-def _written(spark: SparkSession, out: str, batch_id: int) -> DataFrame:
-    """The windows micro-batch `batch_id` wrote, read where they were written."""
-    return spark.read.parquet(window_file(out, batch_id))
+def _written(
+    spark: SparkSession, out: str, batch_id: int, written: dict[int, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """The windows micro-batch `batch_id` wrote: as it wrote them in this process, else read
+    where they were written (a Spark Connect server wrote them)."""
+    rows = written.pop(batch_id, None)
+    if rows is not None:
+        return rows
+    frame = spark.read.parquet(window_file(out, batch_id)).orderBy("purgatory", "window_start")
+    return [row.asDict() for row in frame.collect()]
