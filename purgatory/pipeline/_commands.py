@@ -376,10 +376,11 @@ def _run_follow(args: argparse.Namespace) -> int:
     spark = _session(args)
     from ._job_follow import follow
 
+    windows = _shown(args, args.out).rstrip("/") + "/windows/"
     print(
-        f"following {_shown(args, args.log)}: {args.window:g} s windows into "
-        f"{_shown(args, args.out)}/windows/, each written once the newest window read ends "
-        f"{args.watermark:g} s after it" + (" (what is there now, then exit)" if args.once else ""),
+        f"following {_shown(args, args.log)}: {args.window:g} s windows into {windows}, each "
+        f"written once the newest window read ends {args.watermark:g} s after it"
+        + (" (what is there now, then exit)" if args.once else ""),
         flush=True,
     )
     started = time.perf_counter()
@@ -406,8 +407,8 @@ def _run_follow(args: argparse.Namespace) -> int:
     )
     state = (last.get("stateOperators") or [{}])[0].get("numRowsTotal", 0)
     print(
-        f"\nwindows in {_shown(args, args.out)}/windows/ ({_since(started)}); {state} still "
-        "open: written once the watermark passes them"
+        f"\nwindows in {windows} ({_since(started)}); {state} still open: written once the "
+        "watermark passes them"
     )
     return 0
 

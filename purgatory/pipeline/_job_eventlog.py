@@ -241,23 +241,29 @@ def _keys(log: DataFrame) -> DataFrame:
 def window_events(log: DataFrame, window: float) -> DataFrame:
     """Each operation's watch and end as events of a window of `window` seconds: columns
     ``purgatory``, ``time_base``, ``_w`` (the window's number), ``window_utc`` (its start as a
-    timestamp; null for the clock time base) and ``_kind`` (``watched`` or the outcome)."""
+    timestamp; null for the clock time base) and ``_kind`` (``watched`` or the outcome).
+
+    One pass over `log` (a stream's micro-batch reads each file once): each operation becomes
+    its one or two events by ``explode``.
+    """
     base = F.when(F.col("utc_offset").isNull(), "clock").otherwise("utc").alias("time_base")
     shift = F.coalesce(F.col("utc_offset"), F.lit(0.0))
-    watched = log.select(
-        "purgatory",
-        base,
-        F.floor((F.col("watched_at") + shift) / window).alias("_w"),
-        F.lit("watched").alias("_kind"),
+    event = [F.lit("watched").alias("_kind"), F.col("watched_at").alias("_t")]
+    end = [F.col("outcome").alias("_kind"), F.col("ended_at").alias("_t")]
+    events = F.array(
+        F.struct(*event),
+        F.when(F.col("ended_at").isNotNull(), F.struct(*end)),
     )
-    ended = log.where(F.col("ended_at").isNotNull()).select(
+    exploded = log.select(
+        "purgatory", base, "utc_offset", F.explode(F.filter(events, lambda e: e.isNotNull()))
+    ).select(
         "purgatory",
-        base,
-        F.floor((F.col("ended_at") + shift) / window).alias("_w"),
-        F.col("outcome").alias("_kind"),
+        "time_base",
+        F.floor((F.col("col._t") + shift) / window).alias("_w"),
+        F.col("col._kind").alias("_kind"),
     )
     utc = F.when(F.col("time_base") == "utc", F.timestamp_seconds(F.col("_w") * window))
-    return watched.unionByName(ended).withColumn("window_utc", utc)
+    return exploded.withColumn("window_utc", utc)
 
 
 def window_counts(events: DataFrame, window: float) -> DataFrame:
