@@ -26,6 +26,7 @@ import pytest
 from helpers import FlagOperation
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
 from spark_support import CONFIGS, small_w1, write_trace
 
 from purgatory import ArrowEventLog, JsonLinesEventLog
@@ -88,8 +89,7 @@ def test_replay_is_exact_and_the_same_everywhere(
     assert len(expected) == 2 * 6000
     one_partition = str(work / "replay-1")
     replay(spark, trace, one_partition, CONFIGS, partitions=1)
-    for out in (replayed[0], one_partition):
-        assert ops_of(pq.read_table(f"{out}/operations")) == expected
+    plain_ops = spark.createDataFrame(plain.filter(pc.is_valid(plain["op_id"]))).select(OP_COLUMNS)
     gauges = [
         "purgatory",
         "config_id",
@@ -100,10 +100,12 @@ def test_replay_is_exact_and_the_same_everywhere(
         "purged_entries",
         "attempts",
     ]
-    plain_gauges = plain.filter(pc.is_null(plain["op_id"])).select(gauges).to_pylist()
+    plain_gauges = spark.createDataFrame(plain.filter(pc.is_null(plain["op_id"]))).select(gauges)
     for out in (replayed[0], one_partition):
-        summary = pq.read_table(f"{out}/summary").select(gauges).to_pylist()
-        assert sorted(summary, key=str) == sorted(plain_gauges, key=str)
+        operations = spark.read.parquet(f"{out}/operations").select(OP_COLUMNS)
+        assertDataFrameEqual(operations, plain_ops, rtol=0, atol=0)
+        summary = spark.read.parquet(f"{out}/summary").select(gauges)
+        assertDataFrameEqual(summary, plain_gauges, rtol=0, atol=0)
 
     # The outcome model, operation by operation.
     rows = {(r["purgatory"], r["op_id"]): r for r in table.to_pylist()}
@@ -134,18 +136,24 @@ def test_event_log_analysed_equals_the_replay_summary(
     spark: SparkSession, work: Path, replayed: tuple[str, str]
 ) -> None:
     out, log = replayed
-    mine = pq.read_table(f"{out}/summary").to_pylist()
+    mine = spark.read.parquet(f"{out}/summary")
     analysed = analyze(spark, log, str(work / "analysis"))
-    theirs = {row["purgatory"]: row.asDict() for row in analysed.collect()}
-    assert len(theirs) == len(mine) == 4
-    for row in mine:
-        other = theirs[f"{row['purgatory']}@{row['config_id']}"]
-        for column in SHARED_SUMMARY_COLUMNS[1:]:
-            assert other[column] == row[column], (row["purgatory"], row["config_id"], column)
+    # The replay's purgatory "p" of configuration 0 is "p@0" in its event log.
+    named = F.concat_ws("@", "purgatory", F.col("config_id").cast("string")).alias("purgatory")
+    shared = list(SHARED_SUMMARY_COLUMNS[1:])
+    assertDataFrameEqual(
+        analysed.select(*SHARED_SUMMARY_COLUMNS),
+        mine.select(named, *shared),
+        rtol=0,
+        atol=0,
+    )
+    assert analysed.count() == 4
     keys = pq.read_table(str(work / "analysis" / "keys"))
     assert pc.sum(keys["operations"]).as_py() == 3 * 2 * 2 * 3000  # 3 keys per operation
     windows = pq.read_table(str(work / "analysis" / "windows"))
-    assert pc.sum(windows["expired"]).as_py() == sum(row["expired"] for row in mine)
+    expired = mine.agg(F.sum("expired")).first()
+    assert expired is not None
+    assert pc.sum(windows["expired"]).as_py() == expired[0]
 
 
 def test_summary_from_the_tasks_equals_spark_over_the_operations(
@@ -157,21 +165,17 @@ def test_summary_from_the_tasks_equals_spark_over_the_operations(
 
     out, _ = replayed
     by = ["purgatory", "config_id"]
-    spark_side = outcome_summary(spark.read.parquet(f"{out}/operations"), by).collect()
-    theirs = {(row["purgatory"], row["config_id"]): row.asDict() for row in spark_side}
-    mine = pq.read_table(f"{out}/summary").to_pylist()
-    assert len(mine) == len(theirs) == 4
-    columns = [*SHARED_SUMMARY_COLUMNS[1:-1], "expired_share"]  # (peak_delayed: a gauge)
-    for row in mine:
-        other = theirs[row["purgatory"], row["config_id"]]
-        for column in columns:
-            assert row[column] == other[column], (row["purgatory"], row["config_id"], column)
-    assert {row["expired"] > 0 for row in mine} == {True}
+    columns = [*by, *SHARED_SUMMARY_COLUMNS[1:-1], "expired_share"]  # (peak_delayed: a gauge)
+    spark_side = outcome_summary(spark.read.parquet(f"{out}/operations"), by).select(columns)
+    mine = spark.read.parquet(f"{out}/summary")
+    assertDataFrameEqual(mine.select(columns), spark_side, rtol=0, atol=0)
+    assert mine.where("expired = 0").count() == 0
+    assert mine.count() == 4
 
     lean = work / "replay-summary-only"
     replay(spark, trace, str(lean), CONFIGS, operations=False)
     assert sorted(p.name for p in lean.iterdir() if not p.name.startswith(".")) == ["summary"]
-    assert pq.read_table(lean / "summary").to_pylist() == mine
+    assertDataFrameEqual(spark.read.parquet(str(lean / "summary")), mine, rtol=0, atol=0)
 
 
 def test_summary_only_from_the_command_line(
