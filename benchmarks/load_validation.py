@@ -20,7 +20,8 @@ pyarrow; no Spark). In one run, on this machine:
    loop never idles), and from the knee (the offered rate where the loop becomes fully busy:
    utilisation reaches 95 % of the highest measured, interpolated between the rates measured).
    Below the knee an event often finds the loop idle and pays its wake-up (the profile's
-   ``wake``), so the knee comes before the overload's rate.
+   ``wake``, and its latency ``wake_latency``), so the knee comes before the overload's rate;
+   the reaper's pass runs after the callbacks collected with its timer, as asyncio runs it.
 
 Targets: within 25 % (or 2 ms, whichever is larger; for the expired share, 25 % or half a
 percentage point) below saturation, and the saturation rate within 15 %. ``--write`` writes
@@ -176,6 +177,8 @@ class _Run:
             and condition < now + timeout + TICK
         ):
             loop.call_at(self.base + condition, self.trigger, op)
+        elif self.stub:  # without a purgatory: what the run does when an operation ends
+            self.ended(op)
 
     def trigger(self, op: _Op) -> None:
         self.triggers += 1
@@ -183,6 +186,8 @@ class _Run:
             return
         op.ready = True
         self.purgatory.check_and_complete(op.key)
+        if self.stub:
+            self.ended(op)
 
     async def play(self) -> dict[str, float]:
         # time.monotonic is the asyncio loop's clock and the purgatory's.
@@ -193,9 +198,8 @@ class _Run:
         self.base = time.monotonic() + 0.05 + 1e-5 * self.n
         for i, arrival in enumerate(self.arrivals):
             self.loop.call_at(self.base + arrival, self.arrive, i)
-        if self.stub:  # nothing ends: done once every arrival and condition has been served
-            last = max(c for c in self.conditions if c is not None)
-            self.loop.call_at(self.base + last + 0.01, self.done.set_result, None)
+        # (Without a purgatory, an operation "ends" at its condition, or at its arrival when it
+        # has none to wait for: done once every one has.)
         # The handles and the trace are long-lived: out of the collector's full passes, which
         # would otherwise walk them all, every few thousand allocations, during the run.
         gc.collect()
@@ -235,7 +239,8 @@ def application_overhead(trace: pa.Table, iterations: int, dispatch: float) -> f
 
     What the harness does around the purgatory (the busy loop, reading the clock, creating the
     operation, scheduling its condition as a timer, popping timers from a heap holding every
-    arrival of the run) is the application's work here, to be charged per arrival.
+    arrival of the run, noting each operation's end) is the application's work here, to be
+    charged per arrival.
     """
 
     async def main() -> tuple[_Run, dict[str, float]]:
@@ -393,13 +398,18 @@ def render(
         + (": " + ", ".join(f"{h} at {r:,.0f}/s" for r, h in misses) if misses else "")
         + ".",
         "",
-        "What the model leaves out, and where it shows:",
+        "What the model charges, and what it leaves out:",
         "",
-        "- **The scheduler's wake-up latency.** The model charges the CPU an idle loop spends "
-        "waking (the profile's `wake`), but not the time the operating system takes to "
-        "schedule it: an expiry on a loop that was asleep is late by the selector's timeout "
-        "(rounded up to the millisecond) plus that latency, where the model has only the "
-        "rounding up to the tick.",
+        "- **The loop's turns and wake-ups.** The model turns as asyncio's loop does: each "
+        "iteration collects the callbacks due and runs them in the order of their times; an "
+        "idle loop sleeps until its next timer rounded up to the selector's millisecond and "
+        "wakes later by a scheduling latency drawn from the profile's measured quantiles "
+        "(here "
+        + _latency(profile)
+        + "), paying `wake`, which includes the work's slowdown after a sleep.",
+        "- **The reaper behind the batch.** The reaper's timer only wakes its task: the pass "
+        "runs at the start of the next iteration, after every callback collected with the "
+        "timer, so on a busy loop an expiry waits for a batch of arrivals and conditions.",
         "- **Other processes.** The model gives the loop a core of its own. Rows whose last "
         "column is more than a few per cent ran on a shared, busy machine: there the measured "
         "waits, lateness and utilisation (CPU over wall time) include the time the loop waited "
@@ -413,6 +423,14 @@ def render(
         "",
     ]
     return "\n".join(lines)
+
+
+def _latency(profile: CostProfile) -> str:
+    """The profile's wake-up latency, p50 and p99, in words."""
+    if not profile.wake_latency:
+        return "none measured"
+    p50, p99 = (profile.latency(p) * 1e6 for p in (0.5, 0.99))
+    return f"p50 {p50:.0f} us, p99 {p99:.0f} us"
 
 
 def _verdict(pair: dict[str, float | None]) -> str:
@@ -496,7 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The rate the profile saturates at, from a replay at a low rate: rate / utilisation, with
     # every event priced as on a busy loop (a low rate wakes the loop for nearly every event).
     probe = replace(w1, operations=2000, rate=1000.0)
-    guess = probe.rate / predict(make_trace(probe), replace(profile, wake=0.0))["utilisation"]
+    busy_loop = replace(profile, wake=0.0, iteration=0.0, wake_latency=())
+    guess = probe.rate / predict(make_trace(probe), busy_loop)["utilisation"]
     print(f"predicted saturation from a probe: {guess:,.0f}/s", flush=True)
     rows = []
     for share in SHARES[::2] if args.quick else SHARES:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from purgatory.pipeline._cli import main
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
 from purgatory.pipeline._load import (
     COST_KINDS,
+    LATENCY_QUANTILES,
     PROFILE_VERSION,
     CostProfile,
     load_profile,
@@ -157,15 +159,15 @@ def test_a_late_pass_is_late_from_its_deadline_even_when_its_first_bucket_emptie
 
 
 def test_an_event_that_finds_the_core_idle_pays_the_wake_up() -> None:
-    """A watch costs 2 ms and waking an idle loop 1 ms. Op 0 arrives at 1 ms to an idle core: 3
-    ms (busy to 4). Op 1 arrives at 2 ms, queues behind it, and runs on the awake loop at 4: 2
-    ms, no wake-up (busy to 6). Op 2 arrives at 10 ms to an idle core: 3 ms. Their expiries,
-    at ticks 1001, 1004 and 1010, each wake an idle loop: 1 ms each. 11 ms in all; 6 without
-    the wake-up."""
+    """A watch costs 2 ms and waking an idle loop 1 ms, spent before the callback runs. Op 0
+    arrives at 1 ms to an idle core: woken (busy to 2), watched at 2 (busy to 4). Op 1 arrives
+    at 2 ms, queues behind it, and is watched in the loop's next turn at 4, no wake-up (busy to
+    6). Op 2 arrives at 10 ms to an idle core: woken, watched at 11. Their expiries each wake an
+    idle loop: 1 ms each. 11 ms in all; 6 without the wake-up."""
     trace = trace_table([("p", i, at * MS, 1.0, None) for i, at in enumerate((1, 2, 10))])
     config = {0: ReplayConfig(tick=MS)}
     ops, stats = split(replay_table(trace, config, costs=costs(watch=2 * MS, wake=1 * MS)))
-    assert [ops["p", i]["watched_at"] for i in range(3)] == pytest.approx([MS, 4 * MS, 10 * MS])
+    assert [ops["p", i]["watched_at"] for i in range(3)] == pytest.approx([2 * MS, 4 * MS, 11 * MS])
     assert stats["p"]["busy"] == pytest.approx(11 * MS)
     _, asleep = split(replay_table(trace, config, costs=costs(watch=2 * MS)))
     assert asleep["p"]["busy"] == pytest.approx(6 * MS)
@@ -173,17 +175,88 @@ def test_an_event_that_finds_the_core_idle_pays_the_wake_up() -> None:
 
 def test_an_idle_loop_sleeps_to_its_next_timer_rounded_up_to_the_millisecond() -> None:
     """epoll's timeout is whole milliseconds: a loop idle from 0 sleeps until 1 ms for op 0
-    (due at 0.3 ms), wakes once (0.05 ms) and watches it (0.1 ms: busy to 1.15). Op 1, due at
-    0.5 ms, is due by then: it runs next, on the awake loop (busy to 1.25). Op 2, due at 2.2
-    ms, finds the loop asleep since 1.25 ms: it wakes at 1.25 + 1 ms = 2.25 ms."""
+    (due at 0.3 ms), wakes (0.05 ms) and watches it at 1.05 ms (0.1 ms: busy to 1.15). Op 1,
+    due at 0.5 ms, was due when the loop woke: it runs next, in the same turn (busy to 1.25).
+    Op 2, due at 2.2 ms, finds the loop asleep since 1.25 ms: it wakes at 1.25 + 1 ms = 2.25
+    ms, and watches it at 2.30."""
     trace = trace_table([("p", i, at * MS, 1.0, None) for i, at in enumerate((0.3, 0.5, 2.2))])
     profile = replace(costs(watch=0.1 * MS, wake=0.05 * MS), wake_resolution=MS)
     ops, stats = split(replay_table(trace, {0: ReplayConfig(tick=MS)}, costs=profile))
     assert [ops["p", i]["watched_at"] for i in range(3)] == pytest.approx(
-        [1.0 * MS, 1.15 * MS, 2.25 * MS]
+        [1.05 * MS, 1.15 * MS, 2.30 * MS]
     )
-    # Each expiry's pass wakes the loop too, at most a millisecond after its tick.
-    assert 0 < stats["p"]["pass_late_max"] <= MS
+    # Each expiry's pass wakes the loop too, at most a millisecond and a wake-up after its tick.
+    assert 0 < stats["p"]["pass_late_max"] <= 1.05 * MS
+
+
+def test_the_reapers_pass_runs_after_the_callbacks_collected_with_its_timer() -> None:
+    """asyncio runs the reaper's timer as one callback among those collected in a turn of the
+    loop; it only wakes the reaper's task, whose pass runs at the start of the next turn: after
+    every callback collected with the timer, later ones included.
+
+    A watch costs 0.1 ms, a completion 2 ms. Op 0 (0 ms) is watched at once; its condition (0.5
+    ms) completes it: busy 0.5 to 2.5 ms. Meanwhile op 1's deadline tick comes (2 ms), op 3
+    arrives (2.4 ms) and op 2's condition comes (2.5 ms): the turn at 2.5 ms collects all three
+    and runs them in the order of their times: the reaper's timer, op 3's watch (2.5 to 2.6),
+    op 2's completion (2.6 to 4.6). The pass opens the next turn at 4.6 ms and expires op 1
+    there, 2.6 ms after its tick (before the callbacks due after it, the pass ran at 2.5)."""
+    trace = trace_table(
+        [
+            ("p", 0, 0.0, 100 * MS, 0.5 * MS),
+            ("p", 1, 0.2 * MS, 1 * MS, None),
+            ("p", 2, 0.3 * MS, 100 * MS, 2.5 * MS),
+            ("p", 3, 2.4 * MS, 100 * MS, None),
+        ]
+    )
+    profile = costs(watch=0.1 * MS, completion=2 * MS)
+    ops, stats = split(replay_table(trace, {0: ReplayConfig(tick=MS)}, costs=profile, check=True))
+    assert ops["p", 3]["watched_at"] == pytest.approx(2.5 * MS)
+    assert ops["p", 2]["ended_at"] == pytest.approx(2.6 * MS)
+    assert ops["p", 1]["outcome"] == "expired"
+    assert ops["p", 1]["ended_at"] == pytest.approx(4.6 * MS)
+    assert stats["p"]["pass_late_max"] == pytest.approx(2.6 * MS, abs=1e-9)
+
+
+def test_a_woken_loop_runs_late_by_a_latency_drawn_from_the_profile() -> None:
+    """With a wake-up latency of exactly 0.25 ms (every quantile), an idle loop runs its
+    callbacks 0.25 ms after its selector's timeout: op 0 (0.3 ms) at 1 + 0.25 ms; op 1 (5 ms),
+    after a sleep from 1.35 ms (op 0's watch done) of 4 whole milliseconds, at 5.35 + 0.25 ms.
+    The draws of a real distribution differ from wake-up to wake-up, and are the same on every
+    replay of the same group."""
+    trace = trace_table([("p", i, at * MS, 1.0, None) for i, at in enumerate((0.3, 5.0))])
+    fixed = replace(
+        costs(watch=0.1 * MS),
+        wake_resolution=MS,
+        wake_latency=(0.25 * MS,) * len(LATENCY_QUANTILES),
+    )
+    ops, _ = split(replay_table(trace, {0: ReplayConfig(tick=MS)}, costs=fixed))
+    assert [ops["p", i]["watched_at"] for i in range(2)] == pytest.approx([1.25 * MS, 5.6 * MS])
+    spread = replace(fixed, wake_latency=tuple(q * MS for q in range(len(LATENCY_QUANTILES))))
+    assert spread.latency(0.5) == 3 * MS  # the 0.5 quantile is the fourth (0-based 3)
+    assert spread.latency(0.3) == pytest.approx(2.2 * MS)  # 0.25 -> 2 ms, 0.5 -> 3 ms
+    replayed = replay_table(trace, {0: ReplayConfig(tick=MS)}, costs=spread)
+    assert replay_table(trace, {0: ReplayConfig(tick=MS)}, costs=spread).equals(replayed)
+    ops, _ = split(replayed)
+    first, second = (ops["p", i]["watched_at"] for i in range(2))
+    slept_from = first + 0.1 * MS
+    woken = slept_from + math.ceil((5 * MS - slept_from) / MS - 1e-9) * MS
+    latencies = [first - 1 * MS, second - woken]
+    assert all(0 <= latency <= 10 * MS for latency in latencies), latencies
+    assert latencies[0] != latencies[1]  # two draws
+
+
+@pytest.mark.parametrize(
+    ("latency", "said"),
+    [
+        ((0.001,), "wake_latency must be 11 quantiles"),
+        ((0.002, 0.001, *(0.003,) * 9), "quantiles must not decrease"),
+        ((-0.001, *(0.0,) * 10), "not seconds in [0, 1]"),
+        (("1 ms", *(0.0,) * 10), "a value that is not seconds"),
+    ],
+)
+def test_a_bad_wake_latency_is_refused(latency: tuple[Any, ...], said: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(said)):
+        replace(PROFILE, wake_latency=latency)
 
 
 def w1_trace(operations: int = 1500) -> pa.Table:
@@ -281,7 +354,7 @@ def write(tmp_path: Path, content: Any) -> str:
 
 
 GOOD_COSTS = {kind: 1e-6 for kind in COST_KINDS if kind != "application"}
-GOOD: dict[str, Any] = {"version": 2, "loop": "asyncio", "costs": GOOD_COSTS}
+GOOD: dict[str, Any] = {"version": 3, "loop": "asyncio", "costs": GOOD_COSTS}
 
 
 @pytest.mark.parametrize(
@@ -289,7 +362,8 @@ GOOD: dict[str, Any] = {"version": 2, "loop": "asyncio", "costs": GOOD_COSTS}
     [
         ("{not json", "not JSON"),
         ([1, 2], "expected a JSON object"),
-        ({**GOOD, "version": 1}, "version 1, expected 2 (make a new one with"),
+        ({**GOOD, "version": 2}, "version 2, expected 3 (make a new one with"),
+        ({**GOOD, "wake_latency": [0.001]}, "wake_latency must be 11 quantiles"),
         (
             {**GOOD, "costs": {**GOOD_COSTS, "expiry": -1e-6}},
             "'expiry' must be a number of seconds in [0, 1], got -1e-06",
@@ -373,6 +447,9 @@ def test_calibrate_quick_writes_a_profile_that_loads(
     data = json.loads(out.read_text())
     assert data["version"] == PROFILE_VERSION
     assert data["wake_resolution"] == 0.001  # Linux: epoll's milliseconds
+    assert len(data["wake_latency"]) == len(LATENCY_QUANTILES)
+    assert profile.wake_latency == tuple(sorted(profile.wake_latency))
+    assert 0 <= profile.iteration < 0.01
     assert data["loop"] == "asyncio"
     assert data["python"].startswith("CPython") or data["python"]
     assert profile.application == 0.00002

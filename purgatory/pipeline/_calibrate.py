@@ -7,20 +7,29 @@ and less disturbed by other processes than wall time. Each is run a few times an
 kept. The kinds and what they are charged for are listed in `purgatory.pipeline._load.COST_KINDS`.
 
 Costs are those of a loaded loop, the regime where they matter: a callback is one of many due
-at once (no wait in the selector between them). The one exception is ``wake``, what waking an
-idle loop costs beyond that: callbacks a tick apart, each finding the loop asleep in its
-selector, minus a due callback's dispatch; the replay charges it to an event that finds the
-modelled core idle. Solved, not measured directly: ``watch_key`` (a
-watch on four keys minus one on one key, over three), and ``expiry`` and ``timer_pass`` from two
-runs: one pass per expiry (each operation on a tick of its own) and one pass for thousands; a
-spaced pass wakes an idle loop, so the CPU of an idle wake-up (callbacks a tick apart) is taken
-out of it and that of a due callback put in.
+at once (no wait in the selector between them); a try (``attempt``) on keys whose operations are
+out of the cache, as on a server with many keys. Beside them, what a loop pays per turn and per
+sleep: ``iteration``, a turn of the loop beyond its callbacks (a chain of callbacks each
+scheduled by the one before, so each runs in a turn of its own, minus a due callback's
+dispatch); ``wake``, what waking an idle loop costs beyond that (callbacks a tick apart, each
+finding the loop asleep in its selector and doing an arrival's and a condition's work on a
+purgatory, minus the same callbacks all due at once, minus a turn: the wake-up with the
+slowdown of the work that follows it, its caches cold from the sleep); and, not CPU but time,
+``wake_latency``: how much later than its selector's timeout an idle loop's callback runs (the
+thread woken and scheduled by the operating system), as quantiles of a thousand wake-ups.
+Solved, not measured directly: ``watch_key`` (a watch on four keys minus one on one key, over
+three), and ``expiry`` and ``timer_pass`` from two runs: one pass per expiry (each operation on a
+tick of its own) and one pass for thousands; a spaced pass wakes an idle loop (its timer in one
+turn, its task in the next), so an idle wake-up (a turn and a dispatch included) and one more
+turn are taken out of it and a dispatch put back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import platform
+import random
 import selectors
 import statistics
 import sys
@@ -30,7 +39,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .. import DelayedOperation, DelayedOperationPurgatory
-from ._load import CostProfile
+from ._load import LATENCY_QUANTILES, CostProfile
 
 __all__ = ("LOOPS", "FlagOp", "calibrate")
 
@@ -73,10 +82,11 @@ class _Sizes:
     checks: int
     spaced_expiries: int
     bulk_expiries: int
+    wake_ups: int
 
 
-_FULL: Final = _Sizes(5, 20_000, 5_000, 1_000, 5_000, 1_000, 4_000)
-_QUICK: Final = _Sizes(2, 2_000, 500, 200, 500, 60, 500)
+_FULL: Final = _Sizes(5, 20_000, 5_000, 50, 5_000, 1_000, 4_000, 1_000)
+_QUICK: Final = _Sizes(2, 2_000, 500, 10, 500, 60, 500, 200)
 _KEYS: Final = 100
 
 
@@ -130,6 +140,105 @@ async def _callbacks(n: int, spacing: float) -> float:
     return (time.thread_time() - start) / n
 
 
+async def _iterations(n: int) -> float:
+    """A chain of `n` callbacks, each scheduled by the one before with ``call_soon`` (so each
+    runs in a turn of the loop of its own, the selector asked and answering at once): CPU
+    seconds per callback."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    left = n
+
+    def step() -> None:
+        nonlocal left
+        left -= 1
+        if left:
+            loop.call_soon(step)
+        else:
+            done.set_result(None)
+
+    loop.call_soon(step)
+    start = time.thread_time()
+    await done
+    return (time.thread_time() - start) / n
+
+
+async def _wake_latency(n: int, resolution: float) -> list[float]:
+    """How much later than its selector's timeout each of `n` callbacks, spaced so that the
+    loop sleeps before each, starts: the operating system's scheduling latency of the woken
+    thread, in seconds (the loop's own turn included, a few microseconds).
+
+    The loop goes to sleep when a callback ends, until the next one's time rounded up to the
+    selector's `resolution`: a callback that starts later than that was late by the rest.
+    """
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    late: list[float] = []
+    ended = time.monotonic()
+    spacing = 1.37e-3  # (not a whole number of milliseconds: the roundings differ)
+
+    def step(when: float) -> None:
+        nonlocal ended
+        start = time.monotonic()
+        if resolution > 0:
+            woken = ended + math.ceil((when - ended) / resolution - 1e-9) * resolution
+        else:
+            woken = when
+        late.append(max(0.0, start - max(woken, when)))
+        if len(late) == n:
+            done.set_result(None)
+        ended = time.monotonic()
+
+    first = loop.time() + 0.01
+    for i in range(n):
+        when = first + i * spacing
+        loop.call_at(when, step, when)
+    await done
+    return late
+
+
+def _quantiles(values: list[float]) -> tuple[float, ...]:
+    """`values`' quantiles at `LATENCY_QUANTILES` (nearest rank)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    return tuple(ordered[min(n - 1, max(0, math.ceil(p * n) - 1))] for p in LATENCY_QUANTILES)
+
+
+async def _working(n: int, spacing: float) -> float:
+    """`n` callbacks `spacing` seconds apart, each doing what an arrival and a condition do to a
+    purgatory (a watch, and a completion by ``check_and_complete``): CPU seconds per callback.
+
+    A tick apart, each finds the loop asleep and its caches cold from the sleep (other threads
+    ran on the core): the wake-up's cost then includes the work's slowdown after it, which a
+    callback doing nothing (`_callbacks`) does not show.
+    """
+    loop = asyncio.get_running_loop()
+    purgatory: DelayedOperationPurgatory[FlagOp] = DelayedOperationPurgatory("calibrate")
+    purgatory.try_complete_else_watch(FlagOp(60.0), ("k0",))  # the reaper started, not measured
+    done = loop.create_future()
+    ops = [FlagOp(60.0) for _ in range(n + 1)]
+    left = n
+
+    def step() -> None:
+        nonlocal left
+        left -= 1
+        purgatory.try_complete_else_watch(ops[left], (f"k{left % _KEYS}",))
+        waiting = ops[left + 1]
+        waiting.ready = True
+        purgatory.check_and_complete(f"k{(left + 1) % _KEYS}")
+        if not left:
+            done.set_result(None)
+
+    purgatory.try_complete_else_watch(ops[n], (f"k{n % _KEYS}",))
+    when = loop.time() + (2 * spacing if spacing >= 1e-3 else 0.0)
+    for i in range(n):
+        loop.call_at(when + i * spacing, step)
+    start = time.thread_time()
+    await done
+    spent = time.thread_time() - start
+    await purgatory.shutdown()
+    return spent / n
+
+
 async def _watches(n: int, keys_per_op: int) -> float:
     """A chain of `n` callbacks, each watching a new operation that waits: seconds per callback."""
     loop = asyncio.get_running_loop()
@@ -156,17 +265,30 @@ async def _watches(n: int, keys_per_op: int) -> float:
     return spent / n
 
 
-async def _attempts(per_key: int, checks: int) -> float:
-    """``check_and_complete`` on a key whose operations all stay unmet: seconds per try."""
+async def _attempts(per_key: int, keys: int = 300, rounds: int = 5) -> float:
+    """``check_and_complete`` on keys whose operations all stay unmet: seconds per try.
+
+    As in a server, a key's operations are far apart in memory (watched in turn with other
+    keys', other objects allocated between them) and a key is tried after the others: each
+    check finds its operations out of the cache, as a loop serving many keys does (a thousand
+    operations of one key tried again and again cost about two thirds of this).
+    """
     purgatory: DelayedOperationPurgatory[FlagOp] = DelayedOperationPurgatory("calibrate")
+    others = []
     for _ in range(per_key):
-        purgatory.try_complete_else_watch(FlagOp(60.0), ("k",))
+        for k in range(keys):
+            purgatory.try_complete_else_watch(FlagOp(60.0), (f"k{k}",))
+            others.append([0] * 8)
+    order = [f"k{k}" for k in range(keys)]
+    shuffle = random.Random(1).shuffle
     start = time.thread_time()
-    for _ in range(checks):
-        purgatory.check_and_complete("k")
+    for _ in range(rounds):
+        shuffle(order)
+        for key in order:
+            purgatory.check_and_complete(key)
     spent = time.thread_time() - start
     await purgatory.shutdown()
-    return spent / (per_key * checks)
+    return spent / (per_key * keys * rounds)
 
 
 async def _completions(n: int) -> float:
@@ -253,6 +375,15 @@ def _median(repeats: int, loop: str, scenario: Callable[[], Awaitable[float]]) -
     return statistics.median(_run(loop, scenario) for _ in range(repeats))
 
 
+def _run_list(loop_kind: str, scenario: Callable[[], Awaitable[list[float]]]) -> list[float]:
+    """Run `scenario` on a fresh loop of `loop_kind`; the values it measured."""
+    loop = _new_loop(loop_kind)
+    try:
+        return loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+
 def calibrate(
     loop: str = "asyncio",
     *,
@@ -278,11 +409,12 @@ def calibrate(
     r = sizes.repeats
     say("dispatch")
     dispatch = _median(r, loop, lambda: _callbacks(sizes.callbacks, 1e-9))
+    turn = _median(r, loop, lambda: _iterations(sizes.callbacks))
     say("watch")
     watch1 = _median(r, loop, lambda: _watches(sizes.watches, 1))
     watch4 = _median(r, loop, lambda: _watches(sizes.watches, 4))
     say("attempt")
-    attempt = _median(r, loop, lambda: _attempts(sizes.attempts_per_key, 20))
+    attempt = _median(r, loop, lambda: _attempts(sizes.attempts_per_key))
     say("completion")
     completion = _median(r, loop, lambda: _completions(sizes.checks))
     say("expiry")
@@ -290,16 +422,26 @@ def calibrate(
     bulk = _median(r, loop, lambda: _expiries(sizes.bulk_expiries, False))
     say("wake")
     idle = _median(r, loop, lambda: _callbacks(sizes.spaced_expiries, 0.001))
+    asleep = _median(r, loop, lambda: _working(sizes.spaced_expiries, 0.001))
+    awake = _median(r, loop, lambda: _working(sizes.spaced_expiries, 1e-9))
+    resolution = _resolution(loop)
+    latency = _quantiles(_run_list(loop, lambda: _wake_latency(sizes.wake_ups, resolution)))
     say("purge")
     purged_entry = _median(r, loop, lambda: _purges(sizes.checks))
-    # spaced = n_s * (pass + expiry); bulk = pass + n_b * expiry. Each spaced pass wakes an
-    # idle loop; a loaded loop runs it as one more due callback: idle wake-up out, dispatch in.
+    # spaced = n_s * (pass + expiry); bulk = pass + n_b * expiry, where a pass woke an idle
+    # loop (wake, a turn, its timer's dispatch) and ran its task in the next turn. The model
+    # charges a pass the timer and the task (timer_pass), the turns and the wake-up apart: so
+    # out of it go the idle wake-up (wake, a turn, a dispatch) and one more turn; a dispatch
+    # is put back for its timer's callback.
     n_s, n_b = sizes.spaced_expiries, sizes.bulk_expiries
     expiry = (bulk - spaced / n_s) / (n_b - 1)
-    timer_pass = spaced / n_s - expiry - idle + dispatch
+    iteration = turn - dispatch
+    timer_pass = spaced / n_s - expiry - idle + dispatch - iteration
     costs = {
         "dispatch": dispatch,
-        "wake": idle - dispatch,
+        "iteration": iteration,
+        # (With the work's slowdown after a sleep: what an idle wake-up costs a real callback.)
+        "wake": asleep - awake - iteration,
         "watch": watch1 - dispatch,
         "watch_key": (watch4 - watch1) / 3,
         "attempt": attempt,
@@ -317,7 +459,8 @@ def calibrate(
     return CostProfile(
         **costs,
         application=application,
-        wake_resolution=_resolution(loop),
+        wake_resolution=resolution,
+        wake_latency=latency,
         loop=loop,
         python=f"{platform.python_implementation()} {platform.python_version()}",
         machine=_machine(),

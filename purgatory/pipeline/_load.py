@@ -2,11 +2,13 @@
 
 Without a profile the replay runs in virtual time where the purgatory's own work costs nothing,
 so an arrival rate changes nothing. With one, each (purgatory, configuration) group is served
-as one event loop on one core serves it: every event (an arrival's watch, a condition that
-fires, a timer pass) starts at ``max(its time, busy_until)`` and keeps the core busy for what
-its work costs by the profile, plus the wake-up of an idle loop when it finds the core idle.
-Work queues behind work, timer passes run late, and operations wait longer and expire more
-once the offered work exceeds the core.
+as one event loop on one core serves it, iteration by iteration: the loop collects the
+callbacks due (arrivals, conditions that fire, the reaper's timer), runs them in the order of
+their times, each keeping the core busy for what its work costs by the profile, and collects
+again; an idle loop sleeps in its selector until the next is due (rounded up to the selector's
+resolution) and wakes that much later again as the operating system schedules it. Work queues
+behind work, the reaper's pass runs after the callbacks collected with its timer, and operations
+wait longer and expire more once the offered work exceeds the core.
 
 A profile is measured by ``python -m purgatory.pipeline calibrate`` (in `._calibrate`) on the
 machine and loop that matter, and stored as a small versioned JSON file.
@@ -14,6 +16,7 @@ machine and loop that matter, and stored as a small versioned JSON file.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import math
@@ -25,6 +28,7 @@ from .._clock import Timer
 
 __all__ = (
     "COST_KINDS",
+    "LATENCY_QUANTILES",
     "MAX_COST",
     "PROFILE_VERSION",
     "CostProfile",
@@ -33,7 +37,10 @@ __all__ = (
 )
 
 #: The version of the profile file's layout; a file of another version is refused.
-PROFILE_VERSION: Final = 2
+PROFILE_VERSION: Final = 3
+#: The probabilities at which a profile gives the scheduling latency of a wake-up
+#: (``wake_latency``): its quantiles, between which a replay draws its latencies.
+LATENCY_QUANTILES: Final = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 1.0)
 #: The most one event may cost, in seconds of one core: a loop that spends more on a single
 #: callback is not serving a purgatory, and a larger figure is a broken profile (it would
 #: also carry the model's clock past what a double counts in nanoseconds).
@@ -52,6 +59,8 @@ COST_KINDS: Final = {
     "timer_pass": "one wake-up of the reaper: the timer handle, the task step, the wheel",
     "purged_entry": "one watcher-list entry removed by a purge",
     "application": "the application's own work per operation (0 unless given)",
+    "iteration": "one turn of the loop beyond its callbacks: a selector call that finds work "
+    "due, collecting the timers due, the ready queue",
 }
 
 
@@ -69,15 +78,21 @@ class CostProfile:
     timer_pass: float
     purged_entry: float
     application: float = 0.0
+    iteration: float = 0.0
     #: The granularity of the loop's sleep in its selector: an idle loop sleeps until its next
     #: timer rounded up to this (epoll's and libuv's timeouts are whole milliseconds), then runs
     #: every event due by then for one wake-up. 0: it wakes exactly on time.
     wake_resolution: float = 0.0
+    #: How much later than its selector's timeout an idle loop runs (the operating system
+    #: scheduling the thread that woke), in seconds: its quantiles at `LATENCY_QUANTILES`, as
+    #: measured; a replay draws each wake-up's from them (seeded by the group). Empty: none.
+    wake_latency: tuple[float, ...] = ()
     loop: str = "asyncio"
     python: str = ""
     machine: str = ""
 
     def __post_init__(self) -> None:
+        self._check_latency()
         for kind in (*COST_KINDS, "wake_resolution"):
             value = getattr(self, kind)
             if isinstance(value, bool) or not isinstance(value, int | float):
@@ -93,6 +108,39 @@ class CostProfile:
                 )
             object.__setattr__(self, kind, seconds)
 
+    def _check_latency(self) -> None:
+        latency = self.wake_latency
+        if not isinstance(latency, tuple | list) or (
+            latency and len(latency) != len(LATENCY_QUANTILES)
+        ):
+            raise ValueError(
+                f"wake_latency must be {len(LATENCY_QUANTILES)} quantiles (at "
+                f"{', '.join(map(str, LATENCY_QUANTILES))}) or none, got {latency!r:.60}"
+            )
+        values = []
+        for value in latency:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"wake_latency holds a value that is not seconds: {value!r:.40}")
+            if not 0 <= value <= MAX_COST:
+                raise ValueError(
+                    f"wake_latency holds {value!r:.40}, not seconds in [0, {MAX_COST:g}]"
+                )
+            values.append(float(value))
+        if values != sorted(values):
+            raise ValueError(f"wake_latency's quantiles must not decrease, got {latency!r:.80}")
+        object.__setattr__(self, "wake_latency", tuple(values))
+
+    def latency(self, u: float) -> float:
+        """The wake-up latency at probability `u` in [0, 1] (linear between the quantiles)."""
+        values = self.wake_latency
+        if not values:
+            return 0.0
+        points = LATENCY_QUANTILES
+        i = min(bisect.bisect_right(points, u), len(points) - 1)
+        lo, hi = points[i - 1], points[i]
+        share = (u - lo) / (hi - lo) if hi > lo else 0.0
+        return values[i - 1] + share * (values[i] - values[i - 1])
+
     @property
     def zero(self) -> bool:
         """Whether every event costs nothing (the replay is then exactly the plain one)."""
@@ -107,15 +155,20 @@ class CostProfile:
             "python": data.pop("python"),
             "machine": data.pop("machine"),
             "wake_resolution": data.pop("wake_resolution"),
+            "wake_latency": list(data.pop("wake_latency")),
             "costs": data,
         }
 
     def describe(self) -> str:
         """One line for a summary: the loop, and the costs in microseconds."""
         costs = ", ".join(f"{kind} {getattr(self, kind) * 1e6:.2f}" for kind in COST_KINDS)
+        latency = ""
+        if self.wake_latency:
+            p50, p99 = (self.latency(p) * 1e6 for p in (0.5, 0.99))
+            latency = f", wake latency p50 {p50:.0f} us, p99 {p99:.0f} us"
         return (
             f"{self.loop} loop, {self.machine or 'unknown machine'}; costs (us): {costs}; "
-            f"wake resolution {self.wake_resolution * 1e3:g} ms"
+            f"wake resolution {self.wake_resolution * 1e3:g} ms{latency}"
         )
 
 
@@ -141,7 +194,10 @@ def profile_from_json(data: Any, where: str) -> CostProfile:
     missing = [kind for kind in COST_KINDS if kind not in costs and kind != "application"]
     if missing:
         raise ValueError(f"cost profile {where}: missing cost {missing[0]!r}")
-    meta: dict[str, Any] = {"wake_resolution": data.get("wake_resolution", 0.0)}
+    meta: dict[str, Any] = {
+        "wake_resolution": data.get("wake_resolution", 0.0),
+        "wake_latency": data.get("wake_latency", []),
+    }
     for name in ("loop", "python", "machine"):
         value = data.get(name, "")
         if not isinstance(value, str):

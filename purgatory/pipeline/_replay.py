@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import random
 import re
 from array import array
 from collections.abc import Iterable, Iterator, Mapping
@@ -398,19 +399,27 @@ def _percentiles(values: array[float]) -> list[float | None]:
 class _LoadedGroup(_Group):
     """A group served by one core, as one event loop serves it (see the module's docstring).
 
-    Events are served in the order of their times (at one instant: timer passes, conditions,
-    the arrival), each from ``max(its time, busy_until)``. What an event costs is counted from
-    the work it did: the tries (``attempts``), the operations it finished, the expiries of a
-    pass and the entries it purged; and the loop's wake-up if it found the core idle.
+    The loop turns in iterations. An iteration collects every callback due when it starts (a
+    loop that had nothing due slept in its selector until the next one, rounded up to the
+    selector's resolution, and then woke later still, by a latency the profile draws) and runs
+    them in the order of their times (at one instant: the reaper's timer, conditions, the
+    arrival), each from ``busy_until``. The reaper's timer only wakes the reaper's task: its
+    pass runs first in the next iteration, after every callback collected with its timer. What
+    an event costs is counted from the work it did: the tries (``attempts``), the operations it
+    finished, the expiries of a pass and the entries it purged; an iteration costs the
+    profile's ``iteration``, plus ``wake`` when it followed a sleep.
     """
 
     __slots__ = (
+        "batch",
         "busy",
         "busy_until",
         "costs",
+        "draw",
         "last_pass",
         "late",
         "load",
+        "owed",
         "pass_due",
         "pass_raw",
         "start",
@@ -444,6 +453,13 @@ class _LoadedGroup(_Group):
         self.pass_raw = math.inf
         self.pass_due = math.inf
         self.last_pass = 0.0
+        # When the current iteration collected its callbacks (those due by then are its own),
+        # and whether the reaper's timer was among them (its pass then opens the next one).
+        self.batch = -math.inf
+        self.owed = False
+        # The wake-ups' latencies, drawn from the profile's: the same for the same group.
+        seed = hashlib.sha256(f"{name}\0{config_id}".encode("utf-8", "surrogatepass"))
+        self.draw = random.Random(int.from_bytes(seed.digest()[:8], "big")).random
 
     def _served(self, start: float, cost: float, ran_pass: bool) -> None:
         """Book an event served from `start` for `cost` seconds; note when the next pass is due."""
@@ -464,27 +480,39 @@ class _LoadedGroup(_Group):
             purge = raw <= self.last_pass + 1e-3 * self.config.tick
             self.pass_due = end if purge and raw < start else raw
 
-    def _start(self, at: float) -> tuple[float, float]:
-        """When an event due `at` starts, and the wake-up it costs.
+    def _iterate(self, first: float) -> None:
+        """Start the next iteration: the callbacks of the last one are done, and the earliest
+        still to come is due at `first` (the reaper's task owed a pass comes before it).
 
-        An event that finds the core idle wakes the loop from its selector: the loop went to
-        sleep when it fell idle, until this event's time rounded up to the selector's
-        resolution (``wake_resolution``), and pays the profile's ``wake`` once; every event
-        due by the time it wakes then runs on a loop already awake, as does one that queues
-        behind work. This is the knee: a loop often idle pays often, and its events (timer
-        passes too) run up to a resolution late.
+        With work ready (a pass owed, or `first` already due) the selector returns at once; an
+        idle loop sleeps until `first` rounded up to the selector's resolution, from when it
+        went to sleep, wakes later by a drawn latency, and pays ``wake``.
         """
+        costs = self.costs
         free = self.busy_until
-        if at <= free:
-            return free, 0.0
-        step = self.costs.wake_resolution
-        if step > 0:
-            at = free + math.ceil((at - free) / step - 1e-9) * step
-        return at, self.costs.wake
+        if self.owed or first <= free:
+            if math.isnan(self.start):
+                self.start = free
+            self.batch = free
+            self.busy_until = free + costs.iteration
+            self.busy += costs.iteration
+            if self.owed:
+                self.owed = False
+                self._serve_pass()
+            return
+        step = costs.wake_resolution
+        wake = free + math.ceil((first - free) / step - 1e-9) * step if step > 0 else first
+        wake += costs.latency(self.draw()) if costs.wake_latency else 0.0
+        if math.isnan(self.start):  # (the group's span starts with the core's first work)
+            self.start = wake
+        self.batch = wake
+        self.busy_until = wake + costs.wake + costs.iteration
+        self.busy += costs.wake + costs.iteration
 
     def _serve_pass(self) -> None:
+        """The reaper's pass, at the start of the iteration after its timer's."""
         due = self.pass_due
-        start, wake = self._start(due)
+        start = self.busy_until
         self.load.set(start)
         purgatory = self.purgatory
         watched = purgatory.watched()
@@ -494,15 +522,15 @@ class _LoadedGroup(_Group):
         late = round((start - due) * 1e9)
         self.late[late] = self.late.get(late, 0) + 1
         costs = self.costs
-        cost = wake + costs.timer_pass + expired * costs.expiry + purged * costs.purged_entry
+        cost = costs.timer_pass + expired * costs.expiry + purged * costs.purged_entry
         self._served(start, cost, True)
 
-    def _serve_condition(self, at: float, op: ReplayOperation) -> None:
-        start, wake = self._start(at)
+    def _serve_condition(self, op: ReplayOperation) -> None:
+        start = self.busy_until
         self.load.set(start)
         costs = self.costs
         if op.ended:  # expired or completed already: the event finds nothing to do
-            self._served(start, wake + costs.dispatch, False)
+            self._served(start, costs.dispatch, False)
             return
         op.ready = True
         attempts = self.attempts
@@ -513,39 +541,41 @@ class _LoadedGroup(_Group):
             self.purgatory.check_and_complete(op.keys[0])
         done = len(self.waits) - finished
         tries = self.attempts - attempts - done
-        cost = wake + costs.dispatch + tries * costs.attempt + done * costs.completion
+        cost = costs.dispatch + tries * costs.attempt + done * costs.completion
         self._served(start, cost, False)
 
     def run_until(self, t: float) -> None:
-        """Serve every timer pass and condition due at or before `t`, in time order."""
+        """Serve what comes before an arrival due at `t`: the rest of the current iteration's
+        callbacks due before it, and whole iterations until the one that collects it."""
         heap = self.heap
         while True:
-            due = self.pass_due
             condition = heap[0][0] if heap else math.inf
-            if due <= condition:
-                if due > t or due == math.inf:
-                    return
-                self._serve_pass()
+            handle = math.inf if self.owed else self.pass_due
+            batch = self.batch
+            if handle <= condition and handle <= t and handle <= batch:
+                self.owed = True  # the reaper's timer ran: its pass opens the next iteration
+            elif condition <= t and condition <= batch:
+                self._serve_condition(heappop(heap)[2])
+            elif t <= batch:
+                return  # the arrival is one of this iteration's callbacks
             else:
-                if condition > t:
+                first = min(handle, condition, t)
+                if first == math.inf and not self.owed:
                     return
-                _, _, op = heappop(heap)
-                self._serve_condition(condition, op)
+                self._iterate(first)
 
     def arrive(
         self, op_id: int, keys: tuple[str, ...], timeout: float, condition: float | None, t: float
     ) -> None:
-        """Serve one arrival due at `t`, once what was due before it has been served."""
+        """Serve one arrival due at `t`, in the iteration that collects it."""
         self.run_until(t)
-        start, wake = self._start(t)
+        start = self.busy_until
         self.load.set(start)
-        if math.isnan(self.start):
-            self.start = start
         ready = condition is not None and condition <= start
         op = ReplayOperation(self, op_id, keys, timeout, ready=ready, arrived=t, at=start)
         purgatory = self.purgatory
         costs = self.costs
-        cost = wake + costs.dispatch + costs.application
+        cost = costs.dispatch + costs.application
         if purgatory.try_complete_else_watch(op, keys):
             cost += costs.completion
         else:
