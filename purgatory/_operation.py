@@ -33,7 +33,7 @@ import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine, Generator
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from ._asyncio import (
     CancelledError,
@@ -42,6 +42,7 @@ from ._asyncio import (
     report_exception,
 )
 from ._errors import OperationCancelled, PurgatoryClosed
+from ._impl import install, native
 
 __all__ = ("DelayedOperation", "Owner", "expire_due")
 
@@ -80,7 +81,30 @@ class Owner(Protocol):
         ...
 
 
-class DelayedOperation(ABC, Generic[T_co]):
+if TYPE_CHECKING or native is None:
+
+    class _OperationCore:
+        """The fields of an operation (see the module docstring for their owners); the native
+        core gives them a C layout (`purgatory._impl`)."""
+
+        __slots__ = (
+            "_bucket",
+            "_deadline",
+            "_future",
+            "_keys",
+            "_listed",
+            "_marks",
+            "_owner",
+            "_result",
+            "_state",
+            "_timeout",
+        )
+
+else:
+    _OperationCore = native.OperationCore
+
+
+class DelayedOperation(_OperationCore, ABC, Generic[T_co]):
     """A request parked until its condition holds (`try_complete`) or its deadline passes.
 
     Subclass it and implement `try_complete` and `on_complete` (and `on_expiration`, if expiry
@@ -100,18 +124,7 @@ class DelayedOperation(ABC, Generic[T_co]):
         TypeError: `timeout` is not a real number.
     """
 
-    __slots__ = (
-        "_bucket",
-        "_deadline",
-        "_future",
-        "_keys",
-        "_listed",
-        "_marks",
-        "_owner",
-        "_result",
-        "_state",
-        "_timeout",
-    )
+    __slots__ = ()
 
     # Written by their owners before any read (see the module docstring): the wheel's
     # _deadline, the lists' _keys, _listed and _marks, and _result at completion. Declared here,
@@ -323,6 +336,8 @@ class DelayedOperation(ABC, Generic[T_co]):
             self._future = new_future()
 
 
+install(DelayedOperation, "__init__", "force_complete")
+
 _Op = TypeVar("_Op", bound=DelayedOperation[Any])
 
 
@@ -360,7 +375,7 @@ def expire_due(
         try:
             op.on_expiration()
         except BaseException as exc:
-            report_exception(f"{type(op).__qualname__}.on_expiration raised", exc, operation=op)
+            _report_expiration(op, exc)
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 op._wake_awaiters()
                 raise
@@ -376,6 +391,15 @@ def _expired_then_raise(op: DelayedOperation[Any], interrupt: BaseException) -> 
     try:
         op.on_expiration()
     except BaseException as exc:  # noqa: BLE001 - reported; the interrupt goes on
-        report_exception(f"{type(op).__qualname__}.on_expiration raised", exc, operation=op)
+        _report_expiration(op, exc)
     op._wake_awaiters()
     raise interrupt
+
+
+def _report_expiration(op: DelayedOperation[Any], exc: BaseException) -> None:
+    """Report what `op`'s ``on_expiration`` raised (it has no caller to propagate to)."""
+    report_exception(f"{type(op).__qualname__}.on_expiration raised", exc, operation=op)
+
+
+if native is not None:
+    expire_due = native.function(expire_due, "_operation.expire_due")

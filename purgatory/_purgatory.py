@@ -45,6 +45,7 @@ from ._asyncio import (
 from ._clock import DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
 from ._events import EventLog, EventSink, sink_for
+from ._impl import install, native
 from ._operation import ASYNC, FINISHED, DelayedOperation, Settlement, expire_due
 from ._purge_rule import PurgeRule
 from ._statistics import PurgatoryStatistics
@@ -102,6 +103,10 @@ def _not_set_up(op: object) -> TypeError:
         f"{type(op).__qualname__} object is not a set-up DelayedOperation (did its __init__ "
         "call super().__init__(timeout)?)"
     )
+
+
+def _no_keys() -> ValueError:
+    return ValueError("keys is empty: an operation must watch at least one key")
 
 
 def _full(name: str, max_pending: int) -> PurgatoryFull:
@@ -186,8 +191,37 @@ def _check_identity_semantics(cls: type) -> None:
         )
 
 
+if TYPE_CHECKING or native is None:
+
+    class _PurgatoryCore:
+        """A purgatory's fields (the native core gives them a C layout: `purgatory._impl`)."""
+
+        __slots__ = (
+            "__weakref__",
+            "_attempt",
+            "_attempts",
+            "_binding",
+            "_cancelled",
+            "_closed",
+            "_completed",
+            "_lists",
+            "_max_pending",
+            "_max_timeout",
+            "_name",
+            "_purge_queue",
+            "_rule",
+            "_sink",
+            "_sync_types",
+            "_time_op",
+            "_timer",
+        )
+
+else:
+    _PurgatoryCore = native.PurgatoryCore
+
+
 @final
-class DelayedOperationPurgatory(Generic[Op]):
+class DelayedOperationPurgatory(_PurgatoryCore, Generic[Op]):
     """Holds delayed operations until their condition holds or their deadline passes.
 
     Kafka: ``DelayedOperationPurgatory``. Times are in seconds; the timer counts integer ticks.
@@ -219,25 +253,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         TypeError: An argument has the wrong type.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_attempt",
-        "_attempts",
-        "_binding",
-        "_cancelled",
-        "_closed",
-        "_completed",
-        "_lists",
-        "_max_pending",
-        "_max_timeout",
-        "_name",
-        "_purge_queue",
-        "_rule",
-        "_sink",
-        "_sync_types",
-        "_time_op",
-        "_timer",
-    )
+    __slots__ = ()
 
     def __init__(
         self,
@@ -355,7 +371,7 @@ class DelayedOperationPurgatory(Generic[Op]):
                 _check_one_threshold(threshold, marks)
             marks = threshold
         if not keys:
-            raise ValueError("keys is empty: an operation must watch at least one key")
+            raise _no_keys()
         if op._timeout > self._max_timeout:
             raise _beyond_horizon(op._timeout, self._max_timeout)
         if self._binding.loop is not running_loop():
@@ -705,6 +721,15 @@ DelayedOperationPurgatory.watch.__signature__ = inspect.Signature(  # type: igno
 )
 
 
+install(
+    DelayedOperationPurgatory,
+    "try_complete_else_watch",
+    "check_and_complete",
+    "_settled",
+    "_after_pass",
+)
+
+
 def _unbound_time(name: str) -> float:
     """The clock of a purgatory on the loop's clock, until its first use in a loop binds it."""
     raise RuntimeError(f"purgatory {name!r} is not bound to an event loop yet")
@@ -713,3 +738,30 @@ def _unbound_time(name: str) -> float:
 def _cancel(op: DelayedOperation[Any]) -> bool:
     """Cancel `op` (the operation protocol's cancel), for `WatcherLists.cancel_key`."""
     return op._cancel()
+
+
+if native is not None:
+    # The reference's helpers the native core calls: its reports, its error builders and its
+    # shared sentinels, so that a message or a rule is written once.
+    from . import _thresholds, _watchers, _wheel
+    from ._asyncio import report_exception
+    from ._operation import _expired_then_raise, _report_expiration
+
+    native.bind(
+        report_exception=report_exception,
+        report_false_claim=report_false_claim,
+        report_attempt=_watchers._report_attempt,
+        release_lone=_watchers._release_lone,
+        threshold_of=_thresholds.threshold_of,
+        running_loop=running_loop,
+        expired_then_raise=_expired_then_raise,
+        report_expiration=_report_expiration,
+        deadline_of=_wheel._deadline_of,
+        nothing_to_pop=_watchers._NOTHING_TO_POP,
+        missing=_watchers._MISSING,
+        split_keys=_split_keys,
+        check_one_threshold=_check_one_threshold,
+        no_keys=_no_keys,
+        beyond_horizon=_beyond_horizon,
+        full=_full,
+    )

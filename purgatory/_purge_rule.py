@@ -17,17 +17,37 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, final
 
+from ._impl import install, native
+
 if TYPE_CHECKING:
     from ._watchers import WatcherLists
 
 __all__ = ("PurgeRule",)
 
 
+if TYPE_CHECKING or native is None:
+
+    class _RuleCore:
+        """A purge rule's fields (the native core gives them a C layout: `purgatory._impl`)."""
+
+        __slots__ = (
+            "_lists",
+            "_purging",
+            "_requested",
+            "interval",
+            "owed",
+            "purges",
+        )
+
+else:
+    _RuleCore = native.RuleCore
+
+
 @final
-class PurgeRule:
+class PurgeRule(_RuleCore):
     """Kafka's purge rule over one purgatory's watcher lists, and the purge's slices."""
 
-    __slots__ = ("_lists", "_purging", "_requested", "interval", "owed", "purges")
+    __slots__ = ()
 
     def __init__(self, lists: WatcherLists[Any], interval: int) -> None:
         self._lists = lists
@@ -71,3 +91,6 @@ class PurgeRule:
         self.owed = in_flight
         self._purging = False
         self._requested = False
+
+
+install(PurgeRule, "due")

@@ -38,7 +38,9 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Hashable, Iterator
-from typing import Any, Generic, TypeVar, final
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
+
+from ._impl import native
 
 __all__ = ("ThresholdWatchers", "threshold_of")
 
@@ -62,8 +64,26 @@ def threshold_of(op: Any, key: Hashable) -> Any:
     return marks
 
 
+if TYPE_CHECKING or native is None:
+
+    class _ThresholdCore:
+        """One key's threshold watchers' fields (the native core gives them a C layout:
+        `purgatory._impl`)."""
+
+        __slots__ = (
+            "at",
+            "dead",
+            "heap",
+            "plain",
+            "run",
+        )
+
+else:
+    _ThresholdCore = native.ThresholdCore
+
+
 @final
-class ThresholdWatchers(Generic[Op]):
+class ThresholdWatchers(_ThresholdCore, Generic[Op]):
     """The watchers of one key of which some watch at a threshold.
 
     ``plain`` holds the operations tried by every trigger of the key (watched without a
@@ -72,7 +92,7 @@ class ThresholdWatchers(Generic[Op]):
     ``dead`` counts the queued entries whose threshold has left ``at``.
     """
 
-    __slots__ = ("at", "dead", "heap", "plain", "run")
+    __slots__ = ()
 
     def __init__(self, plain: dict[Op, None]) -> None:
         self.plain = plain

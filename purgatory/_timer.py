@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final
 
+from ._impl import install, native
 from ._operation import EXPIRED, FINISHED
 from ._wheel import TimingWheel
 
@@ -53,8 +54,35 @@ MAX_TIMEOUT_TICKS: Final = 2**53
 MAX_TIME_TICKS: Final = 2**62
 
 
+if TYPE_CHECKING or native is None:
+
+    class _TimerCore:
+        """A timer's fields (the native core gives them a C layout: `purgatory._impl`)."""
+
+        __slots__ = (
+            "__weakref__",
+            "_closed",
+            "_due_now",
+            "_expire",
+            "_housekeeping",
+            "_in_flight",
+            "alarm",
+            "delayed",
+            "expired",
+            "max_timeout",
+            "now",
+            "passes",
+            "tick",
+            "time_limit",
+            "wheel",
+        )
+
+else:
+    _TimerCore = native.TimerCore
+
+
 @final
-class SystemTimer(Generic[Op]):
+class SystemTimer(_TimerCore, Generic[Op]):
     """The wheel, the count of operations in it, ticks, and the passes that expire them.
 
     Kafka: ``SystemTimer``. Its public face for drivers is the `purgatory.Timer` protocol.
@@ -69,23 +97,7 @@ class SystemTimer(Generic[Op]):
             the wheel and the pass's budget; returns whether work is still owed at once.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_closed",
-        "_due_now",
-        "_expire",
-        "_housekeeping",
-        "_in_flight",
-        "alarm",
-        "delayed",
-        "expired",
-        "max_timeout",
-        "now",
-        "passes",
-        "tick",
-        "time_limit",
-        "wheel",
-    )
+    __slots__ = ()
 
     def __init__(
         self,
@@ -337,3 +349,6 @@ class SystemTimer(Generic[Op]):
 def _deadline_of(op: Any) -> int:
     deadline: int = op._deadline
     return deadline
+
+
+install(SystemTimer, "add", "add_due", "run_pass", "next_pass_tick", "next_pass_at")

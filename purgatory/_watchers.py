@@ -49,6 +49,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
 from ._asyncio import report_exception, report_false_claim
+from ._impl import install, native
 from ._operation import DONE, EXPIRED_NOW, FINISHED
 from ._thresholds import ThresholdWatchers, threshold_of
 
@@ -67,11 +68,27 @@ _heappop = heapq.heappop
 _heappush = heapq.heappush
 
 
+if TYPE_CHECKING or native is None:
+
+    class _ListsCore:
+        """The watcher lists' fields (the native core gives them a C layout: `purgatory._impl`)."""
+
+        __slots__ = (
+            "_entries",
+            "_lists",
+            "_purged",
+            "queue",
+        )
+
+else:
+    _ListsCore = native.ListsCore
+
+
 @final
-class WatcherLists(Generic[Op]):
+class WatcherLists(_ListsCore, Generic[Op]):
     """The watcher lists of one purgatory, for all keys, and their purge."""
 
-    __slots__ = ("_entries", "_lists", "_purged", "queue")
+    __slots__ = ()
 
     def __init__(self) -> None:
         # A key's watchers: the operation, an ordered set or a ThresholdWatchers.
@@ -591,3 +608,6 @@ def _take_all(ops: Any) -> list[Any]:
         ops.clear()
         return taken
     return [ops]
+
+
+install(WatcherLists, "register", "trigger", "purge")

@@ -1,0 +1,301 @@
+/* The native core: what its parts share.
+ *
+ * The pure-Python modules (purgatory/_operation.py, _wheel.py, _timer.py, _watchers.py,
+ * _thresholds.py, _purge_rule.py, _purgatory.py) are the specification. This extension gives
+ * their hot types a C layout (struct fields instead of slots, the same names seen from Python)
+ * and their hot methods a C body; every cold method stays the Python one and works on the same
+ * fields. A C method that meets anything unusual (an argument of another type, a rare branch)
+ * returns NOT_HANDLED before any side effect, and the reference function runs instead
+ * (`NativeMethod`): the rare paths, their errors and their messages are the reference's own.
+ *
+ * The whole extension is one translation unit (native.c includes the parts), so the parts call
+ * each other directly and the compiler inlines across them.
+ */
+
+#ifndef PURGATORY_NATIVE_H
+#define PURGATORY_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+
+#if PY_VERSION_HEX < 0x030C0000
+#include <structmember.h>
+#define Py_T_INT T_INT
+#define Py_T_DOUBLE T_DOUBLE
+#define Py_T_LONGLONG T_LONGLONG
+#define Py_T_PYSSIZET T_PYSSIZET
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#define _Py_T_OBJECT T_OBJECT
+#define Py_T_BOOL T_BOOL
+#define Py_READONLY READONLY
+#endif
+
+/* Bumped whenever a field or a method moves between the C and the Python side: the Python
+ * modules refuse a build of another version (a stale build after a checkout). */
+#define NATIVE_API_VERSION 1
+
+/* -- the operation's state bits (purgatory/_operation.py) ------------------------------------ */
+#define ST_ASYNC 1
+#define ST_DONE 2
+#define ST_EXPIRED 4
+#define ST_CANCELLED 8
+#define ST_FAILED 16
+#define ST_CLOSED 32
+#define ST_FINISHED (ST_DONE | ST_CANCELLED)
+#define ST_EXPIRED_NOW (ST_DONE | ST_EXPIRED)
+
+/* What a C method returns to have the reference function run instead (no exception set). */
+static char not_handled_marker;
+#define NOT_HANDLED ((PyObject *)&not_handled_marker)
+
+typedef PyObject *(*native_fn)(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames);
+
+/* -- the types ------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    int state;           /* _state */
+    double timeout;      /* _timeout */
+    long long deadline;  /* _deadline: the wheel's */
+    Py_ssize_t listed;   /* _listed: the watcher lists' */
+    PyObject *bucket;    /* _bucket: the wheel's (None when not held) */
+    PyObject *future;    /* _future */
+    PyObject *keys;      /* _keys: the watcher lists' */
+    PyObject *marks;     /* _marks: the watcher lists' */
+    PyObject *owner;     /* _owner: NULL until __init__ ran (a set-up operation has None) */
+    PyObject *result;    /* _result */
+} OpObject;
+
+typedef struct {
+    PyDictObject dict;
+    long long expiration;
+    int level;
+    PyObject *older; /* NULL reads as None */
+    PyObject *wheel;
+} BucketObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *active;   /* _active: the cascading Bucket or NULL (None) */
+    PyObject *current;  /* _current: list of int */
+    PyObject *heap;     /* _heap: list of (tick, -level, push count, bucket) */
+    PyObject *leads;    /* _leads: list of int */
+    PyObject *levels;   /* _levels: list of list of Bucket */
+    PyObject *overdue;  /* _overdue: Bucket */
+    PyObject *slots1;   /* _slots1: list of Bucket */
+    PyObject *spans;    /* _spans: list of int */
+    PyObject *todo;     /* _todo: list */
+    PyObject *memo_bucket;
+    long long lead1, limit1, memo_until, push_count, span1;
+    long long memo_due, memo_high, memo_low;
+    Py_ssize_t todo_done, wheel_size;
+} WheelObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *weakreflist;
+    double tick, max_timeout, time_limit;
+    PyObject *now;          /* callable */
+    PyObject *expire;       /* _expire: callable(due, now) */
+    PyObject *housekeeping; /* _housekeeping: callable(taken, budget) */
+    PyObject *alarm;        /* None or an Alarm */
+    PyObject *in_flight;    /* _in_flight: list of lists */
+    PyObject *wheel;        /* WheelObject (checked as it is set) */
+    Py_ssize_t delayed, expired, passes;
+    char closed, due_now;
+} TimerObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *plain; /* dict */
+    PyObject *at;    /* dict */
+    PyObject *run;   /* deque */
+    PyObject *heap;  /* list */
+    Py_ssize_t dead;
+} ThresholdObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *lists; /* _lists: dict */
+    PyObject *queue; /* dict */
+    Py_ssize_t entries, purged;
+} ListsObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *lists; /* _lists: ListsObject */
+    Py_ssize_t interval, owed, purges;
+    char purging, requested;
+} RuleObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *weakreflist;
+    PyObject *attempt, *attempts, *binding, *lists, *max_pending, *name, *purge_queue;
+    PyObject *rule, *sink, *sync_types, *time_op, *timer;
+    double max_timeout;
+    Py_ssize_t cancelled, completed;
+    char closed;
+} PurgatoryObject;
+
+static PyTypeObject OpType, BucketType, WheelType, TimerType, ThresholdType, ListsType,
+    RuleType, PurgatoryType, NativeMethodType;
+
+#define Op_Check(o) PyObject_TypeCheck((o), &OpType)
+#define Bucket_Check(o) PyObject_TypeCheck((o), &BucketType)
+#define Threshold_Check(o) PyObject_TypeCheck((o), &ThresholdType)
+
+/* -- what the module keeps: interned names and the Python side's helpers ---------------------- */
+
+typedef struct {
+    /* names */
+    PyObject *s_try_complete, *s_on_complete, *s_on_expiration, *s_settled, *s_completed,
+        *s_cancelled, *s_expired, *s_done, *s_set_result, *s_loop, *s_thread, *s_check_thread,
+        *s_bind, *s_wake_tick, *s_wake_by, *s_alive, *s_take, *s_watches, *s_ends, *s_limit,
+        *s_eager, *s_append, *s_popleft, *s_compact, *s_pop, *s_add_level, *s_join_plain,
+        *s_join_at, *s_release, *s_tidy, *s_fail, *s_wake_awaiters, *s_refuse,
+        *s_ended_before_registration, *s_abandon, *s_request_pass, *s_admit_type,
+        *s_purge_queue, *s_ended, *s_unpush, *s_level, *s_in_flight, *s_after_pass,
+        *s_unregister, *s_sort, *s_key, *s_discard;
+    /* the Python side's helpers, given by `bind_python` */
+    PyObject *report_exception;   /* report_exception(message, exc, **context) */
+    PyObject *report_false_claim; /* (op, claimed) */
+    PyObject *report_attempt;     /* _watchers._report_attempt(op, key, exc) */
+    PyObject *release_lone;       /* _watchers._release_lone(op, key) */
+    PyObject *threshold_of;       /* _thresholds.threshold_of(op, key) */
+    PyObject *running_loop;       /* asyncio._get_running_loop */
+    PyObject *get_ident;          /* _thread.get_ident */
+    PyObject *heappush, *heappop; /* heapq's */
+    PyObject *expired_then_raise; /* _operation._expired_then_raise(op, interrupt) */
+    PyObject *report_expiration;  /* _operation._report_expiration(op, exc) */
+    PyObject *kw_key;             /* ("key",) */
+    PyObject *deadline_of;        /* _wheel._deadline_of */
+    PyObject *math_ceil;          /* math.ceil */
+    PyObject *nothing_to_pop;     /* _watchers._NOTHING_TO_POP */
+    PyObject *missing;            /* _watchers._MISSING */
+    PyObject *split_keys;         /* _purgatory._split_keys(keys) */
+    PyObject *check_one_threshold; /* _purgatory._check_one_threshold(threshold, marks) */
+    PyObject *no_keys, *beyond_horizon, *full; /* _purgatory's error builders */
+    int bound;                    /* `bind` ran: the helpers are there */
+} NativeState;
+
+static NativeState N;
+
+static inline PyObject *
+none_if_null(PyObject *o)
+{
+    return o == NULL ? Py_None : o;
+}
+
+/* Replace *slot by `value` (a new reference is taken), releasing the old one. */
+static inline void
+set_field(PyObject **slot, PyObject *value)
+{
+    PyObject *old = *slot;
+    Py_XINCREF(value);
+    *slot = value;
+    Py_XDECREF(old);
+}
+
+/* o.name() with the method looked up on its type (no bound method is built). */
+static inline PyObject *
+call_method0(PyObject *o, PyObject *name)
+{
+    return PyObject_VectorcallMethod(name, &o, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static inline PyObject *
+call_method1(PyObject *o, PyObject *name, PyObject *a)
+{
+    PyObject *args[2] = {o, a};
+    return PyObject_VectorcallMethod(name, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static inline PyObject *
+call_method2(PyObject *o, PyObject *name, PyObject *a, PyObject *b)
+{
+    PyObject *args[3] = {o, a, b};
+    return PyObject_VectorcallMethod(name, args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static inline PyObject *
+call_method3(PyObject *o, PyObject *name, PyObject *a, PyObject *b, PyObject *c)
+{
+    PyObject *args[4] = {o, a, b, c};
+    return PyObject_VectorcallMethod(name, args, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static inline PyObject *
+call1(PyObject *f, PyObject *a)
+{
+    PyObject *args[2] = {NULL, a};
+    return PyObject_Vectorcall(f, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static inline PyObject *
+call2(PyObject *f, PyObject *a, PyObject *b)
+{
+    PyObject *args[3] = {NULL, a, b};
+    return PyObject_Vectorcall(f, args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static inline PyObject *
+call3(PyObject *f, PyObject *a, PyObject *b, PyObject *c)
+{
+    PyObject *args[4] = {NULL, a, b, c};
+    return PyObject_Vectorcall(f, args + 1, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* Call and drop the result; -1 on error. */
+static inline int
+discard_result(PyObject *r)
+{
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Whether an exception is an interrupt the reference lets through (KeyboardInterrupt or
+ * SystemExit). */
+static inline int
+is_interrupt(PyObject *exc)
+{
+    return PyErr_GivenExceptionMatches(exc, PyExc_KeyboardInterrupt) ||
+           PyErr_GivenExceptionMatches(exc, PyExc_SystemExit);
+}
+
+/* The currently raised exception, taken (3.11's three-value API behind one call). */
+static inline PyObject *
+fetch_exception(void)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+#endif
+}
+
+static inline void
+restore_exception(PyObject *exc)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    PyObject *tb = PyException_GetTraceback(exc);
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, tb);
+#endif
+}
+
+#endif

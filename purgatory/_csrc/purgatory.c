@@ -1,0 +1,561 @@
+/* The facade's hot methods (purgatory/_purgatory.py: try_complete_else_watch,
+ * check_and_complete, _settled, _after_pass). The watch takes the common case (an operation of a
+ * class met before, keys as a tuple or through the reference's own `_split_keys`, a plain or
+ * numeric threshold) in C, and hands anything else to the reference before it has done anything;
+ * past the point where the reference could take over (the keys were consumed), its errors are
+ * built by the reference's own helpers, so the messages are the same. */
+
+static int
+purgatory_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    PurgatoryObject *p = (PurgatoryObject *)self;
+    Py_VISIT(p->attempt);
+    Py_VISIT(p->attempts);
+    Py_VISIT(p->binding);
+    Py_VISIT(p->lists);
+    Py_VISIT(p->max_pending);
+    Py_VISIT(p->name);
+    Py_VISIT(p->purge_queue);
+    Py_VISIT(p->rule);
+    Py_VISIT(p->sink);
+    Py_VISIT(p->sync_types);
+    Py_VISIT(p->time_op);
+    Py_VISIT(p->timer);
+    return 0;
+}
+
+static int
+purgatory_clear(PyObject *self)
+{
+    PurgatoryObject *p = (PurgatoryObject *)self;
+    Py_CLEAR(p->attempt);
+    Py_CLEAR(p->attempts);
+    Py_CLEAR(p->binding);
+    Py_CLEAR(p->lists);
+    Py_CLEAR(p->max_pending);
+    Py_CLEAR(p->name);
+    Py_CLEAR(p->purge_queue);
+    Py_CLEAR(p->rule);
+    Py_CLEAR(p->sink);
+    Py_CLEAR(p->sync_types);
+    Py_CLEAR(p->time_op);
+    Py_CLEAR(p->timer);
+    return 0;
+}
+
+static void
+purgatory_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    if (((PurgatoryObject *)self)->weakreflist != NULL) {
+        PyObject_ClearWeakRefs(self);
+    }
+    purgatory_clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyMemberDef purgatory_members[] = {
+    {"_attempt", Py_T_OBJECT_EX, offsetof(PurgatoryObject, attempt), 0, NULL},
+    {"_attempts", Py_T_OBJECT_EX, offsetof(PurgatoryObject, attempts), 0, NULL},
+    {"_binding", Py_T_OBJECT_EX, offsetof(PurgatoryObject, binding), 0, NULL},
+    {"_lists", Py_T_OBJECT_EX, offsetof(PurgatoryObject, lists), 0, NULL},
+    {"_max_pending", Py_T_OBJECT_EX, offsetof(PurgatoryObject, max_pending), 0, NULL},
+    {"_name", Py_T_OBJECT_EX, offsetof(PurgatoryObject, name), 0, NULL},
+    {"_purge_queue", Py_T_OBJECT_EX, offsetof(PurgatoryObject, purge_queue), 0, NULL},
+    {"_rule", Py_T_OBJECT_EX, offsetof(PurgatoryObject, rule), 0, NULL},
+    {"_sink", Py_T_OBJECT_EX, offsetof(PurgatoryObject, sink), 0, NULL},
+    {"_sync_types", Py_T_OBJECT_EX, offsetof(PurgatoryObject, sync_types), 0, NULL},
+    {"_time_op", Py_T_OBJECT_EX, offsetof(PurgatoryObject, time_op), 0, NULL},
+    {"_timer", Py_T_OBJECT_EX, offsetof(PurgatoryObject, timer), 0, NULL},
+    {"_max_timeout", Py_T_DOUBLE, offsetof(PurgatoryObject, max_timeout), 0, NULL},
+    {"_cancelled", Py_T_PYSSIZET, offsetof(PurgatoryObject, cancelled), 0, NULL},
+    {"_completed", Py_T_PYSSIZET, offsetof(PurgatoryObject, completed), 0, NULL},
+    {"_closed", Py_T_BOOL, offsetof(PurgatoryObject, closed), 0, NULL},
+    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(PurgatoryObject, weakreflist), Py_READONLY,
+     NULL},
+    {NULL},
+};
+
+/* Whether every part is in place with its native layout (a purgatory being built is not). */
+static inline int
+purgatory_ready(PurgatoryObject *p)
+{
+    return p->attempt != NULL && p->binding != NULL && p->name != NULL &&
+           p->max_pending != NULL && p->sink != NULL && p->sync_types != NULL &&
+           PySet_Check(p->sync_types) && p->time_op != NULL && p->purge_queue != NULL &&
+           PyDict_CheckExact(p->purge_queue) && p->lists != NULL &&
+           PyObject_TypeCheck(p->lists, &ListsType) && lists_ready((ListsObject *)p->lists) &&
+           p->rule != NULL && PyObject_TypeCheck(p->rule, &RuleType) &&
+           rule_ready((RuleObject *)p->rule) && p->timer != NULL &&
+           PyObject_TypeCheck(p->timer, &TimerType) && timer_ready((TimerObject *)p->timer);
+}
+
+/* `sink.<list> += items`, then `sink.take()` if `limit_check` and it holds `limit` items. */
+static int
+sink_extend(PyObject *sink, PyObject *list_name, PyObject **items, Py_ssize_t n, int take_when)
+{
+    PyObject *list = PyObject_GetAttr(sink, list_name);
+    if (list == NULL) {
+        return -1;
+    }
+    int err = 0;
+    for (Py_ssize_t i = 0; i < n && err == 0; i++) {
+        err = PyList_Append(list, items[i]);
+    }
+    if (err < 0) {
+        Py_DECREF(list);
+        return -1;
+    }
+    int take = 0;
+    if (take_when == 1) { /* the limit */
+        PyObject *limit = PyObject_GetAttr(sink, N.s_limit);
+        if (limit == NULL) {
+            Py_DECREF(list);
+            return -1;
+        }
+        PyObject *size = PyLong_FromSsize_t(PyList_GET_SIZE(list));
+        take = size == NULL ? -1 : PyObject_RichCompareBool(size, limit, Py_GE);
+        Py_XDECREF(size);
+        Py_DECREF(limit);
+    }
+    else if (take_when == 2) { /* an eager sink */
+        PyObject *eager = PyObject_GetAttr(sink, N.s_eager);
+        take = eager == NULL ? -1 : PyObject_IsTrue(eager);
+        Py_XDECREF(eager);
+    }
+    Py_DECREF(list);
+    if (take < 0) {
+        return -1;
+    }
+    if (take) {
+        return discard_result(call_method0(sink, N.s_take));
+    }
+    return 0;
+}
+
+/* _settled(op, outcome): the registered `op` completed (cancelled = 0) or was cancelled. */
+static int
+purgatory_settled(PyObject *self, OpObject *op, int cancelled)
+{
+    PurgatoryObject *p = (PurgatoryObject *)self;
+    if (!purgatory_ready(p)) {
+        return discard_result(call_method2(self, N.s_settled, (PyObject *)op,
+                                           cancelled ? N.s_cancelled : N.s_completed));
+    }
+    PyObject *bucket = op->bucket;
+    if (bucket != NULL && bucket != Py_None) {
+        Py_INCREF(bucket);
+        int err = PyDict_DelItem(bucket, (PyObject *)op);
+        if (err == 0) {
+            set_field(&op->bucket, Py_None);
+        }
+        Py_DECREF(bucket);
+        if (err < 0) {
+            return -1;
+        }
+        TimerObject *timer = (TimerObject *)p->timer;
+        timer->delayed--;
+        RuleObject *rule = (RuleObject *)p->rule;
+        rule->owed++;
+        if (rule->owed > rule->interval && rule_due(rule)) {
+            if (discard_result(call_method0((PyObject *)timer, N.s_request_pass)) < 0) {
+                return -1;
+            }
+        }
+    }
+    if (cancelled) {
+        p->cancelled++;
+    }
+    else {
+        p->completed++;
+    }
+    if (op->listed && PyDict_SetItem(p->purge_queue, (PyObject *)op, Py_None) < 0) {
+        return -1;
+    }
+    if (p->sink != Py_None) {
+        PyObject *sink = Py_NewRef(p->sink);
+        PyObject *now = PyObject_CallNoArgs(((TimerObject *)p->timer)->now);
+        int err = -1;
+        if (now != NULL) {
+            PyObject *items[3] = {(PyObject *)op, cancelled ? N.s_cancelled : N.s_completed, now};
+            err = sink_extend(sink, N.s_ends, items, 3, 2);
+            Py_DECREF(now);
+        }
+        Py_DECREF(sink);
+        return err;
+    }
+    return 0;
+}
+
+static PyObject *
+purgatory_settled_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                         PyObject *kwnames)
+{
+    if (nargs != 2 || kwnames != NULL || !PyObject_TypeCheck(self, &PurgatoryType) ||
+        !purgatory_ready((PurgatoryObject *)self) || !Op_Check(args[0]) ||
+        !PyUnicode_CheckExact(args[1])) {
+        return NOT_HANDLED;
+    }
+    int completed = PyUnicode_Compare(args[1], N.s_completed) == 0;
+    Py_INCREF(self);
+    int err = purgatory_settled(self, (OpObject *)args[0], !completed);
+    Py_DECREF(self);
+    if (err < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* Raise the exception that the reference's helper `make(*args)` builds. */
+static void
+raise_made(PyObject *make, PyObject *a, PyObject *b)
+{
+    PyObject *exc = b != NULL ? call2(make, a, b) : a != NULL ? call1(make, a)
+                                                              : PyObject_CallNoArgs(make);
+    if (exc == NULL) {
+        return;
+    }
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+}
+
+/* `self._refuse(op)` while keeping the exception being raised. */
+static void
+refuse_keeping_error(PyObject *self, PyObject *op, PyObject *method)
+{
+    PyObject *exc = fetch_exception();
+    PyObject *r = call_method1(self, method, op);
+    if (r == NULL) {
+        Py_XDECREF(exc);
+        return;
+    }
+    Py_DECREF(r);
+    restore_exception(exc);
+}
+
+/* `self._time_op(op)`: the timer's add straight, or whatever the purgatory uses now. */
+static int
+purgatory_time_op(PurgatoryObject *p, OpObject *op)
+{
+    PyObject *time_op = p->time_op;
+    if (PyMethod_Check(time_op) && PyMethod_GET_SELF(time_op) == p->timer) {
+        PyObject *f = PyMethod_GET_FUNCTION(time_op);
+        if (Py_IS_TYPE(f, &NativeMethodType)) {
+            native_fn fn = ((NativeMethodObject *)f)->fn;
+            if (fn == timer_add_native) {
+                return timer_add((TimerObject *)p->timer, op);
+            }
+            if (fn == timer_add_due_native) {
+                return timer_add_due((TimerObject *)p->timer, (PyObject *)op);
+            }
+        }
+    }
+    return discard_result(call1(time_op, (PyObject *)op));
+}
+
+/* The numeric thresholds the C path takes without the reference's check. */
+static inline int
+plain_threshold(PyObject *t)
+{
+    return PyLong_CheckExact(t) || (PyFloat_CheckExact(t) && !isnan(PyFloat_AS_DOUBLE(t)));
+}
+
+/* try_complete_else_watch, from the split of the keys on: 1 if `op` completed in the call, 0 if
+ * not, -1 on error. */
+static int
+purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *marks)
+{
+    PyObject *self = (PyObject *)p;
+    if (PyTuple_GET_SIZE(keys) == 0) {
+        raise_made(N.no_keys, NULL, NULL);
+        return -1;
+    }
+    if (op->timeout > p->max_timeout) {
+        PyObject *timeout = PyFloat_FromDouble(op->timeout);
+        PyObject *horizon = PyFloat_FromDouble(p->max_timeout);
+        if (timeout != NULL && horizon != NULL) {
+            raise_made(N.beyond_horizon, timeout, horizon);
+        }
+        Py_XDECREF(timeout);
+        Py_XDECREF(horizon);
+        return -1;
+    }
+    /* `if self._binding.loop is not running_loop(): self._binding.bind()` */
+    PyObject *loop = PyObject_GetAttr(p->binding, N.s_loop);
+    if (loop == NULL) {
+        return -1;
+    }
+    PyObject *running = PyObject_CallNoArgs(N.running_loop);
+    if (running == NULL) {
+        Py_DECREF(loop);
+        return -1;
+    }
+    int same_loop = loop == running;
+    Py_DECREF(running);
+    Py_DECREF(loop);
+    if (!same_loop && discard_result(call_method0(p->binding, N.s_bind)) < 0) {
+        return -1;
+    }
+    TimerObject *timer = (TimerObject *)p->timer;
+    if (p->sink != Py_None) {
+        PyObject *sink = Py_NewRef(p->sink);
+        PyObject *now = PyObject_CallNoArgs(timer->now);
+        int err = -1;
+        if (now != NULL) {
+            PyObject *items[4] = {(PyObject *)op, keys, marks, now};
+            err = sink_extend(sink, N.s_watches, items, 4, 1);
+            Py_DECREF(now);
+        }
+        Py_DECREF(sink);
+        if (err < 0) {
+            return -1;
+        }
+    }
+    /* Kafka's first try, before registration (a synchronous try_complete: state 0) */
+    if (op->state == 0) {
+        PyObject *claimed = call_method0((PyObject *)op, N.s_try_complete);
+        if (claimed == NULL) {
+            refuse_keeping_error(self, (PyObject *)op, N.s_refuse);
+            return -1;
+        }
+        if (op->state & ST_FINISHED || p->closed) {
+            Py_DECREF(claimed);
+            PyObject *r = call_method1(self, N.s_ended_before_registration, (PyObject *)op);
+            if (r == NULL) {
+                return -1;
+            }
+            int completed = PyObject_IsTrue(r);
+            Py_DECREF(r);
+            return completed;
+        }
+        int truth = PyObject_IsTrue(claimed);
+        PyObject *r = truth > 0 ? call2(N.report_false_claim, (PyObject *)op, claimed) : NULL;
+        Py_DECREF(claimed);
+        if (truth < 0 || (truth > 0 && r == NULL)) {
+            return -1;
+        }
+        Py_XDECREF(r);
+    }
+    if (p->max_pending != Py_None) {
+        PyObject *delayed = PyLong_FromSsize_t(timer->delayed);
+        if (delayed == NULL) {
+            return -1;
+        }
+        int full = PyObject_RichCompareBool(delayed, p->max_pending, Py_GE);
+        Py_DECREF(delayed);
+        if (full < 0) {
+            return -1;
+        }
+        if (full) {
+            if (discard_result(call_method1(self, N.s_refuse, (PyObject *)op)) < 0) {
+                return -1;
+            }
+            raise_made(N.full, p->name, p->max_pending);
+            return -1;
+        }
+    }
+    /* registration: on every key or, if that fails, on none */
+    if (lists_register((ListsObject *)p->lists, op, keys, marks) < 0) {
+        refuse_keeping_error(self, (PyObject *)op, N.s_refuse);
+        return -1;
+    }
+    set_field(&op->owner, self);
+    if (op->state & ST_ASYNC) {
+        if (discard_result(call1(p->attempt, (PyObject *)op)) < 0) {
+            goto abandon;
+        }
+    }
+    else {
+        PyObject *claimed = call_method0((PyObject *)op, N.s_try_complete);
+        if (claimed == NULL) {
+            goto abandon;
+        }
+        if (op->state & ST_FINISHED) {
+            Py_DECREF(claimed);
+            RuleObject *rule = (RuleObject *)p->rule;
+            rule->owed++; /* registered, never timed (the purge-queue protocol) */
+            if (rule_due(rule) &&
+                discard_result(call_method0(p->timer, N.s_request_pass)) < 0) {
+                goto abandon;
+            }
+            return 1;
+        }
+        int truth = PyObject_IsTrue(claimed);
+        PyObject *r = truth > 0 ? call2(N.report_false_claim, (PyObject *)op, claimed) : NULL;
+        Py_DECREF(claimed);
+        if (truth < 0 || (truth > 0 && r == NULL)) {
+            goto abandon;
+        }
+        Py_XDECREF(r);
+        if (p->closed) {
+            return 0;
+        }
+    }
+    if (purgatory_time_op(p, op) < 0) {
+        return -1;
+    }
+    return 0;
+abandon:
+    refuse_keeping_error(self, (PyObject *)op, N.s_abandon);
+    return -1;
+}
+
+static PyObject *
+purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                       PyObject *kwnames)
+{
+    if (nargs < 2 || nargs > 3 || kwnames != NULL || !PyObject_TypeCheck(self, &PurgatoryType)) {
+        return NOT_HANDLED;
+    }
+    PurgatoryObject *p = (PurgatoryObject *)self;
+    PyObject *item = args[0];
+    if (!purgatory_ready(p) || p->closed || !Op_Check(item) || !op_is_set_up(item)) {
+        return NOT_HANDLED;
+    }
+    OpObject *op = (OpObject *)item;
+    if (op->owner != Py_None || op->state & ST_FINISHED) {
+        return NOT_HANDLED;
+    }
+    int known = PySet_Contains(p->sync_types, (PyObject *)Py_TYPE(item));
+    if (known <= 0) {
+        if (known < 0) {
+            PyErr_Clear();
+        }
+        return NOT_HANDLED;
+    }
+    PyObject *threshold = nargs == 3 ? args[2] : Py_None;
+    PyObject *keys, *marks;
+    Py_INCREF(self);
+    Py_INCREF(item);
+    if (PyTuple_CheckExact(args[1])) {
+        keys = Py_NewRef(args[1]);
+        marks = Py_NewRef(Py_None);
+    }
+    else {
+        PyObject *split = call1(N.split_keys, args[1]);
+        if (split == NULL) {
+            Py_DECREF(item);
+            Py_DECREF(self);
+            return NULL;
+        }
+        keys = Py_NewRef(PyTuple_GET_ITEM(split, 0));
+        marks = Py_NewRef(PyTuple_GET_ITEM(split, 1));
+        Py_DECREF(split);
+    }
+    int result = -1;
+    if (threshold != Py_None) {
+        if (marks != Py_None || !plain_threshold(threshold)) {
+            if (discard_result(call2(N.check_one_threshold, threshold, marks)) < 0) {
+                goto done;
+            }
+        }
+        Py_SETREF(marks, Py_NewRef(threshold));
+    }
+    result = purgatory_watch(p, op, keys, marks);
+done:
+    Py_DECREF(keys);
+    Py_DECREF(marks);
+    Py_DECREF(item);
+    Py_DECREF(self);
+    if (result < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(result);
+}
+
+static PyObject *
+purgatory_check_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                       PyObject *kwnames)
+{
+    if (nargs < 1 || nargs > 2 || kwnames != NULL || !PyObject_TypeCheck(self, &PurgatoryType)) {
+        return NOT_HANDLED;
+    }
+    PurgatoryObject *p = (PurgatoryObject *)self;
+    PyObject *reached = nargs == 2 ? args[1] : Py_None;
+    if (!purgatory_ready(p) || !plain_reached(reached)) {
+        return NOT_HANDLED;
+    }
+    Py_INCREF(self);
+    PyObject *result = NULL;
+    /* `if get_ident() != self._binding.thread: self._binding.check_thread()` */
+    PyObject *thread = PyObject_GetAttr(p->binding, N.s_thread);
+    if (thread == NULL) {
+        goto done;
+    }
+    int same = 0;
+    if (PyLong_CheckExact(thread)) {
+        unsigned long ident = PyLong_AsUnsignedLong(thread);
+        if (ident == (unsigned long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+        }
+        else {
+            same = ident == PyThread_get_thread_ident();
+        }
+    }
+    Py_DECREF(thread);
+    if (!same && discard_result(call_method0(p->binding, N.s_check_thread)) < 0) {
+        goto done;
+    }
+    ListsObject *l = (ListsObject *)p->lists;
+    Py_INCREF(l);
+    Py_ssize_t completed = lists_trigger(l, args[0], reached, p->attempt);
+    Py_DECREF(l);
+    if (completed >= 0) {
+        result = PyLong_FromSsize_t(completed);
+    }
+done:
+    Py_DECREF(self);
+    return result;
+}
+
+static PyObject *
+purgatory_after_pass_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
+{
+    if (nargs != 2 || kwnames != NULL || !PyObject_TypeCheck(self, &PurgatoryType) ||
+        !PyLong_CheckExact(args[0])) {
+        return NOT_HANDLED;
+    }
+    PurgatoryObject *p = (PurgatoryObject *)self;
+    Py_ssize_t budget;
+    if (!purgatory_ready(p) || !budget_arg(args[1], &budget)) {
+        return NOT_HANDLED;
+    }
+    Py_ssize_t taken = PyLong_AsSsize_t(args[0]);
+    if (taken == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return NOT_HANDLED;
+    }
+    Py_INCREF(self);
+    int owed = -1;
+    if (p->sink != Py_None) {
+        PyObject *sink = Py_NewRef(p->sink);
+        PyObject *ends = PyObject_GetAttr(sink, N.s_ends);
+        PyObject *limit = ends == NULL ? NULL : PyObject_GetAttr(sink, N.s_limit);
+        int take = -1;
+        if (limit != NULL) {
+            PyObject *size = PyLong_FromSsize_t(PyObject_Length(ends));
+            take = size == NULL ? -1 : PyObject_RichCompareBool(size, limit, Py_GE);
+            Py_XDECREF(size);
+        }
+        Py_XDECREF(ends);
+        Py_XDECREF(limit);
+        if (take > 0) {
+            take = discard_result(call_method0(sink, N.s_take));
+        }
+        Py_DECREF(sink);
+        if (take < 0) {
+            goto done;
+        }
+    }
+    RuleObject *rule = (RuleObject *)p->rule;
+    Py_INCREF(rule);
+    owed = rule_after_pass(rule, taken, budget, (TimerObject *)p->timer);
+    Py_DECREF(rule);
+done:
+    Py_DECREF(self);
+    if (owed < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(owed);
+}
