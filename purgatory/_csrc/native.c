@@ -193,7 +193,27 @@ native_bind(PyObject *module, PyObject *args, PyObject *kwargs)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(bind_clock_doc,
+"bind_clock(cls, current_time, now_slot)\n--\n\n"
+"Let timers on a `cls` clock read its `now_slot` instead of calling `current_time`.");
+
+static PyObject *
+native_bind_clock(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyType_Check(args[0]) ||
+        !PyObject_TypeCheck(args[2], &PyMemberDescr_Type)) {
+        PyErr_SetString(PyExc_TypeError, "bind_clock(cls, current_time, now_slot)");
+        return NULL;
+    }
+    Py_XSETREF(N.manual_clock_type, Py_NewRef(args[0]));
+    Py_XSETREF(N.manual_time, Py_NewRef(args[1]));
+    Py_XSETREF(N.manual_now, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef native_methods[] = {
+    {"bind_clock", (PyCFunction)(void (*)(void))native_bind_clock, METH_FASTCALL,
+     bind_clock_doc},
     {"install", (PyCFunction)(void (*)(void))native_install, METH_FASTCALL, install_doc},
     {"function", (PyCFunction)(void (*)(void))native_function, METH_FASTCALL, function_doc},
     {"bind", (PyCFunction)(void (*)(void))native_bind, METH_VARARGS | METH_KEYWORDS, bind_doc},
@@ -216,6 +236,15 @@ core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 }
 
 #define CORE_FLAGS (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC)
+
+/* Any attribute assignment may give a field another type: check again at the next C call. */
+static int
+core_setattro(PyObject *self, PyObject *name, PyObject *value)
+{
+    int err = PyObject_GenericSetAttr(self, name, value);
+    ((CoreObject *)self)->ready = 0;
+    return err;
+}
 
 static PyTypeObject OpType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -249,6 +278,7 @@ static PyTypeObject WheelType = {
     .tp_doc = "The fields of a timing wheel.",
     .tp_basicsize = sizeof(WheelObject),
     .tp_flags = CORE_FLAGS,
+    .tp_setattro = core_setattro,
     .tp_new = core_new,
     .tp_traverse = wheel_traverse,
     .tp_clear = wheel_clear,
@@ -262,6 +292,7 @@ static PyTypeObject TimerType = {
     .tp_doc = "The fields of a timer.",
     .tp_basicsize = sizeof(TimerObject),
     .tp_flags = CORE_FLAGS,
+    .tp_setattro = core_setattro,
     .tp_new = core_new,
     .tp_traverse = timer_traverse,
     .tp_clear = timer_clear,
@@ -276,6 +307,7 @@ static PyTypeObject ThresholdType = {
     .tp_doc = "The fields of one key's threshold watchers.",
     .tp_basicsize = sizeof(ThresholdObject),
     .tp_flags = CORE_FLAGS,
+    .tp_setattro = core_setattro,
     .tp_new = core_new,
     .tp_traverse = threshold_traverse,
     .tp_clear = threshold_clear,
@@ -289,6 +321,7 @@ static PyTypeObject ListsType = {
     .tp_doc = "The fields of a purgatory's watcher lists.",
     .tp_basicsize = sizeof(ListsObject),
     .tp_flags = CORE_FLAGS,
+    .tp_setattro = core_setattro,
     .tp_new = core_new,
     .tp_traverse = lists_traverse,
     .tp_clear = lists_clear,
@@ -302,6 +335,7 @@ static PyTypeObject RuleType = {
     .tp_doc = "The fields of a purge rule.",
     .tp_basicsize = sizeof(RuleObject),
     .tp_flags = CORE_FLAGS,
+    .tp_setattro = core_setattro,
     .tp_new = core_new,
     .tp_traverse = rule_traverse,
     .tp_clear = rule_clear,
@@ -315,6 +349,7 @@ static PyTypeObject PurgatoryType = {
     .tp_doc = "The fields of a purgatory.",
     .tp_basicsize = sizeof(PurgatoryObject),
     .tp_flags = CORE_FLAGS,
+    .tp_setattro = core_setattro,
     .tp_new = core_new,
     .tp_traverse = purgatory_traverse,
     .tp_clear = purgatory_clear,

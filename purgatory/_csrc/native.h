@@ -76,8 +76,19 @@ typedef struct {
     PyObject *wheel;
 } BucketObject;
 
+/* The head of the types whose fields Python code may replace: `ready` says every field was
+ * checked to have the type the C bodies expect; any attribute assignment clears it (the
+ * types' tp_setattro), and the next C call checks again. */
+#define CORE_HEAD \
+    PyObject_HEAD \
+    char ready;
+
 typedef struct {
-    PyObject_HEAD
+    CORE_HEAD
+} CoreObject;
+
+typedef struct {
+    CORE_HEAD
     PyObject *active;   /* _active: the cascading Bucket or NULL (None) */
     PyObject *current;  /* _current: list of int */
     PyObject *heap;     /* _heap: list of (tick, -level, push count, bucket) */
@@ -94,7 +105,7 @@ typedef struct {
 } WheelObject;
 
 typedef struct {
-    PyObject_HEAD
+    CORE_HEAD
     PyObject *weakreflist;
     double tick, max_timeout, time_limit;
     PyObject *now;          /* callable */
@@ -108,7 +119,7 @@ typedef struct {
 } TimerObject;
 
 typedef struct {
-    PyObject_HEAD
+    CORE_HEAD
     PyObject *plain; /* dict */
     PyObject *at;    /* dict */
     PyObject *run;   /* deque */
@@ -117,24 +128,25 @@ typedef struct {
 } ThresholdObject;
 
 typedef struct {
-    PyObject_HEAD
+    CORE_HEAD
     PyObject *lists; /* _lists: dict */
     PyObject *queue; /* dict */
     Py_ssize_t entries, purged;
 } ListsObject;
 
 typedef struct {
-    PyObject_HEAD
+    CORE_HEAD
     PyObject *lists; /* _lists: ListsObject */
     Py_ssize_t interval, owed, purges;
     char purging, requested;
 } RuleObject;
 
 typedef struct {
-    PyObject_HEAD
+    CORE_HEAD
     PyObject *weakreflist;
     PyObject *attempt, *attempts, *binding, *lists, *max_pending, *name, *purge_queue;
     PyObject *rule, *sink, *sync_types, *time_op, *timer;
+    PyObject *sync_seen; /* the last class found in sync_types */
     double max_timeout;
     Py_ssize_t cancelled, completed;
     char closed;
@@ -143,9 +155,30 @@ typedef struct {
 static PyTypeObject OpType, BucketType, WheelType, TimerType, ThresholdType, ListsType,
     RuleType, PurgatoryType, NativeMethodType;
 
-#define Op_Check(o) PyObject_TypeCheck((o), &OpType)
+/* An instance of one of the core types: its own type, the reference's class over it (the
+ * usual case, one comparison more), or anything deeper. */
+#define CORE_CHECK(o, T)                                                                         \
+    (Py_IS_TYPE((o), &(T)) || Py_TYPE(o)->tp_base == &(T) || PyType_IsSubtype(Py_TYPE(o), &(T)))
+
+/* Operations come in a few classes, one at a time: the last class met is remembered (with a
+ * reference, so that its address cannot be reused by another). */
+static PyTypeObject *op_type_seen;
+
+static inline int
+op_check_slow(PyObject *o)
+{
+    PyTypeObject *type = Py_TYPE(o);
+    if (!PyType_IsSubtype(type, &OpType)) {
+        return 0;
+    }
+    Py_INCREF(type);
+    Py_XSETREF(op_type_seen, type);
+    return 1;
+}
+
+#define Op_Check(o) (Py_TYPE(o) == op_type_seen || op_check_slow(o))
 #define Bucket_Check(o) PyObject_TypeCheck((o), &BucketType)
-#define Threshold_Check(o) PyObject_TypeCheck((o), &ThresholdType)
+#define Threshold_Check(o) CORE_CHECK((o), ThresholdType)
 
 /* -- what the module keeps: interned names and the Python side's helpers ---------------------- */
 
@@ -179,6 +212,9 @@ typedef struct {
     PyObject *check_one_threshold; /* _purgatory._check_one_threshold(threshold, marks) */
     PyObject *no_keys, *beyond_horizon, *full; /* _purgatory's error builders */
     int bound;                    /* `bind` ran: the helpers are there */
+    /* ManualClock, its current_time function and its `_now` slot (`bind_clock`): a timer on a
+     * manual clock reads the slot instead of calling the method (a Python frame per watch). */
+    PyObject *manual_clock_type, *manual_time, *manual_now;
 } NativeState;
 
 static NativeState N;

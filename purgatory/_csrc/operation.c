@@ -265,7 +265,7 @@ op_force_complete(OpObject *op)
     op->state = state | ST_DONE;
     PyObject *owner = op->owner;
     if (owner != Py_None) {
-        if (PyObject_TypeCheck(owner, &PurgatoryType)) {
+        if (CORE_CHECK(owner, PurgatoryType)) {
             if (purgatory_settled(owner, op, 0) < 0) {
                 return -1;
             }

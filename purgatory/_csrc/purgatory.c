@@ -21,6 +21,7 @@ purgatory_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(p->sync_types);
     Py_VISIT(p->time_op);
     Py_VISIT(p->timer);
+    Py_VISIT(p->sync_seen);
     return 0;
 }
 
@@ -40,6 +41,7 @@ purgatory_clear(PyObject *self)
     Py_CLEAR(p->sync_types);
     Py_CLEAR(p->time_op);
     Py_CLEAR(p->timer);
+    Py_CLEAR(p->sync_seen);
     return 0;
 }
 
@@ -78,16 +80,22 @@ static PyMemberDef purgatory_members[] = {
 
 /* Whether every part is in place with its native layout (a purgatory being built is not). */
 static inline int
-purgatory_ready(PurgatoryObject *p)
+purgatory_ready_check(PurgatoryObject *p)
 {
     return p->attempt != NULL && p->binding != NULL && p->name != NULL &&
            p->max_pending != NULL && p->sink != NULL && p->sync_types != NULL &&
            PySet_Check(p->sync_types) && p->time_op != NULL && p->purge_queue != NULL &&
            PyDict_CheckExact(p->purge_queue) && p->lists != NULL &&
-           PyObject_TypeCheck(p->lists, &ListsType) && lists_ready((ListsObject *)p->lists) &&
-           p->rule != NULL && PyObject_TypeCheck(p->rule, &RuleType) &&
+           CORE_CHECK(p->lists, ListsType) && lists_ready((ListsObject *)p->lists) &&
+           p->rule != NULL && CORE_CHECK(p->rule, RuleType) &&
            rule_ready((RuleObject *)p->rule) && p->timer != NULL &&
-           PyObject_TypeCheck(p->timer, &TimerType) && timer_ready((TimerObject *)p->timer);
+           CORE_CHECK(p->timer, TimerType) && timer_ready((TimerObject *)p->timer);
+}
+
+static inline int
+purgatory_ready(PurgatoryObject *o)
+{
+    return o->ready || (o->ready = (char)purgatory_ready_check(o));
 }
 
 /* `sink.<list> += items`, then `sink.take()` if `limit_check` and it holds `limit` items. */
@@ -174,7 +182,7 @@ purgatory_settled(PyObject *self, OpObject *op, int cancelled)
     }
     if (p->sink != Py_None) {
         PyObject *sink = Py_NewRef(p->sink);
-        PyObject *now = PyObject_CallNoArgs(((TimerObject *)p->timer)->now);
+        PyObject *now = timer_now((TimerObject *)p->timer);
         int err = -1;
         if (now != NULL) {
             PyObject *items[3] = {(PyObject *)op, cancelled ? N.s_cancelled : N.s_completed, now};
@@ -191,7 +199,7 @@ static PyObject *
 purgatory_settled_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                          PyObject *kwnames)
 {
-    if (nargs != 2 || kwnames != NULL || !PyObject_TypeCheck(self, &PurgatoryType) ||
+    if (nargs != 2 || kwnames != NULL || !CORE_CHECK(self, PurgatoryType) ||
         !purgatory_ready((PurgatoryObject *)self) || !Op_Check(args[0]) ||
         !PyUnicode_CheckExact(args[1])) {
         return NOT_HANDLED;
@@ -299,7 +307,7 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
     TimerObject *timer = (TimerObject *)p->timer;
     if (p->sink != Py_None) {
         PyObject *sink = Py_NewRef(p->sink);
-        PyObject *now = PyObject_CallNoArgs(timer->now);
+        PyObject *now = timer_now(timer);
         int err = -1;
         if (now != NULL) {
             PyObject *items[4] = {(PyObject *)op, keys, marks, now};
@@ -404,7 +412,7 @@ static PyObject *
 purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                        PyObject *kwnames)
 {
-    if (nargs < 2 || nargs > 3 || kwnames != NULL || !PyObject_TypeCheck(self, &PurgatoryType)) {
+    if (nargs < 2 || nargs > 3 || kwnames != NULL || !CORE_CHECK(self, PurgatoryType)) {
         return NOT_HANDLED;
     }
     PurgatoryObject *p = (PurgatoryObject *)self;
@@ -416,12 +424,15 @@ purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     if (op->owner != Py_None || op->state & ST_FINISHED) {
         return NOT_HANDLED;
     }
-    int known = PySet_Contains(p->sync_types, (PyObject *)Py_TYPE(item));
-    if (known <= 0) {
-        if (known < 0) {
-            PyErr_Clear();
+    if ((PyObject *)Py_TYPE(item) != p->sync_seen) {
+        int known = PySet_Contains(p->sync_types, (PyObject *)Py_TYPE(item));
+        if (known <= 0) {
+            if (known < 0) {
+                PyErr_Clear();
+            }
+            return NOT_HANDLED;
         }
-        return NOT_HANDLED;
+        set_field(&p->sync_seen, (PyObject *)Py_TYPE(item)); /* (the set only grows) */
     }
     PyObject *threshold = nargs == 3 ? args[2] : Py_None;
     PyObject *keys, *marks;
@@ -467,7 +478,7 @@ static PyObject *
 purgatory_check_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                        PyObject *kwnames)
 {
-    if (nargs < 1 || nargs > 2 || kwnames != NULL || !PyObject_TypeCheck(self, &PurgatoryType)) {
+    if (nargs < 1 || nargs > 2 || kwnames != NULL || !CORE_CHECK(self, PurgatoryType)) {
         return NOT_HANDLED;
     }
     PurgatoryObject *p = (PurgatoryObject *)self;
@@ -512,7 +523,7 @@ static PyObject *
 purgatory_after_pass_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                             PyObject *kwnames)
 {
-    if (nargs != 2 || kwnames != NULL || !PyObject_TypeCheck(self, &PurgatoryType) ||
+    if (nargs != 2 || kwnames != NULL || !CORE_CHECK(self, PurgatoryType) ||
         !PyLong_CheckExact(args[0])) {
         return NOT_HANDLED;
     }

@@ -64,12 +64,18 @@ static PyMemberDef timer_members[] = {
 };
 
 static inline int
-timer_ready(TimerObject *t)
+timer_ready_check(TimerObject *t)
 {
     return t->now != NULL && t->expire != NULL && t->housekeeping != NULL && t->alarm != NULL &&
            t->in_flight != NULL && PyList_CheckExact(t->in_flight) && t->wheel != NULL &&
-           PyObject_TypeCheck(t->wheel, &WheelType) && wheel_ready((WheelObject *)t->wheel) &&
+           CORE_CHECK(t->wheel, WheelType) && wheel_ready((WheelObject *)t->wheel) &&
            t->tick > 0.0;
+}
+
+static inline int
+timer_ready(TimerObject *o)
+{
+    return o->ready || (o->ready = (char)timer_ready_check(o));
 }
 
 /* `due < wake_tick` as Python compares an int with whatever the alarm holds: 1, 0, -1. */
@@ -114,12 +120,27 @@ timer_wake_alarm(TimerObject *t, long long due)
     return err;
 }
 
+/* `self.now()`: the clock's time (a new reference), or NULL with an exception set. */
+static inline PyObject *
+timer_now(TimerObject *t)
+{
+    PyObject *now = t->now;
+    if (PyMethod_Check(now) && PyMethod_GET_FUNCTION(now) == N.manual_time) {
+        PyObject *clock = PyMethod_GET_SELF(now);
+        if ((PyObject *)Py_TYPE(clock) == N.manual_clock_type) {
+            return PyMember_GetOne((const char *)clock,
+                                   ((PyMemberDescrObject *)N.manual_now)->d_member);
+        }
+    }
+    return PyObject_CallNoArgs(now);
+}
+
 /* The deadline tick of an operation timed now: ceil((now() + timeout) / tick - slack), as
  * Python computes it; LLONG_MIN with an exception set if that fails. */
 static long long
 timer_deadline(TimerObject *t, OpObject *op)
 {
-    PyObject *now = PyObject_CallNoArgs(t->now);
+    PyObject *now = timer_now(t);
     if (now == NULL) {
         return LLONG_MIN;
     }
@@ -339,7 +360,7 @@ timer_next_pass_tick(TimerObject *t)
 /* -- the methods as Python sees them ------------------------------------------------------------ */
 
 #define TIMER_SELF(self)                                                                         \
-    if (!PyObject_TypeCheck(self, &TimerType) || !timer_ready((TimerObject *)self)) {            \
+    if (!CORE_CHECK(self, TimerType) || !timer_ready((TimerObject *)self)) {            \
         return NOT_HANDLED;                                                                      \
     }                                                                                            \
     TimerObject *t = (TimerObject *)self;

@@ -46,12 +46,18 @@ static PyMemberDef threshold_members[] = {
 };
 
 static inline int
-threshold_ready(PyObject *o)
+threshold_ready_check(ThresholdObject *t)
 {
-    ThresholdObject *t = (ThresholdObject *)o;
     return t->plain != NULL && PyDict_CheckExact(t->plain) && t->at != NULL &&
            PyDict_CheckExact(t->at) && t->run != NULL && t->heap != NULL &&
            PyList_CheckExact(t->heap);
+}
+
+static inline int
+threshold_ready(PyObject *o)
+{
+    ThresholdObject *t = (ThresholdObject *)o;
+    return t->ready || (t->ready = (char)threshold_ready_check(t));
 }
 
 /* -- WatcherLists' fields ----------------------------------------------------------------------- */
@@ -89,10 +95,16 @@ static PyMemberDef lists_members[] = {
 };
 
 static inline int
-lists_ready(ListsObject *l)
+lists_ready_check(ListsObject *l)
 {
     return l->lists != NULL && PyDict_CheckExact(l->lists) && l->queue != NULL &&
            PyDict_CheckExact(l->queue);
+}
+
+static inline int
+lists_ready(ListsObject *o)
+{
+    return o->ready || (o->ready = (char)lists_ready_check(o));
 }
 
 static inline void
@@ -858,7 +870,7 @@ done:
 /* -- the methods as Python sees them ------------------------------------------------------------ */
 
 #define LISTS_SELF(self)                                                                         \
-    if (!PyObject_TypeCheck(self, &ListsType) || !lists_ready((ListsObject *)self)) {            \
+    if (!CORE_CHECK(self, ListsType) || !lists_ready((ListsObject *)self)) {            \
         return NOT_HANDLED;                                                                      \
     }                                                                                            \
     ListsObject *l = (ListsObject *)self;
@@ -957,10 +969,16 @@ static PyMemberDef rule_members[] = {
 };
 
 static inline int
-rule_ready(RuleObject *r)
+rule_ready_check(RuleObject *r)
 {
-    return r->lists != NULL && PyObject_TypeCheck(r->lists, &ListsType) &&
+    return r->lists != NULL && CORE_CHECK(r->lists, ListsType) &&
            lists_ready((ListsObject *)r->lists);
+}
+
+static inline int
+rule_ready(RuleObject *o)
+{
+    return o->ready || (o->ready = (char)rule_ready_check(o));
 }
 
 static inline int
@@ -1011,7 +1029,7 @@ rule_after_pass(RuleObject *r, Py_ssize_t taken, Py_ssize_t budget, TimerObject 
 static PyObject *
 rule_due_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (!PyObject_TypeCheck(self, &RuleType) || nargs != 0 || kwnames != NULL) {
+    if (!CORE_CHECK(self, RuleType) || nargs != 0 || kwnames != NULL) {
         return NOT_HANDLED;
     }
     return PyBool_FromLong(rule_due((RuleObject *)self));

@@ -234,7 +234,7 @@ static PyMemberDef wheel_members[] = {
 
 /* Whether the wheel's fields are all set (the reference's __init__ ran): else the reference. */
 static inline int
-wheel_ready(WheelObject *w)
+wheel_ready_check(WheelObject *w)
 {
     return w->current != NULL && PyList_CheckExact(w->current) && w->heap != NULL &&
            PyList_CheckExact(w->heap) && w->leads != NULL && PyList_CheckExact(w->leads) &&
@@ -243,6 +243,12 @@ wheel_ready(WheelObject *w)
            w->spans != NULL && PyList_CheckExact(w->spans) && w->todo != NULL &&
            PyList_CheckExact(w->todo) && w->memo_bucket != NULL &&
            Bucket_Check(w->memo_bucket) && w->wheel_size >= 2;
+}
+
+static inline int
+wheel_ready(WheelObject *o)
+{
+    return o->ready || (o->ready = (char)wheel_ready_check(o));
 }
 
 static inline int
@@ -790,7 +796,7 @@ wheel_next_deadline(WheelObject *w)
 /* -- the methods as Python sees them ------------------------------------------------------------ */
 
 #define WHEEL_SELF(self)                                                                         \
-    if (!PyObject_TypeCheck(self, &WheelType) || !wheel_ready((WheelObject *)self)) {            \
+    if (!CORE_CHECK(self, WheelType) || !wheel_ready((WheelObject *)self)) {            \
         return NOT_HANDLED;                                                                      \
     }                                                                                            \
     WheelObject *w = (WheelObject *)self;

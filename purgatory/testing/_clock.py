@@ -7,6 +7,7 @@ import weakref
 from typing import Final, final
 
 from .._clock import Alarm, Timer
+from .._impl import native
 
 __all__ = ("ManualClock",)
 
@@ -235,3 +236,8 @@ class _Alarm:
         if tick < self.wake_tick:
             self.wake_tick = tick
             self._clock._wake_by(tick * self.tick)
+
+
+if native is not None:
+    # A timer on this clock reads its time from the slot, as `current_time` does, without a call.
+    native.bind_clock(ManualClock, ManualClock.current_time, ManualClock.__dict__["_now"])
