@@ -75,20 +75,28 @@ DEFAULT_WHEEL_SIZE = 1024
 
 def _split_keys(
     keys: Iterable[Hashable] | Mapping[Hashable, Any],
-) -> tuple[tuple[Hashable, ...], dict[Hashable, Any] | None]:
-    """The keys to watch, and the operation's own copy of the mapping of key to threshold if
-    a mapping was given (its *marks*, see `purgatory._watchers`), else ``None``.
+) -> tuple[tuple[Hashable, ...], Any]:
+    """The keys to watch, and their *marks* (see `purgatory._watchers`): ``None`` for a plain
+    watch, the one threshold of every key when a mapping gives them all the same one (a single
+    key, ``dict.fromkeys``), else the operation's own copy of the mapping of key to threshold.
 
     Thresholds are checked here, before anything is tried or registered.
     """
     if type(keys) is dict or isinstance(keys, Mapping):
-        marks = dict(keys)  # (all None: a plain watch, which these marks then describe)
+        marks = dict(keys)
+        uniform: Any = _UNSET  # the threshold every key shares, as far as seen
         for key, threshold in marks.items():
+            if uniform is _UNSET:
+                uniform = threshold
+            elif threshold is not uniform:
+                uniform = _MIXED
             kind = type(threshold)  # plain keys, offsets and times pass at once
             if threshold is None or kind is int or (kind is float and threshold == threshold):  # noqa: PLR0124
                 continue
             _check_threshold(threshold, key)
-        return tuple(marks), marks
+        if uniform is _MIXED or uniform is _UNSET:
+            return tuple(marks), marks
+        return tuple(marks), uniform  # as `threshold=` keeps it: no copy per operation
     if isinstance(keys, str | bytes):
         raise TypeError(f"keys must be a collection of keys, not the string {keys!r}")
     if not isinstance(keys, Iterable):
@@ -96,6 +104,10 @@ def _split_keys(
             f"keys must be a collection of keys or a mapping of key to threshold, got {keys!r}"
         )
     return tuple(keys), None
+
+
+_UNSET: Any = object()
+_MIXED: Any = object()
 
 
 def _not_set_up(op: object) -> TypeError:

@@ -575,7 +575,8 @@ def _release_lone(op: Any, key: Hashable) -> None:
     """Make the lone watcher `op` of `key` a plain watcher of it (its threshold was reached)."""
     marks = op._marks
     if type(marks) is dict:
-        marks[key] = None
+        # A copy: the event log may still hold the watch's own marks, to render them as given.
+        op._marks = {**marks, key: None}
     else:  # one threshold for every key: this key's own mark now differs
         op._marks = dict.fromkeys(op._keys, marks)
         op._marks[key] = None

@@ -268,6 +268,56 @@ plain_threshold(PyObject *t)
     return PyLong_CheckExact(t) || (PyFloat_CheckExact(t) && !isnan(PyFloat_AS_DOUBLE(t)));
 }
 
+/* `_split_keys(keys)` for a dict whose thresholds are all plain (None, ints, floats that are
+ * not NaN) and for a list: new references in *keys and *marks, 0; 1 for anything else (the
+ * reference's `_split_keys` then), -1 on error. */
+static int
+split_keys(PyObject *given, PyObject **keys, PyObject **marks)
+{
+    if (PyList_CheckExact(given)) {
+        *keys = PyList_AsTuple(given);
+        *marks = Py_NewRef(Py_None);
+        return *keys == NULL ? -1 : 0;
+    }
+    if (!PyDict_CheckExact(given)) {
+        return 1;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *key, *threshold, *uniform = NULL;
+    int mixed = 0;
+    while (PyDict_Next(given, &pos, &key, &threshold)) {
+        if (!(threshold == Py_None || plain_threshold(threshold))) {
+            return 1;
+        }
+        if (uniform == NULL) {
+            uniform = threshold;
+        }
+        else if (threshold != uniform) {
+            mixed = 1;
+        }
+    }
+    PyObject *tuple = PyTuple_New(PyDict_GET_SIZE(given));
+    if (tuple == NULL) {
+        return -1;
+    }
+    pos = 0;
+    for (Py_ssize_t i = 0; PyDict_Next(given, &pos, &key, &threshold); i++) {
+        PyTuple_SET_ITEM(tuple, i, Py_NewRef(key));
+    }
+    if (mixed || uniform == NULL) {
+        *marks = PyDict_Copy(given);
+        if (*marks == NULL) {
+            Py_DECREF(tuple);
+            return -1;
+        }
+    }
+    else {
+        *marks = Py_NewRef(uniform);
+    }
+    *keys = tuple;
+    return 0;
+}
+
 /* try_complete_else_watch, from the split of the keys on: 1 if `op` completed in the call, 0 if
  * not, -1 on error. */
 static int
@@ -443,15 +493,21 @@ purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         marks = Py_NewRef(Py_None);
     }
     else {
-        PyObject *split = call1(N.split_keys, args[1]);
-        if (split == NULL) {
+        int split = split_keys(args[1], &keys, &marks);
+        if (split > 0) {
+            PyObject *pair = call1(N.split_keys, args[1]);
+            if (pair != NULL) {
+                keys = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
+                marks = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+                Py_DECREF(pair);
+                split = 0;
+            }
+        }
+        if (split != 0) {
             Py_DECREF(item);
             Py_DECREF(self);
             return NULL;
         }
-        keys = Py_NewRef(PyTuple_GET_ITEM(split, 0));
-        marks = Py_NewRef(PyTuple_GET_ITEM(split, 1));
-        Py_DECREF(split);
     }
     int result = -1;
     if (threshold != Py_None) {
