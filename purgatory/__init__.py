@@ -30,6 +30,7 @@ from ._errors import PurgatoryFull as PurgatoryFull
 from ._eventlog import JsonLinesEventLog as JsonLinesEventLog
 from ._eventlog_arrow import ArrowEventLog as ArrowEventLog
 from ._events import EventLog as EventLog
+from ._impl import IMPLEMENTATION as IMPLEMENTATION
 from ._operation import DelayedOperation as DelayedOperation
 from ._purgatory import DelayedOperationPurgatory as DelayedOperationPurgatory
 from ._purgatory import PurgatoryStatistics as PurgatoryStatistics
@@ -37,6 +38,7 @@ from ._purgatory import PurgatoryStatistics as PurgatoryStatistics
 __version__ = "0.1.0"
 
 __all__ = (
+    "IMPLEMENTATION",
     "Alarm",
     "ArrowEventLog",
     "Clock",
@@ -54,5 +56,6 @@ __all__ = (
 )
 
 for _name in __all__:
-    globals()[_name].__module__ = __name__
+    if isinstance(globals()[_name], type):
+        globals()[_name].__module__ = __name__
 del _name

@@ -146,6 +146,12 @@ class DelayedOperation(_OperationCore, ABC, Generic[T_co]):
         cls._is_async = inspect.iscoroutinefunction(cls.try_complete)
 
     def __init__(self, timeout: float) -> None:
+        """Set the operation up; a subclass's ``__init__`` calls ``super().__init__(timeout)``.
+
+        Args:
+            timeout: Seconds from the moment the operation is first watched to its deadline;
+                >= 0 and finite.
+        """
         if not (type(timeout) is float and timeout >= 0.0 and timeout < _INF):
             timeout = _checked_timeout(timeout)
         self._timeout = timeout

@@ -62,6 +62,29 @@ nm_getattro(PyObject *self, PyObject *name)
     return PyObject_GenericGetAttr(self, name);
 }
 
+/* What names and documents a NativeMethod is its reference's: data descriptors, so that even a
+ * lookup that bypasses __getattribute__ (pydoc's, for the docstring) finds the reference's. */
+static PyObject *
+nm_get_ref_attribute(PyObject *self, void *name)
+{
+    return PyObject_GetAttrString(((NativeMethodObject *)self)->ref, (const char *)name);
+}
+
+static PyObject *
+nm_get_wrapped(PyObject *self, void *closure)
+{
+    return Py_NewRef(((NativeMethodObject *)self)->ref);
+}
+
+static PyGetSetDef nm_getset[] = {
+    {"__doc__", nm_get_ref_attribute, NULL, NULL, "__doc__"},
+    {"__name__", nm_get_ref_attribute, NULL, NULL, "__name__"},
+    {"__qualname__", nm_get_ref_attribute, NULL, NULL, "__qualname__"},
+    {"__module__", nm_get_ref_attribute, NULL, NULL, "__module__"},
+    {"__wrapped__", nm_get_wrapped, NULL, NULL, NULL},
+    {NULL},
+};
+
 static PyObject *
 nm_repr(PyObject *self)
 {
@@ -108,6 +131,7 @@ static PyTypeObject NativeMethodType = {
     .tp_call = PyVectorcall_Call,
     .tp_descr_get = nm_descr_get,
     .tp_getattro = nm_getattro,
+    .tp_getset = nm_getset,
     .tp_repr = nm_repr,
     .tp_traverse = nm_traverse,
     .tp_clear = nm_clear,

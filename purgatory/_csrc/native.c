@@ -222,29 +222,9 @@ static PyMethodDef native_methods[] = {
 
 /* -- the types ------------------------------------------------------------------------------------- */
 
-static PyObject *empty_tuple;
-
-/* Instances of the reference's subclasses: an abstract one is refused by object.__new__ itself,
- * so the message is the interpreter's own. */
-static PyObject *
-core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
-{
-    if (type->tp_flags & Py_TPFLAGS_IS_ABSTRACT) {
-        return PyBaseObject_Type.tp_new(type, empty_tuple, NULL);
-    }
-    return type->tp_alloc(type, 0);
-}
 
 #define CORE_FLAGS (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC)
 
-/* Any attribute assignment may give a field another type: check again at the next C call. */
-static int
-core_setattro(PyObject *self, PyObject *name, PyObject *value)
-{
-    int err = PyObject_GenericSetAttr(self, name, value);
-    ((CoreObject *)self)->ready = 0;
-    return err;
-}
 
 static PyTypeObject OpType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -252,7 +232,6 @@ static PyTypeObject OpType = {
     .tp_doc = "The fields of an operation (the operation protocol, see purgatory._operation).",
     .tp_basicsize = sizeof(OpFull),
     .tp_flags = CORE_FLAGS,
-    .tp_new = core_new,
     .tp_traverse = op_traverse,
     .tp_clear = op_clear,
     .tp_dealloc = op_dealloc,
@@ -278,8 +257,6 @@ static PyTypeObject WheelType = {
     .tp_doc = "The fields of a timing wheel.",
     .tp_basicsize = sizeof(WheelObject),
     .tp_flags = CORE_FLAGS,
-    .tp_setattro = core_setattro,
-    .tp_new = core_new,
     .tp_traverse = wheel_traverse,
     .tp_clear = wheel_clear,
     .tp_dealloc = wheel_dealloc,
@@ -292,12 +269,11 @@ static PyTypeObject TimerType = {
     .tp_doc = "The fields of a timer.",
     .tp_basicsize = sizeof(TimerObject),
     .tp_flags = CORE_FLAGS,
-    .tp_setattro = core_setattro,
-    .tp_new = core_new,
     .tp_traverse = timer_traverse,
     .tp_clear = timer_clear,
     .tp_dealloc = timer_dealloc,
     .tp_members = timer_members,
+    .tp_getset = timer_getset,
     .tp_weaklistoffset = offsetof(TimerObject, weakreflist),
 };
 
@@ -307,8 +283,6 @@ static PyTypeObject ThresholdType = {
     .tp_doc = "The fields of one key's threshold watchers.",
     .tp_basicsize = sizeof(ThresholdObject),
     .tp_flags = CORE_FLAGS,
-    .tp_setattro = core_setattro,
-    .tp_new = core_new,
     .tp_traverse = threshold_traverse,
     .tp_clear = threshold_clear,
     .tp_dealloc = threshold_dealloc,
@@ -321,8 +295,6 @@ static PyTypeObject ListsType = {
     .tp_doc = "The fields of a purgatory's watcher lists.",
     .tp_basicsize = sizeof(ListsObject),
     .tp_flags = CORE_FLAGS,
-    .tp_setattro = core_setattro,
-    .tp_new = core_new,
     .tp_traverse = lists_traverse,
     .tp_clear = lists_clear,
     .tp_dealloc = lists_dealloc,
@@ -335,8 +307,6 @@ static PyTypeObject RuleType = {
     .tp_doc = "The fields of a purge rule.",
     .tp_basicsize = sizeof(RuleObject),
     .tp_flags = CORE_FLAGS,
-    .tp_setattro = core_setattro,
-    .tp_new = core_new,
     .tp_traverse = rule_traverse,
     .tp_clear = rule_clear,
     .tp_dealloc = rule_dealloc,
@@ -349,12 +319,11 @@ static PyTypeObject PurgatoryType = {
     .tp_doc = "The fields of a purgatory.",
     .tp_basicsize = sizeof(PurgatoryObject),
     .tp_flags = CORE_FLAGS,
-    .tp_setattro = core_setattro,
-    .tp_new = core_new,
     .tp_traverse = purgatory_traverse,
     .tp_clear = purgatory_clear,
     .tp_dealloc = purgatory_dealloc,
     .tp_members = purgatory_members,
+    .tp_getset = purgatory_getset,
     .tp_weaklistoffset = offsetof(PurgatoryObject, weakreflist),
 };
 
@@ -459,6 +428,14 @@ PyMODINIT_FUNC
 PyInit__native(void)
 {
     BucketType.tp_base = &PyDict_Type;
+    /* The cores are made as object() makes instances (its abstract-class check and messages
+     * included), and show no __new__ of their own: to `help()` and `copy` they are as the
+     * reference's slotted classes are. */
+    PyTypeObject *cores[] = {&OpType,    &WheelType, &TimerType,     &ThresholdType,
+                             &ListsType, &RuleType,  &PurgatoryType, NULL};
+    for (int i = 0; cores[i] != NULL; i++) {
+        cores[i]->tp_new = PyBaseObject_Type.tp_new;
+    }
     PyTypeObject *types[] = {&NativeMethodType, &OpType,   &BucketType,   &WheelType,
                              &TimerType,        &ThresholdType, &ListsType, &RuleType,
                              &PurgatoryType,    NULL};
@@ -467,8 +444,13 @@ PyInit__native(void)
             return NULL;
         }
     }
-    empty_tuple = PyTuple_New(0);
-    if (empty_tuple == NULL || intern_names() < 0 || import_helpers() < 0) {
+    for (int i = 0; cores[i] != NULL; i++) {
+        if (PyDict_DelItemString(cores[i]->tp_dict, "__new__") < 0) {
+            return NULL;
+        }
+        PyType_Modified(cores[i]);
+    }
+    if (intern_names() < 0 || import_helpers() < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&native_module);

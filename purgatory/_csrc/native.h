@@ -76,19 +76,8 @@ typedef struct {
     PyObject *wheel;
 } BucketObject;
 
-/* The head of the types whose fields Python code may replace: `ready` says every field was
- * checked to have the type the C bodies expect; any attribute assignment clears it (the
- * types' tp_setattro), and the next C call checks again. */
-#define CORE_HEAD \
-    PyObject_HEAD \
-    char ready;
-
 typedef struct {
-    CORE_HEAD
-} CoreObject;
-
-typedef struct {
-    CORE_HEAD
+    PyObject_HEAD
     PyObject *active;   /* _active: the cascading Bucket or NULL (None) */
     PyObject *current;  /* _current: list of int */
     PyObject *heap;     /* _heap: list of (tick, -level, push count, bucket) */
@@ -105,7 +94,7 @@ typedef struct {
 } WheelObject;
 
 typedef struct {
-    CORE_HEAD
+    PyObject_HEAD
     PyObject *weakreflist;
     double tick, max_timeout, time_limit;
     PyObject *now;          /* callable */
@@ -119,7 +108,7 @@ typedef struct {
 } TimerObject;
 
 typedef struct {
-    CORE_HEAD
+    PyObject_HEAD
     PyObject *plain; /* dict */
     PyObject *at;    /* dict */
     PyObject *run;   /* deque */
@@ -128,21 +117,21 @@ typedef struct {
 } ThresholdObject;
 
 typedef struct {
-    CORE_HEAD
+    PyObject_HEAD
     PyObject *lists; /* _lists: dict */
     PyObject *queue; /* dict */
     Py_ssize_t entries, purged;
 } ListsObject;
 
 typedef struct {
-    CORE_HEAD
+    PyObject_HEAD
     PyObject *lists; /* _lists: ListsObject */
     Py_ssize_t interval, owed, purges;
     char purging, requested;
 } RuleObject;
 
 typedef struct {
-    CORE_HEAD
+    PyObject_HEAD
     PyObject *weakreflist;
     PyObject *attempt, *attempts, *binding, *lists, *max_pending, *name, *purge_queue;
     PyObject *rule, *sink, *sync_types, *time_op, *timer;

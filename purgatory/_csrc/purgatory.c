@@ -56,6 +56,18 @@ purgatory_dealloc(PyObject *self)
     Py_TYPE(self)->tp_free(self);
 }
 
+static PyObject *
+purgatory_get_weakref(PyObject *self, void *closure)
+{
+    PyObject *list = ((PurgatoryObject *)self)->weakreflist;
+    return Py_NewRef(list == NULL ? Py_None : list);
+}
+
+static PyGetSetDef purgatory_getset[] = {
+    {"__weakref__", purgatory_get_weakref, NULL, "list of weak references to the object", NULL},
+    {NULL},
+};
+
 static PyMemberDef purgatory_members[] = {
     {"_attempt", Py_T_OBJECT_EX, offsetof(PurgatoryObject, attempt), 0, NULL},
     {"_attempts", Py_T_OBJECT_EX, offsetof(PurgatoryObject, attempts), 0, NULL},
@@ -73,14 +85,12 @@ static PyMemberDef purgatory_members[] = {
     {"_cancelled", Py_T_PYSSIZET, offsetof(PurgatoryObject, cancelled), 0, NULL},
     {"_completed", Py_T_PYSSIZET, offsetof(PurgatoryObject, completed), 0, NULL},
     {"_closed", Py_T_BOOL, offsetof(PurgatoryObject, closed), 0, NULL},
-    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(PurgatoryObject, weakreflist), Py_READONLY,
-     NULL},
     {NULL},
 };
 
 /* Whether every part is in place with its native layout (a purgatory being built is not). */
 static inline int
-purgatory_ready_check(PurgatoryObject *p)
+purgatory_ready(PurgatoryObject *p)
 {
     return p->attempt != NULL && p->binding != NULL && p->name != NULL &&
            p->max_pending != NULL && p->sink != NULL && p->sync_types != NULL &&
@@ -90,12 +100,6 @@ purgatory_ready_check(PurgatoryObject *p)
            p->rule != NULL && CORE_CHECK(p->rule, RuleType) &&
            rule_ready((RuleObject *)p->rule) && p->timer != NULL &&
            CORE_CHECK(p->timer, TimerType) && timer_ready((TimerObject *)p->timer);
-}
-
-static inline int
-purgatory_ready(PurgatoryObject *o)
-{
-    return o->ready || (o->ready = (char)purgatory_ready_check(o));
 }
 
 /* `sink.<list> += items`, then `sink.take()` if `limit_check` and it holds `limit` items. */

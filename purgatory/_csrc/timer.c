@@ -44,6 +44,18 @@ timer_dealloc(PyObject *self)
     Py_TYPE(self)->tp_free(self);
 }
 
+static PyObject *
+timer_get_weakref(PyObject *self, void *closure)
+{
+    PyObject *list = ((TimerObject *)self)->weakreflist;
+    return Py_NewRef(list == NULL ? Py_None : list);
+}
+
+static PyGetSetDef timer_getset[] = {
+    {"__weakref__", timer_get_weakref, NULL, "list of weak references to the object", NULL},
+    {NULL},
+};
+
 static PyMemberDef timer_members[] = {
     {"tick", Py_T_DOUBLE, offsetof(TimerObject, tick), 0, NULL},
     {"max_timeout", Py_T_DOUBLE, offsetof(TimerObject, max_timeout), 0, NULL},
@@ -59,23 +71,16 @@ static PyMemberDef timer_members[] = {
     {"passes", Py_T_PYSSIZET, offsetof(TimerObject, passes), 0, NULL},
     {"_closed", Py_T_BOOL, offsetof(TimerObject, closed), 0, NULL},
     {"_due_now", Py_T_BOOL, offsetof(TimerObject, due_now), 0, NULL},
-    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(TimerObject, weakreflist), Py_READONLY, NULL},
     {NULL},
 };
 
 static inline int
-timer_ready_check(TimerObject *t)
+timer_ready(TimerObject *t)
 {
     return t->now != NULL && t->expire != NULL && t->housekeeping != NULL && t->alarm != NULL &&
            t->in_flight != NULL && PyList_CheckExact(t->in_flight) && t->wheel != NULL &&
            CORE_CHECK(t->wheel, WheelType) && wheel_ready((WheelObject *)t->wheel) &&
            t->tick > 0.0;
-}
-
-static inline int
-timer_ready(TimerObject *o)
-{
-    return o->ready || (o->ready = (char)timer_ready_check(o));
 }
 
 /* `due < wake_tick` as Python compares an int with whatever the alarm holds: 1, 0, -1. */

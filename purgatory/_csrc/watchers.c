@@ -46,19 +46,14 @@ static PyMemberDef threshold_members[] = {
 };
 
 static inline int
-threshold_ready_check(ThresholdObject *t)
+threshold_ready(PyObject *o)
 {
+    ThresholdObject *t = (ThresholdObject *)o;
     return t->plain != NULL && PyDict_CheckExact(t->plain) && t->at != NULL &&
            PyDict_CheckExact(t->at) && t->run != NULL && t->heap != NULL &&
            PyList_CheckExact(t->heap);
 }
 
-static inline int
-threshold_ready(PyObject *o)
-{
-    ThresholdObject *t = (ThresholdObject *)o;
-    return t->ready || (t->ready = (char)threshold_ready_check(t));
-}
 
 /* -- WatcherLists' fields ----------------------------------------------------------------------- */
 
@@ -95,16 +90,10 @@ static PyMemberDef lists_members[] = {
 };
 
 static inline int
-lists_ready_check(ListsObject *l)
+lists_ready(ListsObject *l)
 {
     return l->lists != NULL && PyDict_CheckExact(l->lists) && l->queue != NULL &&
            PyDict_CheckExact(l->queue);
-}
-
-static inline int
-lists_ready(ListsObject *o)
-{
-    return o->ready || (o->ready = (char)lists_ready_check(o));
 }
 
 static inline void
@@ -969,16 +958,10 @@ static PyMemberDef rule_members[] = {
 };
 
 static inline int
-rule_ready_check(RuleObject *r)
+rule_ready(RuleObject *r)
 {
     return r->lists != NULL && CORE_CHECK(r->lists, ListsType) &&
            lists_ready((ListsObject *)r->lists);
-}
-
-static inline int
-rule_ready(RuleObject *o)
-{
-    return o->ready || (o->ready = (char)rule_ready_check(o));
 }
 
 static inline int

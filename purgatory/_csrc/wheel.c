@@ -234,7 +234,7 @@ static PyMemberDef wheel_members[] = {
 
 /* Whether the wheel's fields are all set (the reference's __init__ ran): else the reference. */
 static inline int
-wheel_ready_check(WheelObject *w)
+wheel_ready(WheelObject *w)
 {
     return w->current != NULL && PyList_CheckExact(w->current) && w->heap != NULL &&
            PyList_CheckExact(w->heap) && w->leads != NULL && PyList_CheckExact(w->leads) &&
@@ -243,12 +243,6 @@ wheel_ready_check(WheelObject *w)
            w->spans != NULL && PyList_CheckExact(w->spans) && w->todo != NULL &&
            PyList_CheckExact(w->todo) && w->memo_bucket != NULL &&
            Bucket_Check(w->memo_bucket) && w->wheel_size >= 2;
-}
-
-static inline int
-wheel_ready(WheelObject *o)
-{
-    return o->ready || (o->ready = (char)wheel_ready_check(o));
 }
 
 static inline int
