@@ -19,6 +19,8 @@ Modules: ``purgatory.testing`` (`ManualClock`, ``check_invariants``: virtual tim
 
 from __future__ import annotations
 
+from types import FunctionType as _FunctionType
+
 from ._clock import Alarm as Alarm
 from ._clock import Clock as Clock
 from ._clock import DrivenClock as DrivenClock
@@ -55,7 +57,14 @@ __all__ = (
     "Timer",
 )
 
+# The public path in reprs and help(): the classes', and their methods' (a native method's
+# reference function too: its `__wrapped__`), so that help() shows nothing "from" elsewhere.
 for _name in __all__:
-    if isinstance(globals()[_name], type):
-        globals()[_name].__module__ = __name__
-del _name
+    _public = globals()[_name]
+    if isinstance(_public, type):
+        _public.__module__ = __name__
+        for _member in vars(_public).values():
+            _function = getattr(_member, "__wrapped__", _member)
+            if isinstance(_function, _FunctionType):
+                _function.__module__ = __name__
+del _name, _public, _member, _function

@@ -15,6 +15,8 @@ leaves to it, so that one behaviour, one set of messages and one API come from o
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 from typing import Any, Final, Literal
 
@@ -33,12 +35,10 @@ def _load() -> Any:
     """The native core, or ``None`` where it was not built or is switched off."""
     if _disabled():
         return None
-    try:
-        from . import _native  # type: ignore[attr-defined]
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__package__}._native":
-            raise
-        return None
+    name = f"{__package__}._native"
+    if importlib.util.find_spec(name) is None:
+        return None  # not built here (the install said why): the pure modules
+    _native = importlib.import_module(name)  # built: a broken build is an error, not a fallback
     if _native.API_VERSION != API_VERSION:
         raise ImportError(
             f"purgatory._native was built from another version of the core (interface "

@@ -30,7 +30,9 @@ def test_all_is_exactly_the_public_names() -> None:
     assert set(purgatory.__all__) == public
     assert isinstance(purgatory.__all__, tuple)
     for name in purgatory.__all__:
-        assert getattr(purgatory, name).__module__ == "purgatory", name
+        if name != "IMPLEMENTATION":  # (a string)
+            assert getattr(purgatory, name).__module__ == "purgatory", name
+    assert purgatory.IMPLEMENTATION in ("native", "python")
     assert ManualClock.__module__ == "purgatory.testing"
 
 

@@ -81,7 +81,7 @@ def test_native_methods_read_as_their_reference() -> None:
     method = DelayedOperation.__dict__["force_complete"]
     assert method.__name__ == "force_complete"
     assert method.__qualname__ == "DelayedOperation.force_complete"
-    assert method.__module__ == "purgatory._operation"
+    assert method.__module__ == "purgatory"
     assert (method.__doc__ or "").startswith("Complete the operation now")
     assert str(inspect.signature(method)) == "(self) -> 'bool'"
     watch = DelayedOperationPurgatory.try_complete_else_watch

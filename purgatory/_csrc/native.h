@@ -18,6 +18,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stddef.h>
+#include <string.h>
 
 #if PY_VERSION_HEX < 0x030C0000
 #include <structmember.h>
