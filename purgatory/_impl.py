@@ -52,8 +52,10 @@ def _load() -> Any:
 #: The extension module, or ``None`` when the pure-Python modules run alone.
 native: Final[Any] = _load()
 
-#: ``"native"`` when the C core runs, ``"python"`` when the pure-Python modules run alone.
 IMPLEMENTATION: Final[Literal["native", "python"]] = "python" if native is None else "native"
+"""Which implementation of the core runs: ``"native"`` (the C core the wheels carry) or
+``"python"`` (the pure-Python modules: where the core could not be compiled, or with
+``PURGATORY_NO_EXTENSIONS=1`` set before the import). Both behave the same; only speed differs."""
 
 
 def install(cls: type, *names: str) -> None:
