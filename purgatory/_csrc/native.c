@@ -383,6 +383,8 @@ intern_names(void)
         {&N.s_sort, "sort"},
         {&N.s_key, "key"},
         {&N.s_discard, "_discard"},
+        {&N.s_threshold, "threshold"},
+        {&N.s_reached, "reached"},
         {NULL, NULL},
     };
     for (int i = 0; names[i].slot != NULL; i++) {

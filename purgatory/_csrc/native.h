@@ -182,7 +182,7 @@ typedef struct {
         *s_join_at, *s_release, *s_tidy, *s_fail, *s_wake_awaiters, *s_refuse,
         *s_ended_before_registration, *s_abandon, *s_request_pass, *s_admit_type,
         *s_purge_queue, *s_ended, *s_unpush, *s_level, *s_in_flight, *s_after_pass,
-        *s_unregister, *s_sort, *s_key, *s_discard;
+        *s_unregister, *s_sort, *s_key, *s_discard, *s_threshold, *s_reached;
     /* the Python side's helpers, given by `bind_python` */
     PyObject *report_exception;   /* report_exception(message, exc, **context) */
     PyObject *report_false_claim; /* (op, claimed) */

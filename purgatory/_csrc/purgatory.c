@@ -462,11 +462,36 @@ abandon:
     return -1;
 }
 
+/* The last positional-or-keyword argument `name` of a call given `nargs` positional arguments
+ * and `kwnames`: *value (borrowed, or `fallback`); 0 if the call has any other keyword (or the
+ * argument twice: the reference's to refuse). */
+static inline int
+last_argument(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t position, PyObject *kwnames,
+              PyObject *name, PyObject *fallback, PyObject **value)
+{
+    *value = nargs > position ? args[position] : fallback;
+    if (kwnames == NULL) {
+        return 1;
+    }
+    if (PyTuple_GET_SIZE(kwnames) != 1 || nargs > position) {
+        return 0;
+    }
+    PyObject *given = PyTuple_GET_ITEM(kwnames, 0);
+    if (given != name && PyUnicode_Compare(given, name) != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    *value = args[nargs];
+    return 1;
+}
+
 static PyObject *
 purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                        PyObject *kwnames)
 {
-    if (nargs < 2 || nargs > 3 || kwnames != NULL || !CORE_CHECK(self, PurgatoryType)) {
+    PyObject *threshold;
+    if (nargs < 2 || nargs > 3 || !CORE_CHECK(self, PurgatoryType) ||
+        !last_argument(args, nargs, 2, kwnames, N.s_threshold, Py_None, &threshold)) {
         return NOT_HANDLED;
     }
     PurgatoryObject *p = (PurgatoryObject *)self;
@@ -488,7 +513,6 @@ purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         }
         set_field(&p->sync_seen, (PyObject *)Py_TYPE(item)); /* (the set only grows) */
     }
-    PyObject *threshold = nargs == 3 ? args[2] : Py_None;
     PyObject *keys, *marks;
     Py_INCREF(self);
     Py_INCREF(item);
@@ -538,11 +562,12 @@ static PyObject *
 purgatory_check_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                        PyObject *kwnames)
 {
-    if (nargs < 1 || nargs > 2 || kwnames != NULL || !CORE_CHECK(self, PurgatoryType)) {
+    PyObject *reached;
+    if (nargs < 1 || nargs > 2 || !CORE_CHECK(self, PurgatoryType) ||
+        !last_argument(args, nargs, 1, kwnames, N.s_reached, Py_None, &reached)) {
         return NOT_HANDLED;
     }
     PurgatoryObject *p = (PurgatoryObject *)self;
-    PyObject *reached = nargs == 2 ? args[1] : Py_None;
     if (!purgatory_ready(p) || !plain_reached(reached)) {
         return NOT_HANDLED;
     }
