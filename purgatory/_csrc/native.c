@@ -260,6 +260,7 @@ static PyTypeObject WheelType = {
     .tp_traverse = wheel_traverse,
     .tp_clear = wheel_clear,
     .tp_dealloc = wheel_dealloc,
+    .tp_getset = wheel_getset,
     .tp_members = wheel_members,
 };
 
@@ -286,6 +287,7 @@ static PyTypeObject ThresholdType = {
     .tp_traverse = threshold_traverse,
     .tp_clear = threshold_clear,
     .tp_dealloc = threshold_dealloc,
+    .tp_getset = threshold_getset,
     .tp_members = threshold_members,
 };
 
@@ -298,6 +300,7 @@ static PyTypeObject ListsType = {
     .tp_traverse = lists_traverse,
     .tp_clear = lists_clear,
     .tp_dealloc = lists_dealloc,
+    .tp_getset = lists_getset,
     .tp_members = lists_members,
 };
 
@@ -310,6 +313,7 @@ static PyTypeObject RuleType = {
     .tp_traverse = rule_traverse,
     .tp_clear = rule_clear,
     .tp_dealloc = rule_dealloc,
+    .tp_getset = rule_getset,
     .tp_members = rule_members,
 };
 
@@ -393,6 +397,9 @@ intern_names(void)
             return -1;
         }
     }
+    method_names[M_TRY_COMPLETE] = N.s_try_complete;
+    method_names[M_ON_COMPLETE] = N.s_on_complete;
+    method_names[M_ON_EXPIRATION] = N.s_on_expiration;
     N.kw_key = PyTuple_Pack(1, N.s_key);
     return N.kw_key == NULL ? -1 : 0;
 }

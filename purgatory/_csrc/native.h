@@ -78,8 +78,19 @@ typedef struct {
     PyObject *wheel;
 } BucketObject;
 
+/* The head of the types whose object fields Python code may replace: `ready` says every field
+ * was checked to have what the C bodies expect; assigning a field from Python (its setter,
+ * `field_set`) clears it, and the next C call checks again. */
+#define CORE_HEAD \
+    PyObject_HEAD \
+    char ready;
+
 typedef struct {
-    PyObject_HEAD
+    CORE_HEAD
+} CoreObject;
+
+typedef struct {
+    CORE_HEAD
     PyObject *active;   /* _active: the cascading Bucket or NULL (None) */
     PyObject *current;  /* _current: list of int */
     PyObject *heap;     /* _heap: list of (tick, -level, push count, bucket) */
@@ -96,7 +107,7 @@ typedef struct {
 } WheelObject;
 
 typedef struct {
-    PyObject_HEAD
+    CORE_HEAD
     PyObject *weakreflist;
     double tick, max_timeout, time_limit;
     PyObject *now;          /* callable */
@@ -110,7 +121,7 @@ typedef struct {
 } TimerObject;
 
 typedef struct {
-    PyObject_HEAD
+    CORE_HEAD
     PyObject *plain; /* dict */
     PyObject *at;    /* dict */
     PyObject *run;   /* deque */
@@ -119,21 +130,21 @@ typedef struct {
 } ThresholdObject;
 
 typedef struct {
-    PyObject_HEAD
+    CORE_HEAD
     PyObject *lists; /* _lists: dict */
     PyObject *queue; /* dict */
     Py_ssize_t entries, purged;
 } ListsObject;
 
 typedef struct {
-    PyObject_HEAD
+    CORE_HEAD
     PyObject *lists; /* _lists: ListsObject */
     Py_ssize_t interval, owed, purges;
     char purging, requested;
 } RuleObject;
 
 typedef struct {
-    PyObject_HEAD
+    CORE_HEAD
     PyObject *weakreflist;
     PyObject *attempt, *attempts, *binding, *lists, *max_pending, *name, *purge_queue;
     PyObject *rule, *sink, *sync_types, *time_op, *timer;
@@ -142,6 +153,56 @@ typedef struct {
     Py_ssize_t cancelled, completed;
     char closed;
 } PurgatoryObject;
+
+/* An object field of a core type, as Python sees it (a getset): unset reads as an
+ * AttributeError (or None, for the fields whose None is their NULL), and every assignment makes
+ * the object check its fields again at the next C call. */
+typedef struct {
+    Py_ssize_t offset;
+    const char *name;
+    char none_if_null;
+} FieldSpec;
+
+#define FIELD_AT(o, spec) ((PyObject **)((char *)(o) + (spec)->offset))
+
+static PyObject *
+field_get(PyObject *self, void *closure)
+{
+    const FieldSpec *spec = closure;
+    PyObject *value = *FIELD_AT(self, spec);
+    if (value == NULL) {
+        if (spec->none_if_null) {
+            Py_RETURN_NONE;
+        }
+        PyErr_Format(PyExc_AttributeError, "'%.200s' object has no attribute '%s'",
+                     Py_TYPE(self)->tp_name, spec->name);
+        return NULL;
+    }
+    return Py_NewRef(value);
+}
+
+static int
+field_set(PyObject *self, PyObject *value, void *closure)
+{
+    const FieldSpec *spec = closure;
+    PyObject **slot = FIELD_AT(self, spec);
+    if (value == NULL && *slot == NULL && !spec->none_if_null) {
+        PyErr_SetString(PyExc_AttributeError, spec->name);
+        return -1;
+    }
+    PyObject *old = *slot;
+    *slot = (value == Py_None && spec->none_if_null) ? NULL : Py_XNewRef(value);
+    Py_XDECREF(old);
+    ((CoreObject *)self)->ready = 0;
+    return 0;
+}
+
+#define FIELD(type, member, pyname)                                                             \
+    {pyname, field_get, field_set, NULL,                                                        \
+     (void *)&(const FieldSpec){offsetof(type, member), pyname, 0}}
+#define FIELD_OR_NONE(type, member, pyname)                                                     \
+    {pyname, field_get, field_set, NULL,                                                        \
+     (void *)&(const FieldSpec){offsetof(type, member), pyname, 1}}
 
 static PyTypeObject OpType, BucketType, WheelType, TimerType, ThresholdType, ListsType,
     RuleType, PurgatoryType, NativeMethodType;
@@ -168,6 +229,82 @@ op_check_slow(PyObject *o)
 }
 
 #define Op_Check(o) (Py_TYPE(o) == op_type_seen || op_check_slow(o))
+
+/* -- the user's methods, looked up once per class -------------------------------------------- */
+
+#define M_TRY_COMPLETE 0
+#define M_ON_COMPLETE 1
+#define M_ON_EXPIRATION 2
+#define M_COUNT 3
+
+/* A class's three methods, while its version tag says the class (and its bases) did not change.
+ * Only for classes whose instances have no __dict__ (an instance attribute could shadow a method)
+ * and only methods that are plain functions: everything else is looked up as Python does. */
+typedef struct {
+    PyTypeObject *type; /* a strong reference: its address cannot be reused */
+    unsigned int tag;
+    PyObject *methods[M_COUNT]; /* strong references, or NULL: look it up each time */
+} MethodEntry;
+
+#define METHOD_CACHE_SIZE 8
+static MethodEntry method_cache[METHOD_CACHE_SIZE];
+
+static PyObject *method_names[M_COUNT];
+
+static MethodEntry *
+method_entry_fill(PyTypeObject *type, MethodEntry *entry)
+{
+    Py_XDECREF(entry->type);
+    for (int m = 0; m < M_COUNT; m++) {
+        Py_CLEAR(entry->methods[m]);
+    }
+    entry->type = NULL;
+    entry->tag = 0;
+    if (type->tp_dictoffset != 0 || PyType_HasFeature(type, Py_TPFLAGS_MANAGED_DICT)) {
+        return NULL;
+    }
+    for (int m = 0; m < M_COUNT; m++) {
+        PyObject *found = PyObject_GetAttr((PyObject *)type, method_names[m]);
+        if (found == NULL) {
+            PyErr_Clear();
+        }
+        else if (PyFunction_Check(found)) {
+            entry->methods[m] = found;
+        }
+        else {
+            Py_DECREF(found);
+        }
+    }
+    if (type->tp_version_tag == 0) {
+        for (int m = 0; m < M_COUNT; m++) {
+            Py_CLEAR(entry->methods[m]);
+        }
+        return NULL;
+    }
+    entry->type = (PyTypeObject *)Py_NewRef((PyObject *)type);
+    entry->tag = type->tp_version_tag;
+    return entry;
+}
+
+/* op.<method>(): the class's function called straight, or the method looked up as Python does. */
+static inline PyObject *
+call_op_method(PyObject *op, int which)
+{
+    PyTypeObject *type = Py_TYPE(op);
+    MethodEntry *entry = &method_cache[((uintptr_t)type >> 4) % METHOD_CACHE_SIZE];
+    if (entry->type != type || entry->tag != type->tp_version_tag || entry->tag == 0) {
+        entry = method_entry_fill(type, entry);
+    }
+    PyObject *function = entry == NULL ? NULL : entry->methods[which];
+    if (function != NULL) {
+        /* a function's own vectorcall, as the interpreter's call of it does */
+        PyObject *args[2] = {NULL, op};
+        return ((PyFunctionObject *)function)
+            ->vectorcall(function, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    return PyObject_VectorcallMethod(method_names[which], &op,
+                                     1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
 #define Bucket_Check(o) PyObject_TypeCheck((o), &BucketType)
 #define Threshold_Check(o) CORE_CHECK((o), ThresholdType)
 

@@ -233,7 +233,7 @@ static int
 op_run_on_complete(OpObject *op, PyObject **interrupt)
 {
     *interrupt = NULL;
-    PyObject *result = call_method0((PyObject *)op, N.s_on_complete);
+    PyObject *result = call_op_method((PyObject *)op, M_ON_COMPLETE);
     if (result != NULL) {
         set_field(&op->result, result);
         Py_DECREF(result);
@@ -354,7 +354,7 @@ expire_loop(PyObject *due, PyObject *now, PyObject *purge_queue, PyObject *ended
             }
             Py_DECREF(interrupt);
         }
-        PyObject *r = call_method0(item, N.s_on_expiration);
+        PyObject *r = call_op_method(item, M_ON_EXPIRATION);
         if (r == NULL) {
             PyObject *exc = fetch_exception();
             PyObject *reported = call2(N.report_expiration, item, exc);

@@ -64,23 +64,23 @@ purgatory_get_weakref(PyObject *self, void *closure)
 }
 
 static PyGetSetDef purgatory_getset[] = {
+    FIELD(PurgatoryObject, attempt, "_attempt"),
+    FIELD(PurgatoryObject, attempts, "_attempts"),
+    FIELD(PurgatoryObject, binding, "_binding"),
+    FIELD(PurgatoryObject, lists, "_lists"),
+    FIELD(PurgatoryObject, max_pending, "_max_pending"),
+    FIELD(PurgatoryObject, name, "_name"),
+    FIELD(PurgatoryObject, purge_queue, "_purge_queue"),
+    FIELD(PurgatoryObject, rule, "_rule"),
+    FIELD(PurgatoryObject, sink, "_sink"),
+    FIELD(PurgatoryObject, sync_types, "_sync_types"),
+    FIELD(PurgatoryObject, time_op, "_time_op"),
+    FIELD(PurgatoryObject, timer, "_timer"),
     {"__weakref__", purgatory_get_weakref, NULL, "list of weak references to the object", NULL},
     {NULL},
 };
 
 static PyMemberDef purgatory_members[] = {
-    {"_attempt", Py_T_OBJECT_EX, offsetof(PurgatoryObject, attempt), 0, NULL},
-    {"_attempts", Py_T_OBJECT_EX, offsetof(PurgatoryObject, attempts), 0, NULL},
-    {"_binding", Py_T_OBJECT_EX, offsetof(PurgatoryObject, binding), 0, NULL},
-    {"_lists", Py_T_OBJECT_EX, offsetof(PurgatoryObject, lists), 0, NULL},
-    {"_max_pending", Py_T_OBJECT_EX, offsetof(PurgatoryObject, max_pending), 0, NULL},
-    {"_name", Py_T_OBJECT_EX, offsetof(PurgatoryObject, name), 0, NULL},
-    {"_purge_queue", Py_T_OBJECT_EX, offsetof(PurgatoryObject, purge_queue), 0, NULL},
-    {"_rule", Py_T_OBJECT_EX, offsetof(PurgatoryObject, rule), 0, NULL},
-    {"_sink", Py_T_OBJECT_EX, offsetof(PurgatoryObject, sink), 0, NULL},
-    {"_sync_types", Py_T_OBJECT_EX, offsetof(PurgatoryObject, sync_types), 0, NULL},
-    {"_time_op", Py_T_OBJECT_EX, offsetof(PurgatoryObject, time_op), 0, NULL},
-    {"_timer", Py_T_OBJECT_EX, offsetof(PurgatoryObject, timer), 0, NULL},
     {"_max_timeout", Py_T_DOUBLE, offsetof(PurgatoryObject, max_timeout), 0, NULL},
     {"_cancelled", Py_T_PYSSIZET, offsetof(PurgatoryObject, cancelled), 0, NULL},
     {"_completed", Py_T_PYSSIZET, offsetof(PurgatoryObject, completed), 0, NULL},
@@ -90,7 +90,7 @@ static PyMemberDef purgatory_members[] = {
 
 /* Whether every part is in place with its native layout (a purgatory being built is not). */
 static inline int
-purgatory_ready(PurgatoryObject *p)
+purgatory_ready_check(PurgatoryObject *p)
 {
     return p->attempt != NULL && p->binding != NULL && p->name != NULL &&
            p->max_pending != NULL && p->sink != NULL && p->sync_types != NULL &&
@@ -100,6 +100,12 @@ purgatory_ready(PurgatoryObject *p)
            p->rule != NULL && CORE_CHECK(p->rule, RuleType) &&
            rule_ready((RuleObject *)p->rule) && p->timer != NULL &&
            CORE_CHECK(p->timer, TimerType) && timer_ready((TimerObject *)p->timer);
+}
+
+static inline int
+purgatory_ready(PurgatoryObject *o)
+{
+    return o->ready || (o->ready = (char)purgatory_ready_check(o));
 }
 
 /* `sink.<list> += items`, then `sink.take()` if `limit_check` and it holds `limit` items. */
@@ -375,7 +381,7 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
     }
     /* Kafka's first try, before registration (a synchronous try_complete: state 0) */
     if (op->state == 0) {
-        PyObject *claimed = call_method0((PyObject *)op, N.s_try_complete);
+        PyObject *claimed = call_op_method((PyObject *)op, M_TRY_COMPLETE);
         if (claimed == NULL) {
             refuse_keeping_error(self, (PyObject *)op, N.s_refuse);
             return -1;
@@ -428,7 +434,7 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
         }
     }
     else {
-        PyObject *claimed = call_method0((PyObject *)op, N.s_try_complete);
+        PyObject *claimed = call_op_method((PyObject *)op, M_TRY_COMPLETE);
         if (claimed == NULL) {
             goto abandon;
         }

@@ -52,6 +52,12 @@ timer_get_weakref(PyObject *self, void *closure)
 }
 
 static PyGetSetDef timer_getset[] = {
+    FIELD(TimerObject, now, "now"),
+    FIELD(TimerObject, expire, "_expire"),
+    FIELD(TimerObject, housekeeping, "_housekeeping"),
+    FIELD(TimerObject, alarm, "alarm"),
+    FIELD(TimerObject, in_flight, "_in_flight"),
+    FIELD(TimerObject, wheel, "wheel"),
     {"__weakref__", timer_get_weakref, NULL, "list of weak references to the object", NULL},
     {NULL},
 };
@@ -60,12 +66,6 @@ static PyMemberDef timer_members[] = {
     {"tick", Py_T_DOUBLE, offsetof(TimerObject, tick), 0, NULL},
     {"max_timeout", Py_T_DOUBLE, offsetof(TimerObject, max_timeout), 0, NULL},
     {"time_limit", Py_T_DOUBLE, offsetof(TimerObject, time_limit), 0, NULL},
-    {"now", Py_T_OBJECT_EX, offsetof(TimerObject, now), 0, NULL},
-    {"_expire", Py_T_OBJECT_EX, offsetof(TimerObject, expire), 0, NULL},
-    {"_housekeeping", Py_T_OBJECT_EX, offsetof(TimerObject, housekeeping), 0, NULL},
-    {"alarm", Py_T_OBJECT_EX, offsetof(TimerObject, alarm), 0, NULL},
-    {"_in_flight", Py_T_OBJECT_EX, offsetof(TimerObject, in_flight), 0, NULL},
-    {"wheel", Py_T_OBJECT_EX, offsetof(TimerObject, wheel), 0, NULL},
     {"delayed", Py_T_PYSSIZET, offsetof(TimerObject, delayed), 0, NULL},
     {"expired", Py_T_PYSSIZET, offsetof(TimerObject, expired), 0, NULL},
     {"passes", Py_T_PYSSIZET, offsetof(TimerObject, passes), 0, NULL},
@@ -75,12 +75,18 @@ static PyMemberDef timer_members[] = {
 };
 
 static inline int
-timer_ready(TimerObject *t)
+timer_ready_check(TimerObject *t)
 {
     return t->now != NULL && t->expire != NULL && t->housekeeping != NULL && t->alarm != NULL &&
            t->in_flight != NULL && PyList_CheckExact(t->in_flight) && t->wheel != NULL &&
            CORE_CHECK(t->wheel, WheelType) && wheel_ready((WheelObject *)t->wheel) &&
            t->tick > 0.0;
+}
+
+static inline int
+timer_ready(TimerObject *o)
+{
+    return o->ready || (o->ready = (char)timer_ready_check(o));
 }
 
 /* `due < wake_tick` as Python compares an int with whatever the alarm holds: 1, 0, -1. */

@@ -36,22 +36,32 @@ threshold_dealloc(PyObject *self)
     Py_TYPE(self)->tp_free(self);
 }
 
+static PyGetSetDef threshold_getset[] = {
+    FIELD(ThresholdObject, plain, "plain"),
+    FIELD(ThresholdObject, at, "at"),
+    FIELD(ThresholdObject, run, "run"),
+    FIELD(ThresholdObject, heap, "heap"),
+    {NULL},
+};
+
 static PyMemberDef threshold_members[] = {
-    {"plain", Py_T_OBJECT_EX, offsetof(ThresholdObject, plain), 0, NULL},
-    {"at", Py_T_OBJECT_EX, offsetof(ThresholdObject, at), 0, NULL},
-    {"run", Py_T_OBJECT_EX, offsetof(ThresholdObject, run), 0, NULL},
-    {"heap", Py_T_OBJECT_EX, offsetof(ThresholdObject, heap), 0, NULL},
     {"dead", Py_T_PYSSIZET, offsetof(ThresholdObject, dead), 0, NULL},
     {NULL},
 };
 
 static inline int
-threshold_ready(PyObject *o)
+threshold_ready_check(ThresholdObject *t)
 {
-    ThresholdObject *t = (ThresholdObject *)o;
     return t->plain != NULL && PyDict_CheckExact(t->plain) && t->at != NULL &&
            PyDict_CheckExact(t->at) && t->run != NULL && t->heap != NULL &&
            PyList_CheckExact(t->heap);
+}
+
+static inline int
+threshold_ready(PyObject *o)
+{
+    ThresholdObject *t = (ThresholdObject *)o;
+    return t->ready || (t->ready = (char)threshold_ready_check(t));
 }
 
 
@@ -81,19 +91,29 @@ lists_dealloc(PyObject *self)
     Py_TYPE(self)->tp_free(self);
 }
 
+static PyGetSetDef lists_getset[] = {
+    FIELD(ListsObject, lists, "_lists"),
+    FIELD(ListsObject, queue, "queue"),
+    {NULL},
+};
+
 static PyMemberDef lists_members[] = {
-    {"_lists", Py_T_OBJECT_EX, offsetof(ListsObject, lists), 0, NULL},
-    {"queue", Py_T_OBJECT_EX, offsetof(ListsObject, queue), 0, NULL},
     {"_entries", Py_T_PYSSIZET, offsetof(ListsObject, entries), 0, NULL},
     {"_purged", Py_T_PYSSIZET, offsetof(ListsObject, purged), 0, NULL},
     {NULL},
 };
 
 static inline int
-lists_ready(ListsObject *l)
+lists_ready_check(ListsObject *l)
 {
     return l->lists != NULL && PyDict_CheckExact(l->lists) && l->queue != NULL &&
            PyDict_CheckExact(l->queue);
+}
+
+static inline int
+lists_ready(ListsObject *o)
+{
+    return o->ready || (o->ready = (char)lists_ready_check(o));
 }
 
 static inline void
@@ -529,7 +549,7 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
     int kind;
     Py_ssize_t completed = -1;
     if (PyDict_CheckExact(ops)) {
-        candidates = PyDict_Keys(ops);
+        candidates = PySequence_List(ops); /* (its iterator: cheaper than PyDict_Keys) */
         container = Py_NewRef(ops);
         kind = DROP_DICT;
     }
@@ -545,7 +565,7 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
                 goto out;
             }
             container = Py_NewRef(t->plain);
-            candidates = PyDict_Keys(container);
+            candidates = PySequence_List(container);
             kind = DROP_DICT;
         }
     }
@@ -591,7 +611,7 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
         int dropped;
         Py_INCREF(item);
         if (!state) {
-            PyObject *claimed = call_method0(item, N.s_try_complete);
+            PyObject *claimed = call_op_method(item, M_TRY_COMPLETE);
             if (claimed == NULL) {
                 PyObject *exc = fetch_exception();
                 if (is_interrupt(exc)) {
@@ -947,8 +967,12 @@ rule_dealloc(PyObject *self)
     Py_TYPE(self)->tp_free(self);
 }
 
+static PyGetSetDef rule_getset[] = {
+    FIELD(RuleObject, lists, "_lists"),
+    {NULL},
+};
+
 static PyMemberDef rule_members[] = {
-    {"_lists", Py_T_OBJECT_EX, offsetof(RuleObject, lists), 0, NULL},
     {"interval", Py_T_PYSSIZET, offsetof(RuleObject, interval), 0, NULL},
     {"owed", Py_T_PYSSIZET, offsetof(RuleObject, owed), 0, NULL},
     {"purges", Py_T_PYSSIZET, offsetof(RuleObject, purges), 0, NULL},
@@ -958,10 +982,16 @@ static PyMemberDef rule_members[] = {
 };
 
 static inline int
-rule_ready(RuleObject *r)
+rule_ready_check(RuleObject *r)
 {
     return r->lists != NULL && CORE_CHECK(r->lists, ListsType) &&
            lists_ready((ListsObject *)r->lists);
+}
+
+static inline int
+rule_ready(RuleObject *o)
+{
+    return o->ready || (o->ready = (char)rule_ready_check(o));
 }
 
 static inline int

@@ -208,17 +208,21 @@ wheel_dealloc(PyObject *self)
     Py_TYPE(self)->tp_free(self);
 }
 
+static PyGetSetDef wheel_getset[] = {
+    FIELD_OR_NONE(WheelObject, active, "_active"),
+    FIELD(WheelObject, current, "_current"),
+    FIELD(WheelObject, heap, "_heap"),
+    FIELD(WheelObject, leads, "_leads"),
+    FIELD(WheelObject, levels, "_levels"),
+    FIELD(WheelObject, overdue, "_overdue"),
+    FIELD(WheelObject, slots1, "_slots1"),
+    FIELD(WheelObject, spans, "_spans"),
+    FIELD(WheelObject, todo, "_todo"),
+    FIELD(WheelObject, memo_bucket, "memo_bucket"),
+    {NULL},
+};
+
 static PyMemberDef wheel_members[] = {
-    {"_active", _Py_T_OBJECT, offsetof(WheelObject, active), 0, NULL},
-    {"_current", Py_T_OBJECT_EX, offsetof(WheelObject, current), 0, NULL},
-    {"_heap", Py_T_OBJECT_EX, offsetof(WheelObject, heap), 0, NULL},
-    {"_leads", Py_T_OBJECT_EX, offsetof(WheelObject, leads), 0, NULL},
-    {"_levels", Py_T_OBJECT_EX, offsetof(WheelObject, levels), 0, NULL},
-    {"_overdue", Py_T_OBJECT_EX, offsetof(WheelObject, overdue), 0, NULL},
-    {"_slots1", Py_T_OBJECT_EX, offsetof(WheelObject, slots1), 0, NULL},
-    {"_spans", Py_T_OBJECT_EX, offsetof(WheelObject, spans), 0, NULL},
-    {"_todo", Py_T_OBJECT_EX, offsetof(WheelObject, todo), 0, NULL},
-    {"memo_bucket", Py_T_OBJECT_EX, offsetof(WheelObject, memo_bucket), 0, NULL},
     {"_lead1", Py_T_LONGLONG, offsetof(WheelObject, lead1), 0, NULL},
     {"_limit1", Py_T_LONGLONG, offsetof(WheelObject, limit1), 0, NULL},
     {"_memo_until", Py_T_LONGLONG, offsetof(WheelObject, memo_until), 0, NULL},
@@ -234,7 +238,7 @@ static PyMemberDef wheel_members[] = {
 
 /* Whether the wheel's fields are all set (the reference's __init__ ran): else the reference. */
 static inline int
-wheel_ready(WheelObject *w)
+wheel_ready_check(WheelObject *w)
 {
     return w->current != NULL && PyList_CheckExact(w->current) && w->heap != NULL &&
            PyList_CheckExact(w->heap) && w->leads != NULL && PyList_CheckExact(w->leads) &&
@@ -243,6 +247,12 @@ wheel_ready(WheelObject *w)
            w->spans != NULL && PyList_CheckExact(w->spans) && w->todo != NULL &&
            PyList_CheckExact(w->todo) && w->memo_bucket != NULL &&
            Bucket_Check(w->memo_bucket) && w->wheel_size >= 2;
+}
+
+static inline int
+wheel_ready(WheelObject *o)
+{
+    return o->ready || (o->ready = (char)wheel_ready_check(o));
 }
 
 static inline int
