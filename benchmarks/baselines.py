@@ -274,37 +274,29 @@ class HeapFutureTimer:
     def check(self, key: Hashable, reached: float) -> int:
         """Complete the ready waiters of `key` whose threshold is <= `reached`; every finished
         entry the pass meets leaves the key."""
-        done = 0
-        left = 0
-        waiting = self._reached.pop(key, None)
-        if waiting is not None:
-            still = []
-            for w in waiting:
-                if w.future.done():
-                    left += 1
-                elif w.ready:
-                    self._complete(w)
-                    done += 1
-                    left += 1
-                else:
-                    still.append(w)
-            if still:
-                self._reached[key] = still
+        # The waiters reached before and not ready then, and those this trigger reaches now.
+        candidates = self._reached.pop(key, [])
         heap = self._heaps.get(key)
         if heap is not None:
             pop = heapq.heappop
             while heap and heap[0][0] <= reached:
-                w = pop(heap)[2]
-                if w.future.done():
-                    left += 1
-                elif w.ready:
-                    self._complete(w)
-                    done += 1
-                    left += 1
-                else:
-                    self._reached.setdefault(key, []).append(w)
+                candidates.append(pop(heap)[2])
             if not heap:
                 del self._heaps[key]
+        done = 0
+        left = 0
+        still = []
+        for w in candidates:
+            if w.future.done():
+                left += 1
+            elif w.ready:
+                self._complete(w)
+                done += 1
+                left += 1
+            else:
+                still.append(w)
+        if still:
+            self._reached[key] = still
         self._entries -= left
         self._dead -= left
         return done
