@@ -420,7 +420,14 @@ import_helpers(void)
     }
     N.math_ceil = PyObject_GetAttrString(math, "ceil");
     Py_DECREF(math);
-    return (N.heappush && N.heappop && N.math_ceil) ? 0 : -1;
+    PyObject *collections = PyImport_ImportModule("collections");
+    if (collections == NULL) {
+        return -1;
+    }
+    N.deque_type = PyObject_GetAttrString(collections, "deque");
+    Py_DECREF(collections);
+    N.pop_sentinel = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
+    return (N.heappush && N.heappop && N.math_ceil && N.deque_type && N.pop_sentinel) ? 0 : -1;
 }
 
 static struct PyModuleDef native_module = {

@@ -127,6 +127,8 @@ typedef struct {
     PyObject *run;   /* deque */
     PyObject *heap;  /* list */
     Py_ssize_t dead;
+    /* run.append and run.popleft, bound as the fields are checked (not seen from Python) */
+    PyObject *run_append, *run_popleft;
 } ThresholdObject;
 
 typedef struct {
@@ -340,6 +342,8 @@ typedef struct {
     PyObject *check_one_threshold; /* _purgatory._check_one_threshold(threshold, marks) */
     PyObject *no_keys, *beyond_horizon, *full; /* _purgatory's error builders */
     int bound;                    /* `bind` ran: the helpers are there */
+    PyObject *deque_type;         /* collections.deque */
+    PyObject *pop_sentinel;       /* what a pop returns for a key that is not there */
     /* ManualClock, its current_time function and its `_now` slot (`bind_clock`): a timer on a
      * manual clock reads the slot instead of calling the method (a Python frame per watch). */
     PyObject *manual_clock_type, *manual_time, *manual_now;
@@ -410,6 +414,60 @@ call3(PyObject *f, PyObject *a, PyObject *b, PyObject *c)
 {
     PyObject *args[4] = {NULL, a, b, c};
     return PyObject_Vectorcall(f, args + 1, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* d.pop(key): 1 with *value (a new reference), 0 if `key` is not there, -1 on error. */
+static inline int
+dict_pop(PyObject *d, PyObject *key, PyObject **value)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyDict_Pop(d, key, value);
+#else
+    PyObject *v = _PyDict_Pop(d, key, N.pop_sentinel);
+    if (v == NULL) {
+        *value = NULL;
+        return -1;
+    }
+    if (v == N.pop_sentinel) {
+        Py_DECREF(v);
+        *value = NULL;
+        return 0;
+    }
+    *value = v;
+    return 1;
+#endif
+}
+
+/* d.pop(key, None), the value dropped: 1 if it was there, 0 if not, -1 on error. */
+static inline int
+dict_discard(PyObject *d, PyObject *key)
+{
+    PyObject *value;
+    int found = dict_pop(d, key, &value);
+    Py_XDECREF(value);
+    return found;
+}
+
+/* `a op b` (Py_LT or Py_LE) as Python compares: ints that fit and floats in C, the rest by
+ * their own comparison. 1, 0, or -1 on error. */
+static inline int
+compare_values(PyObject *a, PyObject *b, int op)
+{
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
+        int overflow_a, overflow_b;
+        long long x = PyLong_AsLongLongAndOverflow(a, &overflow_a);
+        long long y = PyLong_AsLongLongAndOverflow(b, &overflow_b);
+        if (!overflow_a && !overflow_b && !(x == -1 && PyErr_Occurred()) &&
+            !(y == -1 && PyErr_Occurred())) {
+            return op == Py_LT ? x < y : x <= y;
+        }
+        PyErr_Clear();
+    }
+    else if (PyFloat_CheckExact(a) && PyFloat_CheckExact(b)) {
+        double x = PyFloat_AS_DOUBLE(a), y = PyFloat_AS_DOUBLE(b);
+        return op == Py_LT ? x < y : x <= y;
+    }
+    return PyObject_RichCompareBool(a, b, op);
 }
 
 /* Call and drop the result; -1 on error. */

@@ -14,6 +14,8 @@ threshold_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(t->at);
     Py_VISIT(t->run);
     Py_VISIT(t->heap);
+    Py_VISIT(t->run_append);
+    Py_VISIT(t->run_popleft);
     return 0;
 }
 
@@ -25,6 +27,8 @@ threshold_clear(PyObject *self)
     Py_CLEAR(t->at);
     Py_CLEAR(t->run);
     Py_CLEAR(t->heap);
+    Py_CLEAR(t->run_append);
+    Py_CLEAR(t->run_popleft);
     return 0;
 }
 
@@ -49,9 +53,20 @@ static PyMemberDef threshold_members[] = {
     {NULL},
 };
 
-static inline int
+static int
 threshold_ready_check(ThresholdObject *t)
 {
+    Py_CLEAR(t->run_append);
+    Py_CLEAR(t->run_popleft);
+    if (t->run == NULL || (PyObject *)Py_TYPE(t->run) != N.deque_type) {
+        return 0;
+    }
+    t->run_append = PyObject_GetAttr(t->run, N.s_append);
+    t->run_popleft = PyObject_GetAttr(t->run, N.s_popleft);
+    if (t->run_append == NULL || t->run_popleft == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
     return t->plain != NULL && PyDict_CheckExact(t->plain) && t->at != NULL &&
            PyDict_CheckExact(t->at) && t->run != NULL && t->heap != NULL &&
            PyList_CheckExact(t->heap);
@@ -130,9 +145,7 @@ lists_left(ListsObject *l, OpObject *op)
     l->entries--;
     op->listed--;
     if (!op->listed) {
-        PyObject *q = l->queue;
-        int found = PyDict_Contains(q, (PyObject *)op);
-        if (found < 0 || (found && PyDict_DelItem(q, (PyObject *)op) < 0)) {
+        if (dict_discard(l->queue, (PyObject *)op) < 0) {
             return -1;
         }
     }
@@ -237,9 +250,10 @@ register_at(ListsObject *l, OpObject *op, PyObject *key, PyObject *threshold)
             if (PyErr_Occurred()) {
                 goto at_done;
             }
-            PyObject *run = t->run, *heap = t->heap;
+            PyObject *run = t->run, *heap = t->heap, *append = t->run_append;
             Py_INCREF(run);
             Py_INCREF(heap);
+            Py_INCREF(append);
             int in_run = 0;
             if (PyList_GET_SIZE(heap) == 0) {
                 Py_ssize_t n = PyObject_Size(run);
@@ -254,7 +268,7 @@ register_at(ListsObject *l, OpObject *op, PyObject *key, PyObject *threshold)
                     if (last == NULL) {
                         goto queue_done;
                     }
-                    in_run = PyObject_RichCompareBool(last, threshold, Py_LE);
+                    in_run = compare_values(last, threshold, Py_LE);
                     Py_DECREF(last);
                     if (in_run < 0) {
                         goto queue_done;
@@ -262,7 +276,7 @@ register_at(ListsObject *l, OpObject *op, PyObject *key, PyObject *threshold)
                 }
             }
             if (in_run) {
-                if (discard_result(call_method1(run, N.s_append, threshold)) < 0) {
+                if (discard_result(call1(append, threshold)) < 0) {
                     goto queue_done;
                 }
             }
@@ -281,6 +295,7 @@ register_at(ListsObject *l, OpObject *op, PyObject *key, PyObject *threshold)
         queue_done:
             Py_DECREF(run);
             Py_DECREF(heap);
+            Py_DECREF(append);
         }
         else if (waiting == (PyObject *)op) {
             result = 0;
@@ -390,15 +405,14 @@ static int
 trigger_drop(int kind, PyObject *container, PyObject *op, PyObject *key)
 {
     if (kind == DROP_DICT) {
-        PyObject *v = PyDict_GetItemWithError(container, op);
-        if (v == NULL) {
-            return PyErr_Occurred() ? -1 : 0;
+        PyObject *v;
+        int found = dict_pop(container, op, &v);
+        if (found <= 0) {
+            return found;
         }
         int is_none = v == Py_None;
-        Py_INCREF(v);
-        int err = PyDict_DelItem(container, op);
         Py_DECREF(v);
-        return err < 0 ? -1 : is_none;
+        return is_none;
     }
     if (kind == DROP_THRESHOLD) {
         PyObject *args[4] = {container, op, N.nothing_to_pop, key};
@@ -419,10 +433,12 @@ static int
 trigger_release(ListsObject *l, ThresholdObject *t, PyObject *reached)
 {
     PyObject *run = t->run, *heap = t->heap, *at = t->at, *plain = t->plain;
+    PyObject *popleft = t->run_popleft; /* (the run's, as the reference's local `run`) */
     Py_INCREF(run);
     Py_INCREF(heap);
     Py_INCREF(at);
     Py_INCREF(plain);
+    Py_INCREF(popleft);
     int result = -1;
     for (;;) {
         PyObject *threshold = NULL;
@@ -440,7 +456,7 @@ trigger_release(ListsObject *l, ThresholdObject *t, PyObject *reached)
             if (PyList_GET_SIZE(heap)) {
                 PyObject *top = PyList_GET_ITEM(heap, 0);
                 Py_INCREF(top);
-                int lower = PyObject_RichCompareBool(top, threshold, Py_LT);
+                int lower = compare_values(top, threshold, Py_LT);
                 if (lower < 0) {
                     Py_DECREF(top);
                     Py_DECREF(threshold);
@@ -462,7 +478,7 @@ trigger_release(ListsObject *l, ThresholdObject *t, PyObject *reached)
         else {
             break;
         }
-        int reached_it = PyObject_RichCompareBool(threshold, reached, Py_LE);
+        int reached_it = compare_values(threshold, reached, Py_LE);
         if (reached_it <= 0) {
             Py_DECREF(threshold);
             if (reached_it < 0) {
@@ -470,25 +486,24 @@ trigger_release(ListsObject *l, ThresholdObject *t, PyObject *reached)
             }
             break;
         }
-        PyObject *r = from_heap ? call1(N.heappop, heap) : call_method0(run, N.s_popleft);
+        PyObject *r = from_heap ? call1(N.heappop, heap) : PyObject_CallNoArgs(popleft);
         if (r == NULL) {
             Py_DECREF(threshold);
             goto done;
         }
         Py_DECREF(r);
-        PyObject *waiting = PyDict_GetItemWithError(at, threshold);
-        if (waiting == NULL) {
-            Py_DECREF(threshold);
-            if (PyErr_Occurred()) {
+        PyObject *waiting;
+        int found = dict_pop(at, threshold, &waiting);
+        Py_DECREF(threshold);
+        if (found <= 0) {
+            if (found < 0) {
                 goto done;
             }
             t->dead--;
             continue;
         }
-        Py_INCREF(waiting);
-        int err = PyDict_DelItem(at, threshold);
-        Py_DECREF(threshold);
-        if (err == 0) {
+        int err = 0;
+        {
             if (PyList_CheckExact(waiting)) {
                 err = discard_result(call_method2((PyObject *)l, N.s_release, waiting, plain));
             }
@@ -510,6 +525,7 @@ done:
     Py_DECREF(heap);
     Py_DECREF(at);
     Py_DECREF(plain);
+    Py_DECREF(popleft);
     return result;
 }
 
@@ -576,7 +592,7 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
                 goto out;
             }
             if (threshold != Py_None) {
-                int reached_it = PyObject_RichCompareBool(threshold, reached, Py_LE);
+                int reached_it = compare_values(threshold, reached, Py_LE);
                 Py_DECREF(threshold);
                 if (reached_it < 0) {
                     goto out;
