@@ -34,6 +34,11 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001 - as above
+            # An earlier build of the module (an editable install's, in the tree) would otherwise
+            # be imported as if this one had succeeded.
+            stale = self.get_ext_fullpath(ext.name)
+            if os.path.exists(stale):
+                os.remove(stale)
             self._notice(exc)
 
     @staticmethod
