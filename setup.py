@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _disabled() -> bool:
@@ -28,18 +32,24 @@ class OptionalBuildExt(build_ext):
         try:
             super().run()
         except Exception as exc:  # noqa: BLE001 - any failure to build: the pure modules install
-            self._notice(exc)
+            self._failed(exc)
 
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001 - as above
-            # An earlier build of the module (an editable install's, in the tree) would otherwise
-            # be imported as if this one had succeeded.
-            stale = self.get_ext_fullpath(ext.name)
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        # A module an earlier build left in the tree (an editable install's) would otherwise be
+        # imported as if this build had succeeded.
+        for ext in self.extensions:
+            stale = os.path.join(_HERE, *ext.name.split(".")) + sysconfig.get_config_var(
+                "EXT_SUFFIX"
+            )
             if os.path.exists(stale):
                 os.remove(stale)
-            self._notice(exc)
+        self._notice(exc)
 
     @staticmethod
     def _notice(exc: Exception) -> None:
