@@ -17,7 +17,6 @@ import sysconfig
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
