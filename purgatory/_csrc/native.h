@@ -232,6 +232,56 @@ op_check_slow(PyObject *o)
 
 #define Op_Check(o) (Py_TYPE(o) == op_type_seen || op_check_slow(o))
 
+/* -- attributes of the Python side's slotted objects, read as their slots ---------------------- */
+
+/* The member (slot) an attribute name is on a class, while the class's version tag says it did
+ * not change: reading it is then a load, not a lookup. For plain slotted classes only (no
+ * instance dict, no __getattribute__ of their own); anything else is read as Python reads it. */
+typedef struct {
+    PyTypeObject *type; /* a strong reference: its address cannot be reused */
+    unsigned int tag;
+    PyMemberDef *member; /* NULL: read it as Python does */
+} SlotCache;
+
+static PyObject *
+slot_cache_fill(PyObject *o, PyObject *name, SlotCache *cache)
+{
+    PyTypeObject *type = Py_TYPE(o);
+    Py_CLEAR(cache->type);
+    cache->member = NULL;
+    cache->tag = 0;
+    if (type->tp_getattro == PyObject_GenericGetAttr && type->tp_dictoffset == 0 &&
+        !PyType_HasFeature(type, Py_TPFLAGS_MANAGED_DICT)) {
+        PyObject *descr = PyObject_GetAttr((PyObject *)type, name);
+        if (descr == NULL) {
+            PyErr_Clear();
+        }
+        else {
+            if (Py_IS_TYPE(descr, &PyMemberDescr_Type) && type->tp_version_tag != 0) {
+                cache->member = ((PyMemberDescrObject *)descr)->d_member;
+                cache->type = (PyTypeObject *)Py_NewRef((PyObject *)type);
+                cache->tag = type->tp_version_tag;
+            }
+            Py_DECREF(descr);
+        }
+    }
+    return PyObject_GetAttr(o, name);
+}
+
+/* `o.name` (a new reference), through `cache`. */
+static inline PyObject *
+get_slot(PyObject *o, PyObject *name, SlotCache *cache)
+{
+    PyTypeObject *type = Py_TYPE(o);
+    if (type == cache->type && type->tp_version_tag == cache->tag) {
+        return PyMember_GetOne((const char *)o, cache->member);
+    }
+    return slot_cache_fill(o, name, cache);
+}
+
+static SlotCache slot_loop, slot_thread, slot_wake_tick, slot_watches, slot_ends, slot_limit,
+    slot_eager;
+
 /* -- the user's methods, looked up once per class -------------------------------------------- */
 
 #define M_TRY_COMPLETE 0

@@ -110,9 +110,10 @@ purgatory_ready(PurgatoryObject *o)
 
 /* `sink.<list> += items`, then `sink.take()` if `limit_check` and it holds `limit` items. */
 static int
-sink_extend(PyObject *sink, PyObject *list_name, PyObject **items, Py_ssize_t n, int take_when)
+sink_extend(PyObject *sink, PyObject *list_name, SlotCache *list_slot, PyObject **items,
+            Py_ssize_t n, int take_when)
 {
-    PyObject *list = PyObject_GetAttr(sink, list_name);
+    PyObject *list = get_slot(sink, list_name, list_slot);
     if (list == NULL) {
         return -1;
     }
@@ -126,7 +127,7 @@ sink_extend(PyObject *sink, PyObject *list_name, PyObject **items, Py_ssize_t n,
     }
     int take = 0;
     if (take_when == 1) { /* the limit */
-        PyObject *limit = PyObject_GetAttr(sink, N.s_limit);
+        PyObject *limit = get_slot(sink, N.s_limit, &slot_limit);
         if (limit == NULL) {
             Py_DECREF(list);
             return -1;
@@ -137,7 +138,7 @@ sink_extend(PyObject *sink, PyObject *list_name, PyObject **items, Py_ssize_t n,
         Py_DECREF(limit);
     }
     else if (take_when == 2) { /* an eager sink */
-        PyObject *eager = PyObject_GetAttr(sink, N.s_eager);
+        PyObject *eager = get_slot(sink, N.s_eager, &slot_eager);
         take = eager == NULL ? -1 : PyObject_IsTrue(eager);
         Py_XDECREF(eager);
     }
@@ -196,7 +197,7 @@ purgatory_settled(PyObject *self, OpObject *op, int cancelled)
         int err = -1;
         if (now != NULL) {
             PyObject *items[3] = {(PyObject *)op, cancelled ? N.s_cancelled : N.s_completed, now};
-            err = sink_extend(sink, N.s_ends, items, 3, 2);
+            err = sink_extend(sink, N.s_ends, &slot_ends, items, 3, 2);
             Py_DECREF(now);
         }
         Py_DECREF(sink);
@@ -349,7 +350,7 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
         return -1;
     }
     /* `if self._binding.loop is not running_loop(): self._binding.bind()` */
-    PyObject *loop = PyObject_GetAttr(p->binding, N.s_loop);
+    PyObject *loop = get_slot(p->binding, N.s_loop, &slot_loop);
     if (loop == NULL) {
         return -1;
     }
@@ -371,7 +372,7 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
         int err = -1;
         if (now != NULL) {
             PyObject *items[4] = {(PyObject *)op, keys, marks, now};
-            err = sink_extend(sink, N.s_watches, items, 4, 1);
+            err = sink_extend(sink, N.s_watches, &slot_watches, items, 4, 1);
             Py_DECREF(now);
         }
         Py_DECREF(sink);
@@ -580,7 +581,7 @@ purgatory_check_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     Py_INCREF(self);
     PyObject *result = NULL;
     /* `if get_ident() != self._binding.thread: self._binding.check_thread()` */
-    PyObject *thread = PyObject_GetAttr(p->binding, N.s_thread);
+    PyObject *thread = get_slot(p->binding, N.s_thread, &slot_thread);
     if (thread == NULL) {
         goto done;
     }
@@ -632,8 +633,8 @@ purgatory_after_pass_native(PyObject *self, PyObject *const *args, Py_ssize_t na
     int owed = -1;
     if (p->sink != Py_None) {
         PyObject *sink = Py_NewRef(p->sink);
-        PyObject *ends = PyObject_GetAttr(sink, N.s_ends);
-        PyObject *limit = ends == NULL ? NULL : PyObject_GetAttr(sink, N.s_limit);
+        PyObject *ends = get_slot(sink, N.s_ends, &slot_ends);
+        PyObject *limit = ends == NULL ? NULL : get_slot(sink, N.s_limit, &slot_limit);
         int take = -1;
         if (limit != NULL) {
             PyObject *size = PyLong_FromSsize_t(PyObject_Length(ends));

@@ -114,7 +114,7 @@ timer_wake_alarm(TimerObject *t, long long due)
         return 0;
     }
     Py_INCREF(alarm);
-    PyObject *wake_tick = PyObject_GetAttr(alarm, N.s_wake_tick);
+    PyObject *wake_tick = get_slot(alarm, N.s_wake_tick, &slot_wake_tick);
     if (wake_tick == NULL) {
         Py_DECREF(alarm);
         return -1;
