@@ -18,7 +18,7 @@ The purgatory is a facade over parts that each own their state: `WatcherLists` (
 watchers, the trigger loop, cancel, the purge; `purgatory._watchers`), the `PurgeRule` (Kafka's rule
 of when to purge; `purgatory._purge_rule`), the `SystemTimer` (the wheel, its count, ticks and the
 expiry passes; `purgatory._timer`), the `LoopBinding` (the loop and thread it belongs to, its
-reaper; `purgatory._asyncio`) and the operations themselves (`purgatory._operation`, whose docstring
+reaper; `purgatory._reaper`) and the operations themselves (`purgatory._operation`, whose docstring
 lists which fields of an operation belong to whom). It checks arguments, composes the parts and
 counts. An operation reaches it through one call when it settles (`_settled`); everything else goes
 from the facade down: a trigger to the lists, then the operation; an expiry from the driver to the
@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, final
 from ._asyncio import (
     AttemptRunner,
     CancelledError,
-    LoopBinding,
     cancelled_here,
     get_ident,
     report_false_claim,
@@ -47,6 +46,7 @@ from ._errors import PurgatoryClosed, PurgatoryFull
 from ._events import EventLog, EventSink, sink_for
 from ._operation import ASYNC, FINISHED, DelayedOperation, Settlement, expire_due
 from ._purge_rule import PurgeRule
+from ._reaper import LoopBinding
 from ._statistics import PurgatoryStatistics
 from ._timer import SystemTimer
 from ._watchers import WatcherLists
