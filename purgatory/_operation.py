@@ -7,24 +7,50 @@ the operation itself: see the benchmarks' analysis).
 
 The operation protocol
 ----------------------
-Three owners keep fields on the operation, because a field costs less than an object of its own
-on paths that run once per operation. Each field has one writer:
+Several owners keep fields on the operation, because a field costs less than an object of its own
+on paths that run once per operation. Each field is written only by the code this table names
+(a module's class, any of its methods, or a module's function); everyone else only reads it. A
+test reads this table and checks it against every assignment of an operation's field in the
+package, so the table is the truth:
 
-- ``_state``, ``_timeout``, ``_future``, ``_result``: this module. ``_state`` is one small int
-  of bit flags, so the hot loops read a single attribute: zero means "pending, synchronous
-  ``try_complete``", anything else needs a closer look. Others read the bits, never write them.
-- ``_owner``: the purgatory, once the operation is registered (``None`` before and after a watch
-  that failed). It is how the operation reaches the purgatory, with one call, ``_owner._settled(
-  op, outcome)``, when it completes or is cancelled (`Owner`); the operation knows nothing else
-  of it (Kafka's operation knows nothing of its purgatory).
+=======================================  ====================================================
+Fields                                   Writers
+=======================================  ====================================================
+``_state`` ``_result``                   ``_operation.DelayedOperation``
+                                         ``_operation.expire_due``
+``_timeout``                             ``_operation.DelayedOperation``
+``_future``                              ``_operation.DelayedOperation``
+``_owner``                               ``_operation.DelayedOperation``
+                                         ``_purgatory.DelayedOperationPurgatory``
+``_bucket``                              ``_operation.DelayedOperation``
+                                         ``_wheel.TimingWheel``
+                                         ``_timer.SystemTimer``
+                                         ``_purgatory.DelayedOperationPurgatory._settled``
+``_deadline``                            ``_wheel.TimingWheel``
+                                         ``_timer.SystemTimer``
+``_keys`` ``_listed``                    ``_watchers.WatcherLists``
+``_marks``                               ``_watchers.WatcherLists``
+                                         ``_watchers._release_lone``
+=======================================  ====================================================
+
+- ``_state``, ``_timeout``, ``_future``, ``_result``: this module; the timer pass's expiry loop
+  (`expire_due`) is here for that reason. ``_state`` is one small int of bit flags, so the hot
+  loops read a single attribute: zero means "pending, synchronous ``try_complete``", anything
+  else needs a closer look.
+- ``_owner``: the purgatory, once the operation is registered (``None`` from ``__init__`` and
+  after a watch that failed). It is how the operation reaches the purgatory, with one call,
+  ``_owner._settled(op, outcome)``, when it completes or is cancelled (`Owner`); the operation
+  knows nothing else of it (Kafka's operation knows nothing of its purgatory).
 - ``_bucket``, ``_deadline``: the timing wheel's `TimerEntry` protocol (in ``_wheel.py``):
-  ``_bucket`` is ``None`` from construction until the wheel takes the operation, and the
-  purgatory takes a settled operation out of its bucket by the two steps that protocol names.
-- ``_keys``, ``_listed``, ``_marks``: the watcher lists (`_watchers.py`), which set them
-  when they register the operation.
+  ``_bucket`` is ``None`` from ``__init__`` until the wheel takes the operation. The wheel's
+  owner, `SystemTimer`, takes the wheel's memo path inline as it adds, and the protocol's two
+  removal steps as it discards, drains or closes; the purgatory's settle (``_settled``), which
+  runs once per operation, takes those two steps inline too. Nothing else writes them.
+- ``_keys``, ``_listed``, ``_marks``: the watcher lists (`_watchers.py`), which set them when
+  they register the operation.
 
-Only the fields every operation needs from birth are written in ``__init__``; the others are
-written by their owner before anything reads them.
+``__init__`` writes only the fields every operation needs from birth; the others are written by
+their owner before anything reads them.
 """
 
 from __future__ import annotations
