@@ -80,7 +80,12 @@ def _checked_timeout(timeout: object) -> float:
         raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
     if not 0 <= timeout < math.inf:
         raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
-    return float(timeout)
+    try:
+        return float(timeout)
+    except OverflowError:  # an int beyond any float: as infinite as math.inf
+        raise ValueError(
+            f"timeout must be a finite number of seconds >= 0, got {timeout!r}"
+        ) from None
 
 
 T_co = TypeVar("T_co", covariant=True)

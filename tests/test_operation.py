@@ -31,6 +31,11 @@ def test_operation_rejects_bad_timeouts(timeout: float) -> None:
         FlagOperation(timeout)
 
 
+def test_an_int_beyond_every_float_is_a_bad_timeout_not_an_overflow() -> None:
+    with pytest.raises(ValueError, match="finite number of seconds"):
+        FlagOperation(10**400)
+
+
 @pytest.mark.parametrize("timeout", ["1", None, True])
 def test_operation_rejects_non_numbers(timeout: object) -> None:
     with pytest.raises(TypeError, match="timeout"):
