@@ -54,6 +54,12 @@ class Timer(Protocol):
         `budget` bounds the entries one pass cascades down the wheel and purges (the rest waits
         for the next passes, which `next_pass_at` then says are due at once): a driver on an
         event loop passes one so that a burst never stalls the loop; ``None`` does all of it.
+
+        Raises:
+            ValueError: `now` is NaN or infinite, or `budget` is negative.
+            TypeError: `now` is not a number, or `budget` is neither an int nor ``None``.
+
+        A refused call changes nothing and does not count as a pass.
         """
         ...
 

@@ -41,7 +41,7 @@ from ._asyncio import (
     report_false_claim,
     running_loop,
 )
-from ._clock import DrivenClock
+from ._clock import Alarm, DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
 from ._events import EventLog, EventSink, sink_for
 from ._operation import ASYNC, FINISHED, DelayedOperation, Settlement, expire_due
@@ -279,7 +279,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._max_timeout = self._timer.max_timeout
         self._binding = LoopBinding(name, self._timer, driven=clock is not None)
         if clock is not None:  # (attached first: the clock refuses a time the timer can't count)
-            self._timer.alarm = clock.attach(self._timer)
+            self._timer.alarm = _checked_alarm(clock.attach(self._timer), clock)
             self._timer.use_clock(clock.current_time)
 
     def __repr__(self) -> str:
@@ -400,10 +400,12 @@ class DelayedOperationPurgatory(Generic[Op]):
                     report_false_claim(op, claimed)
                 if self._closed:  # the attempt shut the purgatory down
                     return False
-        except BaseException:
+            self._time_op(op)
+        except BaseException as exc:
             self._abandon(op)
+            if isinstance(exc, ValueError | TypeError | OverflowError):
+                self._timer.check_clock()  # a clear error if the clock's time was the cause
             raise
-        self._time_op(op)
         return False
 
     def _admit_type(self, op: Op) -> int:
@@ -680,8 +682,10 @@ class DelayedOperationPurgatory(Generic[Op]):
 
     def _abandon(self, op: Op) -> None:
         """Leave `op` unwatched after its watch call failed once registered: off every list,
-        not timed, not ours."""
+        out of the timer if timing it is what failed (a driver's alarm that raised), not ours."""
         self._lists.unregister(op)
+        if op._bucket is not None:
+            self._timer.discard(op)
         op._owner = None
         self._refuse(op)
 
@@ -703,6 +707,21 @@ DelayedOperationPurgatory.watch.__signature__ = inspect.Signature(  # type: igno
     ],
     return_annotation="T",
 )
+
+
+def _checked_alarm(alarm: object, clock: object) -> Alarm | None:
+    """What a driven clock's ``attach`` returned: an `Alarm`, or ``None``; anything else is
+    refused as the purgatory is built, not at the first watch."""
+    if alarm is None or (
+        isinstance(getattr(alarm, "wake_tick", None), int | float)
+        and callable(getattr(alarm, "wake_by", None))
+        and hasattr(alarm, "alive")
+    ):
+        return alarm  # type: ignore[return-value]
+    raise TypeError(
+        f"{type(clock).__qualname__}.attach returned {alarm!r}: it must return a "
+        "purgatory.Alarm (wake_tick, wake_by, alive) or None"
+    )
 
 
 def _unbound_time(name: str) -> float:

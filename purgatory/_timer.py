@@ -128,9 +128,20 @@ class SystemTimer(Generic[Op]):
     # -- the purgatory's side -----------------------------------------------------------------
 
     def use_clock(self, now: Callable[[], float]) -> None:
-        """Read time from `now` from here on, and start counting ticks at its current time."""
+        """Read time from `now` from here on, and start counting ticks at its current time.
+
+        Raises:
+            ValueError: The clock's time is not a finite number of seconds.
+        """
         self.now = now
-        self.wheel.advance(self.ticks(now()))
+        start = now()
+        _check_time(start, "the clock's time")
+        self.wheel.advance(self.ticks(start))
+
+    def check_clock(self) -> None:
+        """Raise if the clock reads something that is not a finite number of seconds: the slow
+        path of a watch that failed, which may have failed on the clock's value."""
+        _check_time(self.now(), "the clock's time")
 
     def current_time(self) -> float:
         """The clock's time in seconds."""
@@ -254,11 +265,21 @@ class SystemTimer(Generic[Op]):
             budget: At most about this many entries are cascaded, and purged, in this pass (the
                 rest at the next passes, which `next_pass_at` then says are due at once), so
                 that a driver on an event loop never stalls it; ``None``: all of it.
+
+        Raises:
+            ValueError: `now` is NaN or infinite, or `budget` is negative.
+            TypeError: `now` is not a number, or `budget` is not an int (nor ``None``).
+
+        A refused call changes nothing and is not counted as a pass.
         """
         if self._closed:
             return 0
-        self.passes += 1
+        if budget is not None and not (type(budget) is int and budget >= 0):
+            raise _budget_error(budget)
+        if not (type(now) is float and now - now == 0.0):  # (NaN and inf give NaN)
+            _check_time(now, "now")
         due = self.wheel.advance(self.ticks(now), budget)
+        self.passes += 1
         expired = 0
         taken = len(due)
         if due:
@@ -332,6 +353,24 @@ class SystemTimer(Generic[Op]):
             assert alarm.wake_tick <= self.next_pass_tick(), (
                 f"alarm at tick {alarm.wake_tick!r}, work due at {self.next_pass_tick()!r}"
             )
+
+
+def _check_time(now: object, what: str) -> None:
+    """Refuse `now` (`what` names it) unless it is a time: a finite number of seconds (an int
+    or a float, not a bool), before anything moves."""
+    if isinstance(now, bool) or not isinstance(now, int | float):
+        raise TypeError(f"{what} must be a finite number of seconds, got {now!r}")
+    try:
+        finite = math.isfinite(now)
+    except OverflowError:  # an int beyond every float
+        finite = False
+    if not finite:
+        raise ValueError(f"{what} must be a finite number of seconds, got {now!r}")
+
+
+def _budget_error(budget: object) -> Exception:
+    kind = ValueError if type(budget) is int else TypeError
+    return kind(f"budget must be an int >= 0 (entries per pass) or None (all), got {budget!r}")
 
 
 def _deadline_of(op: Any) -> int:
