@@ -38,6 +38,7 @@ from ._asyncio import (
     CancelledError,
     cancelled_here,
     get_ident,
+    report_exception,
     report_false_claim,
     running_loop,
 )
@@ -578,12 +579,20 @@ class DelayedOperationPurgatory(Generic[Op]):
         Each pending operation is handed to `answer` (if given), which may complete it its own
         way (``op.force_complete()``, after setting what ``on_complete`` should say); each one
         still pending after that expires now, as at its deadline: ``on_complete``, then
-        ``on_expiration``, and its awaiter gets ``on_complete``'s value. From then on the
-        purgatory is *draining*: an operation watched later is tried as usual and, if it does
-        not complete, expires at the next timer pass (at once on the loop) instead of waiting
-        for its timeout, so that requests still arriving are answered too. `shutdown` ends it.
+        ``on_expiration``, and its awaiter gets ``on_complete``'s value.
+
+        From then on the purgatory is *draining*: an operation watched later is tried as usual
+        and, if it does not complete, expires at the next timer pass (at once on the loop)
+        instead of waiting for its timeout, so that requests still arriving are answered too.
+        `shutdown` ends it.
 
         From a server's shutdown signal: ``purgatory.asgi.drain_on_signals``.
+
+        Args:
+            answer: Called with each pending operation, in deadline order, before the rest
+                expire; ``None``: they all expire. One that raises is reported as a callback's
+                error is (to the loop's exception handler, or the ``purgatory`` logger) and the
+                drain goes on: that operation expires with the rest.
 
         Returns:
             How many operations this call answered (completed by `answer` or expired).
@@ -596,7 +605,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             raise PurgatoryClosed(f"purgatory {self._name!r} is shut down")
         self._check_caller()
         self._time_op = self._timer.add_due
-        return self._timer.drain(answer)
+        return self._timer.drain(None if answer is None else partial(_answer_reported, answer))
 
     @property
     def closed(self) -> bool:
@@ -727,6 +736,18 @@ def _checked_alarm(alarm: object, clock: object) -> Alarm | None:
 def _unbound_time(name: str) -> float:
     """The clock of a purgatory on the loop's clock, until its first use in a loop binds it."""
     raise RuntimeError(f"purgatory {name!r} is not bound to an event loop yet")
+
+
+def _answer_reported(answer: Callable[[Op], object], op: Op) -> None:
+    """`drain`'s `answer` for `op`; what it raises is reported, and the drain goes on."""
+    try:
+        answer(op)
+    except Exception as exc:  # noqa: BLE001 - reported; the operation expires with the rest
+        report_exception(
+            f"drain's answer raised for {type(op).__qualname__}; it expires with the rest",
+            exc,
+            operation=op,
+        )
 
 
 def _cancel(op: DelayedOperation[Any]) -> bool:

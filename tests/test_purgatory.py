@@ -2121,6 +2121,36 @@ def test_drain_lets_the_application_answer_first_and_expires_the_rest() -> None:
     check_invariants(p)
 
 
+@pytest.mark.asyncio
+async def test_an_answer_that_raises_is_reported_and_the_drain_goes_on() -> None:
+    """Every operation is answered: the raising answer's operation expires as at its deadline,
+    and the error goes to the loop's exception handler."""
+    errors = loop_errors()
+    _clock, p = manual_purgatory()
+    ops = [FlagOperation(30.0, name) for name in "abcd"]
+    for op in ops:
+        p.try_complete_else_watch(op, [op.name])
+
+    def answer(op: FlagOperation) -> None:
+        if op.name == "b":
+            raise Boom("cannot answer b")
+        op.ready = True
+        op.force_complete()
+
+    assert p.drain(answer) == 4
+    assert [(op.is_completed, op.is_expired) for op in ops] == [
+        (True, False),
+        (True, True),
+        (True, False),
+        (True, False),
+    ]
+    assert [type(exc) for exc in errors.exceptions] == [Boom]
+    assert "drain's answer raised for FlagOperation" in errors.contexts[0]["message"]
+    assert errors.contexts[0]["operation"] is ops[1]
+    assert p.num_delayed() == 0
+    check_invariants(p)
+
+
 def test_after_a_drain_new_operations_are_answered_at_the_next_pass() -> None:
     clock, p = manual_purgatory()
     p.drain()
