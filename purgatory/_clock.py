@@ -64,11 +64,18 @@ class Timer(Protocol):
         ...
 
     def next_pass_at(self) -> float:
-        """The clock time (seconds) at which a pass next has work; ``math.inf`` if none."""
+        """The clock time (seconds) at which a pass next has work; ``math.inf`` if none: the
+        due tick's time (a pass may find that work a hair earlier: `time_of`)."""
         ...
 
     def next_pass_tick(self) -> float:
         """`next_pass_at` in ticks (the unit of `Alarm.wake_tick`); ``math.inf`` if none."""
+        ...
+
+    def time_of(self, tick: float) -> float:
+        """The earliest clock time (seconds) at which a pass reaches `tick` (``+-math.inf``
+        as given): ``tick * self.tick`` give or take the float rounding the timer tolerates,
+        which a driver comparing times with an `Alarm.wake_tick` must not guess."""
         ...
 
 

@@ -40,6 +40,8 @@ Op = TypeVar("Op", bound="DelayedOperation[Any]")
 # float noise on a tick boundary neither delays an expiry by a tick nor fires one early.
 _TICK_SLACK: Final = 1e-6
 _ceil = math.ceil
+# Floats `time_of` steps over at most, either way, from its first estimate (a few ulps off).
+_NUDGES: Final = 64
 _floor = math.floor
 # An alarm's `wake_tick` while nothing needs to wake it: its driver is in a pass, or has not
 # learned yet when the next one is due and will ask.
@@ -297,8 +299,43 @@ class SystemTimer(Generic[Op]):
         return self.wheel.next_deadline()
 
     def next_pass_at(self) -> float:
-        """The time (seconds) at which a pass next has work; ``math.inf`` if none."""
-        return self.next_pass_tick() * self.tick
+        """The time (seconds) at which a pass next has work; ``math.inf`` if none.
+
+        The due tick's own time, ``tick * self.tick`` (or the next float after it, if the
+        timer's rounding reaches the tick only there); a pass may find that work a hair
+        earlier, within the rounding the timer tolerates: `time_of` says from when.
+        """
+        tick = self.next_pass_tick()
+        if tick == math.inf:
+            return tick
+        at = tick * self.tick
+        for _ in range(_NUDGES):
+            if self.ticks(at) >= tick:
+                break
+            at = math.nextafter(at, math.inf)
+        return at
+
+    def time_of(self, tick: float) -> float:
+        """The earliest time (seconds) at which a pass reaches `tick` (``+-math.inf`` as given).
+
+        About ``tick * self.tick``, but exact against the timer's own rounding: a pass at the
+        answer has the work due at `tick`, and a pass a float earlier has not (``9 * 0.001`` is
+        ``0.009000000000000001``, after ``0.009``, which reaches tick 9).
+        """
+        if tick in (math.inf, -math.inf):
+            return tick
+        at = (tick - _TICK_SLACK) * self.tick
+        ticks = self.ticks
+        for _ in range(_NUDGES):  # up to the first time that reaches the tick ...
+            if ticks(at) >= tick:
+                break
+            at = math.nextafter(at, math.inf)
+        for _ in range(_NUDGES):  # ... and down to the earliest one
+            earlier = math.nextafter(at, -math.inf)
+            if ticks(earlier) < tick:
+                break
+            at = earlier
+        return at
 
     def next_deadline_in(self) -> float:
         """Seconds until an operation held next needs a pass (``math.inf`` if none), reading

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 from typing import Any
 
 import pytest
@@ -67,6 +68,39 @@ def test_advance_to_expires_each_operation_at_its_own_tick() -> None:
     assert clock.advance_to(3.0) == 1
     assert ops[3].expired_at == pytest.approx(2.5)
     check_invariants(p)
+
+
+@pytest.mark.parametrize("tick", [0.001, 0.01, 0.1])
+def test_advance_to_a_deadline_expires_what_is_due_there(tick: float) -> None:
+    """``advance_to(t + d)`` expires an operation watched at ``t`` with timeout ``d`` (on the
+    tick grid), however the float ``t + d`` rounds: the clock compares ticks as the timer does,
+    not a deadline tick turned back into seconds (``300 * 0.001`` is above ``0.3``)."""
+    rng = random.Random(4)
+    missed = []
+    for _ in range(300):
+        clock = ManualClock()
+        p = DelayedOperationPurgatory[FlagOperation]("p", tick=tick, clock=clock)
+        start = rng.randrange(10_000) * tick
+        clock.advance_to(start)
+        timeout = rng.randrange(1, 1000) * tick
+        op = FlagOperation(timeout)
+        p.try_complete_else_watch(op, ["k"])
+        clock.advance_to(start + timeout)
+        if not op.is_expired:
+            missed.append((start, timeout))
+    assert missed == []
+
+
+def test_advance_to_a_deadline_through_the_fast_path_expires_it_too() -> None:
+    """The same when the clock already knows when work is next due (its one comparison)."""
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("p", clock=clock)
+    op = FlagOperation(0.009)
+    p.try_complete_else_watch(op, ["k"])
+    clock.advance_to(0.001)  # learns: due at tick 9, which is 0.009000000000000001 s
+    assert 9 * 0.001 > 0.009
+    clock.advance_to(0.009)
+    assert op.is_expired
 
 
 def test_advance_to_runs_a_pass_only_where_there_is_work() -> None:

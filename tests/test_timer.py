@@ -4,6 +4,7 @@ protocol's passes, what they refuse, and a watch whose timing fails on the drive
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
 import pytest
@@ -34,9 +35,11 @@ class OwnClock:
         return self.timer.run_pass(self.time, budget)
 
 
-def own_purgatory(alarm: Any = None) -> tuple[OwnClock, DelayedOperationPurgatory[FlagOperation]]:
+def own_purgatory(
+    alarm: Any = None, **options: Any
+) -> tuple[OwnClock, DelayedOperationPurgatory[FlagOperation]]:
     clock = OwnClock(alarm)
-    return clock, DelayedOperationPurgatory[FlagOperation]("own", clock=clock)
+    return clock, DelayedOperationPurgatory[FlagOperation]("own", clock=clock, **options)
 
 
 # -- run_pass refuses what is not a time or a budget ---------------------------------------
@@ -154,3 +157,31 @@ def test_a_clock_that_starts_at_a_non_time_is_refused_at_once() -> None:
     clock.time = math.nan
     with pytest.raises(ValueError, match="the clock's time must be a finite number"):
         DelayedOperationPurgatory[FlagOperation]("own", clock=clock)
+
+
+# -- times of ticks ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tick_length", [0.001, 0.01, 0.1, 1 / 3, 7.0])
+def test_time_of_a_tick_is_the_earliest_time_a_pass_reaches_it(tick_length: float) -> None:
+    """A pass at ``time_of(tick)`` reaches the tick and a pass a float earlier does not, where
+    ``tick * tick_length`` may be either; `next_pass_at` is the tick's own time, or the first
+    float after it that reaches the tick."""
+    _, p = own_purgatory(tick=tick_length)
+    timer = p._timer
+    rng = random.Random(7)
+    for tick in [1, 9, 300, *(rng.randrange(1, 2**40) for _ in range(300))]:
+        at = timer.time_of(tick)
+        assert timer.ticks(at) >= tick, (tick, at)
+        assert timer.ticks(math.nextafter(at, -math.inf)) < tick, (tick, at)
+        assert at <= tick * tick_length or timer.ticks(tick * tick_length) < tick
+    assert timer.time_of(math.inf) == math.inf
+    assert timer.time_of(-math.inf) == -math.inf
+
+
+def test_next_pass_at_is_a_time_that_reaches_the_due_tick() -> None:
+    clock, p = own_purgatory()
+    p.try_complete_else_watch(FlagOperation(0.009), ["k"])  # due at tick 9
+    assert p._timer.next_pass_at() == 9 * 0.001  # the tick's own time, which reaches it
+    clock.time = p._timer.next_pass_at()
+    assert clock.run() == 1

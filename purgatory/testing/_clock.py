@@ -128,7 +128,10 @@ class ManualClock:
             due_at = self._learn(alarms)
             if due_at > when:
                 break
-            if due_at <= self._now:
+            # Where the pass runs: at the due tick's own time (``tick * tick``, unless the
+            # timer's rounding reaches the tick only a float later), or at `when` if earlier.
+            stop = min(self._stop(alarms), when)
+            if stop <= self._now:
                 repeats += 1
                 if repeats > _MAX_PASSES_AT_ONCE:
                     raise RuntimeError(
@@ -138,10 +141,10 @@ class ManualClock:
                     )
             else:
                 repeats = 0
-                self._now = due_at
+                self._now = stop
             now = self._now
             for alarm, timer in alarms:
-                if alarm.wake_tick * alarm.tick <= now:
+                if alarm.wake_at <= now:
                     expired += timer.run_pass(now)
         if self._now < when:  # (a callback may have moved the clock past `when`)
             self._now = float(when)
@@ -164,12 +167,24 @@ class ManualClock:
         return live
 
     def _learn(self, alarms: list[tuple[_Alarm, Timer]]) -> float:
-        """Ask each timer when it next has work; set its alarm; return the earliest (s)."""
+        """Ask each timer when it next has work; set its alarm; return the earliest (s).
+
+        Times come from the timer (`Timer.time_of`), never from a tick times the tick: the
+        float product may lie after the earliest time at which the timer's own rounding reaches
+        it, and a move to a time between the two would miss the work due there.
+        """
         earliest = math.inf
         for alarm, timer in alarms:
             tick = alarm.wake_tick = timer.next_pass_tick()
-            earliest = min(earliest, tick * alarm.tick)
+            at = alarm.wake_at = timer.time_of(tick)
+            earliest = min(earliest, at)
         return earliest
+
+    @staticmethod
+    def _stop(alarms: list[tuple[_Alarm, Timer]]) -> float:
+        """The earliest time a pass is due, read as a reader expects it: a due tick's time in
+        seconds (``tick * tick``), or the earliest time that reaches it when that is later."""
+        return min(max(alarm.wake_tick * alarm.tick, alarm.wake_at) for alarm, _ in alarms)
 
     def _check_limit(self, when: float) -> None:
         if when > self._limit:
@@ -219,7 +234,7 @@ class _Alarm:
     """A timer's alarm on a `ManualClock` (the `purgatory.Alarm` protocol): the timer lowers
     it when work falls due earlier, the clock sets it whenever it asks."""
 
-    __slots__ = ("_clock", "tick", "timer", "wake_tick")
+    __slots__ = ("_clock", "tick", "timer", "wake_at", "wake_tick")
 
     #: A driven clock always gets to a pass it has been told of.
     alive: Final = True
@@ -229,9 +244,13 @@ class _Alarm:
         self.tick = timer.tick
         self.timer = weakref.ref(timer)
         self.wake_tick = -math.inf  # unknown until the clock asks
+        #: `wake_tick` as the clock's time (the timer's `time_of` it).
+        self.wake_at = -math.inf
 
     def wake_by(self, tick: float) -> None:
         """Make sure the clock stops at `tick` (of this purgatory) or earlier."""
         if tick < self.wake_tick:
             self.wake_tick = tick
-            self._clock._wake_by(tick * self.tick)
+            timer = self.timer()
+            at = self.wake_at = -math.inf if timer is None else timer.time_of(tick)
+            self._clock._wake_by(at)
