@@ -44,7 +44,8 @@ class Timer(Protocol):
     @property
     def time_limit(self) -> float:
         """The latest clock time (seconds) the timer can count to: a driven clock refuses to
-        move past it."""
+        move past it. Beyond it, float seconds no longer resolve a thousandth of a tick
+        (2**33 s for 1 ms ticks), and short timeouts would round away."""
         ...
 
     def run_pass(self, now: float, budget: int | None = None) -> int:

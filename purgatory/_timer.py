@@ -53,6 +53,19 @@ MAX_TIMEOUT_TICKS: Final = 2**53
 #: The latest time, in ticks, a timer counts to (a driven clock refuses to move past it): far
 #: beyond any deadline, and far from where seconds divided by the tick stop being finite.
 MAX_TIME_TICKS: Final = 2**62
+#: How finely float seconds must resolve a tick at every time a timer counts to: a thousandth
+#: (2**-10) of it. Later, a float's spacing grows past that and timeouts shorter than it round
+#: away (at 2**52 s the spacing is a second): a driven clock refuses those times.
+TICK_RESOLUTION: Final = 2**-10
+
+
+def time_limit(tick: float) -> float:
+    """The latest time (seconds) a timer of `tick` counts to: the first power of two at which a
+    float's spacing exceeds `TICK_RESOLUTION` of the tick (2**33 s for 1 ms ticks), or
+    `MAX_TIME_TICKS` ticks if that comes first."""
+    _, exponent = math.frexp(tick * TICK_RESOLUTION)  # tick * 2**-10 in [2**(e-1), 2**e)
+    # Below 2**(e + 52) a float's spacing is at most 2**(e - 1), which is within the bound.
+    return min(math.ldexp(1.0, exponent + 52), MAX_TIME_TICKS * tick)
 
 
 @final
@@ -101,8 +114,9 @@ class SystemTimer(Generic[Op]):
         self.tick = tick
         #: The longest timeout the timer takes, in seconds.
         self.max_timeout = MAX_TIMEOUT_TICKS * tick
-        #: The latest time (seconds) the timer counts to (the `purgatory.Timer` protocol).
-        self.time_limit = MAX_TIME_TICKS * tick
+        #: The latest time (seconds) the timer counts to (the `purgatory.Timer` protocol): the
+        #: last where float seconds still resolve a tick (`time_limit`).
+        self.time_limit = time_limit(tick)
         #: Reads the clock (seconds): the recorders' reads, with no call of the timer's.
         self.now = now
         self._expire = expire

@@ -341,7 +341,7 @@ def test_check_invariants_catches_a_wheel_ahead_of_its_clock() -> None:
 
 def test_times_past_what_a_timer_counts_are_refused_with_value_error() -> None:
     clock = ManualClock()
-    p = DelayedOperationPurgatory[FlagOperation]("p", clock=clock)  # 1 ms ticks: to 4.6e15 s
+    p = DelayedOperationPurgatory[FlagOperation]("p", clock=clock)  # 1 ms ticks: to 2**33 s
     with pytest.raises(ValueError, match="counts to"):
         clock.advance(1e306)
     with pytest.raises(ValueError, match="counts to"):
@@ -350,6 +350,30 @@ def test_times_past_what_a_timer_counts_are_refused_with_value_error() -> None:
     check_invariants(p)
     with pytest.raises(ValueError, match="past what a timer"):
         DelayedOperationPurgatory[FlagOperation]("q", clock=ManualClock(1e306))
+
+
+@pytest.mark.parametrize("tick", [0.001, 1e-6, 0.25, 3.0])
+def test_times_where_float_seconds_cannot_resolve_the_tick_are_refused(tick: float) -> None:
+    """Near 2**52 s a float's spacing is a second: a timeout shorter than that rounds away and
+    the operation expires early. A clock refuses to reach times whose spacing is more than a
+    thousandth of the tick (2**33 s for 1 ms ticks), and accepts every time before them."""
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("fine", tick=tick, clock=clock)
+    limit = p._timer.time_limit
+    assert math.ulp(math.nextafter(limit, 0)) <= tick / 1024 < math.ulp(limit)
+    with pytest.raises(ValueError, match="cannot move to"):
+        clock.advance_to(2.0**52)
+    with pytest.raises(ValueError, match="cannot move to"):
+        clock.advance(limit * 2)
+    with pytest.raises(ValueError, match="past what a timer"):
+        DelayedOperationPurgatory[FlagOperation]("late", tick=tick, clock=ManualClock(2.0**52))
+    clock.advance_to(math.nextafter(limit, 0) * 0.99)  # the latest times are fine
+    op = FlagOperation(tick)
+    p.try_complete_else_watch(op, ["k"])
+    clock.advance(tick * 0.999)
+    assert not op.is_completed  # never early
+    clock.advance(tick * 1.002)
+    assert op.is_expired
 
 
 def test_a_clock_alone_refuses_to_reach_infinity() -> None:

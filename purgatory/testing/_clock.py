@@ -190,7 +190,8 @@ class ManualClock:
         if when > self._limit:
             raise ValueError(
                 f"the clock cannot move to {when!r} s: an attached purgatory's timer counts to "
-                f"{self._limit:.3g} s (its tick times 2**62)"
+                f"{self._limit:.3g} s (beyond it float seconds cannot resolve a thousandth of "
+                "its tick, and short timeouts would round away)"
             )
 
     def advance(self, seconds: float = 0.0) -> int:
