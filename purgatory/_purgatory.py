@@ -74,12 +74,13 @@ DEFAULT_WHEEL_SIZE = 1024
 
 
 def _split_keys(
-    keys: Iterable[Hashable] | Mapping[Hashable, Any],
+    keys: Iterable[Hashable] | Mapping[Hashable, Any], lists: WatcherLists[Any]
 ) -> tuple[tuple[Hashable, ...], dict[Hashable, Any] | None]:
     """The keys to watch, and the operation's own copy of the mapping of key to threshold if
     a mapping was given (its *marks*, see `purgatory._watchers`), else ``None``.
 
-    Thresholds are checked here, before anything is tried or registered.
+    Thresholds are checked here, before anything is tried or registered (one that is not an
+    int or a float against the key's others in `lists` too).
     """
     if type(keys) is dict or isinstance(keys, Mapping):
         marks = dict(keys)  # (all None: a plain watch, which these marks then describe)
@@ -88,6 +89,7 @@ def _split_keys(
             if threshold is None or kind is int or (kind is float and threshold == threshold):  # noqa: PLR0124
                 continue
             _check_threshold(threshold, key)
+            lists.check_orders(key, threshold)
         return tuple(marks), marks
     if isinstance(keys, str | bytes):
         raise TypeError(f"keys must be a collection of keys, not the string {keys!r}")
@@ -116,14 +118,19 @@ def _beyond_horizon(timeout: float, horizon: float) -> ValueError:
     )
 
 
-def _check_one_threshold(threshold: Any, marks: object) -> None:
-    """`threshold=` that is not an int or a float: refused with a mapping, else checked."""
+def _check_one_threshold(
+    threshold: Any, marks: object, keys: Iterable[Hashable], lists: WatcherLists[Any]
+) -> None:
+    """`threshold=` that is not an int or a float: refused with a mapping, else checked (against
+    each key's thresholds in `lists` too)."""
     if marks is not None:
         raise TypeError(
             "threshold= is the one threshold of every key: give the keys as a collection, or "
             "a mapping of key to threshold without threshold="
         )
     _check_threshold(threshold, None)
+    for key in keys:
+        lists.check_orders(key, threshold)
 
 
 def _check_threshold(threshold: Any, key: Hashable | None) -> None:
@@ -349,11 +356,11 @@ class DelayedOperationPurgatory(Generic[Op]):
             state = self._admit_type(op)
         marks: Any = None
         if type(keys) is not tuple:
-            keys, marks = _split_keys(keys)
+            keys, marks = _split_keys(keys, self._lists)
         if threshold is not None:
             kind = type(threshold)  # offsets and times pass at once; the rest is checked
             if marks is not None or not (kind is int or (kind is float and threshold == threshold)):  # noqa: PLR0124
-                _check_one_threshold(threshold, marks)
+                _check_one_threshold(threshold, marks, keys, self._lists)
             marks = threshold
         if not keys:
             raise ValueError("keys is empty: an operation must watch at least one key")
