@@ -374,9 +374,9 @@ def test_a_tuple_threshold_that_does_not_order_against_the_keys_others_is_refuse
     bad = Picky(99, log)
     before = p.statistics()
     keys: Any = {"k": (1, "y")} if how == "mapping" else ["k"]
-    threshold: Any = None if how == "mapping" else (1, "y")
+    given: Any = None if how == "mapping" else (1, "y")
     with pytest.raises(TypeError, match=r"threshold \(1, 'y'\) for 'k' does not order against"):
-        p.try_complete_else_watch(bad, keys, threshold)
+        p.try_complete_else_watch(bad, keys, given)
     assert 99 not in log  # refused before its first try
     assert p.statistics() == before
     check_invariants(p)
