@@ -9,6 +9,8 @@ Outcomes (``record_end``'s `outcome`):
 
 - ``"completed"``: by its condition or `force_complete`, inside the watch call or later;
 - ``"expired"``: its deadline passed;
+- ``"drained"``: answered by ``drain`` (a shutdown) before its deadline, as at it: the
+  operation expired early (``is_expired`` is set);
 - ``"cancelled"``: `cancel_for_key`, a cancelled `watch`, or `shutdown`;
 - ``"refused"``: the watch call raised (`PurgatoryFull`, a raising first `try_complete`, a bad
   key): the operation was never watched.
@@ -51,7 +53,7 @@ __all__ = (
     "thresholds_of",
 )
 
-Outcome = Literal["completed", "expired", "cancelled", "refused"]
+Outcome = Literal["completed", "expired", "drained", "cancelled", "refused"]
 
 
 @runtime_checkable

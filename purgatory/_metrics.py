@@ -79,6 +79,13 @@ FIELDS: Final[tuple[Field, ...]] = (
         "expired", "expired", "counter", "{operation}", "Operations completed by their deadline."
     ),
     Field(
+        "drained",
+        "drained",
+        "counter",
+        "{operation}",
+        "Operations answered by a drain (a shutdown) before their deadline, as at it.",
+    ),
+    Field(
         "cancelled",
         "cancelled",
         "counter",

@@ -358,7 +358,12 @@ _Op = TypeVar("_Op", bound=DelayedOperation[Any])
 
 
 def expire_due(
-    due: list[_Op], now: float, purge_queue: dict[Any, None], ended: list[Any] | None
+    due: list[_Op],
+    now: float,
+    outcome: str = "expired",
+    *,
+    purge_queue: dict[Any, None],
+    ended: list[Any] | None,
 ) -> int:
     """Expire every operation of `due` still pending, in order, at the time `now`; return how
     many expired.
@@ -366,8 +371,9 @@ def expire_due(
     The expiry loop of a timer pass, here because it is the one loop outside the operation
     that settles operations, and it runs once per expired operation: state first (expired, in
     the watcher lists' `purge_queue` if still on a list, its end added to `ended` for the
-    event log if there is one: ``op, "expired", now``, flat), then `on_complete`,
-    `on_expiration` and the awaiters. Whatever a callback raises is that operation's failure;
+    event log if there is one: ``op, outcome, now``, flat, where `outcome` is ``"expired"``,
+    or ``"drained"`` for a draining purgatory's), then `on_complete`, `on_expiration` and the
+    awaiters. Whatever a callback raises is that operation's failure;
     ``KeyboardInterrupt`` and ``SystemExit`` still propagate, after the operation is settled
     (the caller puts back what was not expired yet).
     """
@@ -381,7 +387,7 @@ def expire_due(
             purge_queue[op] = None
         expired += 1
         if ended is not None:
-            ended += (op, "expired", now)
+            ended += (op, outcome, now)
         try:
             op._result = op.on_complete()
         except BaseException as exc:  # noqa: BLE001 - the operation's failure

@@ -264,7 +264,6 @@ class DelayedOperationPurgatory(Generic[Op]):
         # Where the operations' watches and ends go, raw, with no call per event (`_events`).
         self._sink: EventSink | None = None if event_log is None else sink_for(event_log, name)
         self._lists: WatcherLists[Op] = WatcherLists()
-        self._rule = PurgeRule(self._lists, purge_interval)
         # The purge queue of the lists, shared by protocol (see `purgatory._watchers`).
         self._purge_queue = self._lists.queue
         self._completed = 0
@@ -282,6 +281,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             partial(expire_due, purge_queue=self._purge_queue, ended=ended),
             self._after_pass,
         )
+        self._rule = PurgeRule(self._lists, purge_interval, self._timer, bounded=clock is None)
         # How a watch times its operation: `SystemTimer.add`, or at once once drained.
         self._time_op = self._timer.add
         self._max_timeout = self._timer.max_timeout
@@ -439,6 +439,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         if self._sink is not None:
             outcome = "completed" if completed else "cancelled"
             self._sink.ended(op, outcome, self._timer.current_time())
+            self._rule.hold()  # its end holds it: taken within the purge's time bound
         return completed
 
     if TYPE_CHECKING:
@@ -535,7 +536,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             RuntimeError: Called outside the thread of the event loop the purgatory is bound to
                 (from another: ``loop.call_soon_threadsafe(purgatory.cancel_for_key, key)``).
         """
-        self._check_caller()
+        self._binding.check_caller()
         return self._lists.cancel_key(key, _cancel)
 
     def watched(self) -> int:
@@ -559,7 +560,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         Raises:
             RuntimeError: Called outside the thread of the event loop the purgatory is bound to.
         """
-        self._check_caller()
+        self._binding.check_caller()
         self._rule.start(self._timer.in_flight())
         return self._lists.purge(None)
 
@@ -573,6 +574,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             keys=len(lists),
             completed=self._completed,
             expired=timer.expired,
+            drained=timer.drained,
             cancelled=self._cancelled,
             purged=lists.purged,
             timer_passes=timer.passes,
@@ -610,7 +612,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         """
         if self._closed:
             raise PurgatoryClosed(f"purgatory {self._name!r} is shut down")
-        self._check_caller()
+        self._binding.check_caller()
         self._time_op = self._timer.add_due
         return self._timer.drain(None if answer is None else partial(_answer_reported, answer))
 
@@ -664,7 +666,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._timer.delayed -= 1
             rule = self._rule
             rule.owed += 1  # (the purge-queue protocol)
-            if rule.owed > rule.interval and rule.due():
+            if rule.owed > rule.trip and rule.due():
                 self._timer.request_pass()
         if outcome == "completed":
             self._completed += 1
@@ -678,16 +680,14 @@ class DelayedOperationPurgatory(Generic[Op]):
                 self._sink.take()
 
     def _after_pass(self, taken: int, budget: int | None) -> bool:
-        """After each timer pass: the event log's batch if full, the purge rule's slice."""
-        if self._sink is not None and len(self._sink.ends) >= self._sink.limit:
-            self._sink.take()
-        return self._rule.after_pass(taken, budget, self._timer.in_flight)
-
-    def _check_caller(self) -> None:
-        """Refuse a call from outside the thread of the loop the purgatory is bound to."""
-        binding = self._binding
-        if binding.thread is not None and get_ident() != binding.thread:
-            binding.bind()  # refuses a foreign thread while the purgatory's loop runs
+        """After each timer pass: the event log's batch if full (or if the purge rule's time
+        bound has come: it holds finished operations), the purge rule's slice."""
+        sink = self._sink
+        holding = sink is not None and bool(sink.ends)
+        if holding and (len(sink.ends) >= sink.limit or self._rule.bound_reached()):  # type: ignore[union-attr]
+            sink.take()  # type: ignore[union-attr]
+            holding = False
+        return self._rule.after_pass(taken, budget, self._timer.in_flight, holding)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -695,6 +695,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         """`op`'s watch call failed before registration: it was never watched."""
         if self._sink is not None and not op._state & FINISHED:
             self._sink.ended(op, "refused", self._timer.current_time())
+            self._rule.hold()
 
     def _abandon(self, op: Op) -> None:
         """Leave `op` unwatched after its watch call failed once registered: off every list,

@@ -123,6 +123,15 @@ class LoopBinding:
         self.reaper = Reaper(timer, self._name, loop, now)
         timer.alarm = self.reaper
 
+    def check_caller(self) -> None:
+        """Refuse a call (a cancel, a purge, a drain) from outside the thread of the bound loop.
+
+        Raises:
+            RuntimeError: Another thread's running loop owns the purgatory.
+        """
+        if self.thread is not None and get_ident() != self.thread:
+            self.bind()  # refuses a foreign thread while the purgatory's loop runs
+
     def check_thread(self) -> None:
         """The slow path of a trigger's thread check: bind, or refuse another thread."""
         if self.thread is None or self._driven:

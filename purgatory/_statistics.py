@@ -29,7 +29,11 @@ class PurgatoryStatistics:
     completed: int
     """Operations completed by their condition or `force_complete` (expiries not included)."""
     expired: int
-    """Operations completed by their deadline (`drain` included)."""
+    """Operations completed by their deadline (`drain`'s not included: see `drained`)."""
+    drained: int
+    """Operations answered by `drain` before their deadline, as at it (``is_expired`` is set and
+    ``on_expiration`` ran): a shutdown's answers, apart from the expiries a dashboard alerts on.
+    """
     cancelled: int
     """Operations cancelled (`cancel_for_key`, `shutdown`, a cancelled `watch`)."""
     purged: int

@@ -78,8 +78,8 @@ class SystemTimer(Generic[Op]):
         tick: Seconds per tick.
         wheel_size: Slots per wheel level.
         now: Reads the clock (seconds); replaced by `use_clock` when a purgatory binds to a loop.
-        expire: Expires the pending operations of a due list, in order, at a time; returns how
-            many.
+        expire: Expires the pending operations of a due list, in order, at a time, with an
+            outcome (``"expired"``, or ``"drained"`` once draining); returns how many.
         housekeeping: Called after every pass with the number of operations the pass took from
             the wheel and the pass's budget; returns whether work is still owed at once.
     """
@@ -87,12 +87,15 @@ class SystemTimer(Generic[Op]):
     __slots__ = (
         "__weakref__",
         "_closed",
+        "_due_at",
         "_due_now",
         "_expire",
         "_housekeeping",
         "_in_flight",
+        "_outcome",
         "alarm",
         "delayed",
+        "drained",
         "expired",
         "max_timeout",
         "now",
@@ -107,7 +110,7 @@ class SystemTimer(Generic[Op]):
         tick: float,
         wheel_size: int,
         now: Callable[[], float],
-        expire: Callable[[list[Op], float], int],
+        expire: Callable[[list[Op], float, str], int],
         housekeeping: Callable[[int, int | None], bool],
     ) -> None:
         #: Seconds per tick (the `purgatory.Timer` protocol).
@@ -123,8 +126,12 @@ class SystemTimer(Generic[Op]):
         self._housekeeping = housekeeping
         #: Operations held (Kafka ``numDelayed``); the wheel keeps no count of its own.
         self.delayed = 0
-        #: Operations expired by the passes.
+        #: Operations expired by the passes, at their deadline.
         self.expired = 0
+        #: Operations expired early by a drain (`drain`, and the passes once draining).
+        self.drained = 0
+        # The outcome of what the passes expire: "drained" once `drain` has been called.
+        self._outcome = "expired"
         #: Passes run.
         self.passes = 0
         #: Who runs the passes, told when one falls due earlier than it planned (``None``: a
@@ -133,6 +140,8 @@ class SystemTimer(Generic[Op]):
         self._closed = False
         # Housekeeping is owed at once (the next pass is now, whatever the wheel holds).
         self._due_now = False
+        # The tick by which housekeeping is owed (`request_pass_at`); math.inf: none.
+        self._due_at: float = math.inf
         # Due lists of the passes under way, so that a shutdown inside one finds them.
         self._in_flight: list[list[Op]] = []
         self.wheel = TimingWheel(wheel_size, 0)
@@ -224,6 +233,17 @@ class SystemTimer(Generic[Op]):
         if tick < wake and alarm.alive:
             alarm.wake_by(tick)
 
+    def request_pass_at(self, tick: int) -> None:
+        """Housekeeping falls due at `tick` (a purge of what finished meanwhile): have the
+        driver run a pass then, even if nothing else is due. Like `request_pass`, a reaper
+        whose task ended is not brought back for it."""
+        if tick >= self._due_at:
+            return
+        self._due_at = tick
+        alarm = self.alarm
+        if alarm is not None and tick < alarm.wake_tick and alarm.alive:
+            alarm.wake_by(tick)  # (not while a pass is under way: wake_tick is -inf then)
+
     def in_flight(self) -> int:
         """Operations the passes under way took from the wheel and have not expired yet."""
         return sum(map(len, self._in_flight))
@@ -234,7 +254,13 @@ class SystemTimer(Generic[Op]):
 
     def drain(self, answer: Callable[[Op], object] | None) -> int:
         """Hand every operation held to `answer`, in deadline order, then expire those still
-        pending (a purgatory's drain); return how many `answer` completed or expired."""
+        pending (a purgatory's drain); return how many `answer` completed or expired.
+
+        From then on what the passes expire is *drained* (counted in `drained`, not `expired`,
+        and told to the event log as such): only operations watched while draining, due at
+        once, are left to expire.
+        """
+        self._outcome = "drained"
         answered = 0
         if answer is not None:
             for op in self.held():
@@ -244,7 +270,8 @@ class SystemTimer(Generic[Op]):
         return answered + self.expire_all()
 
     def expire_all(self) -> int:
-        """Expire every operation held now, in deadline order (a drain); return how many."""
+        """Expire every operation held now, in deadline order (a drain: `drain` first); return
+        how many."""
         if self._closed:
             return 0
         due = self.held()
@@ -261,6 +288,7 @@ class SystemTimer(Generic[Op]):
         those of a pass under way included."""
         self._closed = True
         self._due_now = False
+        self._due_at = math.inf
         held = list(self.wheel)
         for op in held:  # the whole wheel goes: no entry names a bucket of it any more
             op._bucket = None
@@ -296,6 +324,8 @@ class SystemTimer(Generic[Op]):
             _check_time(now, "now")
         due = self.wheel.advance(self.ticks(now), budget)
         self.passes += 1
+        if self._due_at <= self.wheel.current_tick:  # the housekeeping asked for is this pass's
+            self._due_at = math.inf
         expired = 0
         taken = len(due)
         if due:
@@ -310,7 +340,8 @@ class SystemTimer(Generic[Op]):
             return math.inf
         if self._due_now:
             return self.wheel.current_tick
-        return self.wheel.next_deadline()
+        deadline = self.wheel.next_deadline()
+        return self._due_at if self._due_at < deadline else deadline
 
     def next_pass_at(self) -> float:
         """The time (seconds) at which a pass next has work; ``math.inf`` if none.
@@ -368,9 +399,10 @@ class SystemTimer(Generic[Op]):
         not expired yet goes back into the wheel, due at the next pass."""
         in_flight = self._in_flight
         in_flight.append(due)
+        outcome = self._outcome
         expired = 0
         try:
-            expired = self._expire(due, now)
+            expired = self._expire(due, now, outcome)
         except BaseException:
             expired = sum(1 for op in due if op._state & EXPIRED)
             if not self._closed:
@@ -382,7 +414,10 @@ class SystemTimer(Generic[Op]):
             raise
         finally:
             in_flight.pop()
-            self.expired += expired
+            if outcome == "expired":
+                self.expired += expired
+            else:
+                self.drained += expired
         return expired
 
     def _check(self, now: float | None, driven: bool) -> None:

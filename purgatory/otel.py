@@ -18,8 +18,9 @@ purgatory is told apart by the attribute ``purgatory.name``. The instruments:
 ``purgatory.watched`` (watcher-list entries, finished ones not purged yet included: Kafka's
 ``PurgatorySize``) and ``purgatory.keys`` are up-down counters (their sum over purgatories
 means something); ``purgatory.next_deadline`` (seconds) is a gauge, with no point while nothing
-is timed; ``purgatory.completed``, ``purgatory.expired``, ``purgatory.cancelled``,
-``purgatory.purged``, ``purgatory.timer_passes`` and ``purgatory.purges`` are counters.
+is timed; ``purgatory.completed``, ``purgatory.expired``, ``purgatory.drained``,
+``purgatory.cancelled``, ``purgatory.purged``, ``purgatory.timer_passes`` and
+``purgatory.purges`` are counters.
 
 Needs the ``otel`` extra (``pip install 'asyncio-purgatory[otel]'``).
 """

@@ -16,8 +16,9 @@ A scrape then shows, per purgatory (label ``purgatory``, its name), the gauges
 ``purgatory_delayed`` (operations parked now: Kafka's ``NumDelayedOperations``),
 ``purgatory_watched`` (watcher-list entries, finished ones not purged yet included: Kafka's
 ``PurgatorySize``), ``purgatory_keys`` and ``purgatory_next_deadline_seconds``, and the counters
-``purgatory_completed_total``, ``purgatory_expired_total``, ``purgatory_cancelled_total``,
-``purgatory_purged_total``, ``purgatory_timer_passes_total`` and ``purgatory_purges_total``.
+``purgatory_completed_total``, ``purgatory_expired_total``, ``purgatory_drained_total``,
+``purgatory_cancelled_total``, ``purgatory_purged_total``, ``purgatory_timer_passes_total`` and
+``purgatory_purges_total``.
 
 Needs the ``prometheus`` extra (``pip install 'asyncio-purgatory[prometheus]'``).
 """

@@ -77,6 +77,7 @@ async def test_a_scrape_shows_each_purgatorys_gauges_and_counters(served: Served
         "purgatory_next_deadline_seconds": ("gauge", "next_deadline_in"),
         "purgatory_completed": ("counter", "completed"),
         "purgatory_expired": ("counter", "expired"),
+        "purgatory_drained": ("counter", "drained"),
         "purgatory_cancelled": ("counter", "cancelled"),
         "purgatory_purged": ("counter", "purged"),
         "purgatory_timer_passes": ("counter", "timer_passes"),
