@@ -54,18 +54,21 @@ class PurgatoryInstruments:
     """Observable instruments on `meter` that report purgatories' gauges and counters.
 
     Create one per meter (the instruments' names are fixed), and `add` purgatories to it from
-    the event loop that drives them: the SDK collects on a thread of its own (its periodic
-    reader), and each purgatory is read on its loop, as a purgatory is not thread-safe.
+    the event loop that drives them. The SDK collects on a thread of its own (its periodic
+    reader), which reads each purgatory without waiting for its loop: a collection answers at
+    once however busy the loop is.
 
     Purgatories are held weakly: exporting one never keeps it alive. A purgatory that is shut
     down is dropped from later collections, as Kafka's ``shutdown`` removes its gauges, and a
-    new purgatory may take its name.
+    new purgatory may take its name, its counters going on from where the last one's were (a
+    cumulative counter never goes back).
 
     Args:
         meter: The meter to create the instruments on.
         purgatories: Purgatories to export now (more with `add`).
-        timeout: Seconds a collection waits for a purgatory's event loop to answer (at most
-            the collection's own timeout); past it the callback fails, which the SDK reports.
+        timeout: Seconds a collection waits for a purgatory's event loop, the rare time it must
+            read there (a read on the collecting thread that keeps failing; at most the
+            collection's own timeout); past it the callback fails, which the SDK reports.
 
     Raises:
         ValueError: As `add`, or `timeout` is not positive.

@@ -50,18 +50,20 @@ class PurgatoryCollector(Collector):
     """A ``prometheus_client`` collector of purgatories' gauges and counters.
 
     Register it once (``REGISTRY.register(collector)``, or with a registry of your own), and
-    `add` purgatories to it, from the event loop that drives them: a scrape reads each one on
-    its loop, whichever thread serves the scrape (prometheus_client's ``start_http_server``
-    answers on threads of its own, and a purgatory is not thread-safe).
+    `add` purgatories to it, from the event loop that drives them. A scrape reads each one on
+    the thread that serves it (prometheus_client's ``start_http_server`` answers on threads of
+    its own) without waiting for the loop, so it answers at once however busy the loop is.
 
     The collector holds its purgatories weakly: exporting one never keeps it alive. A
     purgatory that is shut down is dropped from later scrapes, as Kafka's ``shutdown`` removes
-    its gauges: its series end, and a new purgatory may take its name.
+    its gauges: its series end, and a new purgatory may take its name, its counters going on
+    from where the last one's were (a counter never goes back).
 
     Args:
         purgatories: Purgatories to export now (more with `add`).
-        timeout: Seconds a scrape waits for a purgatory's event loop to answer before it fails
-            with `TimeoutError` (a blocked loop).
+        timeout: Seconds a scrape waits for a purgatory's event loop, the rare time it must read
+            there (a read on the scraping thread that keeps failing), before it fails with
+            `TimeoutError` (a blocked loop).
 
     Raises:
         ValueError: As `add`, or `timeout` is not positive.
