@@ -44,7 +44,7 @@ from ._asyncio import (
 )
 from ._clock import Alarm, DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
-from ._events import EventLog, EventSink, sink_for
+from ._events import EventLog, EventSink, Tapper, sink_for, tapped
 from ._operation import ASYNC, FINISHED, DelayedOperation, Settlement, expire_due
 from ._purge_rule import PurgeRule
 from ._reaper import LoopBinding
@@ -684,10 +684,19 @@ class DelayedOperationPurgatory(Generic[Op]):
         bound has come: it holds finished operations), the purge rule's slice."""
         sink = self._sink
         holding = sink is not None and bool(sink.ends)
-        if holding and (len(sink.ends) >= sink.limit or self._rule.bound_reached()):  # type: ignore[union-attr]
+        if holding and (
+            len(sink.ends) >= sink.limit or sink.each_pass or self._rule.bound_reached()  # type: ignore[union-attr]
+        ):
             sink.take()  # type: ignore[union-attr]
             holding = False
         return self._rule.after_pass(taken, budget, self._timer.in_flight, holding)
+
+    def _tap(self, tap: Tapper) -> None:
+        """Hand the operations' events to `tap` too, batch by batch (an exporter's histograms;
+        see `purgatory._histograms`): a cold path, once per exporter."""
+        sink = self._sink = tapped(self._sink, self._name, tap)
+        sink.each_pass = self._binding.driven  # no time bound takes the batches of a driven clock
+        self._timer.expire_with(partial(expire_due, purge_queue=self._purge_queue, ended=sink.ends))
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -67,6 +67,11 @@ class LoopBinding:
         self.reaper: Reaper | None = None
 
     @property
+    def driven(self) -> bool:
+        """Whether the purgatory's clock is a driven one (no reaper)."""
+        return self._driven
+
+    @property
     def bound(self) -> bool:
         """Whether the purgatory has a clock to read: a driven one always, one on the loop's
         clock once bound to its loop."""

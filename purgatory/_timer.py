@@ -152,6 +152,11 @@ class SystemTimer(Generic[Op]):
 
     # -- the purgatory's side -----------------------------------------------------------------
 
+    def expire_with(self, expire: Callable[[list[Op], float, str], int]) -> None:
+        """Expire the passes' due operations with `expire` from here on (a purgatory whose event
+        sink changed: its expiries' ends go to the new one)."""
+        self._expire = expire
+
     def use_clock(self, now: Callable[[], float]) -> None:
         """Read time from `now` from here on, and start counting ticks at its current time.
 
