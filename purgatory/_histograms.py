@@ -6,9 +6,10 @@ purgatory's events in the batches its event sink already collects (the bulk path
 log, see ``purgatory._events``): the purgatory makes no call per operation for it, and a
 purgatory that no exporter taps pays nothing at all. Per batch, a `Tap` pairs each end with its
 watch (``op, keys, marks, watched_at`` and ``op, outcome, ended_at``, flat) in C-level loops
-(slices, ``map`` over ``dict.pop``, ``operator.sub``), and hands the columns to its targets: a
-`Histograms` of cumulative bucket counts (Prometheus), or the values themselves (OpenTelemetry,
-whose API takes one value per call).
+(slices, ``map`` over ``dict.pop``, ``operator.sub``; a batch of one outcome, the usual one, in
+one pass), and hands the values to its targets: a `Histograms` of bucket counts (Prometheus;
+counted by sorting the values and bisecting them once per bound, not once per value), or the
+values themselves (OpenTelemetry, whose API takes one value per call).
 
 - *Time parked*: ``ended_at - watched_at``, per outcome (``completed``, ``expired``,
   ``drained``, ``cancelled``; a refused watch never parked). An operation completed at its first
@@ -25,12 +26,11 @@ from __future__ import annotations
 
 import math
 import threading
-from bisect import bisect_left
-from collections import Counter
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import add, attrgetter, eq, sub
+from operator import attrgetter, eq, sub
 from typing import Any, Final, final
 
 __all__ = (
@@ -124,10 +124,15 @@ class Series:
         self.total = 0.0
 
     def add(self, values: list[float]) -> None:
-        """Count `values`: a bisection each, counted in C (``Counter`` of the indices)."""
+        """Count `values` (sorted here, in place): one bisection per bound, not per value."""
+        values.sort()
         counts = self.counts
-        for index, n in Counter(map(bisect_left, repeat(self.bounds), values)).items():
-            counts[index] += n
+        below = 0
+        for index, bound in enumerate(self.bounds):
+            upto = bisect_right(values, bound)  # values <= bound: Prometheus's ``le``
+            counts[index] += upto - below
+            below = upto
+        counts[-1] += len(values) - below
         self.total += sum(values)
 
     def cumulative(self) -> tuple[list[int], float]:
@@ -142,22 +147,15 @@ class Series:
 @final
 @dataclass(slots=True)
 class _Values:
-    """What one batch adds: outcomes and times parked, column by column, and the lateness of
-    its expiries."""
+    """What one batch adds: the times parked of each of its outcomes, and the lateness of its
+    expiries."""
 
-    outcomes: list[str]
-    parked: list[float]
+    runs: list[tuple[str, list[float]]]
     lateness: list[float] = field(default_factory=list)
 
-    def by_outcome(self) -> Iterable[tuple[str, list[float]]]:
-        """The times parked grouped by outcome (one pass per outcome in the batch, in C)."""
-        outcomes, parked = self.outcomes, self.parked
-        kinds = set(outcomes)
-        if len(kinds) == 1:
-            yield outcomes[0], parked
-            return
-        for kind in kinds:
-            yield kind, list(compress(parked, map(eq, outcomes, repeat(kind))))
+    def by_outcome(self) -> list[tuple[str, list[float]]]:
+        """The times parked, a list per outcome."""
+        return self.runs
 
 
 @final
@@ -178,7 +176,7 @@ class Histograms:
         """Count one batch's values."""
         with self._lock:
             parked = self.parked
-            for outcome, times in values.by_outcome():
+            for outcome, times in values.runs:
                 series = parked.get(outcome)
                 if series is not None:
                     series.add(times)
@@ -214,23 +212,30 @@ class Tap:
             return
         ops, outcomes, at = ends[0::3], ends[1::3], ends[2::3]
         begun: list[Any] = list(map(started.pop, ops, repeat(None)))
-        if None in begun or "refused" in outcomes:  # unseen watches, refusals: dropped
-            kept = [
-                i
-                for i, (when, outcome) in enumerate(zip(begun, outcomes, strict=True))
-                if when is not None and outcome != "refused"
-            ]
+        if None in begun:  # watched before the tap: dropped
+            kept = [i for i, when in enumerate(begun) if when is not None]
             ops, outcomes = [ops[i] for i in kept], [outcomes[i] for i in kept]
             at, begun = [at[i] for i in kept], [begun[i] for i in kept]
-            if not ops:
-                return
-        values = _Values(outcomes, list(map(sub, at, begun)))
-        if "expired" in outcomes:
-            expired = list(map(eq, outcomes, repeat("expired")))
-            deadlines = map(add, compress(begun, expired), map(_timeout_of, compress(ops, expired)))
-            values.lateness = list(map(sub, compress(at, expired), deadlines))
-        for target in self.targets:
-            target(values)
+        parked = list(map(sub, at, begun))
+        values = _Values([])
+        kinds = set(outcomes)
+        if len(kinds) == 1:  # the usual batch: a pass's expiries, or a burst of completions
+            (kind,) = kinds
+            values.runs.append((kind, parked))
+            expired_ops: Iterable[Any] = ops
+        else:
+            for kind in kinds:
+                chosen = list(map(eq, outcomes, repeat(kind)))
+                values.runs.append((kind, list(compress(parked, chosen))))
+                if kind == "expired":
+                    expired_ops = compress(ops, chosen)
+        for kind, times in values.runs:
+            if kind == "expired":  # lateness = time parked - timeout
+                values.lateness = list(map(sub, times, map(_timeout_of, expired_ops)))
+        values.runs = [run for run in values.runs if run[0] != "refused"]  # never parked
+        if values.runs:
+            for target in self.targets:
+                target(values)
 
 
 @final

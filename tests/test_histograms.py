@@ -57,10 +57,9 @@ def test_a_tap_pairs_each_end_with_its_watch_and_leaves_out_what_it_cannot() -> 
     )
     tap([], [d, "cancelled", 14.0])
     first, second = got.batches
-    assert first.outcomes == ["completed", "expired"]
-    assert first.parked == [0.25, 2.0]
+    assert dict(first.runs) == {"completed": [0.25], "expired": [2.0]}
     assert first.lateness == [0.0]  # expired at exactly 10.5 + 2
-    assert (second.outcomes, second.parked, second.lateness) == (["cancelled"], [3.0], [])
+    assert (second.runs, second.lateness) == ([("cancelled", [3.0])], [])
     tap([], [a, "completed", 20.0])  # an end seen twice (never happens) is not counted twice
     assert len(got.batches) == 2
 
