@@ -34,6 +34,7 @@ Needs the ``otel`` extra (``pip install 'asyncio-purgatory[otel]'``).
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 from array import array
@@ -84,11 +85,15 @@ class PurgatoryInstruments:
             read there (a read on the collecting thread that keeps failing; at most the
             collection's own timeout); past it the callback fails, which the SDK reports.
         histograms: `Buckets` to also record the histograms ``purgatory.parked`` and
-            ``purgatory.expiry_lateness`` (their bucket bounds given to the SDK as advice);
-            ``None``, the default, records none and costs the purgatories nothing.
+            ``purgatory.expiry_lateness`` (their bucket bounds given to the SDK as advice,
+            which needs opentelemetry-api 1.30 or later, and an SDK of 1.31 or later for its
+            OTLP exporter to honour them); ``None``, the default, records none and costs the
+            purgatories nothing.
 
     Raises:
         ValueError: As `add`, or `timeout` is not positive.
+        TypeError: `histograms` is not a `Buckets`, or the API is too old to take bucket
+            bounds.
     """
 
     def __init__(
@@ -105,6 +110,7 @@ class PurgatoryInstruments:
         self._recorders: dict[str, _Recorder] = {}
         self._instruments: tuple[Histogram, Histogram] | None = None
         if histograms is not None:
+            _check_advice(meter)
             self._instruments = (
                 meter.create_histogram(
                     "purgatory.parked",
@@ -168,6 +174,18 @@ class PurgatoryInstruments:
             return observations
 
         return observe
+
+
+def _check_advice(meter: Meter) -> None:
+    """Refuse histograms where the API cannot be told their buckets (before 1.30)."""
+    if (
+        "explicit_bucket_boundaries_advisory"
+        not in inspect.signature(meter.create_histogram).parameters
+    ):
+        raise TypeError(
+            "histograms= needs opentelemetry-api >= 1.30 (the instruments take their bucket "
+            "bounds as advice from then on): pip install -U opentelemetry-api opentelemetry-sdk"
+        )
 
 
 #: Values one purgatory name holds between two collections; past it, the ones that come are

@@ -131,3 +131,14 @@ def histogram_points(reader: InMemoryMetricReader) -> dict[tuple[str, str | None
                         outcome = point.attributes.get(OUTCOME)
                         points[metric.name, None if outcome is None else str(outcome)] = point
     return points
+
+
+def test_histograms_need_an_api_that_takes_bucket_bounds() -> None:
+    class OldMeter:
+        """A meter of opentelemetry-api < 1.30: no bucket advice."""
+
+        def create_histogram(self, name: str, unit: str = "", description: str = "") -> None:
+            raise AssertionError("not reached")
+
+    with pytest.raises(TypeError, match=r"needs opentelemetry-api >= 1\.30"):
+        PurgatoryInstruments(OldMeter(), histograms=Buckets())  # type: ignore[arg-type]
