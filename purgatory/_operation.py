@@ -69,7 +69,7 @@ from ._asyncio import (
 )
 from ._errors import OperationCancelled, PurgatoryClosed
 
-__all__ = ("DelayedOperation", "Owner", "expire_due")
+__all__ = ("DelayedOperation", "Owner", "expire_due", "not_set_up")
 
 _INF = math.inf
 
@@ -86,6 +86,15 @@ def _checked_timeout(timeout: object) -> float:
         raise ValueError(
             f"timeout must be a finite number of seconds >= 0, got {timeout!r}"
         ) from None
+
+
+def not_set_up(op: object) -> TypeError:
+    """The error of an operation whose ``__init__`` did not call ``super().__init__(timeout)``:
+    its fields were never written (the slow path of whatever read one)."""
+    return TypeError(
+        f"{type(op).__qualname__} object is not a set-up DelayedOperation (did its __init__ "
+        "call super().__init__(timeout)?)"
+    )
 
 
 T_co = TypeVar("T_co", covariant=True)
@@ -235,29 +244,45 @@ class DelayedOperation(ABC, Generic[T_co]):
     @property
     def is_completed(self) -> bool:
         """``True`` once the operation completed, by its condition or by its deadline."""
-        return bool(self._state & DONE)
+        try:
+            return bool(self._state & DONE)
+        except AttributeError:
+            raise not_set_up(self) from None
 
     @property
     def is_expired(self) -> bool:
         """``True`` if the operation completed because its deadline passed."""
-        return bool(self._state & EXPIRED)
+        try:
+            return bool(self._state & EXPIRED)
+        except AttributeError:
+            raise not_set_up(self) from None
 
     @property
     def is_cancelled(self) -> bool:
         """``True`` if the operation was cancelled; its callbacks never run."""
-        return bool(self._state & CANCELLED)
+        try:
+            return bool(self._state & CANCELLED)
+        except AttributeError:
+            raise not_set_up(self) from None
 
     @property
     def timeout(self) -> float:
         """Seconds from the first watch to the deadline, as given."""
-        return self._timeout
+        try:
+            return self._timeout
+        except AttributeError:
+            raise not_set_up(self) from None
 
     def __await__(self) -> Generator[Any, None, T_co]:
         """Wait for the outcome: `on_complete`'s value, its exception, or `OperationCancelled`."""
         # All awaiters share one future, created by the first. No shield per awaiter: a
         # cancelled awaiter cancels the shared future, and the others, not cancelled
         # themselves, simply wait again on a fresh one.
-        if self._owner is None and not self._state & FINISHED:
+        try:
+            owner = self._owner
+        except AttributeError:
+            raise not_set_up(self) from None
+        if owner is None and not self._state & FINISHED:
             raise RuntimeError(
                 f"{self!r} was never watched, so nothing will ever complete it: pass it to "
                 "purgatory.watch() (or try_complete_else_watch) before awaiting it"
@@ -274,7 +299,13 @@ class DelayedOperation(ABC, Generic[T_co]):
         return self._outcome()
 
     def __repr__(self) -> str:
-        state = self._state
+        try:
+            state = self._state
+        except AttributeError:  # (a repr never raises: it is what a traceback shows)
+            return (
+                f"<{type(self).__qualname__} not set up: its __init__ did not call "
+                "super().__init__(timeout)>"
+            )
         if state & CANCELLED:
             status = "cancelled"
         elif state & EXPIRED:

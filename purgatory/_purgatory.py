@@ -45,7 +45,7 @@ from ._asyncio import (
 from ._clock import Alarm, DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
 from ._events import EventLog, EventSink, Tapper, sink_for, tapped
-from ._operation import ASYNC, FINISHED, DelayedOperation, Settlement, expire_due
+from ._operation import ASYNC, FINISHED, DelayedOperation, Settlement, expire_due, not_set_up
 from ._purge_rule import PurgeRule
 from ._reaper import LoopBinding
 from ._statistics import PurgatoryStatistics
@@ -98,13 +98,6 @@ def _split_keys(
             f"keys must be a collection of keys or a mapping of key to threshold, got {keys!r}"
         )
     return tuple(keys), None
-
-
-def _not_set_up(op: object) -> TypeError:
-    return TypeError(
-        f"{type(op).__qualname__} object is not a set-up DelayedOperation (did its __init__ "
-        "call super().__init__(timeout)?)"
-    )
 
 
 def _full(name: str, max_pending: int) -> PurgatoryFull:
@@ -349,7 +342,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             state = op._state
             owner = op._owner
         except AttributeError:
-            raise _not_set_up(op) from None
+            raise not_set_up(op) from None
         if owner is not None or state & FINISHED:
             raise ValueError(f"{op!r} was already watched or finished; watch an operation once")
         if type(op) not in self._sync_types:

@@ -280,3 +280,46 @@ def test_the_ownership_check_sees_a_stray_write(tmp_path: Path) -> None:
         ("_owner", "_stray.Stray.poke"),
         ("_state", "_stray.Stray.poke"),
     ]
+
+
+# -- an operation whose __init__ forgot super().__init__ --------------------------------------
+
+
+class Forgot(DelayedOperation[None]):
+    """The usual mistake: a subclass's __init__ that never calls super().__init__(timeout)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.wanted = timeout
+
+    def try_complete(self) -> bool:
+        return False
+
+    def on_complete(self) -> None:
+        pass
+
+
+NOT_SET_UP = r"Forgot object is not a set-up DelayedOperation \(did its __init__ call super\(\)"
+
+
+@pytest.mark.parametrize("read", ["is_completed", "is_expired", "is_cancelled", "timeout"])
+def test_what_an_operation_that_was_not_set_up_says_when_read(read: str) -> None:
+    with pytest.raises(TypeError, match=NOT_SET_UP):
+        getattr(Forgot(1.0), read)
+
+
+def test_the_repr_of_an_operation_that_was_not_set_up_says_why_and_never_raises() -> None:
+    assert repr(Forgot(1.0)) == (
+        "<Forgot not set up: its __init__ did not call super().__init__(timeout)>"
+    )
+
+
+@pytest.mark.asyncio
+async def test_watching_or_awaiting_an_operation_that_was_not_set_up_says_why() -> None:
+    _clock, p = manual_purgatory()
+    with pytest.raises(TypeError, match=NOT_SET_UP):
+        p.try_complete_else_watch(Forgot(1.0), ["k"])
+    with pytest.raises(TypeError, match=NOT_SET_UP):
+        await p.watch(Forgot(1.0), ["k"])
+    with pytest.raises(TypeError, match=NOT_SET_UP):
+        await Forgot(1.0)
+    assert p.statistics().watched == 0
