@@ -48,7 +48,7 @@ from ._events import EventLog, EventSink, Tapper, sink_for, tapped
 from ._operation import ASYNC, FINISHED, DelayedOperation, Settlement, expire_due, not_set_up
 from ._purge_rule import PurgeRule
 from ._reaper import LoopBinding
-from ._statistics import PurgatoryStatistics
+from ._statistics import PurgatoryStatistics, read_statistics
 from ._timer import SystemTimer
 from ._watchers import WatcherLists
 
@@ -560,19 +560,8 @@ class DelayedOperationPurgatory(Generic[Op]):
     def statistics(self) -> PurgatoryStatistics:
         """A snapshot of the gauges and counters; it only reads (a gauge may ask from another
         thread, though what it reads there may be a step behind)."""
-        timer, lists = self._timer, self._lists
-        return PurgatoryStatistics(
-            watched=lists.entries,
-            delayed=timer.delayed,
-            keys=len(lists),
-            completed=self._completed,
-            expired=timer.expired,
-            drained=timer.drained,
-            cancelled=self._cancelled,
-            purged=lists.purged,
-            timer_passes=timer.passes,
-            purges=self._rule.purges,
-            next_deadline_in=timer.next_deadline_in(),
+        return read_statistics(
+            self._timer, self._lists, self._rule, self._completed, self._cancelled
         )
 
     def drain(self, answer: Callable[[Op], object] | None = None) -> int:
@@ -673,16 +662,8 @@ class DelayedOperationPurgatory(Generic[Op]):
                 self._sink.take()
 
     def _after_pass(self, taken: int, budget: int | None) -> bool:
-        """After each timer pass: the event log's batch if full (or if the purge rule's time
-        bound has come: it holds finished operations), the purge rule's slice."""
-        sink = self._sink
-        holding = sink is not None and bool(sink.ends)
-        if holding and (
-            len(sink.ends) >= sink.limit or sink.each_pass or self._rule.bound_reached()  # type: ignore[union-attr]
-        ):
-            sink.take()  # type: ignore[union-attr]
-            holding = False
-        return self._rule.after_pass(taken, budget, self._timer.in_flight, holding)
+        """After each timer pass: the purge rule's slice, and the event sink's batch when due."""
+        return self._rule.after_pass(taken, budget, self._timer.in_flight, self._sink)
 
     def _tap(self, tap: Tapper) -> None:
         """Hand the operations' events to `tap` too, batch by batch (an exporter's histograms;

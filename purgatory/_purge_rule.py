@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, final
 
 if TYPE_CHECKING:
+    from ._events import EventSink
     from ._timer import SystemTimer
     from ._watchers import WatcherLists
 
@@ -104,19 +105,27 @@ class PurgeRule:
         return False
 
     def after_pass(
-        self, taken: int, budget: int | None, in_flight: Callable[[], int], holding: bool
+        self,
+        taken: int,
+        budget: int | None,
+        in_flight: Callable[[], int],
+        sink: EventSink | None,
     ) -> bool:
         """After each timer pass (which took `taken` operations from the timer): a purge slice of
         `budget` entries if a rule says so (``None``: all); whether more is owed at once.
 
         `in_flight` counts the operations a pass under way took and has not expired yet: they
-        finish after a purge that starts now, so the next one must see them. `holding`: the
-        purgatory still keeps finished operations elsewhere (its event sink's batch), which a
-        pass of the time bound takes: it schedules one.
+        finish after a purge that starts now, so the next one must see them. The purgatory's
+        event `sink` holds finished operations too: its batch is taken once full, after every
+        pass if it says so, and at the time bound's pass (which it schedules if need be).
         """
         self.owed += taken
         tick = self._timer.wheel.current_tick
         idle = tick >= self._idle_at
+        holding = sink is not None and bool(sink.ends)
+        if holding and (len(sink.ends) >= sink.limit or sink.each_pass or idle):  # type: ignore[union-attr]
+            sink.take()  # type: ignore[union-attr]
+            holding = False
         if idle:
             self._idle_at = math.inf
         if self._purging or self.owed > self.interval or (idle and self._lists.queue):
@@ -133,10 +142,6 @@ class PurgeRule:
                 self._armed = True
                 self.trip = min(self.owed, self.interval)
         return self._purging or self.owed > self.interval
-
-    def bound_reached(self) -> bool:
-        """Whether this pass is the time bound's (its purge runs in `after_pass`)."""
-        return self._timer.wheel.current_tick >= self._idle_at
 
     def hold(self) -> None:
         """A finished operation is kept outside the lists (an event-log batch): a pass of the

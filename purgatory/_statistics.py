@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import final
+from typing import TYPE_CHECKING, Any, final
 
-__all__ = ("PurgatoryStatistics",)
+if TYPE_CHECKING:
+    from ._purge_rule import PurgeRule
+    from ._timer import SystemTimer
+    from ._watchers import WatcherLists
+
+__all__ = ("PurgatoryStatistics", "read_statistics")
 
 
 @final
@@ -45,3 +50,26 @@ class PurgatoryStatistics:
     slices, one per pass; `purge` calls are not counted)."""
     next_deadline_in: float
     """Seconds until the timer next has work (``math.inf`` when nothing is timed)."""
+
+
+def read_statistics(
+    timer: SystemTimer[Any],
+    lists: WatcherLists[Any],
+    rule: PurgeRule,
+    completed: int,
+    cancelled: int,
+) -> PurgatoryStatistics:
+    """A purgatory's statistics, read from its parts (only read: see `PurgatoryStatistics`)."""
+    return PurgatoryStatistics(
+        watched=lists.entries,
+        delayed=timer.delayed,
+        keys=len(lists),
+        completed=completed,
+        expired=timer.expired,
+        drained=timer.drained,
+        cancelled=cancelled,
+        purged=lists.purged,
+        timer_passes=timer.passes,
+        purges=rule.purges,
+        next_deadline_in=timer.next_deadline_in(),
+    )
