@@ -25,6 +25,8 @@ histograms ``purgatory_parked_seconds`` (labels ``purgatory`` and ``outcome``: h
 stayed parked, as an HTTP library's request-duration histogram) and
 ``purgatory_expiry_lateness_seconds`` (how late expiries came)::
 
+    from purgatory.prometheus import Buckets, PurgatoryCollector
+
     REGISTRY.register(PurgatoryCollector([produce], histograms=Buckets()))
 
 Needs the ``prometheus`` extra (``pip install 'asyncio-purgatory[prometheus]'``).
