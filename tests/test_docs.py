@@ -9,8 +9,10 @@ reference, with Kafka's name beside it, and no reference to files outside the re
 from __future__ import annotations
 
 import ast
+import asyncio
 import doctest
 import importlib
+import json
 import os
 import re
 import socket
@@ -20,6 +22,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from helpers import run_process
 from markdown_blocks import ROOT, Block, chains, doc_files, examples, parse, run_chain
@@ -526,3 +529,93 @@ def test_docstring_example_runs(where: tuple[str, str, int], tmp_path: Path) -> 
     )
     done = run_process(sys.executable, "-W", "error", "-c", code, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, f"{where}:\n{code}\n{done.stderr}"
+
+
+# -- the FastAPI recipe, served for real --------------------------------------------------------
+
+#: Runs the chain of docs/asgi.md's blocks (its FastAPI recipe is the last) as a module of a
+#: reader's would, adds a route of the test's own (how many requests are parked), and serves
+#: the recipe's `api` with uvicorn on a free port, as ``uvicorn module:api`` does.
+SERVE_RECIPE = """
+import json, sys
+import uvicorn
+from starlette.requests import Request
+
+namespace = {"__name__": "recipe"}
+for block in json.load(sys.stdin):
+    code = compile("\\n" * (block["line"] - 1) + block["code"], block["file"], "exec")
+    exec(code, namespace)
+api = namespace["api"]
+
+
+@api.get("/test/parked")
+def parked(request: Request) -> dict[str, int]:
+    return {"delayed": request.app.state.waiters.num_delayed()}
+
+
+uvicorn.run(api, host="127.0.0.1", port=0)
+"""
+#: Requests parked when the recipe's server gets SIGTERM.
+RECIPE_PARKED = 10
+
+
+async def serve_recipe() -> tuple[asyncio.subprocess.Process, str, list[str]]:
+    """The FastAPI recipe under uvicorn, in a process of its own; its URL and its log so far."""
+    (chain,) = [c for c in CHAINS if c[0].path.name == "asgi.md" and "FastAPI(" in c[-1].code]
+    payload = json.dumps([{"file": str(b.path), "line": b.line, "code": b.code} for b in chain])
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        SERVE_RECIPE,
+        cwd=ROOT,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdin is not None
+    assert process.stderr is not None
+    process.stdin.write(payload.encode())
+    process.stdin.close()
+    log: list[str] = []
+    async with asyncio.timeout(60):
+        while "Uvicorn running on" not in (log[-1] if log else ""):
+            line = (await process.stderr.readline()).decode()
+            assert line, f"uvicorn ended before it served: {log}"
+            log.append(line.rstrip("\n"))
+    return process, log[-1].split("Uvicorn running on ", 1)[1].split()[0], log
+
+
+@pytest.mark.asyncio
+async def test_the_fastapi_recipe_answers_every_parked_request_at_once_on_sigterm() -> None:
+    """docs/asgi.md's FastAPI block, copied as is and served by uvicorn: with requests parked
+    for 30 s, SIGTERM answers each within a second (its messages, ``expired``) and uvicorn
+    exits 0 with nothing in its log but its own lines."""
+    process, base, log = await serve_recipe()
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60)) as http:
+            parked = [
+                asyncio.create_task(http.get(f"{base}/boxes/inbox", params={"timeout": 30}))
+                for _ in range(RECIPE_PARKED)
+            ]
+            async with asyncio.timeout(30):
+                while (await http.get(f"{base}/test/parked")).json()["delayed"] < RECIPE_PARKED:
+                    await asyncio.sleep(0.05)
+            clock = asyncio.get_running_loop().time
+            signalled = clock()
+            process.terminate()  # SIGTERM, as Kubernetes or systemd stops a server
+            answers = await asyncio.gather(*parked)
+            answered_in = clock() - signalled
+        assert [answer.status_code for answer in answers] == [200] * RECIPE_PARKED
+        assert all(answer.json() == {"messages": [], "expired": True} for answer in answers)
+        assert answered_in < 1.0, f"answered {answered_in:.2f} s after SIGTERM"
+        assert process.stderr is not None
+        async with asyncio.timeout(30):
+            rest = (await process.stderr.read()).decode()
+            returncode = await process.wait()
+        log.extend(rest.splitlines())
+        assert returncode == 0, log
+        assert not any("Traceback" in line or "ERROR" in line for line in log), log
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
