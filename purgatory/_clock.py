@@ -49,12 +49,14 @@ class Timer(Protocol):
         ...
 
     def run_pass(self, now: float, budget: int | None = None) -> int:
-        """Run a pass at the clock time `now` (seconds, never earlier than the last pass's);
-        return how many operations expired.
+        """Run a pass at the clock time `now`; return how many operations expired.
 
-        `budget` bounds the entries one pass cascades down the wheel and purges (the rest waits
-        for the next passes, which `next_pass_at` then says are due at once): a driver on an
-        event loop passes one so that a burst never stalls the loop; ``None`` does all of it.
+        Args:
+            now: The clock's time in seconds, never earlier than the last pass's.
+            budget: The entries one pass cascades down the wheel and purges at most (the rest
+                wait for the next passes, which `next_pass_at` then says are due at once): a
+                driver on an event loop passes one so that a burst never stalls the loop;
+                ``None`` does all of it.
 
         Raises:
             ValueError: `now` is NaN or infinite, or `budget` is negative.
@@ -74,9 +76,13 @@ class Timer(Protocol):
         ...
 
     def time_of(self, tick: float) -> float:
-        """The earliest clock time (seconds) at which a pass reaches `tick` (``+-math.inf``
-        as given): ``tick * self.tick`` give or take the float rounding the timer tolerates,
-        which a driver comparing times with an `Alarm.wake_tick` must not guess."""
+        """The earliest clock time (seconds) at which a pass reaches `tick`: ``tick * self.tick``
+        give or take the float rounding the timer tolerates, which a driver comparing times
+        with an `Alarm.wake_tick` must not guess.
+
+        Args:
+            tick: A tick of the timer (an `Alarm.wake_tick`); ``+-math.inf`` is returned as is.
+        """
         ...
 
 
@@ -102,7 +108,11 @@ class Alarm(Protocol):
         ...
 
     def wake_by(self, tick: float) -> None:
-        """Make sure a timer pass runs at `tick` or earlier."""
+        """Make sure a timer pass runs at `tick` or earlier.
+
+        Args:
+            tick: The tick (of the timer's, as `wake_tick`) by which a pass must run.
+        """
         ...
 
 
@@ -117,6 +127,9 @@ class DrivenClock(Clock, Protocol):
     def attach(self, timer: Timer) -> Alarm | None:
         """Drive `timer` from now on: run ``timer.run_pass(now)`` as this clock moves, no later
         than ``timer.next_pass_at()``. A purgatory calls this once, as it is created.
+
+        Args:
+            timer: The purgatory's timer (hold it weakly: the purgatory may be dropped).
 
         Returns:
             An `Alarm` the timer calls when a pass falls due earlier than the clock last learned,

@@ -74,16 +74,29 @@ class EventLog(Protocol):
     ) -> None:
         """`op` entered `purgatory` (its name) at `watched_at`, due at `deadline` (seconds).
 
-        `thresholds` is ``None`` for a plain watch, else a tuple parallel to `keys` whose items
-        are each key's threshold (``None`` for a key watched without one). `deadline` is
-        `watched_at` + ``op.timeout``, before rounding up to the tick.
+        Args:
+            purgatory: The purgatory's name.
+            op: The operation watched.
+            keys: The keys it watches.
+            thresholds: ``None`` for a plain watch, else a tuple parallel to `keys` whose items
+                are each key's threshold (``None`` for a key watched without one).
+            watched_at: When it was watched, by the purgatory's clock (seconds).
+            deadline: `watched_at` + ``op.timeout``, before rounding up to the tick.
         """
         ...
 
     def record_end(
         self, purgatory: str, op: DelayedOperation[Any], outcome: Outcome, ended_at: float
     ) -> None:
-        """`op`'s fate in `purgatory` was settled at `ended_at` (seconds of the same clock)."""
+        """`op`'s fate in `purgatory` was settled at `ended_at` (seconds of the same clock).
+
+        Args:
+            purgatory: The purgatory's name.
+            op: The operation, watched before (`record_watch`).
+            outcome: ``"completed"``, ``"expired"``, ``"drained"``, ``"cancelled"`` or
+                ``"refused"`` (see the module docstring).
+            ended_at: When, by the purgatory's clock (seconds).
+        """
         ...
 
     def flush(self) -> None:

@@ -179,6 +179,18 @@ def _check_arguments(  # noqa: PLR0917 - the purgatory's arguments, in its order
         )
 
 
+def _admit_type(op: DelayedOperation[Any], sync_types: set[type]) -> int:
+    """The first watch of a class, and every watch of an async one: refuse a class that compares
+    by value; mark an async operation; return its state (a synchronous class joins
+    `sync_types`, the purgatory's set of the classes whose watch skips this)."""
+    cls = type(op)
+    _check_identity_semantics(cls)
+    if cls._is_async:
+        return op._watched_as_async()
+    sync_types.add(cls)
+    return op._state
+
+
 def _check_identity_semantics(cls: type) -> None:
     if cls.__hash__ is not object.__hash__ or cls.__eq__ is not object.__eq__:  # type: ignore[comparison-overlap]
         raise TypeError(
@@ -262,7 +274,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._completed = 0
         self._cancelled = 0
         self._closed = False
-        # The classes met whose try_complete is synchronous: their watch skips `_admit_type`.
+        # The classes met whose try_complete is synchronous: their watch skips `_admit_type`
+        # (which adds each to this set of the purgatory's as it first meets it).
         self._sync_types: set[type] = set()
         self._attempts = AttemptRunner()
         self._attempt = self._attempts.attempt
@@ -346,7 +359,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         if owner is not None or state & FINISHED:
             raise ValueError(f"{op!r} was already watched or finished; watch an operation once")
         if type(op) not in self._sync_types:
-            state = self._admit_type(op)
+            state = _admit_type(op, self._sync_types)
         marks: Any = None
         if type(keys) is not tuple:
             keys, marks = _split_keys(keys, self._lists)
@@ -409,20 +422,9 @@ class DelayedOperationPurgatory(Generic[Op]):
             raise
         return False
 
-    def _admit_type(self, op: Op) -> int:
-        """The first watch of a class, and every watch of an async one: refuse a class that
-        compares by value; mark an async operation; return its state."""
-        cls = type(op)
-        _check_identity_semantics(cls)
-        if cls._is_async:
-            return op._watched_as_async()
-        self._sync_types.add(cls)
-        return op._state
-
     def _ended_before_registration(self, op: Op) -> bool:
-        """`op` completed in its first try, or that try shut the purgatory down (which cancels
-        it): it never settles through `_settled`, so it is counted here. Returns what the
-        watch call returns."""
+        """`op` ended in its first try (completed, or cancelled by a shutdown it made), before
+        any `_settled`: counted here. Returns what the watch call returns."""
         completed = bool(op._state & FINISHED)
         if completed:
             self._completed += 1
@@ -446,6 +448,11 @@ class DelayedOperationPurgatory(Generic[Op]):
         threshold: Any = None,
     ) -> T:
         """`try_complete_else_watch`, then wait for the outcome: the call a handler awaits.
+
+        Args:
+            op: An operation never watched before.
+            keys: The keys whose triggers re-try `op`, or a mapping of key to threshold.
+            threshold: One threshold for every key of `keys`.
 
         Returns:
             `on_complete`'s value, on completion and on expiry alike (see ``op.is_expired``).
@@ -509,6 +516,10 @@ class DelayedOperationPurgatory(Generic[Op]):
         """`check_and_complete` from any thread: scheduled on the loop this purgatory is bound to
         (what it returns is known only there; an error there goes to its exception handler).
 
+        Args:
+            key: The key whose watchers to re-try.
+            reached: The value `key` has reached, as for `check_and_complete`.
+
         Raises:
             RuntimeError: The purgatory was never used inside a running event loop (it binds to
                 the running loop on its first call from one), or that loop is closed (the
@@ -524,6 +535,9 @@ class DelayedOperationPurgatory(Generic[Op]):
         Kafka: ``cancelForKey``. Cancelled operations leave the timer at once, never complete nor
         expire, and their awaiters get `OperationCancelled`. Unknown key: ``[]``. Runtime
         complexity: O(operations on the key's list).
+
+        Args:
+            key: The key whose watcher list to drop.
 
         Raises:
             RuntimeError: Called outside the thread of the event loop the purgatory is bound to
@@ -581,9 +595,8 @@ class DelayedOperationPurgatory(Generic[Op]):
 
         Args:
             answer: Called with each pending operation, in deadline order, before the rest
-                expire; ``None``: they all expire. One that raises is reported as a callback's
-                error is (to the loop's exception handler, or the ``purgatory`` logger) and the
-                drain goes on: that operation expires with the rest.
+                expire (``None``: all expire). One that raises is reported as a callback's
+                error is, and its operation expires with the rest: the drain goes on.
 
         Returns:
             How many operations this call answered (completed by `answer` or expired).
@@ -666,8 +679,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         return self._rule.after_pass(taken, budget, self._timer.in_flight, self._sink)
 
     def _tap(self, tap: Tapper) -> None:
-        """Hand the operations' events to `tap` too, batch by batch (an exporter's histograms;
-        see `purgatory._histograms`): a cold path, once per exporter."""
+        """Hand the operations' events to `tap` too, batch by batch (`purgatory._histograms`)."""
         sink = self._sink = tapped(self._sink, self._name, tap)
         sink.each_pass = self._binding.driven  # no time bound takes the batches of a driven clock
         self._timer.expire_with(partial(expire_due, purge_queue=self._purge_queue, ended=sink.ends))

@@ -62,6 +62,9 @@ class ManualClock:
     def attach(self, timer: Timer) -> Alarm:
         """Let `advance` run `timer`'s passes; held weakly, in attach order.
 
+        Args:
+            timer: A purgatory's timer (the purgatory calls this as it is created).
+
         Returns:
             The alarm through which `timer` says when work falls due earlier than the clock
             last learned (the `purgatory.DrivenClock` protocol).
@@ -90,6 +93,10 @@ class ManualClock:
         and nothing runs at the ticks in between. The clock ends at `when`. This is how a trace
         replay moves time: from one request to the next without a pass per request, and, while
         nothing is due before `when`, at the cost of one comparison.
+
+        Args:
+            when: The time to move to, in seconds: at least `now()`, finite, and within what
+                every attached timer counts to (``Timer.time_limit``).
 
         Returns:
             How many operations expired.
@@ -198,6 +205,9 @@ class ManualClock:
         """Move time forward by `seconds` and expire what became due; return how many expired.
 
         ``advance(0)`` runs due expirations and the purge check without moving time.
+
+        Args:
+            seconds: How far to move, >= 0 and finite.
 
         Raises:
             ValueError: `seconds` is negative or NaN (or infinite), or the time it leads to is
