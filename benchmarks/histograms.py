@@ -4,10 +4,10 @@
 workload (rounds of 1,000 operations on a `ManualClock` purgatory, each watched on one of 100
 keys, half completed by ``force_complete``, half expired by a timer pass) with no event log,
 three ways: nothing tapped (the histograms off: the purgatory has no event sink at all), the
-Prometheus collector's histograms (``histograms=Buckets()``: bucket counts per outcome and the
-expiry lateness, kept from the event sink's batches), and OpenTelemetry's (the values held for
-the SDK, without recording them: the SDK's own ``record`` is the application's cost, measured
-separately, per value). Each way is timed `--repeat` times, alternating, in CPU time of the
+Prometheus collector's histograms (``histograms=HistogramBuckets()``: bucket counts per outcome
+and the expiry lateness, kept from the event sink's batches), and OpenTelemetry's (the values
+held for the SDK, without recording them: the SDK's own ``record`` is the application's cost,
+measured separately, per value). Each way is timed `--repeat` times, alternating, in CPU time of the
 process; the figure is the median's difference from the median with nothing tapped, per
 operation, against the goal of 0.3 us. Wall-clock figures move with the machine's load, which
 is printed beside them; ``python -m benchmarks.instructions --paths record_none
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from purgatory import DelayedOperationPurgatory
-from purgatory._histograms import Buckets, ByName, Tap
+from purgatory._histograms import ByName, HistogramBuckets, Tap
 from purgatory.testing import ManualClock
 
 from .ours import FlagOp
@@ -55,7 +55,7 @@ def _purgatory(way: str) -> tuple[ManualClock, DelayedOperationPurgatory[FlagOp]
     clock = ManualClock()
     purgatory = DelayedOperationPurgatory[FlagOp]("bench", clock=clock)
     if way == "prometheus":
-        ByName(Buckets()).tap(purgatory)
+        ByName(HistogramBuckets()).tap(purgatory)
     elif way == "otel":
         purgatory._tap(Tap([_Held()]))
     return clock, purgatory

@@ -48,8 +48,8 @@ Paths:
         the manual clock, flushed at the end of the run so that every record is rendered and
         written). The recorder's cost is the difference from ``record_none``.
     record_histograms: the same workload with no event log and the exporters' histograms on
-        (``purgatory._histograms``, default `Buckets`: what ``histograms=Buckets()`` taps into
-        each purgatory), counted from the event sink's batches (one per timer pass on a manual
+        (``purgatory._histograms``, default bounds: what ``histograms=HistogramBuckets()`` taps
+        into each purgatory), counted from the event sink's batches (one per timer pass on a manual
         clock). Their cost is the difference from ``record_none`` (the goal: at most 0.3 us per
         operation, judged in wall time by ``python -m benchmarks.histograms``).
 """
@@ -289,9 +289,9 @@ class _Paths:
             log = recorder(directory, clock=clock.now)
         purgatory = DelayedOperationPurgatory[Any]("record", clock=clock, event_log=log)
         if kind == "histograms":
-            from purgatory._histograms import Buckets, ByName
+            from purgatory._histograms import ByName, HistogramBuckets
 
-            ByName(Buckets()).tap(purgatory)
+            ByName(HistogramBuckets()).tap(purgatory)
         keys = [(f"k{i}",) for i in range(100)]
         new = self.Op
         watch = purgatory.try_complete_else_watch

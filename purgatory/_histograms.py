@@ -1,15 +1,15 @@
 """Histograms of how long operations stay parked, per outcome, and of how late expiries come.
 
 Opt-in, for the metrics exporters (`purgatory.prometheus`, `purgatory.otel`): an exporter given
-`Buckets` taps each purgatory it exports (``DelayedOperationPurgatory._tap``) and is handed the
-purgatory's events in the batches its event sink already collects (the bulk path of the event
-log, see ``purgatory._events``): the purgatory makes no call per operation for it, and a
-purgatory that no exporter taps pays nothing at all. Per batch, a `Tap` pairs each end with its
-watch (``op, keys, marks, watched_at`` and ``op, outcome, ended_at``, flat) in C-level loops
-(slices, ``map`` over ``dict.pop``, ``operator.sub``; a batch of one outcome, the usual one, in
-one pass), and hands the values to its targets: a `Histograms` of bucket counts (Prometheus;
-counted by sorting the values and bisecting them once per bound, not once per value), or the
-values themselves (OpenTelemetry, whose API takes one value per call).
+`HistogramBuckets` taps each purgatory it exports (``DelayedOperationPurgatory._tap``) and is
+handed the purgatory's events in the batches its event sink already collects (the bulk path of
+the event log, see ``purgatory._events``): the purgatory makes no call per operation for it,
+and a purgatory that no exporter taps pays nothing at all. Per batch, a `Tap` pairs each end
+with its watch (``op, keys, marks, watched_at`` and ``op, outcome, ended_at``, flat) in C-level
+loops (slices, ``map`` over ``dict.pop``, ``operator.sub``; a batch of one outcome, the usual
+one, in one pass), and hands the values to its targets: a `Histograms` of bucket counts
+(Prometheus; counted by sorting the values and bisecting them once per bound, not once per
+value), or the values themselves (OpenTelemetry, whose API takes one value per call).
 
 - *Time parked*: ``ended_at - watched_at``, per outcome (``completed``, ``expired``,
   ``drained``, ``cancelled``; a refused watch never parked). An operation completed at its first
@@ -37,8 +37,8 @@ __all__ = (
     "DEFAULT_LATENESS",
     "DEFAULT_PARKED",
     "PARKED_OUTCOMES",
-    "Buckets",
     "ByName",
+    "HistogramBuckets",
     "Histograms",
     "Series",
     "Tap",
@@ -89,7 +89,7 @@ def _bounds(name: str, values: Iterable[float]) -> tuple[float, ...]:
 
 @final
 @dataclass(frozen=True, slots=True)
-class Buckets:
+class HistogramBuckets:
     """The bucket bounds of the two histograms an exporter adds when given this.
 
     Each bound is the upper bound (inclusive, Prometheus's ``le``) of a bucket, in seconds; a
@@ -165,7 +165,7 @@ class Histograms:
 
     __slots__ = ("_lock", "lateness", "parked")
 
-    def __init__(self, buckets: Buckets) -> None:
+    def __init__(self, buckets: HistogramBuckets) -> None:
         self._lock = threading.Lock()
         #: Time parked, per outcome.
         self.parked = {outcome: Series(buckets.parked) for outcome in PARKED_OUTCOMES}
@@ -246,9 +246,11 @@ class ByName:
 
     __slots__ = ("_lock", "buckets", "histograms")
 
-    def __init__(self, buckets: Buckets) -> None:
-        if not isinstance(buckets, Buckets):
-            raise TypeError(f"histograms must be a Buckets (or None), got {buckets!r}")
+    def __init__(self, buckets: HistogramBuckets) -> None:
+        if not isinstance(buckets, HistogramBuckets):
+            raise TypeError(
+                f"histograms must be a purgatory.HistogramBuckets (or None), got {buckets!r}"
+            )
         self.buckets = buckets
         self._lock = threading.Lock()
         #: Per purgatory name.

@@ -22,8 +22,8 @@ is timed; ``purgatory.completed``, ``purgatory.expired``, ``purgatory.drained``,
 ``purgatory.cancelled``, ``purgatory.purged``, ``purgatory.timer_passes`` and
 ``purgatory.purges`` are counters.
 
-Given ``histograms=Buckets()`` (opt-in, with bounds of your own if need be), it also records two
-histograms: ``purgatory.parked`` (seconds operations stayed parked, with the attribute
+Given ``histograms=HistogramBuckets()`` (opt-in, with bounds of your own if need be), it also
+records two histograms: ``purgatory.parked`` (seconds operations stayed parked, with the attribute
 ``purgatory.outcome``) and ``purgatory.expiry_lateness`` (seconds expiries came after their
 deadline). The purgatory hands its operations over in its event sink's batches; the OpenTelemetry
 API takes one value per ``record`` call, so the values are held (at most `HELD_VALUES` per
@@ -48,11 +48,11 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
         "purgatory.otel needs the OpenTelemetry API: pip install 'asyncio-purgatory[otel]'"
     ) from exc
 
-from ._histograms import PARKED_OUTCOMES, Buckets, Tap
+from ._histograms import PARKED_OUTCOMES, HistogramBuckets, Tap
 from ._metrics import DEFAULT_TIMEOUT, FIELDS, Field, Tracked
 from ._purgatory import DelayedOperationPurgatory
 
-__all__ = ("ATTRIBUTE", "OUTCOME", "Buckets", "PurgatoryInstruments")
+__all__ = ("ATTRIBUTE", "OUTCOME", "PurgatoryInstruments")
 
 ATTRIBUTE = "purgatory.name"
 """The attribute that tells purgatories apart: each one's `name
@@ -84,7 +84,8 @@ class PurgatoryInstruments:
         timeout: Seconds a collection waits for a purgatory's event loop, the rare time it must
             read there (a read on the collecting thread that keeps failing; at most the
             collection's own timeout); past it the callback fails, which the SDK reports.
-        histograms: `Buckets` to also record the histograms ``purgatory.parked`` and
+        histograms: `purgatory.HistogramBuckets` to also record the histograms
+            ``purgatory.parked`` and
             ``purgatory.expiry_lateness`` (their bucket bounds given to the SDK as advice,
             which needs opentelemetry-api 1.30 or later, and an SDK of 1.31 or later for its
             OTLP exporter to honour them); ``None``, the default, records none and costs the
@@ -92,8 +93,8 @@ class PurgatoryInstruments:
 
     Raises:
         ValueError: As `add`, or `timeout` is not positive.
-        TypeError: `histograms` is not a `Buckets`, or the API is too old to take bucket
-            bounds.
+        TypeError: `histograms` is not a `purgatory.HistogramBuckets`, or the API is too old
+            to take bucket bounds.
     """
 
     def __init__(
@@ -102,10 +103,12 @@ class PurgatoryInstruments:
         purgatories: Iterable[DelayedOperationPurgatory[Any]] = (),
         *,
         timeout: float = DEFAULT_TIMEOUT,
-        histograms: Buckets | None = None,
+        histograms: HistogramBuckets | None = None,
     ) -> None:
-        if histograms is not None and not isinstance(histograms, Buckets):
-            raise TypeError(f"histograms must be a Buckets (or None), got {histograms!r}")
+        if histograms is not None and not isinstance(histograms, HistogramBuckets):
+            raise TypeError(
+                f"histograms must be a purgatory.HistogramBuckets (or None), got {histograms!r}"
+            )
         self._tracked = Tracked(timeout)
         self._recorders: dict[str, _Recorder] = {}
         self._instruments: tuple[Histogram, Histogram] | None = None

@@ -20,14 +20,15 @@ A scrape then shows, per purgatory (label ``purgatory``, its name), the gauges
 ``purgatory_cancelled_total``, ``purgatory_purged_total``, ``purgatory_timer_passes_total`` and
 ``purgatory_purges_total``.
 
-Given ``histograms=Buckets()`` (opt-in, with bounds of your own if need be), it also exports the
-histograms ``purgatory_parked_seconds`` (labels ``purgatory`` and ``outcome``: how long operations
-stayed parked, as an HTTP library's request-duration histogram) and
+Given ``histograms=HistogramBuckets()`` (opt-in, with bounds of your own if need be), it also
+exports the histograms ``purgatory_parked_seconds`` (labels ``purgatory`` and ``outcome``: how
+long operations stayed parked, as an HTTP library's request-duration histogram) and
 ``purgatory_expiry_lateness_seconds`` (how late expiries came)::
 
-    from purgatory.prometheus import Buckets, PurgatoryCollector
+    from purgatory import HistogramBuckets
+    from purgatory.prometheus import PurgatoryCollector
 
-    REGISTRY.register(PurgatoryCollector([produce], histograms=Buckets()))
+    REGISTRY.register(PurgatoryCollector([produce], histograms=HistogramBuckets()))
 
 Needs the ``prometheus`` extra (``pip install 'asyncio-purgatory[prometheus]'``).
 """
@@ -51,11 +52,11 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
         "purgatory.prometheus needs prometheus_client: pip install 'asyncio-purgatory[prometheus]'"
     ) from exc
 
-from ._histograms import Buckets, ByName
+from ._histograms import ByName, HistogramBuckets
 from ._metrics import DEFAULT_TIMEOUT, FIELDS, Field, Tracked
 from ._purgatory import DelayedOperationPurgatory
 
-__all__ = ("LABEL", "OUTCOME", "Buckets", "PurgatoryCollector")
+__all__ = ("LABEL", "OUTCOME", "PurgatoryCollector")
 
 LABEL = "purgatory"
 """The label that tells purgatories apart: each one's `name
@@ -84,7 +85,8 @@ class PurgatoryCollector(Collector):
         timeout: Seconds a scrape waits for a purgatory's event loop, the rare time it must read
             there (a read on the scraping thread that keeps failing), before it fails with
             `TimeoutError` (a blocked loop).
-        histograms: `Buckets` to also export two histograms, ``purgatory_parked_seconds``
+        histograms: `purgatory.HistogramBuckets` to also export two histograms,
+            ``purgatory_parked_seconds``
             (the time operations stayed parked, by outcome) and
             ``purgatory_expiry_lateness_seconds`` (how late expiries came); ``None``, the
             default, exports none and costs the purgatories nothing. Each purgatory added is
@@ -100,7 +102,7 @@ class PurgatoryCollector(Collector):
         purgatories: Iterable[DelayedOperationPurgatory[Any]] = (),
         *,
         timeout: float = DEFAULT_TIMEOUT,
-        histograms: Buckets | None = None,
+        histograms: HistogramBuckets | None = None,
     ) -> None:
         self._tracked = Tracked(timeout)
         self._histograms = None if histograms is None else ByName(histograms)

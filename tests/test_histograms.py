@@ -11,19 +11,19 @@ import pytest
 from helpers import FlagOperation
 
 from purgatory import DelayedOperationPurgatory, JsonLinesEventLog
-from purgatory._histograms import DEFAULT_PARKED, Buckets, ByName, Histograms, Series, Tap
+from purgatory._histograms import DEFAULT_PARKED, ByName, HistogramBuckets, Histograms, Series, Tap
 from purgatory.testing import ManualClock
 
 
 def test_buckets_are_strictly_increasing_finite_numbers() -> None:
-    assert Buckets().parked == DEFAULT_PARKED
-    assert Buckets(parked=[1, 2]).parked == (1.0, 2.0)
+    assert HistogramBuckets().parked == DEFAULT_PARKED
+    assert HistogramBuckets(parked=[1, 2]).parked == (1.0, 2.0)
     for bad in ([], [1, 1], [2, 1], [1, math.inf], [math.nan]):
         with pytest.raises(ValueError, match="parked must"):
-            Buckets(parked=bad)
+            HistogramBuckets(parked=bad)
     with pytest.raises(TypeError, match="lateness must be numbers"):
-        Buckets(lateness=["1"])  # type: ignore[list-item]
-    with pytest.raises(TypeError, match="histograms must be a Buckets"):
+        HistogramBuckets(lateness=["1"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="histograms must be a purgatory.HistogramBuckets"):
         ByName((1, 2))  # type: ignore[arg-type]
 
 
@@ -68,7 +68,7 @@ def tapped(
     clock: ManualClock, **options: Any
 ) -> tuple[DelayedOperationPurgatory[FlagOperation], Histograms]:
     p = DelayedOperationPurgatory[FlagOperation]("tapped", clock=clock, **options)
-    by_name = ByName(Buckets(parked=(0.1, 1.0), lateness=(0.001, 0.01)))
+    by_name = ByName(HistogramBuckets(parked=(0.1, 1.0), lateness=(0.001, 0.01)))
     by_name.tap(p)
     histograms = by_name.get("tapped")
     assert histograms is not None
@@ -115,7 +115,7 @@ def test_a_tap_goes_beside_an_event_log_which_records_as_before(tmp_path: Any) -
 def test_two_exporters_tap_one_purgatory_each_with_its_buckets() -> None:
     clock = ManualClock()
     p, first = tapped(clock)
-    second = ByName(Buckets(parked=(0.3,)))
+    second = ByName(HistogramBuckets(parked=(0.3,)))
     second.tap(p)
     p.try_complete_else_watch(FlagOperation(0.5), ["k"])
     clock.advance(0.5)

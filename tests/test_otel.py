@@ -22,9 +22,9 @@ from opentelemetry.sdk.metrics.export import (
     Sum,
 )
 
-from purgatory import DelayedOperationPurgatory
+from purgatory import DelayedOperationPurgatory, HistogramBuckets
 from purgatory._metrics import FIELDS
-from purgatory.otel import ATTRIBUTE, OUTCOME, Buckets, PurgatoryInstruments
+from purgatory.otel import ATTRIBUTE, OUTCOME, PurgatoryInstruments
 from purgatory.testing import ManualClock
 
 Points = dict[str, tuple[Any, str | None, dict[str, float]]]
@@ -90,7 +90,7 @@ def test_histograms_are_recorded_at_each_collection() -> None:
     provider = MeterProvider(metric_readers=[reader])
     clock = ManualClock()
     p = DelayedOperationPurgatory[FlagOperation]("hist", clock=clock, tick=0.01)
-    buckets = Buckets(parked=(0.1, 1.0), lateness=(0.005, 0.05))
+    buckets = HistogramBuckets(parked=(0.1, 1.0), lateness=(0.005, 0.05))
     try:
         PurgatoryInstruments(provider.get_meter("test"), [p], histograms=buckets)
         ops = [FlagOperation(timeout, str(i)) for i, timeout in enumerate((0.5, 0.503, 5.0))]
@@ -141,4 +141,4 @@ def test_histograms_need_an_api_that_takes_bucket_bounds() -> None:
             raise AssertionError("not reached")
 
     with pytest.raises(TypeError, match=r"needs opentelemetry-api >= 1\.30"):
-        PurgatoryInstruments(OldMeter(), histograms=Buckets())  # type: ignore[arg-type]
+        PurgatoryInstruments(OldMeter(), histograms=HistogramBuckets())  # type: ignore[arg-type]

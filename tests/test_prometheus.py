@@ -20,9 +20,9 @@ from metrics_support import scene
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from purgatory import DelayedOperationPurgatory, PurgatoryStatistics
+from purgatory import DelayedOperationPurgatory, HistogramBuckets, PurgatoryStatistics
 from purgatory._metrics import FIELDS
-from purgatory.prometheus import LABEL, Buckets, PurgatoryCollector
+from purgatory.prometheus import LABEL, PurgatoryCollector
 from purgatory.testing import ManualClock
 
 Families = dict[str, tuple[str, str, dict[str, float]]]
@@ -142,7 +142,7 @@ async def test_histograms_of_time_parked_and_expiry_lateness(served: Served) -> 
     registry, url = served
     clock = ManualClock()
     p = DelayedOperationPurgatory[FlagOperation]("hist", clock=clock, tick=0.01)
-    buckets = Buckets(parked=(0.1, 1.0), lateness=(0.005, 0.05))
+    buckets = HistogramBuckets(parked=(0.1, 1.0), lateness=(0.005, 0.05))
     registry.register(PurgatoryCollector([p], histograms=buckets))
     ops = [FlagOperation(timeout, str(i)) for i, timeout in enumerate((0.5, 0.5, 0.503, 5.0))]
     for op in ops:
