@@ -23,7 +23,7 @@ def test_buckets_are_strictly_increasing_finite_numbers() -> None:
             HistogramBuckets(parked=bad)
     with pytest.raises(TypeError, match="lateness must be numbers"):
         HistogramBuckets(lateness=["1"])  # type: ignore[list-item]
-    with pytest.raises(TypeError, match="histograms must be a purgatory.HistogramBuckets"):
+    with pytest.raises(TypeError, match=r"histograms must be a purgatory\.HistogramBuckets"):
         ByName((1, 2))  # type: ignore[arg-type]
 
 
