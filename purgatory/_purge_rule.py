@@ -92,9 +92,9 @@ class PurgeRule:
         """Whether the rule says purge and no pass was asked for yet (``True`` once: the caller
         asks a timer pass for it). The first settlement since the lists were clean schedules the
         time bound's purge instead (a pass `linger` ticks from now)."""
+        if self._requested:  # (first: while a purge pass is asked for, every settle asks)
+            return False
         if self.owed > self.interval:
-            if self._requested:
-                return False
             self._requested = True
             return True
         if self._armed:

@@ -374,15 +374,16 @@ class SystemTimer(Generic[Op]):
         """
         if tick in (math.inf, -math.inf):
             return tick
-        at = (tick - _TICK_SLACK) * self.tick
-        ticks = self.ticks
-        for _ in range(_NUDGES):  # up to the first time that reaches the tick ...
-            if ticks(at) >= tick:
+        length = self.tick
+        at = (tick - _TICK_SLACK) * length  # a float or two from the answer
+        nextafter = math.nextafter
+        for _ in range(_NUDGES):  # up to the first time that reaches the tick (`ticks`, inline)
+            if _floor(at / length + _TICK_SLACK) >= tick:
                 break
-            at = math.nextafter(at, math.inf)
+            at = nextafter(at, math.inf)
         for _ in range(_NUDGES):  # ... and down to the earliest one
-            earlier = math.nextafter(at, -math.inf)
-            if ticks(earlier) < tick:
+            earlier = nextafter(at, -math.inf)
+            if _floor(earlier / length + _TICK_SLACK) < tick:
                 break
             at = earlier
         return at

@@ -182,9 +182,11 @@ class ManualClock:
         """
         earliest = math.inf
         for alarm, timer in alarms:
-            tick = alarm.wake_tick = timer.next_pass_tick()
-            at = alarm.wake_at = timer.time_of(tick)
-            earliest = min(earliest, at)
+            tick = timer.next_pass_tick()
+            if tick != alarm.wake_tick:  # (`wake_at` goes with `wake_tick`, always)
+                alarm.wake_tick = tick
+                alarm.wake_at = timer.time_of(tick)
+            earliest = min(earliest, alarm.wake_at)
         return earliest
 
     @staticmethod
