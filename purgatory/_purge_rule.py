@@ -138,7 +138,7 @@ class PurgeRule:
         if self._bounded and not self._purging and self._idle_at == math.inf:
             if self._lists.queue or holding:  # an expiry's, or a batch: within the bound too
                 self._schedule(tick)
-            elif self._bounded and not self._armed:  # clean: the next settlement schedules
+            elif not self._armed:  # clean: the next settlement schedules
                 self._armed = True
                 self.trip = min(self.owed, self.interval)
         return self._purging or self.owed > self.interval
