@@ -32,6 +32,7 @@ from ._errors import PurgatoryFull as PurgatoryFull
 from ._eventlog import JsonLinesEventLog as JsonLinesEventLog
 from ._eventlog_arrow import ArrowEventLog as ArrowEventLog
 from ._events import EventLog as EventLog
+from ._histograms import HistogramBuckets as HistogramBuckets
 from ._impl import IMPLEMENTATION as IMPLEMENTATION
 from ._operation import DelayedOperation as DelayedOperation
 from ._purgatory import DelayedOperationPurgatory as DelayedOperationPurgatory
@@ -48,6 +49,7 @@ __all__ = (
     "DelayedOperationPurgatory",
     "DrivenClock",
     "EventLog",
+    "HistogramBuckets",
     "JsonLinesEventLog",
     "OperationCancelled",
     "PurgatoryClosed",

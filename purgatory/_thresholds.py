@@ -26,6 +26,17 @@ stays queued as a *dead* entry that a release skips and counts off. Once dead en
 of those queued, both structures are rebuilt without them, which is O(1) amortised per removal.
 Nothing queued refers to an operation, so a removed one is never kept alive.
 
+Thresholds that order against each other. Every threshold of a key is compared with the others,
+sooner or later: queued after the run's tail, pushed on the heap, or against the other head as a
+trigger releases them. Offsets and times (ints and floats) always compare, and a value of
+another type meets at least one of the key's thresholds as it is queued, so a mix of kinds is
+refused there. Tuples can compare in part only: ``(1, 5)`` and ``(2, "y")`` order, ``(1, 5)``
+and ``(1, "y")`` do not, and such a pair would only meet in a later trigger, which would fail.
+So a threshold that is not an int or a float is checked against the key's thresholds before
+the watch (`ThresholdWatchers.check_orders`, off the hot path): once against each of them,
+or not at all when it has the *shape* of all of them (`shape_of`: the same types at the same
+places, which compare whatever the values).
+
 Who does what. The container is the watcher lists' (`purgatory._watchers`), the only code that
 touches it: the two hot paths, queueing a threshold as an operation registers and releasing
 thresholds as a trigger comes, are taken inline there, on the fields below (their per-entry
@@ -42,11 +53,43 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
 from ._impl import native
 
-__all__ = ("ThresholdWatchers", "threshold_of")
+__all__ = ("ThresholdWatchers", "check_orders", "shape_of", "threshold_of")
 
 Op = TypeVar("Op")
 
 _MISSING: Any = object()
+# The shape of a value whose comparisons depend on more than its type (`shape_of`).
+_UNSURE: Any = object()
+# Types whose values always order against each other (None only equals None: a tuple comparison
+# never reaches ``<`` on two of them).
+_SIMPLE = frozenset((int, float, bool, str, bytes, type(None)))
+
+
+def shape_of(threshold: Any) -> Any:
+    """The types that decide whether `threshold` orders against another value: its type, or for
+    a tuple the tuple of its items' shapes. Two thresholds of one shape always order against
+    each other, unless the shape holds a type whose values may not (``_UNSURE`` then: a
+    ``complex``, a class of the user's own)."""
+    kind = type(threshold)
+    if kind in _SIMPLE:
+        return kind
+    if kind is tuple:
+        shapes = tuple(map(shape_of, threshold))
+        return _UNSURE if _UNSURE in shapes else shapes
+    return _UNSURE
+
+
+def check_orders(threshold: Any, other: Any, key: Hashable) -> None:
+    """Refuse `threshold` unless it orders against `other`, a threshold of `key` (both ways)."""
+    try:
+        threshold < other  # noqa: B015 - asked for the error only
+        other < threshold  # noqa: B015
+    except TypeError as exc:
+        raise TypeError(
+            f"threshold {threshold!r} for {key!r} does not order against {other!r}, a "
+            "threshold the key already has: a key's thresholds must all compare (offsets, "
+            "times, or tuples with the same types at the same places)"
+        ) from exc
 
 
 def threshold_of(op: Any, key: Hashable) -> Any:
@@ -76,6 +119,7 @@ if TYPE_CHECKING or native is None:
             "heap",
             "plain",
             "run",
+            "shape",
         )
 
 else:
@@ -100,6 +144,10 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
         self.run: deque[Any] = deque()
         self.heap: list[Any] = []
         self.dead = 0
+        #: The shape (`shape_of`) every threshold queued here has, as `check_orders` last
+        #: found; ``None`` while unknown. Only ints and floats join unchecked, and they order
+        #: against nothing of another sure shape (their queueing refuses them).
+        self.shape: Any = None
 
     def __len__(self) -> int:
         return len(self.plain) + sum(
@@ -108,10 +156,16 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
 
     def __iter__(self) -> Iterator[Op]:
         """The plain watchers, then those at a threshold in threshold order (watch order within
-        one), as a trigger without a value re-tries them."""
+        one), as a trigger without a value re-tries them; in the order they came if the
+        thresholds do not sort (values of a class of the user's own, say): a shutdown or a
+        cancel always gets them all."""
         yield from self.plain
         at = self.at
-        for threshold in sorted(at):
+        try:
+            order = sorted(at)
+        except TypeError:
+            order = list(at)
+        for threshold in order:
             waiting = at[threshold]
             if type(waiting) is list:
                 yield from waiting
@@ -130,6 +184,20 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
             return False
         waiting = self.at.get(threshold)
         return waiting is op or (type(waiting) is list and op in waiting)
+
+    def check_orders(self, threshold: Any, key: Hashable) -> None:
+        """Refuse `threshold` (`TypeError`) unless it orders against every threshold queued
+        here (dead ones too: a release still compares them). O(1) when it has the shape of
+        all of them, else O(thresholds queued)."""
+        shape = shape_of(threshold)
+        if shape is not _UNSURE and shape == self.shape:
+            return
+        queued = {*self.run, *self.heap}
+        same = True
+        for other in queued:
+            check_orders(threshold, other, key)
+            same = same and shape_of(other) == shape
+        self.shape = shape if same and shape is not _UNSURE else None
 
     def add(self, op: Op, threshold: Any) -> None:
         """Watch at `threshold` (``None``: plain).

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 from ._asyncio import report_exception, report_false_claim
 from ._impl import install, native
 from ._operation import DONE, EXPIRED_NOW, FINISHED
-from ._thresholds import ThresholdWatchers, threshold_of
+from ._thresholds import ThresholdWatchers, check_orders, threshold_of
 
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
@@ -120,6 +120,20 @@ class WatcherLists(_ListsCore, Generic[Op]):
         return list(ops) if type(ops) in _COLLECTIONS else [ops]
 
     # -- registration -------------------------------------------------------------------------
+
+    def check_orders(self, key: Hashable, threshold: Any) -> None:
+        """Refuse (`TypeError`) a `threshold` for `key` that does not order against the key's
+        thresholds: the slow path of a watch at a threshold that is not an int or a float,
+        before anything is tried (see `purgatory._thresholds`)."""
+        ops = self._lists.get(key)
+        if ops is None or type(ops) is dict:
+            return
+        if type(ops) is ThresholdWatchers:
+            ops.check_orders(threshold, key)
+            return
+        other = threshold_of(ops, key)  # a lone watcher
+        if other is not None:
+            check_orders(threshold, other, key)
 
     # Registration runs once per watch and its per-key loop once per key: inlined on purpose.
     def register(  # noqa: C901, PLR0912, PLR0915

@@ -17,14 +17,14 @@ static native_fn native_lookup(const char *name);
 
 /* -- module-level functions with a C body -------------------------------------------------------- */
 
-/* expire_due(due, now, purge_queue, ended), as the timer calls it: through a partial that gives
- * purge_queue and ended by keyword. */
+/* expire_due(due, now, outcome="expired", *, purge_queue, ended), as the timer calls it: through
+ * a partial that gives purge_queue and ended by keyword. */
 static PyObject *
 expire_due_native(PyObject *due, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *slots[3] = {NULL, NULL, NULL}; /* now, purge_queue, ended */
-    PyObject *const names[3] = {NULL, N.s_purge_queue, N.s_ended};
-    if (nargs > 3) {
+    PyObject *slots[4] = {NULL, NULL, NULL, NULL}; /* now, outcome, purge_queue, ended */
+    PyObject *const names[4] = {NULL, N.s_outcome, N.s_purge_queue, N.s_ended};
+    if (nargs > 2) {
         return NOT_HANDLED;
     }
     for (Py_ssize_t i = 0; i < nargs; i++) {
@@ -34,7 +34,7 @@ expire_due_native(PyObject *due, PyObject *const *args, Py_ssize_t nargs, PyObje
     for (Py_ssize_t k = 0; k < nkw; k++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, k);
         int placed = 0;
-        for (int s = 1; s < 3; s++) {
+        for (int s = 1; s < 4; s++) {
             if (name == names[s] || PyUnicode_Compare(name, names[s]) == 0) {
                 if (slots[s] != NULL) {
                     return NOT_HANDLED;
@@ -49,8 +49,11 @@ expire_due_native(PyObject *due, PyObject *const *args, Py_ssize_t nargs, PyObje
             return NOT_HANDLED;
         }
     }
-    if (slots[0] == NULL || slots[1] == NULL || slots[2] == NULL || !PyList_CheckExact(due) ||
-        !PyDict_CheckExact(slots[1]) || !(slots[2] == Py_None || PyList_CheckExact(slots[2]))) {
+    if (slots[1] == NULL) {
+        slots[1] = N.s_expired;
+    }
+    if (slots[0] == NULL || slots[2] == NULL || slots[3] == NULL || !PyList_CheckExact(due) ||
+        !PyDict_CheckExact(slots[2]) || !(slots[3] == Py_None || PyList_CheckExact(slots[3]))) {
         return NOT_HANDLED;
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(due); i++) {
@@ -60,7 +63,7 @@ expire_due_native(PyObject *due, PyObject *const *args, Py_ssize_t nargs, PyObje
         }
     }
     Py_INCREF(due);
-    Py_ssize_t expired = expire_loop(due, slots[0], slots[1], slots[2]);
+    Py_ssize_t expired = expire_loop(due, slots[0], slots[1], slots[2], slots[3]);
     Py_DECREF(due);
     if (expired < 0) {
         return NULL;
@@ -82,7 +85,6 @@ static const NativeEntry native_entries[] = {
     {"SystemTimer.add_due", timer_add_due_native},
     {"SystemTimer.run_pass", timer_run_pass_native},
     {"SystemTimer.next_pass_tick", timer_next_pass_tick_native},
-    {"SystemTimer.next_pass_at", timer_next_pass_at_native},
     {"WatcherLists.register", lists_register_native},
     {"WatcherLists.trigger", lists_trigger_native},
     {"WatcherLists.purge", lists_purge_native},
@@ -90,7 +92,6 @@ static const NativeEntry native_entries[] = {
     {"DelayedOperationPurgatory.try_complete_else_watch", purgatory_watch_native},
     {"DelayedOperationPurgatory.check_and_complete", purgatory_check_native},
     {"DelayedOperationPurgatory._settled", purgatory_settled_native},
-    {"DelayedOperationPurgatory._after_pass", purgatory_after_pass_native},
     {NULL, NULL},
 };
 
@@ -389,6 +390,11 @@ intern_names(void)
         {&N.s_discard, "_discard"},
         {&N.s_threshold, "threshold"},
         {&N.s_reached, "reached"},
+        {&N.s_check_clock, "check_clock"},
+        {&N.s_schedule, "_schedule"},
+        {&N.s_ticks, "ticks"},
+        {&N.s_outcome, "outcome"},
+        {&N.s_now, "now"},
         {NULL, NULL},
     };
     for (int i = 0; names[i].slot != NULL; i++) {

@@ -35,7 +35,7 @@
 
 /* Bumped whenever a field or a method moves between the C and the Python side: the Python
  * modules refuse a build of another version (a stale build after a checkout). */
-#define NATIVE_API_VERSION 1
+#define NATIVE_API_VERSION 2
 
 /* -- the operation's state bits (purgatory/_operation.py) ------------------------------------ */
 #define ST_ASYNC 1
@@ -116,7 +116,9 @@ typedef struct {
     PyObject *alarm;        /* None or an Alarm */
     PyObject *in_flight;    /* _in_flight: list of lists */
     PyObject *wheel;        /* WheelObject (checked as it is set) */
-    Py_ssize_t delayed, expired, passes;
+    PyObject *due_at;       /* _due_at: the tick housekeeping is owed by (an int), or inf */
+    PyObject *outcome;      /* _outcome: what the passes expire, "expired" or "drained" */
+    Py_ssize_t delayed, expired, drained, passes;
     char closed, due_now;
 } TimerObject;
 
@@ -126,6 +128,7 @@ typedef struct {
     PyObject *at;    /* dict */
     PyObject *run;   /* deque */
     PyObject *heap;  /* list */
+    PyObject *shape; /* the shape every queued threshold has (the reference's check) */
     Py_ssize_t dead;
     /* run.append and run.popleft, bound as the fields are checked (not seen from Python) */
     PyObject *run_append, *run_popleft;
@@ -141,8 +144,10 @@ typedef struct {
 typedef struct {
     CORE_HEAD
     PyObject *lists; /* _lists: ListsObject */
-    Py_ssize_t interval, owed, purges;
-    char purging, requested;
+    PyObject *timer; /* _timer */
+    PyObject *idle_at; /* _idle_at: the time bound's purge tick (an int), or inf */
+    Py_ssize_t interval, owed, purges, trip, linger;
+    char purging, requested, armed, bounded;
 } RuleObject;
 
 typedef struct {
@@ -382,6 +387,7 @@ typedef struct {
     PyObject *get_ident;          /* _thread.get_ident */
     PyObject *heappush, *heappop; /* heapq's */
     PyObject *expired_then_raise; /* _operation._expired_then_raise(op, interrupt) */
+    PyObject *s_check_clock, *s_schedule, *s_ticks, *s_outcome, *s_now;
     PyObject *report_expiration;  /* _operation._report_expiration(op, exc) */
     PyObject *kw_key;             /* ("key",) */
     PyObject *deadline_of;        /* _wheel._deadline_of */

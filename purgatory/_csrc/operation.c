@@ -319,7 +319,8 @@ op_force_complete_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 
 /* The expiry loop of a timer pass: `_operation.expire_due(due, now, purge_queue, ended)`. */
 static Py_ssize_t
-expire_loop(PyObject *due, PyObject *now, PyObject *purge_queue, PyObject *ended)
+expire_loop(PyObject *due, PyObject *now, PyObject *outcome, PyObject *purge_queue,
+            PyObject *ended)
 {
     Py_ssize_t expired = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(due); i++) {
@@ -336,7 +337,7 @@ expire_loop(PyObject *due, PyObject *now, PyObject *purge_queue, PyObject *ended
         }
         expired++;
         if (ended != Py_None) {
-            if (PyList_Append(ended, item) < 0 || PyList_Append(ended, N.s_expired) < 0 ||
+            if (PyList_Append(ended, item) < 0 || PyList_Append(ended, outcome) < 0 ||
                 PyList_Append(ended, now) < 0) {
                 goto error;
             }

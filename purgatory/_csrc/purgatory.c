@@ -176,8 +176,10 @@ purgatory_settled(PyObject *self, OpObject *op, int cancelled)
         timer->delayed--;
         RuleObject *rule = (RuleObject *)p->rule;
         rule->owed++;
-        if (rule->owed > rule->interval && rule_due(rule)) {
-            if (discard_result(call_method0((PyObject *)timer, N.s_request_pass)) < 0) {
+        if (rule->owed > rule->trip) {
+            int due = rule_due(rule);
+            if (due < 0 ||
+                (due && discard_result(call_method0((PyObject *)timer, N.s_request_pass)) < 0)) {
                 return -1;
             }
         }
@@ -443,8 +445,9 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
             Py_DECREF(claimed);
             RuleObject *rule = (RuleObject *)p->rule;
             rule->owed++; /* registered, never timed (the purge-queue protocol) */
-            if (rule_due(rule) &&
-                discard_result(call_method0(p->timer, N.s_request_pass)) < 0) {
+            int due = rule_due(rule);
+            if (due < 0 ||
+                (due && discard_result(call_method0(p->timer, N.s_request_pass)) < 0)) {
                 goto abandon;
             }
             return 1;
@@ -461,11 +464,31 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
         }
     }
     if (purgatory_time_op(p, op) < 0) {
-        return -1;
+        goto abandon;
     }
     return 0;
-abandon:
-    refuse_keeping_error(self, (PyObject *)op, N.s_abandon);
+abandon:;
+    PyObject *exc = fetch_exception();
+    PyObject *r = call_method1(self, N.s_abandon, (PyObject *)op);
+    if (r == NULL) {
+        Py_DECREF(exc);
+        return -1;
+    }
+    Py_DECREF(r);
+    if (PyErr_GivenExceptionMatches(exc, PyExc_ValueError) ||
+        PyErr_GivenExceptionMatches(exc, PyExc_TypeError) ||
+        PyErr_GivenExceptionMatches(exc, PyExc_OverflowError)) {
+        /* a clear error if the clock's time was the cause */
+        r = call_method0(p->timer, N.s_check_clock);
+        if (r == NULL) {
+            PyObject *clearer = fetch_exception();
+            PyException_SetContext(clearer, exc); /* (steals exc) */
+            restore_exception(clearer);
+            return -1;
+        }
+        Py_DECREF(r);
+    }
+    restore_exception(exc);
     return -1;
 }
 
@@ -530,7 +553,7 @@ purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     else {
         int split = split_keys(args[1], &keys, &marks);
         if (split > 0) {
-            PyObject *pair = call1(N.split_keys, args[1]);
+            PyObject *pair = call2(N.split_keys, args[1], p->lists);
             if (pair != NULL) {
                 keys = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
                 marks = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
@@ -547,7 +570,8 @@ purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     int result = -1;
     if (threshold != Py_None) {
         if (marks != Py_None || !plain_threshold(threshold)) {
-            if (discard_result(call2(N.check_one_threshold, threshold, marks)) < 0) {
+            PyObject *check[4] = {threshold, marks, keys, p->lists};
+            if (discard_result(PyObject_Vectorcall(N.check_one_threshold, check, 4, NULL)) < 0) {
                 goto done;
             }
         }
@@ -609,56 +633,4 @@ purgatory_check_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
 done:
     Py_DECREF(self);
     return result;
-}
-
-static PyObject *
-purgatory_after_pass_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                            PyObject *kwnames)
-{
-    if (nargs != 2 || kwnames != NULL || !CORE_CHECK(self, PurgatoryType) ||
-        !PyLong_CheckExact(args[0])) {
-        return NOT_HANDLED;
-    }
-    PurgatoryObject *p = (PurgatoryObject *)self;
-    Py_ssize_t budget;
-    if (!purgatory_ready(p) || !budget_arg(args[1], &budget)) {
-        return NOT_HANDLED;
-    }
-    Py_ssize_t taken = PyLong_AsSsize_t(args[0]);
-    if (taken == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return NOT_HANDLED;
-    }
-    Py_INCREF(self);
-    int owed = -1;
-    if (p->sink != Py_None) {
-        PyObject *sink = Py_NewRef(p->sink);
-        PyObject *ends = get_slot(sink, N.s_ends, &slot_ends);
-        PyObject *limit = ends == NULL ? NULL : get_slot(sink, N.s_limit, &slot_limit);
-        int take = -1;
-        if (limit != NULL) {
-            PyObject *size = PyLong_FromSsize_t(PyObject_Length(ends));
-            take = size == NULL ? -1 : PyObject_RichCompareBool(size, limit, Py_GE);
-            Py_XDECREF(size);
-        }
-        Py_XDECREF(ends);
-        Py_XDECREF(limit);
-        if (take > 0) {
-            take = discard_result(call_method0(sink, N.s_take));
-        }
-        Py_DECREF(sink);
-        if (take < 0) {
-            goto done;
-        }
-    }
-    RuleObject *rule = (RuleObject *)p->rule;
-    Py_INCREF(rule);
-    owed = rule_after_pass(rule, taken, budget, (TimerObject *)p->timer);
-    Py_DECREF(rule);
-done:
-    Py_DECREF(self);
-    if (owed < 0) {
-        return NULL;
-    }
-    return PyBool_FromLong(owed);
 }

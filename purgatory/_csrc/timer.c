@@ -17,6 +17,8 @@ timer_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(t->alarm);
     Py_VISIT(t->in_flight);
     Py_VISIT(t->wheel);
+    Py_VISIT(t->due_at);
+    Py_VISIT(t->outcome);
     return 0;
 }
 
@@ -30,6 +32,8 @@ timer_clear(PyObject *self)
     Py_CLEAR(t->alarm);
     Py_CLEAR(t->in_flight);
     Py_CLEAR(t->wheel);
+    Py_CLEAR(t->due_at);
+    Py_CLEAR(t->outcome);
     return 0;
 }
 
@@ -52,6 +56,8 @@ timer_get_weakref(PyObject *self, void *closure)
 }
 
 static PyGetSetDef timer_getset[] = {
+    FIELD(TimerObject, due_at, "_due_at"),
+    FIELD(TimerObject, outcome, "_outcome"),
     FIELD(TimerObject, now, "now"),
     FIELD(TimerObject, expire, "_expire"),
     FIELD(TimerObject, housekeeping, "_housekeeping"),
@@ -68,6 +74,7 @@ static PyMemberDef timer_members[] = {
     {"time_limit", Py_T_DOUBLE, offsetof(TimerObject, time_limit), 0, NULL},
     {"delayed", Py_T_PYSSIZET, offsetof(TimerObject, delayed), 0, NULL},
     {"expired", Py_T_PYSSIZET, offsetof(TimerObject, expired), 0, NULL},
+    {"drained", Py_T_PYSSIZET, offsetof(TimerObject, drained), 0, NULL},
     {"passes", Py_T_PYSSIZET, offsetof(TimerObject, passes), 0, NULL},
     {"_closed", Py_T_BOOL, offsetof(TimerObject, closed), 0, NULL},
     {"_due_now", Py_T_BOOL, offsetof(TimerObject, due_now), 0, NULL},
@@ -80,7 +87,8 @@ timer_ready_check(TimerObject *t)
     return t->now != NULL && t->expire != NULL && t->housekeeping != NULL && t->alarm != NULL &&
            t->in_flight != NULL && PyList_CheckExact(t->in_flight) && t->wheel != NULL &&
            CORE_CHECK(t->wheel, WheelType) && wheel_ready((WheelObject *)t->wheel) &&
-           t->tick > 0.0;
+           t->due_at != NULL && (PyLong_CheckExact(t->due_at) || PyFloat_CheckExact(t->due_at)) &&
+           t->outcome != NULL && PyUnicode_CheckExact(t->outcome) && t->tick > 0.0;
 }
 
 static inline int
@@ -264,7 +272,8 @@ timer_expire_taken(TimerObject *t, PyObject *due, PyObject *now)
     }
     Py_ssize_t expired = 0;
     PyObject *exc = NULL;
-    PyObject *r = call2(t->expire, due, now);
+    PyObject *outcome = Py_NewRef(t->outcome);
+    PyObject *r = call3(t->expire, due, now, outcome);
     if (r != NULL) {
         expired = PyLong_AsSsize_t(r);
         Py_DECREF(r);
@@ -303,7 +312,14 @@ timer_expire_taken(TimerObject *t, PyObject *due, PyObject *now)
         Py_XSETREF(exc, fetch_exception());
     }
     Py_DECREF(in_flight);
-    t->expired += expired;
+    int as_expired = PyUnicode_Compare(outcome, N.s_expired) == 0;
+    Py_DECREF(outcome);
+    if (as_expired) {
+        t->expired += expired;
+    }
+    else {
+        t->drained += expired;
+    }
     if (exc != NULL) {
         restore_exception(exc);
         return -1;
@@ -319,15 +335,34 @@ timer_run_pass(TimerObject *t, PyObject *now, double seconds, PyObject *budget_o
     if (t->closed) {
         return 0;
     }
-    t->passes++;
     long long ticks = (long long)floor(seconds / t->tick + TICK_SLACK);
     WheelObject *w = (WheelObject *)t->wheel;
     Py_INCREF(w);
     PyObject *due = wheel_advance(w, ticks, budget);
-    Py_DECREF(w);
     if (due == NULL) {
+        Py_DECREF(w);
         return -1;
     }
+    t->passes++;
+    if (PyLong_CheckExact(t->due_at)) { /* the housekeeping asked for is this pass's */
+        long long due_at = PyLong_AsLongLong(t->due_at);
+        long long current = wheel_current(w);
+        if ((due_at == -1 || current == LLONG_MIN) && PyErr_Occurred()) {
+            Py_DECREF(w);
+            Py_DECREF(due);
+            return -1;
+        }
+        if (due_at <= current) {
+            PyObject *inf = PyFloat_FromDouble(INFINITY);
+            if (inf == NULL) {
+                Py_DECREF(w);
+                Py_DECREF(due);
+                return -1;
+            }
+            Py_SETREF(t->due_at, inf);
+        }
+    }
+    Py_DECREF(w);
     Py_ssize_t expired = 0;
     Py_ssize_t taken = PyList_GET_SIZE(due);
     if (taken) {
@@ -365,7 +400,20 @@ timer_next_pass_tick(TimerObject *t)
     if (t->due_now) {
         return wheel_current((WheelObject *)t->wheel);
     }
-    return wheel_next_deadline((WheelObject *)t->wheel);
+    long long deadline = wheel_next_deadline((WheelObject *)t->wheel);
+    if (deadline == LLONG_MIN && PyErr_Occurred()) {
+        return LLONG_MIN;
+    }
+    if (PyLong_CheckExact(t->due_at)) { /* `self._due_at if self._due_at < deadline` */
+        long long due_at = PyLong_AsLongLong(t->due_at);
+        if (due_at == -1 && PyErr_Occurred()) {
+            return LLONG_MIN;
+        }
+        if (deadline == TICK_INF || due_at < deadline) {
+            return due_at;
+        }
+    }
+    return deadline;
 }
 
 /* -- the methods as Python sees them ------------------------------------------------------------ */
@@ -452,33 +500,4 @@ timer_next_pass_tick_native(PyObject *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     return tick_or_inf(tick);
-}
-
-static PyObject *
-timer_next_pass_at_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                          PyObject *kwnames)
-{
-    TIMER_SELF(self)
-    if (nargs != 0 || kwnames != NULL) {
-        return NOT_HANDLED;
-    }
-    Py_INCREF(self);
-    long long tick = timer_next_pass_tick(t);
-    Py_DECREF(self);
-    if (tick == LLONG_MIN && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (tick == TICK_INF) {
-        return PyFloat_FromDouble(INFINITY);
-    }
-    /* `tick * self.tick`, an int times a float, as Python does it */
-    PyObject *ticks = PyLong_FromLongLong(tick);
-    PyObject *length = PyFloat_FromDouble(t->tick);
-    PyObject *at = NULL;
-    if (ticks != NULL && length != NULL) {
-        at = PyNumber_Multiply(ticks, length);
-    }
-    Py_XDECREF(ticks);
-    Py_XDECREF(length);
-    return at;
 }

@@ -14,6 +14,7 @@ threshold_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(t->at);
     Py_VISIT(t->run);
     Py_VISIT(t->heap);
+    Py_VISIT(t->shape);
     Py_VISIT(t->run_append);
     Py_VISIT(t->run_popleft);
     return 0;
@@ -27,6 +28,7 @@ threshold_clear(PyObject *self)
     Py_CLEAR(t->at);
     Py_CLEAR(t->run);
     Py_CLEAR(t->heap);
+    Py_CLEAR(t->shape);
     Py_CLEAR(t->run_append);
     Py_CLEAR(t->run_popleft);
     return 0;
@@ -41,6 +43,7 @@ threshold_dealloc(PyObject *self)
 }
 
 static PyGetSetDef threshold_getset[] = {
+    FIELD(ThresholdObject, shape, "shape"),
     FIELD(ThresholdObject, plain, "plain"),
     FIELD(ThresholdObject, at, "at"),
     FIELD(ThresholdObject, run, "run"),
@@ -964,14 +967,20 @@ lists_purge_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyOb
 static int
 rule_traverse(PyObject *self, visitproc visit, void *arg)
 {
-    Py_VISIT(((RuleObject *)self)->lists);
+    RuleObject *r = (RuleObject *)self;
+    Py_VISIT(r->lists);
+    Py_VISIT(r->timer);
+    Py_VISIT(r->idle_at);
     return 0;
 }
 
 static int
 rule_clear(PyObject *self)
 {
-    Py_CLEAR(((RuleObject *)self)->lists);
+    RuleObject *r = (RuleObject *)self;
+    Py_CLEAR(r->lists);
+    Py_CLEAR(r->timer);
+    Py_CLEAR(r->idle_at);
     return 0;
 }
 
@@ -984,6 +993,8 @@ rule_dealloc(PyObject *self)
 }
 
 static PyGetSetDef rule_getset[] = {
+    FIELD(RuleObject, timer, "_timer"),
+    FIELD(RuleObject, idle_at, "_idle_at"),
     FIELD(RuleObject, lists, "_lists"),
     {NULL},
 };
@@ -992,8 +1003,12 @@ static PyMemberDef rule_members[] = {
     {"interval", Py_T_PYSSIZET, offsetof(RuleObject, interval), 0, NULL},
     {"owed", Py_T_PYSSIZET, offsetof(RuleObject, owed), 0, NULL},
     {"purges", Py_T_PYSSIZET, offsetof(RuleObject, purges), 0, NULL},
+    {"trip", Py_T_PYSSIZET, offsetof(RuleObject, trip), 0, NULL},
+    {"linger", Py_T_PYSSIZET, offsetof(RuleObject, linger), 0, NULL},
     {"_purging", Py_T_BOOL, offsetof(RuleObject, purging), 0, NULL},
     {"_requested", Py_T_BOOL, offsetof(RuleObject, requested), 0, NULL},
+    {"_armed", Py_T_BOOL, offsetof(RuleObject, armed), 0, NULL},
+    {"_bounded", Py_T_BOOL, offsetof(RuleObject, bounded), 0, NULL},
     {NULL},
 };
 
@@ -1001,7 +1016,7 @@ static inline int
 rule_ready_check(RuleObject *r)
 {
     return r->lists != NULL && CORE_CHECK(r->lists, ListsType) &&
-           lists_ready((ListsObject *)r->lists);
+           lists_ready((ListsObject *)r->lists) && r->timer != NULL && r->idle_at != NULL;
 }
 
 static inline int
@@ -1010,56 +1025,51 @@ rule_ready(RuleObject *o)
     return o->ready || (o->ready = (char)rule_ready_check(o));
 }
 
-static inline int
+/* due(): whether the rule says purge and no pass was asked for yet (1 once, 0; -1 on error).
+ * The first settlement since the lists were clean schedules the time bound's purge instead,
+ * through the reference's own `_schedule` (a pass `linger` ticks after the clock's tick). */
+static int
 rule_due(RuleObject *r)
 {
-    if (r->requested || r->owed <= r->interval) {
+    if (r->requested) {
         return 0;
     }
-    r->requested = 1;
-    return 1;
-}
-
-static inline void
-rule_start(RuleObject *r, Py_ssize_t in_flight)
-{
-    r->owed = in_flight;
-    r->purging = 0;
-    r->requested = 0;
-}
-
-/* after_pass(taken, budget, in_flight) with the timer's in-flight count: whether work is owed
- * at once (1, 0), or -1 on error. */
-static int
-rule_after_pass(RuleObject *r, Py_ssize_t taken, Py_ssize_t budget, TimerObject *timer)
-{
-    r->owed += taken;
-    if (r->purging || r->owed > r->interval) {
-        if (!r->purging) {
-            rule_start(r, timer_in_flight(timer));
-            r->purging = 1;
-        }
-        ListsObject *l = (ListsObject *)r->lists;
-        Py_INCREF(l);
-        Py_ssize_t purged = lists_purge(l, budget);
-        if (purged < 0) {
-            Py_DECREF(l);
+    if (r->owed > r->interval) {
+        r->requested = 1;
+        return 1;
+    }
+    if (r->armed) {
+        r->armed = 0;
+        r->trip = r->interval;
+        PyObject *timer = Py_NewRef(r->timer);
+        PyObject *now = call_method0(timer, N.s_now);
+        PyObject *tick = now == NULL ? NULL : call_method1(timer, N.s_ticks, now);
+        Py_XDECREF(now);
+        Py_DECREF(timer);
+        if (tick == NULL) {
             return -1;
         }
-        if (purged) {
-            r->purges++;
+        int err = discard_result(call_method1((PyObject *)r, N.s_schedule, tick));
+        Py_DECREF(tick);
+        if (err < 0) {
+            return -1;
         }
-        r->purging = PyDict_GET_SIZE(l->queue) > 0;
-        Py_DECREF(l);
     }
-    return r->purging || r->owed > r->interval;
+    return 0;
 }
 
 static PyObject *
 rule_due_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (!CORE_CHECK(self, RuleType) || nargs != 0 || kwnames != NULL) {
+    if (!CORE_CHECK(self, RuleType) || nargs != 0 || kwnames != NULL ||
+        !rule_ready((RuleObject *)self)) {
         return NOT_HANDLED;
     }
-    return PyBool_FromLong(rule_due((RuleObject *)self));
+    Py_INCREF(self);
+    int due = rule_due((RuleObject *)self);
+    Py_DECREF(self);
+    if (due < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(due);
 }
