@@ -49,11 +49,21 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Hashable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, final
 
 from ._impl import native
+from ._operation import FINISHED
 
 __all__ = ("ThresholdWatchers", "check_orders", "shape_of", "threshold_of")
+
+_heappop = heapq.heappop
+
+
+class _Lists(Protocol):
+    """What a release needs of the watcher lists: to count off an entry that left."""
+
+    def left(self, op: Any, /) -> None: ...
+
 
 Op = TypeVar("Op")
 
@@ -224,6 +234,52 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
             waiting.append(op)
         else:
             at[threshold] = [waiting, op]
+
+    # Its loop runs once per threshold released: a call per step would cost more than a branch.
+    def release(self, reached: Any, lists: _Lists) -> None:  # noqa: PLR0912
+        """Release every threshold ``<= reached``, in order (a trigger with a value): its
+        operations become plain watchers of the key, re-tried after the older plain ones,
+        except those already finished (through another key), which leave the key on the spot
+        (``lists.left``) and are never re-tried.
+
+        Runtime complexity: O(1) per threshold of the run, O(log n) per one of the heap.
+        """
+        run = self.run
+        heap = self.heap
+        at = self.at
+        plain = self.plain
+        while True:
+            if run:
+                threshold = run[0]
+                if heap and heap[0] < threshold:
+                    threshold = heap[0]
+                    if not threshold <= reached:
+                        break
+                    _heappop(heap)
+                else:
+                    if not threshold <= reached:
+                        break
+                    run.popleft()
+            elif heap:
+                threshold = heap[0]
+                if not threshold <= reached:
+                    break
+                _heappop(heap)
+            else:
+                break
+            waiting = at.pop(threshold, None)
+            if waiting is None:
+                self.dead -= 1
+            elif type(waiting) is list:
+                for op in waiting:
+                    if op._state & FINISHED:
+                        lists.left(op)
+                    else:
+                        plain[op] = None
+            elif waiting._state & FINISHED:
+                lists.left(waiting)
+            else:
+                plain[waiting] = None
 
     def push(self, threshold: Any) -> None:
         """Queue an out-of-order `threshold` in the heap (``TypeError`` if it does not compare:

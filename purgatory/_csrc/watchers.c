@@ -507,8 +507,18 @@ trigger_release(ListsObject *l, ThresholdObject *t, PyObject *reached)
         }
         int err = 0;
         {
-            if (PyList_CheckExact(waiting)) {
-                err = discard_result(call_method2((PyObject *)l, N.s_release, waiting, plain));
+            if (PyList_CheckExact(waiting)) { /* several under one threshold */
+                for (Py_ssize_t i = 0; i < PyList_GET_SIZE(waiting) && err == 0; i++) {
+                    PyObject *op = PyList_GET_ITEM(waiting, i);
+                    if (Op_Check(op) && ((OpObject *)op)->state & ST_FINISHED) {
+                        Py_INCREF(op);
+                        err = lists_left(l, (OpObject *)op);
+                        Py_DECREF(op);
+                    }
+                    else {
+                        err = PyDict_SetItem(plain, op, Py_None);
+                    }
+                }
             }
             else if (Op_Check(waiting) && ((OpObject *)waiting)->state & ST_FINISHED) {
                 err = lists_left(l, (OpObject *)waiting);
