@@ -14,13 +14,23 @@ demo: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[examples]'
 	$(BIN)/python -m examples.minibroker demo
 
-# Set up and run the tests: lint, types, then pytest.
+# The core's tests: every test module but those of the examples, the pipeline, the benchmarks,
+# the docs and the packaging (which only use the core, and run once, on the default build).
+CORE_TESTS := $(filter-out $(wildcard tests/test_benchmark_*.py tests/test_minibroker_*.py \
+	tests/test_pipeline*.py) tests/test_docs.py tests/test_examples.py tests/test_packaging.py \
+	tests/test_differential.py,$(wildcard tests/test_*.py))
+
+# Set up and run the tests: lint, types, then pytest: the whole suite on the default build (the
+# native core, which the install compiles: a build that fell back to the pure modules fails
+# test_implementations.py), then the core's tests again on the pure-Python modules.
 test: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,docs,examples,spark]'
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	PURGATORY_EXPECT_IMPLEMENTATION=native $(BIN)/python -m pytest
+	PURGATORY_NO_EXTENSIONS=1 PURGATORY_EXPECT_IMPLEMENTATION=python \
+		$(BIN)/python -m pytest -q $(CORE_TESTS)
 
 # Build the documentation site into build/site (strict: any warning fails the build). pytest
 # builds it too (tests/test_docs.py), so `make test` checks it.
@@ -50,4 +60,4 @@ pipeline: $(BIN)/python
 		--rate-scale 1,4,8,16,32 --cost-profile pipeline-profile.json
 
 clean:
-	rm -rf $(VENV) build pipeline-out pipeline-load pipeline-profile.json *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build purgatory/_native.*.so pipeline-out pipeline-load pipeline-profile.json *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -66,6 +66,7 @@ _OVERRIDES: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("sizes", _sizes, "W2 values of N, e.g. 1000,1e4,1e5"),
     ("big_repeat", int, "W2 repetitions at N >= 1e6"),
     ("c_max_n", int, "largest N baseline C runs at (1e5)"),
+    ("parked_n", lambda text: _sizes(text)[0], "operations parked at once in 'parked' (1e6)"),
     ("probe_seconds", float, "W1 schedule length of one probe"),
 )
 """The `Config` fields an option of the same name overrides: (field, type, help)."""
@@ -115,8 +116,11 @@ def default_output(meta: dict[str, Any], quick: bool) -> Path:
 
 def run(workloads: Sequence[Workload], config: Config, output: Path | None) -> int:
     """Run `workloads` in order, writing the results file after each; 1 if any failed."""
+    from .contenders import DESCRIPTIONS
+
     meta = describe_environment()
     meta["config"] = config.as_dict()
+    meta["contenders"] = DESCRIPTIONS
     meta["seconds"] = {}  # per workload
     results: dict[str, Any] = {"meta": meta, "workloads": {}, "failed": {}}
     path = output or default_output(meta, config.quick)

@@ -1,14 +1,16 @@
 """The baselines, written the way a careful asyncio user would write them.
 
 - **A** (`FutureTimer`): one ``asyncio.Future`` per request, ``loop.call_later`` for its timeout and
-  ``dict[key, list[waiter]]``; completion cancels the timer handle and sets the result. A finished
-  waiter is removed from each of its keys' lists at once (``list.remove``, C speed), so nothing
-  stays reachable after it is done; a trigger tests the condition inline (an attribute, no method
-  call) in one list comprehension.
+  the waiters of a key in an insertion-ordered ``dict[waiter, None]``; completion cancels the timer
+  handle and sets the result. A finished waiter leaves each of its keys in O(1) (``del``), so
+  nothing stays reachable after it is done and no completion scans a list; a trigger tests the
+  condition inline (an attribute, no method call) in one comprehension.
 - **B**: the same class on uvloop (the loop is the only difference; see `contenders.py`).
 - **A-lean** (`LeanFutureTimer`): the leanest thing an asyncio user writes, no Python class of
-  its own per request: a tuple ``(threshold, future, handle)`` of ``loop.call_at`` in a list per
-  key, the condition (``threshold <= reached``) checked inline in a list comprehension.
+  its own per request: a tuple ``(threshold, future, handle, width)`` of ``loop.call_at`` in a
+  list per key, the condition (``threshold <= reached``) checked inline in a list comprehension;
+  finished entries leave a list in the trigger's pass that meets them, or in a purge of every
+  list once they outnumber the live ones (Kafka's ``purgeCompleted``).
 - **C** (`TaskPerRequest`): the idiom, a Task per request doing
   ``await asyncio.wait_for(event.wait(), timeout)``; a trigger sets the events of the ready ones.
 - **Floor** (`Floor`): the irreducible work, create the operation object and insert it into one
@@ -16,6 +18,14 @@
 
 All of them share the drivers' interface with `ours.OursTarget` (``submit``/``force``/``trigger``
 for W1, ``schedule``/``complete``/``settle`` for W2), with the same per-request harness work.
+
+What a careful user would not write, and none of them does: a completion that scans a list to
+unlink its waiter (``list.remove`` is O(list length) per key, and on hot keys it made A pay for
+every completion a cost that grows with the number pending), or finished entries kept reachable
+until their deadline. Which of the three careful ways A takes was measured (the steady state of
+W1 without the loop, and W1 probes at fixed rates): an ordered dict per key matched the best of
+the others on both completion paths, where a list with lazy compaction was slightly ahead when
+completing by force and behind on hot keys (it needs a second pass to drop what it completed).
 """
 
 from __future__ import annotations
@@ -40,14 +50,22 @@ __all__ = (
 _monotonic = time.monotonic
 
 
-def _unlink(watchers: dict[Hashable, list[Any]], item: Any, keys: tuple[Hashable, ...]) -> None:
-    """Remove a finished waiter from each of its keys' lists; drop lists that become empty."""
+PURGE_AT_LEAST = 1_000
+"""The lazy baselines purge once finished entries outnumber the live ones and are at least this
+many (Kafka's ``purgeInterval`` default): amortised O(1) per entry, and never a purge per request
+while little is pending."""
+
+
+def _unlink(
+    watchers: dict[Hashable, dict[Any, None]], item: Any, keys: tuple[Hashable, ...]
+) -> None:
+    """Remove a finished waiter from each of its keys in O(1); drop keys left with none."""
     for key in keys:
         waiters = watchers[key]
         if len(waiters) == 1:
             del watchers[key]
         else:
-            waiters.remove(item)
+            del waiters[item]
 
 
 def complete_by_key(
@@ -81,14 +99,14 @@ class Waiter:
 
 
 class FutureTimer:
-    """Baseline A (and B on uvloop): Future + ``call_later`` + ``dict[key, list[waiter]]``."""
+    """Baseline A (and B on uvloop): Future + ``call_later`` + ``dict[key, dict[waiter, None]]``."""
 
     has_timer = True
 
     def __init__(self, name: str = "A") -> None:
         self.name = name
         self._loop = asyncio.get_running_loop()
-        self._watchers: dict[Hashable, list[Waiter]] = {}
+        self._watchers: dict[Hashable, dict[Waiter, None]] = {}
         self._pending = 0
         self.expiry_lateness: list[float] = []
 
@@ -103,14 +121,19 @@ class FutureTimer:
         for key in keys:
             waiters = watchers.get(key)
             if waiters is None:
-                watchers[key] = [waiter]
+                watchers[key] = {waiter: None}
             else:
-                waiters.append(waiter)
+                waiters[waiter] = None
         self._pending += 1
         return waiter
 
     def check(self, key: Hashable) -> int:
-        """Complete every waiter on `key` whose condition holds; return how many."""
+        """Complete every waiter on `key` whose condition holds; return how many.
+
+        Only pending waiters are on a key (a finished one left all of its keys at once), so the
+        comprehension tests the condition alone; it is done before completing, since completing
+        removes entries from the dict it walks.
+        """
         waiters = self._watchers.get(key)
         if waiters is None:
             return 0
@@ -200,9 +223,10 @@ class HeapFutureTimer:
     Per key a heap of ``(threshold, seq, waiter)`` tuples; a trigger pops the entries whose
     threshold is reached and completes the ready ones, keeping the reached-but-not-ready ones on
     a per-key list that every later trigger re-tests (so none is lost). Finished waiters leave
-    the other keys' heaps lazily, when a trigger reaches their threshold. W1 interface only (and
-    the ``steady`` microbenchmark): what an A user gains from a threshold structure, against
-    which ours' threshold path can be judged.
+    the other keys' heaps lazily: when a trigger reaches their threshold there, or in a purge of
+    every heap once finished entries outnumber the live ones (at a watch, never inside a pass).
+    W1 interface only (and the ``steady`` microbenchmark): what an A user gains from a threshold
+    structure, against which ours' threshold path can be judged.
     """
 
     has_timer = True
@@ -215,10 +239,14 @@ class HeapFutureTimer:
         self._heaps: dict[Hashable, list[tuple[float, int, Waiter]]] = {}
         self._reached: dict[Hashable, list[Waiter]] = {}
         self._seq = 0
+        self._entries = 0  # entries in every heap and reached list
+        self._dead = 0  # of them, finished waiters'
 
     def submit(
         self, keys: tuple[Hashable, ...], timeout: float, deadline: float, threshold: float
     ) -> Waiter:
+        if self._dead >= PURGE_AT_LEAST and 2 * self._dead > self._entries:
+            self._purge()
         loop = self._loop
         waiter = Waiter(keys, deadline, loop.create_future())
         waiter.handle = loop.call_later(timeout, self._expire, waiter)
@@ -232,6 +260,7 @@ class HeapFutureTimer:
                 heaps[key] = [entry]
             else:
                 push(heap, entry)
+        self._entries += len(keys)
         self._pending += 1
         return waiter
 
@@ -243,32 +272,33 @@ class HeapFutureTimer:
     trigger_threshold = trigger
 
     def check(self, key: Hashable, reached: float) -> int:
-        """Complete the ready waiters of `key` whose threshold is <= `reached`."""
-        done = 0
-        waiting = self._reached.pop(key, None)
-        if waiting is not None:
-            still = [w for w in waiting if not w.future.done() and not w.ready]
-            for w in waiting:
-                if w.ready and not w.future.done():
-                    self._complete(w)
-                    done += 1
-            if still:
-                self._reached[key] = still
+        """Complete the ready waiters of `key` whose threshold is <= `reached`; every finished
+        entry the pass meets leaves the key."""
+        # The waiters reached before and not ready then, and those this trigger reaches now.
+        candidates = self._reached.pop(key, [])
         heap = self._heaps.get(key)
-        if heap is None:
-            return done
-        pop = heapq.heappop
-        while heap and heap[0][0] <= reached:
-            w = pop(heap)[2]
+        if heap is not None:
+            pop = heapq.heappop
+            while heap and heap[0][0] <= reached:
+                candidates.append(pop(heap)[2])
+            if not heap:
+                del self._heaps[key]
+        done = 0
+        left = 0
+        still = []
+        for w in candidates:
             if w.future.done():
-                continue
-            if w.ready:
+                left += 1
+            elif w.ready:
                 self._complete(w)
                 done += 1
+                left += 1
             else:
-                self._reached.setdefault(key, []).append(w)
-        if not heap:
-            del self._heaps[key]
+                still.append(w)
+        if still:
+            self._reached[key] = still
+        self._entries -= left
+        self._dead -= left
         return done
 
     def force(self, waiter: Waiter) -> bool:
@@ -282,11 +312,34 @@ class HeapFutureTimer:
         waiter.handle.cancel()
         waiter.future.set_result(True)
         self._pending -= 1
+        self._dead += len(waiter.keys)
 
     def _expire(self, waiter: Waiter) -> None:
         self.expiry_lateness.append(_monotonic() - waiter.deadline)
         waiter.future.set_result(False)
         self._pending -= 1
+        self._dead += len(waiter.keys)
+
+    def _purge(self) -> None:
+        """Drop every finished waiter's entries: O(entries), once per as many finished ones."""
+        entries = 0
+        for key, heap in list(self._heaps.items()):
+            live = [entry for entry in heap if not entry[2].future.done()]
+            if live:
+                heapq.heapify(live)
+                self._heaps[key] = live
+                entries += len(live)
+            else:
+                del self._heaps[key]
+        for key, waiting in list(self._reached.items()):
+            still = [w for w in waiting if not w.future.done()]
+            if still:
+                self._reached[key] = still
+                entries += len(still)
+            else:
+                del self._reached[key]
+        self._entries = entries
+        self._dead = 0
 
     def pending(self) -> int:
         return self._pending
@@ -302,32 +355,32 @@ class HeapFutureTimer:
                 waiter.future.cancel()
         self._heaps.clear()
         self._reached.clear()
-        self._pending = 0
+        self._pending = self._entries = self._dead = 0
 
 
 # -- A-lean -------------------------------------------------------------------------------------
 
-LeanEntry = tuple[float, "asyncio.Future[bool]", asyncio.TimerHandle]
-"""``(threshold, future, handle)``: all A-lean keeps per request (no class of its own)."""
-
-COMPACT_EVERY = 64
-"""A-lean drops finished entries from a key's list on every 64th append to it (amortised O(1)),
-so that lists no trigger scans (W1-force) do not grow without bound."""
+LeanEntry = tuple[float, "asyncio.Future[bool]", asyncio.TimerHandle, int]
+"""``(threshold, future, handle, width)``: all A-lean keeps per request (no class of its own);
+`width` is how many keys' lists hold the entry, for the count of finished entries."""
 
 
 class LeanFutureTimer:
-    """Baseline A-lean: per request a tuple of its threshold, its Future and the TimerHandle of
-    ``loop.call_at``, appended to a list per key; the condition is checked inline.
+    """Baseline A-lean: per request a tuple of its threshold, its Future, the TimerHandle of
+    ``loop.call_at`` and its number of keys, appended to a list per key; the condition is
+    checked inline.
 
     The condition is the one an acks=all waiter has: the value the key reached is at least the
     request's threshold. In W1 the threshold is the request's completion time and a trigger
     carries the time reached, so A-lean completes exactly what A's ready flags complete (W1-key
     and W1-threshold are the same code here). A trigger scans the key's list with two list
     comprehensions (the entries reached, then the rest, only when something was reached) and
-    completes the reached ones still pending. Finished entries are not unlinked from the other
-    keys' lists at once (the tuple does not know its keys, and the expiry callback cannot name
-    its tuple): they leave a list when a trigger on that key reaches their threshold, or at the
-    next compaction of that list, so ``watched()`` counts some finished entries.
+    completes the reached ones still pending: every entry reached leaves the list in that pass,
+    finished or not. Finished entries are not unlinked from the other keys' lists at once (the
+    tuple does not know its keys, and the expiry callback cannot name its tuple): they leave a
+    list when a trigger on that key reaches their threshold, or in a purge of every list once
+    finished entries outnumber the live ones (at a watch, never inside a pass), so
+    ``watched()`` counts some finished entries.
     """
 
     has_timer = True
@@ -337,14 +390,24 @@ class LeanFutureTimer:
         self._loop = asyncio.get_running_loop()
         self._watchers: dict[Hashable, list[LeanEntry]] = {}
         self._pending = 0
+        self._entries = 0  # entries in every list
+        self._dead = 0  # of them, finished requests'
         self.expiry_lateness: list[float] = []
 
     # -- what the user writes -------------------------------------------------------------------
 
     def watch(self, keys: tuple[Hashable, ...], threshold: float, deadline: float) -> LeanEntry:
+        if self._dead >= PURGE_AT_LEAST and 2 * self._dead > self._entries:
+            self._purge()
         loop = self._loop
         future: asyncio.Future[bool] = loop.create_future()
-        entry = (threshold, future, loop.call_at(deadline, self._expire, future, deadline))
+        width = len(keys)
+        entry = (
+            threshold,
+            future,
+            loop.call_at(deadline, self._expire, future, deadline, width),
+            width,
+        )
         watchers = self._watchers
         for key in keys:
             entries = watchers.get(key)
@@ -352,8 +415,7 @@ class LeanFutureTimer:
                 watchers[key] = [entry]
             else:
                 entries.append(entry)
-                if not len(entries) % COMPACT_EVERY:
-                    entries[:] = [e for e in entries if not e[1].done()]
+        self._entries += width
         self._pending += 1
         return entry
 
@@ -371,18 +433,38 @@ class LeanFutureTimer:
         else:
             del self._watchers[key]
         done = 0
-        for _, future, handle in due:
+        finished = 0
+        for _, future, handle, width in due:
             if not future.done():  # it may have completed through another key, or expired
                 handle.cancel()
                 future.set_result(True)
                 done += 1
+                finished += width
         self._pending -= done
+        # Every entry reached has left this list, finished now or before.
+        self._entries -= len(due)
+        self._dead += finished - len(due)
         return done
 
-    def _expire(self, future: asyncio.Future[bool], deadline: float) -> None:
+    def _expire(self, future: asyncio.Future[bool], deadline: float, width: int) -> None:
         self.expiry_lateness.append(_monotonic() - deadline)
         future.set_result(False)
         self._pending -= 1
+        self._dead += width
+
+    def _purge(self) -> None:
+        """Drop every finished entry: O(entries), once per as many finished ones."""
+        watchers = self._watchers
+        entries = 0
+        for key, listed in list(watchers.items()):
+            live = [e for e in listed if not e[1].done()]
+            if live:
+                watchers[key] = live
+                entries += len(live)
+            else:
+                del watchers[key]
+        self._entries = entries
+        self._dead = 0
 
     # -- the drivers' interface -----------------------------------------------------------------
 
@@ -398,6 +480,7 @@ class LeanFutureTimer:
         entry[2].cancel()
         future.set_result(True)
         self._pending -= 1
+        self._dead += entry[3]
         return True
 
     def trigger(self, entry: LeanEntry, key: Hashable, reached: float) -> bool:
@@ -439,11 +522,11 @@ class LeanFutureTimer:
 
     async def close(self) -> None:
         for entries in self._watchers.values():
-            for _, future, handle in entries:
+            for _, future, handle, _ in entries:
                 handle.cancel()
                 future.cancel()
         self._watchers.clear()
-        self._pending = 0
+        self._pending = self._entries = self._dead = 0
 
 
 _INF = float("inf")
@@ -467,14 +550,15 @@ class TaskRequest:
 
 
 class TaskPerRequest:
-    """Baseline C: a Task per request doing ``await asyncio.wait_for(event.wait(), timeout)``."""
+    """Baseline C: a Task per request doing ``await asyncio.wait_for(event.wait(), timeout)``;
+    the requests of a key in an ordered dict, which a finished Task leaves in O(1)."""
 
     name = "C"
     has_timer = True
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._watchers: dict[Hashable, list[TaskRequest]] = {}
+        self._watchers: dict[Hashable, dict[TaskRequest, None]] = {}
         self.expiry_lateness: list[float] = []
         self.created = 0
         self.started = 0
@@ -502,9 +586,9 @@ class TaskPerRequest:
         for key in keys:
             requests = watchers.get(key)
             if requests is None:
-                watchers[key] = [request]
+                watchers[key] = {request: None}
             else:
-                requests.append(request)
+                requests[request] = None
         self.created += 1
         return request
 

@@ -17,7 +17,8 @@ class Config:
     quick: bool
     seed: int
     repeat: int
-    """Measured repetitions after the warm-up (W1: confirmation probes at the found rate)."""
+    """Measured repetitions after the warm-up (W1: rounds of a rate bracket and a probe at the
+    common rate; W2: repetitions per N)."""
     warmup: int
     """Unmeasured W2 repetitions first (W1 always runs one warm-up probe per contender)."""
     # W1
@@ -28,6 +29,10 @@ class Config:
     max_search_probes: int
     start_rate: float
     """First rate probed for the first contender of each setting; later ones start at its result."""
+    bracket_step: float
+    """A W1 round's step between probed rates: its rate is known to within this factor."""
+    bracket_down: int
+    """Probes a W1 round takes below its start before it gives up (the round then found none)."""
     # W2
     sizes: tuple[int, ...]
     big_repeat: int
@@ -35,6 +40,8 @@ class Config:
     contender and the memory pass about 25 s (tracemalloc)."""
     c_max_n: int
     """Baseline C (a Task per request) is skipped above this N."""
+    parked_n: int
+    """Operations parked at once in ``parked`` (longest GC pause, bytes per operation)."""
     # idle and the expiry rate (real time)
     idle_repeat: int
     expiry_rate_seconds: float
@@ -50,6 +57,9 @@ class Config:
     steady_ops: int
     steady_pending: tuple[int, ...]
     eventlog_ops: int
+    # the pipeline's replay engine alone (no Spark)
+    engine_operations: int
+    engine_repetitions: int
 
     def with_overrides(self, **changes: Any) -> Config:
         """A copy with the given fields replaced (``None`` values are ignored)."""
@@ -68,9 +78,12 @@ FULL = Config(
     search_precision=1.1,
     max_search_probes=9,
     start_rate=50_000.0,
+    bracket_step=1.05,
+    bracket_down=6,
     sizes=(1_000, 10_000, 100_000, 1_000_000),
     big_repeat=3,
     c_max_n=100_000,
+    parked_n=1_000_000,
     idle_repeat=3,
     expiry_rate_seconds=3.0,
     expiry_rate_steps=4,
@@ -80,6 +93,8 @@ FULL = Config(
     steady_ops=50_000,
     steady_pending=(1_000, 8_000),
     eventlog_ops=100_000,
+    engine_operations=200_000,
+    engine_repetitions=5,
 )
 
 QUICK = replace(
@@ -90,9 +105,12 @@ QUICK = replace(
     probe_seconds=0.25,
     search_precision=2.0,
     max_search_probes=3,
+    bracket_step=1.5,
+    bracket_down=2,
     sizes=(1_000, 10_000, 100_000),
     big_repeat=1,
     c_max_n=10_000,
+    parked_n=100_000,
     idle_repeat=2,
     expiry_rate_seconds=1.0,
     expiry_rate_steps=1,
@@ -102,4 +120,6 @@ QUICK = replace(
     steady_ops=5_000,
     steady_pending=(1_000,),
     eventlog_ops=10_000,
+    engine_operations=20_000,
+    engine_repetitions=2,
 )

@@ -1,8 +1,9 @@
-"""Who runs in each workload and on which event loop: ours, baselines A, A-lean, A-heap, B, C and
-the Floor.
+"""Who runs in each workload and on which event loop: ours (on asyncio and on uvloop), baselines
+A, A-lean, A-heap, B, C and the Floor.
 
 Every probe and repetition gets a fresh loop, so no timer heap, cancelled handle or task left by
-an earlier measurement can slow a later one.
+an earlier measurement can slow a later one. A baseline is compared with ours on the same loop
+(`PAIRS`): A, A-lean and A-heap with ours on asyncio, B (A on uvloop) with ours on uvloop.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .ours import OursTarget
 __all__ = (
     "DESCRIPTIONS",
     "LOOPS",
+    "PAIRS",
     "Contender",
     "run_on",
     "uvloop_available",
@@ -66,9 +68,12 @@ class Contender(Generic[T]):
 
 DESCRIPTIONS: dict[str, str] = {
     "ours": "purgatory.DelayedOperationPurgatory (public API, asyncio loop, its reaper)",
-    "A": "asyncio.Future + loop.call_later + dict[key, list[waiter]] (asyncio loop)",
+    "ours-uvloop": "ours on uvloop, compared with B",
+    "A": "asyncio.Future + loop.call_later + the waiters of a key in an ordered dict, which a "
+    "finished waiter leaves in O(1) (asyncio loop)",
     "A-lean": "the leanest asyncio version: per request a tuple (threshold, Future, TimerHandle of "
-    "loop.call_at) in a list per key, the condition checked inline, no class of its own",
+    "loop.call_at, its number of keys) in a list per key, the condition checked inline, no class "
+    "of its own; finished entries leave in the trigger's pass or a purge once they dominate",
     "A-heap": "W1-threshold only: A with a heap per key ordered by threshold, written by hand "
     "(Kafka Raft's ThresholdPurgatory idea in plain asyncio)",
     "B": "baseline A on uvloop",
@@ -76,12 +81,16 @@ DESCRIPTIONS: dict[str, str] = {
     "Floor": "create the operation object and insert it into one dict per key (no timer)",
 }
 
+PAIRS: dict[str, str] = {"A": "ours", "A-lean": "ours", "A-heap": "ours", "B": "ours-uvloop"}
+"""Baseline -> the ours it is compared with: the one on the same event loop."""
+
 
 W1Any = OursTarget | FutureTimer | LeanFutureTimer | HeapFutureTimer
 
 
 def w1_contenders(with_uvloop: bool) -> list[Contender[W1Any]]:
-    """Ours, A, A-lean, A-heap (W1-threshold only) and (when uvloop is installed) B."""
+    """Ours, A, A-lean, A-heap (W1-threshold only) and (when uvloop is installed) ours on uvloop
+    and B."""
     found: list[Contender[W1Any]] = [
         Contender("ours", "asyncio", OursTarget),
         Contender("A", "asyncio", partial(FutureTimer, "A")),
@@ -89,6 +98,7 @@ def w1_contenders(with_uvloop: bool) -> list[Contender[W1Any]]:
         Contender("A-heap", "asyncio", HeapFutureTimer),
     ]
     if with_uvloop:
+        found.append(Contender("ours-uvloop", "uvloop", OursTarget))
         found.append(Contender("B", "uvloop", partial(FutureTimer, "B")))
     return found
 
@@ -97,13 +107,14 @@ W2Any = OursTarget | FutureTimer | LeanFutureTimer | TaskPerRequest | Floor
 
 
 def w2_contenders(with_uvloop: bool) -> list[Contender[W2Any]]:
-    """Ours, A, A-lean, B (when uvloop is installed), C and the Floor."""
+    """Ours, A, A-lean, ours on uvloop and B (when uvloop is installed), C and the Floor."""
     found: list[Contender[W2Any]] = [
         Contender("ours", "asyncio", OursTarget),
         Contender("A", "asyncio", partial(FutureTimer, "A")),
         Contender("A-lean", "asyncio", LeanFutureTimer),
     ]
     if with_uvloop:
+        found.append(Contender("ours-uvloop", "uvloop", OursTarget))
         found.append(Contender("B", "uvloop", partial(FutureTimer, "B")))
     found.append(Contender("C", "asyncio", TaskPerRequest))
     found.append(Contender("Floor", "asyncio", Floor))

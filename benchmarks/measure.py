@@ -156,10 +156,12 @@ class GcPauses:
     how much of the cost it was, through ``gc.callbacks``.
     """
 
-    __slots__ = ("_started", "collections", "full_collections", "seconds")
+    __slots__ = ("_started", "collections", "full_collections", "longest", "seconds")
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.longest = 0.0
+        """The longest single collection, seconds: the pause a request waiting on the loop saw."""
         self.collections = 0
         self.full_collections = 0
         self._started = 0.0
@@ -168,7 +170,9 @@ class GcPauses:
         if phase == "start":
             self._started = time.perf_counter()
         else:
-            self.seconds += time.perf_counter() - self._started
+            pause = time.perf_counter() - self._started
+            self.seconds += pause
+            self.longest = max(self.longest, pause)
             self.collections += 1
             if info.get("generation") == 2:
                 self.full_collections += 1

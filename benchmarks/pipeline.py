@@ -12,8 +12,13 @@ and Java 17). ``--small`` measures small jobs instead (below). It measures, in o
    processes used (the driver, the JVM, Spark's Python workers: ``/proc``), which say how many
    cores a ``local[1]`` job really keeps busy (the JVM's threads run beside its one task).
 2. **The engine alone**: the same replay engine in this process, no Spark, on the first
-   ``--engine-operations`` operations of that trace: CPU microseconds per operation. Its ratio to
-   the Spark figure per core is what Spark's Python exchange costs.
+   ``--engine-operations`` operations of that trace's first purgatory: operations per second per
+   core (per CPU second) and CPU microseconds per operation. Its ratio to the Spark figure per
+   core is what Spark's Python exchange costs. ``--engine-only`` measures this alone, on the
+   same operations generated in this process (numpy and pyarrow, no Spark, no Java): the trace
+   generator seeds each purgatory's chunks independently, so they are the rows the Spark job
+   would write; ``--engine-only TRACE`` reads them from a trace written before. The suite runs
+   it as the ``pipeline-engine`` workload.
 3. **The event log's overhead**: the engine with and without a `purgatory.JsonLinesEventLog`
    (writing to a temporary directory), alternated, ``--repetitions`` times each, medians; the
    difference per operation is the recorder's cost (record_watch + record_end + formatting and
@@ -43,11 +48,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .config import Config
 from .environment import describe_environment, load_average
 from .eventlog import NullLog
+from .measure import figure
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "PIPELINE_RESULTS.md"
@@ -123,8 +131,34 @@ def _engine(trace: Any, log_dir: str | None, *, null: bool = False) -> float:
         setattr(_replay, "_group_log", real)  # noqa: B010
 
 
+ENGINE_GOAL = 100_000.0
+"""Operations per second per core the engine alone should replay."""
+
+
+def engine_trace(operations: int, purgatories: int, engine_operations: int) -> Any:
+    """The first `engine_operations` operations of purgatory ``p0000`` of the trace a full run
+    generates (`operations` over `purgatories`, chunks of 250,000), made in this process: a
+    pyarrow table, no Spark."""
+    import pyarrow as pa
+
+    from purgatory.pipeline import W1
+    from purgatory.pipeline._generate import chunk_plan, generate_chunk
+
+    w1 = W1(purgatories=purgatories, operations=operations // purgatories, chunk=250_000)
+    batches = []
+    rows = 0
+    for chunk in chunk_plan(w1):
+        if chunk[0] != 0 or rows >= engine_operations:
+            continue
+        batch = generate_chunk(w1, chunk)
+        batches.append(batch)
+        rows += batch.num_rows
+    return pa.Table.from_batches(batches).slice(0, engine_operations)
+
+
 def engine_figures(trace: Any, repetitions: int) -> dict[str, Any]:
-    """The engine alone with no event log, a do-nothing one and `JsonLinesEventLog`, alternated."""
+    """The engine alone with no event log, a do-nothing one and `JsonLinesEventLog`, alternated;
+    operations per second per core (the CPU seconds of one replay) with their spread."""
     _engine(trace.slice(0, 10_000), None)  # warm-up
     samples: dict[str, list[float]] = {"none": [], "null": [], "json": []}
     with tempfile.TemporaryDirectory() as logs:
@@ -134,8 +168,12 @@ def engine_figures(trace: Any, repetitions: int) -> dict[str, Any]:
             samples["json"].append(_engine(trace, f"{logs}/{i}"))
     n = trace.num_rows
     us = {name: statistics.median(values) / n * 1e6 for name, values in samples.items()}
+    rates = sorted(n / seconds for seconds in samples["none"])
     return {
         "engine_operations": n,
+        "engine_ops_per_core_s": statistics.median(rates),
+        "engine_ops_per_core_s_min": rates[0],
+        "engine_ops_per_core_s_max": rates[-1],
         "engine_us_per_op": us["none"],
         "engine_null_us_per_op": us["null"],
         "engine_logged_us_per_op": us["json"],
@@ -301,7 +339,12 @@ def main(argv: list[str] | None = None) -> int:
         "--child", nargs=4, metavar=("TRACE", "OUT", "MASTER", "ROWS"), help=argparse.SUPPRESS
     )
     parser.add_argument(
-        "--engine-only", metavar="TRACE", help="only the engine figures, on this trace"
+        "--engine-only",
+        nargs="?",
+        const="",
+        metavar="TRACE",
+        help="only the engine figures, no Spark: on the operations generated in this process "
+        "(or on those of TRACE, a trace directory or file)",
     )
     args = parser.parse_args(argv)
     if args.small:
@@ -313,15 +356,8 @@ def main(argv: list[str] | None = None) -> int:
             write_small(RESULTS, text)
             print(f"wrote {RESULTS}")
         return 0
-    if args.engine_only:
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(args.engine_only)
-        first = table.filter(pc.equal(table["purgatory"], "p0000"))
-        figures = engine_figures(first.slice(0, args.engine_operations), args.repetitions)
-        print(json.dumps({"load": load_average(), **figures}, indent=1))
-        return 0
+    if args.engine_only is not None:
+        return _engine_only(args)
     if args.child:
         print(json.dumps(_child_replay(*args.child)))
         return 0
@@ -395,6 +431,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _engine_only(args: argparse.Namespace) -> int:
+    """``--engine-only [TRACE]``: the engine figures alone (JSON on stdout, the line to stderr)."""
+    if args.engine_only:
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(args.engine_only)
+        first = table.filter(pc.equal(table["purgatory"], "p0000"))
+        trace = first.slice(0, args.engine_operations)
+    else:
+        trace = engine_trace(args.operations, args.purgatories, args.engine_operations)
+    load = load_average()
+    figures = engine_figures(trace, args.repetitions)
+    print(json.dumps({"load_before": load, "load_after": load_average(), **figures}, indent=1))
+    print(render_engine(figures), file=sys.stderr)
+    return 0
+
+
 HAND_WRITTEN = "<!-- Written by hand from the run above; `--write` keeps what follows. -->"
 
 
@@ -442,10 +496,7 @@ def render(f: dict[str, Any]) -> str:
         f"; writing every operation's row costs {with_rows['seconds'] / one['seconds']:.2f}x "
         "the summary-only job on local[1].",
         "",
-        f"Engine alone (no Spark, this process, {f['engine_operations']:,} operations of one "
-        f"purgatory, CPU time, median of {len(f['samples']['none'])}): "
-        f"**{f['engine_us_per_op']:.2f} us/op** "
-        f"({1e6 / f['engine_us_per_op']:,.0f} ops/s per core).",
+        render_engine(f),
         "",
         f"Event log (same trace, alternated runs): {f['engine_null_us_per_op']:.2f} us/op with "
         "a do-nothing recorder (the purgatory's two calls per operation), "
@@ -462,6 +513,40 @@ def render(f: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def render_engine(f: dict[str, Any]) -> str:
+    """The engine-alone figure: operations per second per core first, then what it came from."""
+    rate = f.get("engine_ops_per_core_s", 1e6 / f["engine_us_per_op"])
+    low = f.get("engine_ops_per_core_s_min", rate)
+    high = f.get("engine_ops_per_core_s_max", rate)
+    return (
+        f"Engine alone (no Spark, this process, {f['engine_operations']:,} operations of one "
+        f"purgatory, CPU time, median of {len(f['samples']['none'])}): "
+        f"**{rate:,.0f} operations/s per core** [{low:,.0f}, {high:,.0f}] "
+        f"({f['engine_us_per_op']:.2f} us/op; the goal is {ENGINE_GOAL:,.0f}/s per core)."
+    )
+
+
+def run_engine(config: Config, log: Callable[[str], None]) -> dict[str, Any]:
+    """The suite's ``pipeline-engine`` workload: the engine alone, on operations generated in
+    this process (the pipeline's default trace: 10,000,000 operations over 8 purgatories)."""
+    trace = engine_trace(10_000_000, 8, config.engine_operations)
+    found = engine_figures(trace, config.engine_repetitions)
+    log("  " + render_engine(found))
+    n = found["engine_operations"]
+    return {
+        **found,
+        "goal_ops_per_core_s": ENGINE_GOAL,
+        "figures": {
+            "pipeline engine: operations/s per core": figure(
+                [n / seconds for seconds in found["samples"]["none"]], "ops/s", "higher"
+            ),
+            "pipeline engine: event log overhead": figure(
+                [found["event_log_overhead_us_per_op"]], "us/op"
+            ),
+        },
+    }
 
 
 if __name__ == "__main__":

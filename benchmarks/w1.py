@@ -15,12 +15,19 @@ Like Kafka's tool, random numbers come from pre-drawn pools (of 65,536 samples, 
 setting) so that drawing them costs nothing during a probe; every contender walks the same pool
 positions in the same repetition.
 
-Per setting and contender: a geometric search for the highest sustained rate (one probe per
-rate; sustained = the generator issued its schedule with at most 1 % delay, i.e. achieved >= 99 %
-of the target rate in Kafka's sense, and p99 generator lag < 100 ms), then ``repeat`` confirmation
-probes at that rate, interleaved across contenders. If fewer than half of them pass, the rate is
-lowered by 10 % and confirmed again (twice at most). Figures are spreads (median, quartiles,
-min, max) over the confirmation probes at the final rate.
+Per setting: a geometric search per contender for where to start (one probe per rate), then
+``repeat`` rounds (at least 5 in the full run), interleaved across contenders. In a round each
+contender gets a `bracket`: a probe at its last rate, then one `bracket_step` up while probes
+pass, or down while they fail, so the round yields its highest sustained rate to within that
+step (sustained = the generator issued its schedule with at most 1 % delay, i.e. achieved >= 99
+% of the target rate in Kafka's sense, the delay read as the least lag of the last quarter of
+the arrivals (`achieved_share`), and p99 generator lag < 100 ms); then one probe at the
+*common rate*, `COMMON_SHARE` of the lowest rate any contender's search found, the same rate
+and traffic for everybody, whose CPU per request is the figure that compares contenders at the
+same load. The rate of one probe is a threshold test on a noisy machine (one collector pause
+at the end of a probe fails it), so a rate is reported as the spread of the rounds' rates, and
+each ratio as the spread of its per-round ratios (round i of ours against round i of the
+baseline, which ran right after it): median [min, max].
 
 `run_virtual` drives the same traffic through the purgatory alone, in virtual time, for the
 microbenchmark ``w1-virtual`` and for instruction counts.
@@ -33,6 +40,7 @@ import gc
 import heapq
 import math
 import random
+import statistics
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass
@@ -42,20 +50,23 @@ from purgatory import DelayedOperationPurgatory, PurgatoryStatistics
 from purgatory.testing import ManualClock
 
 from .config import Config
-from .contenders import Contender, run_on, uvloop_available, w1_contenders
-from .measure import Figure, GcPauses, Stopwatch, figure, lateness_ms, spread_field
+from .contenders import PAIRS, Contender, run_on, uvloop_available, w1_contenders
+from .measure import Figure, GcPauses, Stopwatch, figure, lateness_ms, spread, spread_field
 from .ours import FlagOp
 
 __all__ = (
+    "COMMON_SHARE",
     "MODES",
     "SETTINGS",
-    "THRESHOLD_CONTENDERS",
     "Pools",
     "W1Setting",
     "W1Target",
+    "achieved_share",
+    "bracket",
     "make_pools",
     "run",
     "run_virtual",
+    "search",
     "setting_ratios",
 )
 
@@ -69,6 +80,8 @@ MAX_LAG = 0.1
 MIN_ACHIEVED = 0.99
 MIN_RATE = 500.0
 MAX_RATE = 1_000_000.0
+COMMON_SHARE = 0.8
+"""The common rate of a setting's CPU comparison: this share of the lowest rate found."""
 
 
 class W1Target(Protocol):
@@ -119,13 +132,11 @@ SETTINGS: tuple[W1Setting, ...] = (
 )
 MODES = ("force", "key", "threshold")
 
-THRESHOLD_CONTENDERS = frozenset({"ours", "A", "A-lean", "A-heap"})
-"""Who runs W1-threshold. A and A-lean run their W1-key code (their inline check already
-completes only what is due), measured beside ours on the same traffic; A-heap is A with a heap
-per key written by hand, what an A user gains from a threshold structure. B (A on uvloop) is
-left out to keep the run short: its W1-key rows show the loop's effect."""
 THRESHOLD_ONLY = frozenset({"A-heap"})
-"""Contenders that run W1-threshold alone (A-heap's W1-force and W1-key would be A's)."""
+"""Contenders that run W1-threshold alone (A-heap's W1-force and W1-key would be A's). In
+W1-threshold A, A-lean and B run their W1-key code (their inline check already completes only
+what is due), measured beside ours on the same traffic; A-heap is A with a heap per key written
+by hand, what an A user gains from a threshold structure."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +168,7 @@ def _offset(seed: int, setting: W1Setting, tag: str) -> int:
     return random.Random(f"w1-offset/{seed}/{setting.name}/{tag}").randrange(POOL_SIZE)
 
 
-async def _probe(  # noqa: PLR0912, PLR0915 - one timed probe: its loop must not call out
+async def _probe(  # noqa: PLR0915 - one timed probe: its loop must not call out
     target: W1Target,
     setting: W1Setting,
     pools: Pools,
@@ -256,10 +267,7 @@ async def _probe(  # noqa: PLR0912, PLR0915 - one timed probe: its loop must not
         expected += 1
         scheduled += gaps[gi & mask] * mean_gap
         gi += 1
-    achieved = 0.0
-    if not aborted and last_issue > start:
-        # Kafka's actual / target rate: the schedule's span over the time it took to issue it.
-        achieved = min(1.0, (last_scheduled - start) / (last_issue - start))
+    achieved = achieved_share(lags, last_scheduled - start) if not aborted else 0.0
     lag = lateness_ms(lags)
     lag_p99 = lag["p99"]
     cpu = span.cpu - sampling_cpu
@@ -276,6 +284,7 @@ async def _probe(  # noqa: PLR0912, PLR0915 - one timed probe: its loop must not
         "issued": issued,
         "expected": expected,
         "achieved": achieved,
+        "final_lag_ms": (last_issue - last_scheduled) * 1e3,
         "lag_ms": {k: lag[k] for k in ("p50", "p99", "max")},
         "cpu_s": cpu,
         "wall_s": span.wall,
@@ -287,11 +296,30 @@ async def _probe(  # noqa: PLR0912, PLR0915 - one timed probe: its loop must not
         "completion_lateness_ms": lateness_ms(completion_lateness),
         "expiry_lateness_ms": lateness_ms(target.expiry_lateness),
         "gc_s": pauses.seconds,
+        "gc_longest_s": pauses.longest,
         "gc_full_collections": pauses.full_collections,
         "drained": drained,
         "aborted": aborted,
         "passed": passed,
     }
+
+
+def achieved_share(lags: list[float], span: float) -> float:
+    """Kafka's actual / target rate of a schedule of `span` seconds whose arrivals were issued
+    `lags` seconds late (in order): ``span / (span + lag)``, the lag being the least of the last
+    quarter of the arrivals.
+
+    A generator that cannot keep up falls behind steadily, so every arrival of the last quarter
+    lags, the least of them by about three quarters of what the last one does (an overload of
+    1.4 % or more fails a probe). A stall of the process (a collector pause, another program on
+    the core) delays the arrivals around it and is caught up; the p99 of the lags, the other
+    criterion, bounds it. Taking the last arrival's lag alone, as an earlier version did, failed
+    a 1 s probe for any 10 ms stall in its last moments, whatever the rate.
+    """
+    if not lags or span <= 0:
+        return 0.0
+    tail = lags[-max(1, len(lags) // 4) :]
+    return min(1.0, span / (span + max(0.0, min(tail))))
 
 
 def probe(
@@ -315,27 +343,24 @@ def probe(
     return run_on(contender.loop, main)
 
 
-def _search(
-    contender: Contender[Any],
-    setting: W1Setting,
-    pools: Pools,
-    *,
-    start_rate: float,
-    config: Config,
-    log: Callable[[str], None],
+Attempt = Callable[[float], dict[str, Any]]
+"""One probe at a rate, its result (with ``passed``)."""
+
+
+def search(
+    attempt: Attempt, start: float, precision: float, max_probes: int
 ) -> tuple[float | None, list[dict[str, Any]]]:
-    """Geometric search for the highest passing rate; (None, probes) if even MIN_RATE fails."""
+    """Geometric search for a high passing rate, from `start`: doubling while probes pass,
+    halving while they fail, then bisecting (geometric mean) until the failing rate is within
+    `precision` of the passing one. One probe per rate, so a single noisy failure caps it: it
+    only gives the rounds (`bracket`) their first rate. (None, probes) if nothing passed."""
     passing: float | None = None
     failing: float | None = None
-    rate = start_rate
+    rate = start
     probes: list[dict[str, Any]] = []
-    for index in range(config.max_search_probes):
-        offset = _offset(config.seed, setting, f"search{index}")
-        result = probe(
-            contender, setting, pools, rate=rate, duration=config.probe_seconds, offset=offset
-        )
+    for _ in range(max_probes):
+        result = attempt(rate)
         probes.append(result)
-        log(_describe(contender.name, "search", result))
         if result["passed"]:
             passing = rate
         else:
@@ -349,43 +374,85 @@ def _search(
                 break
             rate = max(MIN_RATE, rate / 2)
         else:
-            if failing / passing <= config.search_precision:
+            if failing / passing <= precision:
                 break
             rate = math.sqrt(passing * failing)
     return passing, probes
 
 
+def bracket(
+    attempt: Attempt, start: float, step: float, down_limit: int
+) -> tuple[float | None, list[dict[str, Any]]]:
+    """One round's highest sustained rate, to within a factor `step`: a probe at `start`; while
+    probes pass, one `step` higher, until one fails (or `MAX_RATE`); while they fail, one `step`
+    lower, at most `down_limit` times (or down to `MIN_RATE`).
+
+    Returns:
+        The highest rate that passed (None if none did) and every probe, in order.
+    """
+    probes: list[dict[str, Any]] = []
+    rate = min(MAX_RATE, max(MIN_RATE, start))
+    result = attempt(rate)
+    probes.append(result)
+    if result["passed"]:
+        best = rate
+        while rate < MAX_RATE:
+            rate = min(MAX_RATE, rate * step)
+            result = attempt(rate)
+            probes.append(result)
+            if not result["passed"]:
+                break
+            best = rate
+        return best, probes
+    for _ in range(down_limit):
+        if rate <= MIN_RATE:
+            break
+        rate = max(MIN_RATE, rate / step)
+        result = attempt(rate)
+        probes.append(result)
+        if result["passed"]:
+            return rate, probes
+    return None, probes
+
+
 def _describe(name: str, phase: str, result: dict[str, Any]) -> str:
     verdict = "pass" if result["passed"] else "FAIL"
     return (
-        f"    {name:>4} {phase:<7} {result['rate']:>9,.0f}/s {verdict}  "
+        f"    {name:>11} {phase:<9} {result['rate']:>9,.0f}/s {verdict}  "
         f"achieved {result['achieved']:.3f}  lag p99 {result['lag_ms']['p99'] or 0:.1f} ms  "
         f"cpu {result['cpu_s_per_million'] or 0:.2f} s/M"
     )
 
 
-def _summarise(rate: float | None, reps: list[dict[str, Any]]) -> dict[str, Any]:
-    """The confirmation probes at the final rate: spreads of their figures."""
+def _summarise(rounds: list[dict[str, Any]], common_rate: float | None) -> dict[str, Any]:
+    """A contender's rounds: the spread of its highest sustained rates; CPU per request at its
+    own highest rate of each round and at the rate common to every contender; the load figures
+    of the common-rate probes (the same rate and traffic for everybody, so comparable)."""
+    rates = [r["max_rate"] for r in rounds]
+    at_max = [r["at_max"] for r in rounds if r["at_max"] is not None]
+    common = [r["common"] for r in rounds if r["common"] is not None]
+    found = [rate for rate in rates if rate is not None]
     summary: dict[str, Any] = {
-        "max_rate": rate,
-        "passes": sum(1 for r in reps if r["passed"]),
-        "repetitions": len(reps),
-        "cpu_s_per_million": spread_field(reps, "cpu_s_per_million"),
-        "achieved": spread_field(reps, "achieved"),
-        "lag_p99_ms": spread_field(reps, "lag_ms", "p99"),
-        "peak_watched": spread_field(reps, "peak_watched"),
-        "peak_delayed": spread_field(reps, "peak_delayed"),
-        "gc_s": spread_field(reps, "gc_s"),
+        "max_rate": statistics.median(found) if found else None,
+        "rates": spread(rates),
+        "rounds": len(rounds),
+        "cpu_s_per_million": spread_field(at_max, "cpu_s_per_million"),
+        "common_rate": common_rate,
+        "common_passes": sum(1 for r in common if r["passed"]),
+        "cpu_common": spread_field(common, "cpu_s_per_million"),
+        "achieved": spread_field(common, "achieved"),
+        "lag_p99_ms": spread_field(common, "lag_ms", "p99"),
+        "peak_watched": spread_field(common, "peak_watched"),
+        "peak_delayed": spread_field(common, "peak_delayed"),
+        "gc_s": spread_field(common, "gc_s"),
+        "gc_longest_s": spread_field(common, "gc_longest_s"),
     }
     for kind in ("completion", "expiry"):
         summary[f"{kind}_lateness_ms"] = {
-            q: spread_field(reps, f"{kind}_lateness_ms", q)["median"] for q in ("p50", "p99", "max")
+            q: spread_field(common, f"{kind}_lateness_ms", q)["median"]
+            for q in ("p50", "p99", "max")
         }
     return summary
-
-
-def _ratio(num: float | None, den: float | None) -> float | None:
-    return None if num is None or den is None or den == 0 else num / den
 
 
 def run_setting(
@@ -395,9 +462,26 @@ def run_setting(
     log: Callable[[str], None],
     previous: dict[str, float | None],
 ) -> dict[str, Any]:
-    """Search, then confirm, every contender on one setting."""
+    """Every contender on one setting: a search for where to start, then `config.repeat` rounds,
+    interleaved across contenders so that drift hits every contender alike. A round is a
+    `bracket` from the contender's last rate and one probe at the common rate
+    (`COMMON_SHARE` of the lowest rate the searches found): its CPU per request is the figure
+    that compares contenders at the same offered load."""
     pools = make_pools(setting, config.seed)
     log(f"  {setting.name}: {pools.expire_fraction:.1%} of requests expire")
+
+    def attempt(contender: Contender[Any], tag: str, phase: str) -> Attempt:
+        offset = _offset(config.seed, setting, tag)
+
+        def at(rate: float) -> dict[str, Any]:
+            result = probe(
+                contender, setting, pools, rate=rate, duration=config.probe_seconds, offset=offset
+            )
+            log(_describe(contender.name, phase, result))
+            return result
+
+        return at
+
     found: dict[str, float | None] = {}
     searches: dict[str, list[dict[str, Any]]] = {}
     fallback = config.start_rate
@@ -405,76 +489,98 @@ def run_setting(
         # Start where this contender ended on the previous setting, else where the previous
         # contender ended on this one: fewer probes than starting from scratch.
         start = previous.get(contender.name) or fallback
-        rate, probes = _search(contender, setting, pools, start_rate=start, config=config, log=log)
+        rate, probes = search(
+            attempt(contender, "search", "search"),
+            start,
+            config.search_precision,
+            config.max_search_probes,
+        )
         found[contender.name], searches[contender.name] = rate, probes
         if rate is not None:
             fallback = rate
 
-    def confirm(contender: Contender[Any], index: int, phase: str) -> dict[str, Any]:
-        rate = found[contender.name]
-        assert rate is not None
-        offset = _offset(config.seed, setting, f"rep{index}")
-        result = probe(
-            contender, setting, pools, rate=rate, duration=config.probe_seconds, offset=offset
-        )
-        log(_describe(contender.name, f"{phase} {index + 1}", result))
-        return result
-
-    searched = [c for c in contenders if found[c.name] is not None]
-    reps: dict[str, list[dict[str, Any]]] = {c.name: [] for c in contenders}
-    for index in range(config.repeat):  # interleaved, so drift hits every contender alike
-        for contender in searched:
-            reps[contender.name].append(confirm(contender, index, "rep"))
-    for contender in searched:
-        for _ in range(2):  # most failed: lower the rate by 10 % and confirm again
-            runs = reps[contender.name]
-            if 2 * sum(r["passed"] for r in runs) >= len(runs):
-                break
-            found[contender.name] = 0.9 * (found[contender.name] or 0.0)
-            runs[:] = [confirm(contender, index, "re") for index in range(config.repeat)]
+    reached = [rate for rate in found.values() if rate is not None]
+    common_rate = COMMON_SHARE * min(reached) if reached else None
+    if common_rate is not None:
+        log(f"  common rate {common_rate:,.0f}/s ({COMMON_SHARE:.0%} of the lowest rate found)")
+    estimate = {c.name: found[c.name] or config.start_rate for c in contenders}
+    rounds: dict[str, list[dict[str, Any]]] = {c.name: [] for c in contenders}
+    for index in range(config.repeat):
+        for contender in contenders:
+            name = contender.name
+            rate, probes = bracket(
+                attempt(contender, f"round{index}", f"round {index + 1}"),
+                estimate[name],
+                config.bracket_step,
+                config.bracket_down,
+            )
+            at_max = next((p for p in reversed(probes) if p["passed"]), None)
+            common = None
+            if common_rate is not None:
+                common = attempt(contender, f"common{index}", f"common {index + 1}")(common_rate)
+            rounds[name].append(
+                {"max_rate": rate, "probes": probes, "at_max": at_max, "common": common}
+            )
+            # The next round starts here; after a round that found nothing, one step lower.
+            estimate[name] = rate or probes[-1]["rate"] / config.bracket_step
 
     results = {
         c.name: {
             "loop": c.loop,
-            **_summarise(found[c.name], reps[c.name]),
+            **_summarise(rounds[c.name], common_rate),
             "search": searches[c.name],
-            "reps": reps[c.name],
+            "round_details": rounds[c.name],
         }
         for c in contenders
     }
     return {
         "setting": {**asdict(setting), "name": setting.name},
         "expire_fraction": pools.expire_fraction,
+        "common_rate": common_rate,
         "contenders": results,
         "ratios": setting_ratios(results),
     }
 
 
-def setting_ratios(results: dict[str, dict[str, Any]]) -> dict[str, float | None]:
-    """``rate ours/X`` and ``cpu X/ours`` for every other contender X of one setting."""
-    ratios: dict[str, float | None] = {}
-    ours = results.get("ours")
-    if ours is not None:
-        for name, other in results.items():
-            if name == "ours":
-                continue
-            ratios[f"rate ours/{name}"] = _ratio(ours["max_rate"], other["max_rate"])
-            ratios[f"cpu {name}/ours"] = _ratio(
-                other["cpu_s_per_million"]["median"], ours["cpu_s_per_million"]["median"]
-            )
+def setting_ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per baseline X and the ours on its loop (`PAIRS`): the spreads over the rounds of
+    ``rate ours/X`` (each round's highest sustained rates; > 1: ours sustains more) and
+    ``cpu X/ours`` (CPU per request at the common rate; > 1: ours costs less). Round i of one
+    is paired with round i of the other: they ran one after the other."""
+    ratios: dict[str, dict[str, Any]] = {}
+    for baseline, mine in PAIRS.items():
+        ours, other = results.get(mine), results.get(baseline)
+        if ours is None or other is None:
+            continue
+        rates = [
+            _ratio(a["max_rate"], b["max_rate"])
+            for a, b in zip(ours["round_details"], other["round_details"], strict=False)
+        ]
+        cpus = [
+            _ratio(_cpu(b["common"]), _cpu(a["common"]))
+            for a, b in zip(ours["round_details"], other["round_details"], strict=False)
+        ]
+        ratios[f"rate {mine}/{baseline}"] = spread(rates)
+        ratios[f"cpu {baseline}/{mine}"] = spread(cpus)
     return ratios
 
 
+def _cpu(result: dict[str, Any] | None) -> float | None:
+    return None if result is None else result["cpu_s_per_million"]
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or den is None or den == 0 else num / den
+
+
 def run(config: Config, log: Callable[[str], None], mode: str) -> dict[str, Any]:
-    """Every W1 setting of `mode` for every contender (W1-threshold: `THRESHOLD_CONTENDERS`
-    only; B when uvloop is installed), after one warm-up probe per contender."""
+    """Every W1 setting of `mode` for every contender (A-heap: W1-threshold only; ours on
+    uvloop and B when uvloop is installed), after one warm-up probe per contender."""
     with_uvloop = uvloop_available()
     if not with_uvloop:
-        log("uvloop is not installed: baseline B is left out (pip install uvloop)")
+        log("uvloop is not installed: ours on uvloop and baseline B are left out")
     contenders: list[Contender[Any]] = list(w1_contenders(with_uvloop))
-    if mode == "threshold":
-        contenders = [c for c in contenders if c.name in THRESHOLD_CONTENDERS]
-    else:
+    if mode != "threshold":
         contenders = [c for c in contenders if c.name not in THRESHOLD_ONLY]
     warm_setting = SETTINGS[0]
     warm_pools = make_pools(warm_setting, config.seed)
@@ -493,6 +599,9 @@ def run(config: Config, log: Callable[[str], None], mode: str) -> dict[str, Any]
         "timeout_s": TIMEOUT,
         "keys_per_request": KEYS_PER_REQUEST,
         "criteria": {"min_achieved": MIN_ACHIEVED, "max_lag_p99_ms": MAX_LAG * 1e3},
+        "rounds": config.repeat,
+        "bracket_step": config.bracket_step,
+        "common_share": COMMON_SHARE,
         "uvloop": with_uvloop,
         "settings": settings,
         "figures": _figures(settings),
@@ -500,13 +609,16 @@ def run(config: Config, log: Callable[[str], None], mode: str) -> dict[str, Any]
 
 
 def _figures(settings: list[dict[str, Any]]) -> dict[str, Figure]:
-    """Per setting and contender: the rate found (one search, no spread) and the CPU."""
+    """Per setting and contender: the rates of its rounds and the CPU per request at the
+    common rate; per pair, the ratios' spreads."""
     figures: dict[str, Figure] = {}
     for entry in settings:
         name = entry["setting"]["name"]
         for who, c in entry["contenders"].items():
-            figures[f"{name} {who}: max rate"] = figure([c["max_rate"]], "/s", "higher")
-            figures[f"{name} {who}: CPU"] = figure(c["cpu_s_per_million"], "s/M req")
+            figures[f"{name} {who}: max rate"] = figure(c["rates"], "/s", "higher")
+            figures[f"{name} {who}: CPU at the common rate"] = figure(c["cpu_common"], "s/M req")
+        for label, ratio in entry["ratios"].items():
+            figures[f"{name}: {label}"] = figure(ratio, "x", "higher")
     return figures
 
 

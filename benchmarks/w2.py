@@ -39,8 +39,8 @@ from typing import Any, Protocol
 
 from .baselines import FloorOp
 from .config import Config
-from .contenders import Contender, run_on, uvloop_available, w2_contenders
-from .measure import Figure, GcPauses, Stopwatch, figure, lateness_ms, spread_field
+from .contenders import PAIRS, Contender, run_on, uvloop_available, w2_contenders
+from .measure import Figure, GcPauses, Stopwatch, figure, lateness_ms, spread, spread_field
 
 __all__ = ("W2Target", "Workload", "run", "run_once", "size_ratios")
 
@@ -55,6 +55,7 @@ EXPIRY_GRACE = 60.0  # give up waiting for expiries this long after the last dea
 # First guesses of wall seconds per operation for phases 1 + 2, refined by every repetition.
 INITIAL_ESTIMATE = {
     "ours": 8e-6,
+    "ours-uvloop": 8e-6,
     "A": 12e-6,
     "A-lean": 10e-6,
     "B": 12e-6,
@@ -156,6 +157,7 @@ async def _timed(target: W2Target, work: Workload, margin: float) -> dict[str, A
         "overrun_ms": max(0.0, ready_at - (base + MIN_TIMEOUT)) * 1e3,
         "phases_wall_s": scheduled.wall + completed_span.wall,
         "gc_s": {"schedule": gc_schedule, "complete": gc_complete, "expire": gc_expire},
+        "gc_longest_s": pauses.longest,
         "gc_full_collections": pauses.full_collections,
     }
 
@@ -239,43 +241,72 @@ def _summarise(reps: list[dict[str, Any]]) -> dict[str, Any]:
         phase: spread_field(reps, "gc_s", phase)["median"]
         for phase in ("schedule", "complete", "expire")
     }
+    summary["gc_longest_s"] = spread_field(reps, "gc_longest_s")
     summary["max_overrun_ms"] = max((r["overrun_ms"] for r in reps), default=0.0)
     return summary
 
 
 METRICS = ("schedule_us", "complete_us", "expire_us")
+COMBINED = {
+    "watch+complete": ("schedule_us", "complete_us"),
+    "watch+expire": ("schedule_us", "expire_us"),
+}
+"""The per-operation costs the targets compare: a watch and how it ends, summed per repetition."""
 
 
-def size_ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """metric -> {"A/ours": x, ..., "ours/Floor": y}: baseline / ours (> 1: ours is cheaper),
-    and ours / Floor (how many times the irreducible work ours costs), from the medians."""
-    ratios: dict[str, dict[str, float]] = {}
-    ours = results.get("ours")
-    if ours is None or "summary" not in ours:
-        return ratios
-    for metric in (*METRICS, "bytes_per_op"):
-        row: dict[str, float] = {}
-        for name, other in results.items():
-            if name == "ours" or "summary" not in other:
+def _cost(rep: dict[str, Any], metric: str) -> float | None:
+    parts = COMBINED.get(metric, (metric,))
+    values = [rep[part] for part in parts]
+    return None if None in values else sum(values)
+
+
+def size_ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """metric -> {"A/ours": spread, ..., "B/ours-uvloop": spread, "ours/Floor": spread}.
+
+    Baseline / ours (> 1: ours is cheaper), each baseline against the ours on its loop
+    (`PAIRS`; C too, on asyncio), and ours / Floor (how many times the irreducible work ours
+    costs), per repetition: repetition i of one against repetition i of the other, which ran
+    right after it; the spread of those ratios. Bytes (one memory pass each): one value.
+    """
+    ratios: dict[str, dict[str, dict[str, Any]]] = {}
+    pairs = {**PAIRS, "C": "ours"}
+    ran = {name: c for name, c in results.items() if "summary" in c}
+    for metric in (*METRICS, *COMBINED, "bytes_per_op"):
+        row: dict[str, dict[str, Any]] = {}
+        for name, other in ran.items():
+            num: dict[str, Any] | None
+            den: dict[str, Any] | None
+            if name == "Floor":
+                label, num, den = "ours/Floor", ran.get("ours"), other
+            elif name in pairs:
+                label, num, den = f"{name}/{pairs[name]}", other, ran.get(pairs[name])
+            else:
+                continue
+            if num is None or den is None:
                 continue
             if metric == "bytes_per_op":
-                mine, theirs = ours["memory"][metric], other["memory"][metric]
+                values = [_divide(num["memory"][metric], den["memory"][metric])]
             else:
-                mine, theirs = ours["summary"][metric]["median"], other["summary"][metric]["median"]
-            if mine and theirs:
-                if name == "Floor":
-                    row["ours/Floor"] = mine / theirs
-                else:
-                    row[f"{name}/ours"] = theirs / mine
+                values = [
+                    _divide(_cost(a, metric), _cost(b, metric))
+                    for a, b in zip(num["reps"], den["reps"], strict=False)
+                ]
+            found = spread(values)
+            if found["n"]:
+                row[label] = found
         ratios[metric] = row
     return ratios
+
+
+def _divide(num: float | None, den: float | None) -> float | None:
+    return None if not num or not den else num / den
 
 
 def run(config: Config, log: Callable[[str], None]) -> dict[str, Any]:
     """Every N for every contender: warm-up, interleaved repetitions, then the memory pass."""
     with_uvloop = uvloop_available()
     if not with_uvloop:
-        log("uvloop is not installed: baseline B is left out (pip install uvloop)")
+        log("uvloop is not installed: ours on uvloop and baseline B are left out")
     contenders: list[Contender[Any]] = list(w2_contenders(with_uvloop))
     log(f"W2: N in {', '.join(f'{n:,}' for n in config.sizes)}")
     estimate = {c.name: INITIAL_ESTIMATE.get(c.name, 20e-6) for c in contenders}
@@ -349,7 +380,8 @@ def run(config: Config, log: Callable[[str], None]) -> dict[str, Any]:
 
 
 def _figures(sizes: list[dict[str, Any]]) -> dict[str, Figure]:
-    """Per N and contender: the three costs per operation, the bytes, the p99 lateness."""
+    """Per N and contender: the three costs per operation, the bytes, the p99 lateness; per N
+    and pair, the spread of the ratios of a watch and its end."""
     figures: dict[str, Figure] = {}
     for block in sizes:
         for who, c in block["contenders"].items():
@@ -365,6 +397,12 @@ def _figures(sizes: list[dict[str, Any]]) -> dict[str, Figure]:
             if c["summary"]["lateness_ms"]["p99"]["n"]:
                 figures[f"{label}: expiry late p99"] = figure(
                     c["summary"]["lateness_ms"]["p99"], "ms"
+                )
+        for metric in COMBINED:
+            for pair, ratio in block["ratios"].get(metric, {}).items():
+                floor = pair.endswith("/Floor")  # ours / Floor: lower is better
+                figures[f"W2 N={block['n']:,} {metric}: {pair}"] = figure(
+                    ratio, "x", "lower" if floor else "higher"
                 )
     return figures
 

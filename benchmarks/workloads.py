@@ -58,6 +58,7 @@ WORKLOADS: tuple[Workload, ...] = (
     W("w1-key", "W1, completion by check_and_complete(key): max rate", "w1:run", ("key",)),
     W("w1-threshold", "W1 with thresholds: max rate, ours vs A, A-heap", "w1:run", ("threshold",)),
     W("w2", "N pending (1e3-1e6): schedule, complete, expire, memory", "w2:run"),
+    W("parked", "1e6 parked: longest GC pause while scheduling, bytes/op, ours vs A", "parked:run"),
     W("idle", "reaper wake-ups with nothing or little due", "idle:run"),
     W("expiry-rate", "expirations/s one core sustains, p99 late <= 5 ms", "expiry_rate:run"),
     W("w1-virtual", "pyperf: W1 in virtual time, CPU per request", "micro:run", ("w1-virtual",)),
@@ -65,6 +66,11 @@ WORKLOADS: tuple[Workload, ...] = (
     W("steady", "pyperf: W1's steady state per request, ours and A", "micro:run", ("steady",)),
     W("eventlog", "pyperf: recording cost per operation, each event log", "eventlog:run"),
     W("instructions", "callgrind counts of the hot paths (valgrind)", "workloads:instructions"),
+    W(
+        "pipeline-engine",
+        "the replay engine alone, no Spark: operations/s per core",
+        "pipeline:run_engine",
+    ),
     W("pipeline", "Spark replay throughput (the spark extra, Java 17)", "workloads:pipeline"),
     W("load-validation", "the replay's load model vs a real loop", "workloads:load_validation"),
 )

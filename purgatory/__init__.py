@@ -19,6 +19,8 @@ Modules: ``purgatory.testing`` (`ManualClock`, ``check_invariants``: virtual tim
 
 from __future__ import annotations
 
+from types import FunctionType as _FunctionType
+
 from ._clock import Alarm as Alarm
 from ._clock import Clock as Clock
 from ._clock import DrivenClock as DrivenClock
@@ -30,6 +32,8 @@ from ._errors import PurgatoryFull as PurgatoryFull
 from ._eventlog import JsonLinesEventLog as JsonLinesEventLog
 from ._eventlog_arrow import ArrowEventLog as ArrowEventLog
 from ._events import EventLog as EventLog
+from ._histograms import HistogramBuckets as HistogramBuckets
+from ._impl import IMPLEMENTATION as IMPLEMENTATION
 from ._operation import DelayedOperation as DelayedOperation
 from ._purgatory import DelayedOperationPurgatory as DelayedOperationPurgatory
 from ._purgatory import PurgatoryStatistics as PurgatoryStatistics
@@ -37,6 +41,7 @@ from ._purgatory import PurgatoryStatistics as PurgatoryStatistics
 __version__ = "0.1.0"
 
 __all__ = (
+    "IMPLEMENTATION",
     "Alarm",
     "ArrowEventLog",
     "Clock",
@@ -44,6 +49,7 @@ __all__ = (
     "DelayedOperationPurgatory",
     "DrivenClock",
     "EventLog",
+    "HistogramBuckets",
     "JsonLinesEventLog",
     "OperationCancelled",
     "PurgatoryClosed",
@@ -53,6 +59,14 @@ __all__ = (
     "Timer",
 )
 
+# The public path in reprs and help(): the classes', and their methods' (a native method's
+# reference function too: its `__wrapped__`), so that help() shows nothing "from" elsewhere.
 for _name in __all__:
-    globals()[_name].__module__ = __name__
-del _name
+    _public = globals()[_name]
+    if isinstance(_public, type):
+        _public.__module__ = __name__
+        for _member in vars(_public).values():
+            _function = getattr(_member, "__wrapped__", _member)
+            if isinstance(_function, _FunctionType):
+                _function.__module__ = __name__
+del _name, _public, _member, _function

@@ -44,25 +44,45 @@ class Timer(Protocol):
     @property
     def time_limit(self) -> float:
         """The latest clock time (seconds) the timer can count to: a driven clock refuses to
-        move past it."""
+        move past it. Beyond it, float seconds no longer resolve a thousandth of a tick
+        (2**33 s for 1 ms ticks), and short timeouts would round away."""
         ...
 
     def run_pass(self, now: float, budget: int | None = None) -> int:
-        """Run a pass at the clock time `now` (seconds, never earlier than the last pass's);
-        return how many operations expired.
+        """Run a pass at the clock time `now`; return how many operations expired.
 
-        `budget` bounds the entries one pass cascades down the wheel and purges (the rest waits
-        for the next passes, which `next_pass_at` then says are due at once): a driver on an
-        event loop passes one so that a burst never stalls the loop; ``None`` does all of it.
+        Args:
+            now: The clock's time in seconds, never earlier than the last pass's.
+            budget: The entries one pass cascades down the wheel and purges at most (the rest
+                wait for the next passes, which `next_pass_at` then says are due at once): a
+                driver on an event loop passes one so that a burst never stalls the loop;
+                ``None`` does all of it.
+
+        Raises:
+            ValueError: `now` is NaN or infinite, or `budget` is negative.
+            TypeError: `now` is not a number, or `budget` is neither an int nor ``None``.
+
+        A refused call changes nothing and does not count as a pass.
         """
         ...
 
     def next_pass_at(self) -> float:
-        """The clock time (seconds) at which a pass next has work; ``math.inf`` if none."""
+        """The clock time (seconds) at which a pass next has work; ``math.inf`` if none: the
+        due tick's time (a pass may find that work a hair earlier: `time_of`)."""
         ...
 
     def next_pass_tick(self) -> float:
         """`next_pass_at` in ticks (the unit of `Alarm.wake_tick`); ``math.inf`` if none."""
+        ...
+
+    def time_of(self, tick: float) -> float:
+        """The earliest clock time (seconds) at which a pass reaches `tick`: ``tick * self.tick``
+        give or take the float rounding the timer tolerates, which a driver comparing times
+        with an `Alarm.wake_tick` must not guess.
+
+        Args:
+            tick: A tick of the timer (an `Alarm.wake_tick`); ``+-math.inf`` is returned as is.
+        """
         ...
 
 
@@ -88,7 +108,11 @@ class Alarm(Protocol):
         ...
 
     def wake_by(self, tick: float) -> None:
-        """Make sure a timer pass runs at `tick` or earlier."""
+        """Make sure a timer pass runs at `tick` or earlier.
+
+        Args:
+            tick: The tick (of the timer's, as `wake_tick`) by which a pass must run.
+        """
         ...
 
 
@@ -103,6 +127,9 @@ class DrivenClock(Clock, Protocol):
     def attach(self, timer: Timer) -> Alarm | None:
         """Drive `timer` from now on: run ``timer.run_pass(now)`` as this clock moves, no later
         than ``timer.next_pass_at()``. A purgatory calls this once, as it is created.
+
+        Args:
+            timer: The purgatory's timer (hold it weakly: the purgatory may be dropped).
 
         Returns:
             An `Alarm` the timer calls when a pass falls due earlier than the clock last learned,

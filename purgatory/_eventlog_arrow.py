@@ -195,7 +195,7 @@ def _doubles(pa: Any, values: list[Any]) -> Any:
 
 
 #: The outcomes a batch may hold (`purgatory.EventLog`'s, and "open" at `close`), as indices.
-_OUTCOMES: Final = ("completed", "expired", "cancelled", "refused", "open")
+_OUTCOMES: Final = ("completed", "expired", "cancelled", "refused", "open", "drained")
 _OUTCOME_INDEX: Final = {outcome: i for i, outcome in enumerate(_OUTCOMES)}
 
 

@@ -9,6 +9,8 @@ Outcomes (``record_end``'s `outcome`):
 
 - ``"completed"``: by its condition or `force_complete`, inside the watch call or later;
 - ``"expired"``: its deadline passed;
+- ``"drained"``: answered by ``drain`` (a shutdown) before its deadline, as at it: the
+  operation expired early (``is_expired`` is set);
 - ``"cancelled"``: `cancel_for_key`, a cancelled `watch`, or `shutdown`;
 - ``"refused"``: the watch call raised (`PurgatoryFull`, a raising first `try_complete`, a bad
   key): the operation was never watched.
@@ -34,7 +36,7 @@ bulk that way; any other `EventLog` is given its ``record_watch`` / ``record_end
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Literal, Protocol, final, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, final, runtime_checkable
 
 from ._asyncio import report_exception
 
@@ -43,15 +45,18 @@ if TYPE_CHECKING:
 
 __all__ = (
     "END_ITEMS",
+    "TAP_LIMIT",
     "WATCH_ITEMS",
     "EventLog",
     "EventSink",
     "Outcome",
+    "Tapper",
     "sink_for",
+    "tapped",
     "thresholds_of",
 )
 
-Outcome = Literal["completed", "expired", "cancelled", "refused"]
+Outcome = Literal["completed", "expired", "drained", "cancelled", "refused"]
 
 
 @runtime_checkable
@@ -69,16 +74,29 @@ class EventLog(Protocol):
     ) -> None:
         """`op` entered `purgatory` (its name) at `watched_at`, due at `deadline` (seconds).
 
-        `thresholds` is ``None`` for a plain watch, else a tuple parallel to `keys` whose items
-        are each key's threshold (``None`` for a key watched without one). `deadline` is
-        `watched_at` + ``op.timeout``, before rounding up to the tick.
+        Args:
+            purgatory: The purgatory's name.
+            op: The operation watched.
+            keys: The keys it watches.
+            thresholds: ``None`` for a plain watch, else a tuple parallel to `keys` whose items
+                are each key's threshold (``None`` for a key watched without one).
+            watched_at: When it was watched, by the purgatory's clock (seconds).
+            deadline: `watched_at` + ``op.timeout``, before rounding up to the tick.
         """
         ...
 
     def record_end(
         self, purgatory: str, op: DelayedOperation[Any], outcome: Outcome, ended_at: float
     ) -> None:
-        """`op`'s fate in `purgatory` was settled at `ended_at` (seconds of the same clock)."""
+        """`op`'s fate in `purgatory` was settled at `ended_at` (seconds of the same clock).
+
+        Args:
+            purgatory: The purgatory's name.
+            op: The operation, watched before (`record_watch`).
+            outcome: ``"completed"``, ``"expired"``, ``"drained"``, ``"cancelled"`` or
+                ``"refused"`` (see the module docstring).
+            ended_at: When, by the purgatory's clock (seconds).
+        """
         ...
 
     def flush(self) -> None:
@@ -101,7 +119,7 @@ class EventSink:
     the lists hold (and empties them, in place: the purgatory keeps the lists).
     """
 
-    __slots__ = ("collect", "eager", "ends", "limit", "log", "name", "watches")
+    __slots__ = ("collect", "each_pass", "eager", "ends", "limit", "log", "name", "watches")
 
     def __init__(
         self, name: str, limit: int, collect: Callable[[], None], eager: bool = False
@@ -113,6 +131,9 @@ class EventSink:
         self.limit = limit
         #: Whether every event is collected at once (an ended operation's too).
         self.eager = eager
+        #: Whether the ends are collected after every timer pass, however few (a tapped
+        #: purgatory on a driven clock: its histograms follow each move of the clock).
+        self.each_pass = False
         #: Takes the events of `watches` and `ends`.
         self.collect = collect
         #: ``op, keys, marks, watched_at`` per operation watched, flat.
@@ -152,6 +173,72 @@ class EventSink:
             exc,
             event_log=self.log,
         )
+
+
+#: Items a tapped purgatory's own sink holds before its batch is taken, when no event log sets
+#: it (`tapped`): as a recorder's batches of 1,024 operations.
+TAP_LIMIT: Final = 1024 * WATCH_ITEMS
+
+Tapper = Callable[[list[Any], list[Any]], None]
+"""What takes a batch of events as they are: ``tap(watches, ends)``, the flat lists (read only)."""
+
+
+@final
+class _Tee:
+    """A tapped purgatory's events: handed to its taps, then to its event log's sink (if any).
+
+    The purgatory extends the lists of a sink of its own (`sink`), so that no other purgatory's
+    batch (a recorder serves several) is ever taken past the taps; each batch moves to the
+    event log's sink (`inner`) in one extend, and the event log collects it there as before.
+    """
+
+    __slots__ = ("inner", "sink", "taps")
+
+    def __init__(self, name: str, inner: EventSink | None) -> None:
+        self.inner = inner
+        self.taps: list[Tapper] = []
+        limit = TAP_LIMIT if inner is None else min(TAP_LIMIT, inner.limit)
+        self.sink = EventSink(name, limit, self.collect, eager=inner is not None and inner.eager)
+        self.sink.log = self if inner is None else inner.log
+
+    def collect(self) -> None:
+        """One batch: each tap (one that raises is reported), then the event log's sink."""
+        sink = self.sink
+        watches, ends = sink.watches, sink.ends
+        for tap in self.taps:
+            try:
+                tap(watches, ends)
+            except Exception as exc:  # noqa: BLE001 - reported; the operations go on
+                report_exception(
+                    f"a metrics tap of purgatory {sink.name!r} failed; the operations go on, "
+                    "its histograms miss this batch",
+                    exc,
+                    tap=tap,
+                )
+        inner = self.inner
+        if inner is None:
+            watches.clear()
+            ends.clear()
+            return
+        inner.watches += watches
+        inner.ends += ends
+        watches.clear()
+        ends.clear()
+        inner.collect()
+        sink.limit = min(TAP_LIMIT, inner.limit)  # (a recorder's limit changes once)
+
+    def flush(self) -> None:
+        """Nothing to write out: the taps keep no buffer of the purgatory's."""
+
+
+def tapped(sink: EventSink | None, name: str, tap: Tapper) -> EventSink:
+    """The sink through which the purgatory `name`, whose sink was `sink` (``None``: no event
+    log), also hands its events to `tap`: `sink` itself if it was tapped already."""
+    tee = getattr(None if sink is None else sink.collect, "__self__", None)
+    if type(tee) is not _Tee:
+        tee = _Tee(name, sink)
+    tee.taps.append(tap)
+    return tee.sink
 
 
 def thresholds_of(keys: tuple[Hashable, ...], marks: Any) -> tuple[Any, ...] | None:

@@ -4,13 +4,20 @@ Shared by `purgatory.prometheus` and `purgatory.otel` (standard library only). B
 `DelayedOperationPurgatory.statistics` when they are scraped or collected, never on the hot
 path, through a `Tracked` set of purgatories.
 
-A purgatory is not thread-safe, and a scrape usually runs on another thread than the event loop
-that drives it: prometheus_client's ``start_http_server`` answers on its own threads, and the
-OpenTelemetry SDK's periodic reader collects on its own. So `Tracked` remembers the loop that was
-running when each purgatory was added, and reads the purgatory on that loop
-(``call_soon_threadsafe``), waiting for the answer; a read from the loop's own thread (an ASGI
-``/metrics`` route, say) is direct. A purgatory added with no loop running (one on a
-`ManualClock`) is read on whatever thread collects.
+A scrape usually runs on another thread than the event loop that drives the purgatory:
+prometheus_client's ``start_http_server`` answers on its own threads, and the OpenTelemetry
+SDK's periodic reader collects on its own. `statistics` only reads counts the loop keeps (each a
+single attribute the interpreter reads whole), so `Tracked` reads it on the scraping thread,
+without waiting for the loop: a scrape answers at once however busy the loop is, when metrics
+matter most. Only a read that keeps failing (a gauge caught in the middle of the loop's change,
+which the statistics' reads are written not to meet) is made on the loop, waiting at most the
+exporter's timeout.
+
+Counters never go back. A purgatory shut down (or gone) leaves the exported set, as Kafka's
+``shutdown`` removes its gauges, and a new purgatory may take its name, as an application does
+each time it starts; its counters start from zero, which a backend would read as a reset (a
+spike in every rate). So `Tracked` carries what the counters of the purgatories that left had
+reached over to the next one of the same name: the exported series keeps rising.
 """
 
 from __future__ import annotations
@@ -19,8 +26,7 @@ import asyncio
 import concurrent.futures
 import threading
 import weakref
-from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 from ._purgatory import DelayedOperationPurgatory, PurgatoryStatistics
@@ -79,6 +85,13 @@ FIELDS: Final[tuple[Field, ...]] = (
         "expired", "expired", "counter", "{operation}", "Operations completed by their deadline."
     ),
     Field(
+        "drained",
+        "drained",
+        "counter",
+        "{operation}",
+        "Operations answered by a drain (a shutdown) before their deadline, as at it.",
+    ),
+    Field(
         "cancelled",
         "cancelled",
         "counter",
@@ -105,8 +118,13 @@ FIELDS: Final[tuple[Field, ...]] = (
 `PurgatoryStatistics`: a field added there is exported once it is named here)."""
 
 DEFAULT_TIMEOUT: Final = 5.0
-"""Seconds a scrape waits for a purgatory's event loop to answer (Prometheus scrapes time out
-after 10 s by default)."""
+"""Seconds a scrape waits for a purgatory's event loop when it must read on it (Prometheus
+scrapes time out after 10 s by default)."""
+
+#: The counters (monotonic since the purgatory began), carried over to a purgatory's successor.
+COUNTERS: Final = tuple(field.attribute for field in FIELDS if field.kind == "counter")
+# Direct reads of one purgatory that may fail (and are tried again) before it is read on its loop.
+_DIRECT_TRIES: Final = 3
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -116,23 +134,36 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
+@dataclass(slots=True)
+class _Entry:
+    """One purgatory exported: weakly, with its loop (weakly), its name, its last reading."""
+
+    purgatory: weakref.ref[DelayedOperationPurgatory[Any]]
+    loop: weakref.ref[asyncio.AbstractEventLoop] | None
+    name: str
+    last: PurgatoryStatistics | None = None
+
+
 class Tracked:
     """The purgatories an exporter reads, held weakly, each with the loop it was added on.
 
     Weakly: exporting a purgatory never keeps it alive; once it is garbage, it is gone from the
     next scrape. A purgatory shut down is dropped too, as Kafka's ``shutdown`` removes its
     gauges: its series end rather than report a stopped purgatory forever, and a new purgatory
-    may take its name.
+    may take its name; its counters go on from where the last one's were (see the module's
+    docstring).
     """
 
-    __slots__ = ("_entries", "_lock", "timeout")
+    __slots__ = ("_carried", "_entries", "_lock", "timeout")
 
     def __init__(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         self.timeout = timeout
         self._lock = threading.Lock()
-        self._entries: list[tuple[weakref.ref[Any], weakref.ref[Any] | None]] = []
+        self._entries: list[_Entry] = []
+        # Per name: the counters the purgatories of that name that left had reached.
+        self._carried: dict[str, dict[str, int]] = {}
 
     def add(self, purgatory: DelayedOperationPurgatory[Any]) -> None:
         """Export `purgatory`, read on the event loop running now (if any).
@@ -148,95 +179,117 @@ class Tracked:
             raise ValueError(f"purgatory {purgatory.name!r} is shut down: nothing to export")
         loop = _running_loop()
         with self._lock:
-            for other in self._live():
+            for entry in self._live():
+                other = entry.purgatory()
                 if other is purgatory:
                     raise ValueError(f"purgatory {purgatory.name!r} is already exported")
-                if other.name == purgatory.name:
+                if entry.name == purgatory.name:
                     raise ValueError(
                         f"another purgatory named {purgatory.name!r} is already exported; "
                         "give each purgatory a name of its own"
                     )
             self._entries.append(
-                (weakref.ref(purgatory), None if loop is None else weakref.ref(loop))
+                _Entry(
+                    weakref.ref(purgatory),
+                    None if loop is None else weakref.ref(loop),
+                    purgatory.name,
+                )
             )
 
-    def _live(self) -> list[DelayedOperationPurgatory[Any]]:
-        """Drop the dead and the shut down (under the lock); the others, in order."""
-        kept, live = [], []
+    def purgatories(self) -> list[DelayedOperationPurgatory[Any]]:
+        """The purgatories exported and still open, in the order added."""
+        with self._lock:
+            return [p for entry in self._live() if (p := entry.purgatory()) is not None]
+
+    def _live(self) -> list[_Entry]:
+        """Drop the dead and the shut down, carrying their counters (under the lock); the
+        others, in order."""
+        kept = []
         for entry in self._entries:
-            purgatory = entry[0]()
+            purgatory = entry.purgatory()
             if purgatory is not None and not purgatory.closed:
                 kept.append(entry)
-                live.append(purgatory)
+                continue
+            final = entry.last if purgatory is None else purgatory.statistics()
+            if final is not None:
+                carried = self._carried.setdefault(entry.name, dict.fromkeys(COUNTERS, 0))
+                for counter in COUNTERS:
+                    carried[counter] += getattr(final, counter)
         self._entries = kept
-        return live
+        return kept
 
     def snapshot(self, timeout: float | None = None) -> list[tuple[str, PurgatoryStatistics]]:
-        """(name, statistics) of every purgatory exported and still open, in the order added.
+        """(name, statistics) of every purgatory exported and still open, in the order added,
+        its counters carried on from the purgatories of its name that left.
 
-        Each is read on its event loop (see the module's docstring), waiting at most `timeout`
-        seconds (default: the one given at creation) for each loop.
+        Each is read on this thread (see the module's docstring); only one whose reads keep
+        failing is read on its event loop, waiting at most `timeout` seconds (default: the one
+        given at creation).
 
         Raises:
-            TimeoutError: A purgatory's event loop did not answer in time (it is blocked, or
-                stopped without being closed).
+            TimeoutError: A purgatory had to be read on its event loop, which did not answer in
+                time (it is blocked, or stopped without being closed).
         """
         wait = self.timeout if timeout is None else min(timeout, self.timeout)
+        found = []
         with self._lock:
-            self._live()
-            entries = list(self._entries)
-        here = _running_loop()
-        order: list[DelayedOperationPurgatory[Any]] = []
-        by_loop: dict[asyncio.AbstractEventLoop | None, list[DelayedOperationPurgatory[Any]]] = {}
-        for purgatory_ref, loop_ref in entries:
-            purgatory = purgatory_ref()
-            loop = None if loop_ref is None else loop_ref()
-            if purgatory is None or (loop_ref is not None and loop is None):
-                continue  # gone, or its loop is gone (and with it what drove it)
-            order.append(purgatory)
-            by_loop.setdefault(None if loop is here else loop, []).append(purgatory)
-        read: dict[int, tuple[str, PurgatoryStatistics]] = {}
-        for loop, purgatories in by_loop.items():
-            read.update(_read(purgatories) if loop is None else _read_on(loop, purgatories, wait))
-        return [read[id(purgatory)] for purgatory in order if id(purgatory) in read]
+            for entry in self._live():
+                purgatory = entry.purgatory()
+                loop = None if entry.loop is None else entry.loop()
+                if purgatory is None or (entry.loop is not None and loop is None):
+                    continue  # gone, or its loop is gone (and with it what drove it)
+                stats = _read(purgatory, loop, wait)
+                if stats is None:
+                    continue
+                entry.last = stats
+                carried = self._carried.get(entry.name)
+                if carried is not None:
+                    stats = replace(stats, **{c: getattr(stats, c) + carried[c] for c in COUNTERS})
+                found.append((entry.name, stats))
+        return found
 
 
 def _read(
-    purgatories: Iterable[DelayedOperationPurgatory[Any]],
-) -> dict[int, tuple[str, PurgatoryStatistics]]:
-    return {
-        id(purgatory): (purgatory.name, purgatory.statistics())
-        for purgatory in purgatories
-        if not purgatory.closed
-    }
+    purgatory: DelayedOperationPurgatory[Any],
+    loop: asyncio.AbstractEventLoop | None,
+    timeout: float,
+) -> PurgatoryStatistics | None:
+    """`purgatory`'s statistics, read here; on its `loop` if direct reads keep failing."""
+    for _ in range(_DIRECT_TRIES):
+        try:
+            return purgatory.statistics()
+        except RuntimeError:  # a structure changed while read: read again
+            continue
+    if loop is None or loop is _running_loop():
+        return purgatory.statistics()
+    return _read_on(loop, purgatory, timeout)
 
 
 def _read_on(
     loop: asyncio.AbstractEventLoop,
-    purgatories: list[DelayedOperationPurgatory[Any]],
+    purgatory: DelayedOperationPurgatory[Any],
     timeout: float,
-) -> dict[int, tuple[str, PurgatoryStatistics]]:
-    """`_read` on `loop`'s thread, this thread waiting for it."""
-    answer: concurrent.futures.Future[dict[int, tuple[str, PurgatoryStatistics]]]
-    answer = concurrent.futures.Future()
+) -> PurgatoryStatistics | None:
+    """`purgatory.statistics()` on `loop`'s thread, this thread waiting for it; ``None`` if the
+    loop is closed or the purgatory shut down meanwhile."""
+    answer: concurrent.futures.Future[PurgatoryStatistics | None] = concurrent.futures.Future()
 
     def read() -> None:
         if answer.set_running_or_notify_cancel():
             try:
-                answer.set_result(_read(purgatories))
+                answer.set_result(None if purgatory.closed else purgatory.statistics())
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
                 answer.set_exception(exc)
 
     try:
         loop.call_soon_threadsafe(read)
     except RuntimeError:  # the loop is closed: what it drove is over
-        return {}
+        return None
     try:
         return answer.result(timeout)
     except TimeoutError:
         answer.cancel()
-        names = ", ".join(repr(p.name) for p in purgatories)
         raise TimeoutError(
-            f"the event loop of purgatory {names} did not answer within {timeout} s "
+            f"the event loop of purgatory {purgatory.name!r} did not answer within {timeout} s "
             "(blocked, or stopped without being closed)"
         ) from None

@@ -7,24 +7,50 @@ the operation itself: see the benchmarks' analysis).
 
 The operation protocol
 ----------------------
-Three owners keep fields on the operation, because a field costs less than an object of its own
-on paths that run once per operation. Each field has one writer:
+Several owners keep fields on the operation, because a field costs less than an object of its own
+on paths that run once per operation. Each field is written only by the code this table names
+(a module's class, any of its methods, or a module's function); everyone else only reads it. A
+test reads this table and checks it against every assignment of an operation's field in the
+package, so the table is the truth:
 
-- ``_state``, ``_timeout``, ``_future``, ``_result``: this module. ``_state`` is one small int
-  of bit flags, so the hot loops read a single attribute: zero means "pending, synchronous
-  ``try_complete``", anything else needs a closer look. Others read the bits, never write them.
-- ``_owner``: the purgatory, once the operation is registered (``None`` before and after a watch
-  that failed). It is how the operation reaches the purgatory, with one call, ``_owner._settled(
-  op, outcome)``, when it completes or is cancelled (`Owner`); the operation knows nothing else
-  of it (Kafka's operation knows nothing of its purgatory).
+=======================================  ====================================================
+Fields                                   Writers
+=======================================  ====================================================
+``_state`` ``_result``                   ``_operation.DelayedOperation``
+                                         ``_operation.expire_due``
+``_timeout``                             ``_operation.DelayedOperation``
+``_future``                              ``_operation.DelayedOperation``
+``_owner``                               ``_operation.DelayedOperation``
+                                         ``_purgatory.DelayedOperationPurgatory``
+``_bucket``                              ``_operation.DelayedOperation``
+                                         ``_wheel.TimingWheel``
+                                         ``_timer.SystemTimer``
+                                         ``_purgatory.DelayedOperationPurgatory._settled``
+``_deadline``                            ``_wheel.TimingWheel``
+                                         ``_timer.SystemTimer``
+``_keys`` ``_listed``                    ``_watchers.WatcherLists``
+``_marks``                               ``_watchers.WatcherLists``
+                                         ``_watchers._release_lone``
+=======================================  ====================================================
+
+- ``_state``, ``_timeout``, ``_future``, ``_result``: this module; the timer pass's expiry loop
+  (`expire_due`) is here for that reason. ``_state`` is one small int of bit flags, so the hot
+  loops read a single attribute: zero means "pending, synchronous ``try_complete``", anything
+  else needs a closer look.
+- ``_owner``: the purgatory, once the operation is registered (``None`` from ``__init__`` and
+  after a watch that failed). It is how the operation reaches the purgatory, with one call,
+  ``_owner._settled(op, outcome)``, when it completes or is cancelled (`Owner`); the operation
+  knows nothing else of it (Kafka's operation knows nothing of its purgatory).
 - ``_bucket``, ``_deadline``: the timing wheel's `TimerEntry` protocol (in ``_wheel.py``):
-  ``_bucket`` is ``None`` from construction until the wheel takes the operation, and the
-  purgatory takes a settled operation out of its bucket by the two steps that protocol names.
-- ``_keys``, ``_listed``, ``_marks``: the watcher lists (`_watchers.py`), which set them
-  when they register the operation.
+  ``_bucket`` is ``None`` from ``__init__`` until the wheel takes the operation. The wheel's
+  owner, `SystemTimer`, takes the wheel's memo path inline as it adds, and the protocol's two
+  removal steps as it discards, drains or closes; the purgatory's settle (``_settled``), which
+  runs once per operation, takes those two steps inline too. Nothing else writes them.
+- ``_keys``, ``_listed``, ``_marks``: the watcher lists (`_watchers.py`), which set them when
+  they register the operation.
 
-Only the fields every operation needs from birth are written in ``__init__``; the others are
-written by their owner before anything reads them.
+``__init__`` writes only the fields every operation needs from birth; the others are written by
+their owner before anything reads them.
 """
 
 from __future__ import annotations
@@ -33,7 +59,7 @@ import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine, Generator
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from ._asyncio import (
     CancelledError,
@@ -42,8 +68,9 @@ from ._asyncio import (
     report_exception,
 )
 from ._errors import OperationCancelled, PurgatoryClosed
+from ._impl import install, native
 
-__all__ = ("DelayedOperation", "Owner", "expire_due")
+__all__ = ("DelayedOperation", "Owner", "expire_due", "not_set_up")
 
 _INF = math.inf
 
@@ -54,7 +81,21 @@ def _checked_timeout(timeout: object) -> float:
         raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
     if not 0 <= timeout < math.inf:
         raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
-    return float(timeout)
+    try:
+        return float(timeout)
+    except OverflowError:  # an int beyond any float: as infinite as math.inf
+        raise ValueError(
+            f"timeout must be a finite number of seconds >= 0, got {timeout!r}"
+        ) from None
+
+
+def not_set_up(op: object) -> TypeError:
+    """The error of an operation whose ``__init__`` did not call ``super().__init__(timeout)``:
+    its fields were never written (the slow path of whatever read one)."""
+    return TypeError(
+        f"{type(op).__qualname__} object is not a set-up DelayedOperation (did its __init__ "
+        "call super().__init__(timeout)?)"
+    )
 
 
 T_co = TypeVar("T_co", covariant=True)
@@ -80,7 +121,33 @@ class Owner(Protocol):
         ...
 
 
-class DelayedOperation(ABC, Generic[T_co]):
+#: The fields of the operation protocol (the table above), which the core's layout holds.
+FIELDS = (
+    "_bucket",
+    "_deadline",
+    "_future",
+    "_keys",
+    "_listed",
+    "_marks",
+    "_owner",
+    "_result",
+    "_state",
+    "_timeout",
+)
+
+if TYPE_CHECKING or native is None:
+
+    class _OperationCore:
+        """The fields of an operation (see the module docstring for their owners); the native
+        core gives them a C layout (`purgatory._impl`)."""
+
+        __slots__ = FIELDS
+
+else:
+    _OperationCore = native.OperationCore
+
+
+class DelayedOperation(_OperationCore, ABC, Generic[T_co]):
     """A request parked until its condition holds (`try_complete`) or its deadline passes.
 
     Subclass it and implement `try_complete` and `on_complete` (and `on_expiration`, if expiry
@@ -100,18 +167,7 @@ class DelayedOperation(ABC, Generic[T_co]):
         TypeError: `timeout` is not a real number.
     """
 
-    __slots__ = (
-        "_bucket",
-        "_deadline",
-        "_future",
-        "_keys",
-        "_listed",
-        "_marks",
-        "_owner",
-        "_result",
-        "_state",
-        "_timeout",
-    )
+    __slots__ = ()
 
     # Written by their owners before any read (see the module docstring): the wheel's
     # _deadline, the lists' _keys, _listed and _marks, and _result at completion. Declared here,
@@ -133,6 +189,12 @@ class DelayedOperation(ABC, Generic[T_co]):
         cls._is_async = inspect.iscoroutinefunction(cls.try_complete)
 
     def __init__(self, timeout: float) -> None:
+        """Set the operation up; a subclass's ``__init__`` calls ``super().__init__(timeout)``.
+
+        Args:
+            timeout: Seconds from the moment the operation is first watched to its deadline;
+                >= 0 and finite.
+        """
         if not (type(timeout) is float and timeout >= 0.0 and timeout < _INF):
             timeout = _checked_timeout(timeout)
         self._timeout = timeout
@@ -204,29 +266,45 @@ class DelayedOperation(ABC, Generic[T_co]):
     @property
     def is_completed(self) -> bool:
         """``True`` once the operation completed, by its condition or by its deadline."""
-        return bool(self._state & DONE)
+        try:
+            return bool(self._state & DONE)
+        except AttributeError:
+            raise not_set_up(self) from None
 
     @property
     def is_expired(self) -> bool:
         """``True`` if the operation completed because its deadline passed."""
-        return bool(self._state & EXPIRED)
+        try:
+            return bool(self._state & EXPIRED)
+        except AttributeError:
+            raise not_set_up(self) from None
 
     @property
     def is_cancelled(self) -> bool:
         """``True`` if the operation was cancelled; its callbacks never run."""
-        return bool(self._state & CANCELLED)
+        try:
+            return bool(self._state & CANCELLED)
+        except AttributeError:
+            raise not_set_up(self) from None
 
     @property
     def timeout(self) -> float:
         """Seconds from the first watch to the deadline, as given."""
-        return self._timeout
+        try:
+            return self._timeout
+        except AttributeError:
+            raise not_set_up(self) from None
 
     def __await__(self) -> Generator[Any, None, T_co]:
         """Wait for the outcome: `on_complete`'s value, its exception, or `OperationCancelled`."""
         # All awaiters share one future, created by the first. No shield per awaiter: a
         # cancelled awaiter cancels the shared future, and the others, not cancelled
         # themselves, simply wait again on a fresh one.
-        if self._owner is None and not self._state & FINISHED:
+        try:
+            owner = self._owner
+        except AttributeError:
+            raise not_set_up(self) from None
+        if owner is None and not self._state & FINISHED:
             raise RuntimeError(
                 f"{self!r} was never watched, so nothing will ever complete it: pass it to "
                 "purgatory.watch() (or try_complete_else_watch) before awaiting it"
@@ -243,7 +321,13 @@ class DelayedOperation(ABC, Generic[T_co]):
         return self._outcome()
 
     def __repr__(self) -> str:
-        state = self._state
+        try:
+            state = self._state
+        except AttributeError:  # (a repr never raises: it is what a traceback shows)
+            return (
+                f"<{type(self).__qualname__} not set up: its __init__ did not call "
+                "super().__init__(timeout)>"
+            )
         if state & CANCELLED:
             status = "cancelled"
         elif state & EXPIRED:
@@ -323,11 +407,18 @@ class DelayedOperation(ABC, Generic[T_co]):
             self._future = new_future()
 
 
+install(DelayedOperation, "__init__", "force_complete")
+
 _Op = TypeVar("_Op", bound=DelayedOperation[Any])
 
 
 def expire_due(
-    due: list[_Op], now: float, purge_queue: dict[Any, None], ended: list[Any] | None
+    due: list[_Op],
+    now: float,
+    outcome: str = "expired",
+    *,
+    purge_queue: dict[Any, None],
+    ended: list[Any] | None,
 ) -> int:
     """Expire every operation of `due` still pending, in order, at the time `now`; return how
     many expired.
@@ -335,8 +426,9 @@ def expire_due(
     The expiry loop of a timer pass, here because it is the one loop outside the operation
     that settles operations, and it runs once per expired operation: state first (expired, in
     the watcher lists' `purge_queue` if still on a list, its end added to `ended` for the
-    event log if there is one: ``op, "expired", now``, flat), then `on_complete`,
-    `on_expiration` and the awaiters. Whatever a callback raises is that operation's failure;
+    event log if there is one: ``op, outcome, now``, flat, where `outcome` is ``"expired"``,
+    or ``"drained"`` for a draining purgatory's), then `on_complete`, `on_expiration` and the
+    awaiters. Whatever a callback raises is that operation's failure;
     ``KeyboardInterrupt`` and ``SystemExit`` still propagate, after the operation is settled
     (the caller puts back what was not expired yet).
     """
@@ -350,7 +442,7 @@ def expire_due(
             purge_queue[op] = None
         expired += 1
         if ended is not None:
-            ended += (op, "expired", now)
+            ended += (op, outcome, now)
         try:
             op._result = op.on_complete()
         except BaseException as exc:  # noqa: BLE001 - the operation's failure
@@ -360,7 +452,7 @@ def expire_due(
         try:
             op.on_expiration()
         except BaseException as exc:
-            report_exception(f"{type(op).__qualname__}.on_expiration raised", exc, operation=op)
+            _report_expiration(op, exc)
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 op._wake_awaiters()
                 raise
@@ -376,6 +468,15 @@ def _expired_then_raise(op: DelayedOperation[Any], interrupt: BaseException) -> 
     try:
         op.on_expiration()
     except BaseException as exc:  # noqa: BLE001 - reported; the interrupt goes on
-        report_exception(f"{type(op).__qualname__}.on_expiration raised", exc, operation=op)
+        _report_expiration(op, exc)
     op._wake_awaiters()
     raise interrupt
+
+
+def _report_expiration(op: DelayedOperation[Any], exc: BaseException) -> None:
+    """Report what `op`'s ``on_expiration`` raised (it has no caller to propagate to)."""
+    report_exception(f"{type(op).__qualname__}.on_expiration raised", exc, operation=op)
+
+
+if native is not None:
+    expire_due = native.function(expire_due, "_operation.expire_due")

@@ -18,7 +18,7 @@ The purgatory is a facade over parts that each own their state: `WatcherLists` (
 watchers, the trigger loop, cancel, the purge; `purgatory._watchers`), the `PurgeRule` (Kafka's rule
 of when to purge; `purgatory._purge_rule`), the `SystemTimer` (the wheel, its count, ticks and the
 expiry passes; `purgatory._timer`), the `LoopBinding` (the loop and thread it belongs to, its
-reaper; `purgatory._asyncio`) and the operations themselves (`purgatory._operation`, whose docstring
+reaper; `purgatory._reaper`) and the operations themselves (`purgatory._operation`, whose docstring
 lists which fields of an operation belong to whom). It checks arguments, composes the parts and
 counts. An operation reaches it through one call when it settles (`_settled`); everything else goes
 from the facade down: a trigger to the lists, then the operation; an expiry from the driver to the
@@ -36,18 +36,20 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, final
 from ._asyncio import (
     AttemptRunner,
     CancelledError,
-    LoopBinding,
     cancelled_here,
     get_ident,
+    report_exception,
     report_false_claim,
     running_loop,
 )
-from ._clock import DrivenClock
+from ._clock import Alarm, DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
-from ._events import EventLog, EventSink, sink_for
-from ._operation import ASYNC, FINISHED, DelayedOperation, Settlement, expire_due
+from ._events import EventLog, EventSink, Tapper, sink_for, tapped
+from ._impl import install, native
+from ._operation import ASYNC, FINISHED, DelayedOperation, Settlement, expire_due, not_set_up
 from ._purge_rule import PurgeRule
-from ._statistics import PurgatoryStatistics
+from ._reaper import LoopBinding
+from ._statistics import PurgatoryStatistics, read_statistics
 from ._timer import SystemTimer
 from ._watchers import WatcherLists
 
@@ -73,21 +75,31 @@ DEFAULT_WHEEL_SIZE = 1024
 
 
 def _split_keys(
-    keys: Iterable[Hashable] | Mapping[Hashable, Any],
-) -> tuple[tuple[Hashable, ...], dict[Hashable, Any] | None]:
-    """The keys to watch, and the operation's own copy of the mapping of key to threshold if
-    a mapping was given (its *marks*, see `purgatory._watchers`), else ``None``.
+    keys: Iterable[Hashable] | Mapping[Hashable, Any], lists: WatcherLists[Any]
+) -> tuple[tuple[Hashable, ...], Any]:
+    """The keys to watch, and their *marks* (see `purgatory._watchers`): ``None`` for a plain
+    watch, the one threshold of every key when a mapping gives them all the same one (a single
+    key, ``dict.fromkeys``), else the operation's own copy of the mapping of key to threshold.
 
-    Thresholds are checked here, before anything is tried or registered.
+    Thresholds are checked here, before anything is tried or registered (one that is not an
+    int or a float against the key's others in `lists` too).
     """
     if type(keys) is dict or isinstance(keys, Mapping):
-        marks = dict(keys)  # (all None: a plain watch, which these marks then describe)
+        marks = dict(keys)
+        uniform: Any = _UNSET  # the threshold every key shares, as far as seen
         for key, threshold in marks.items():
+            if uniform is _UNSET:
+                uniform = threshold
+            elif threshold is not uniform:
+                uniform = _MIXED
             kind = type(threshold)  # plain keys, offsets and times pass at once
             if threshold is None or kind is int or (kind is float and threshold == threshold):  # noqa: PLR0124
                 continue
             _check_threshold(threshold, key)
-        return tuple(marks), marks
+            lists.check_orders(key, threshold)
+        if uniform is _MIXED or uniform is _UNSET:
+            return tuple(marks), marks
+        return tuple(marks), uniform  # as `threshold=` keeps it: no copy per operation
     if isinstance(keys, str | bytes):
         raise TypeError(f"keys must be a collection of keys, not the string {keys!r}")
     if not isinstance(keys, Iterable):
@@ -97,11 +109,12 @@ def _split_keys(
     return tuple(keys), None
 
 
-def _not_set_up(op: object) -> TypeError:
-    return TypeError(
-        f"{type(op).__qualname__} object is not a set-up DelayedOperation (did its __init__ "
-        "call super().__init__(timeout)?)"
-    )
+_UNSET: Any = object()
+_MIXED: Any = object()
+
+
+def _no_keys() -> ValueError:
+    return ValueError("keys is empty: an operation must watch at least one key")
 
 
 def _full(name: str, max_pending: int) -> PurgatoryFull:
@@ -115,14 +128,19 @@ def _beyond_horizon(timeout: float, horizon: float) -> ValueError:
     )
 
 
-def _check_one_threshold(threshold: Any, marks: object) -> None:
-    """`threshold=` that is not an int or a float: refused with a mapping, else checked."""
+def _check_one_threshold(
+    threshold: Any, marks: object, keys: Iterable[Hashable], lists: WatcherLists[Any]
+) -> None:
+    """`threshold=` that is not an int or a float: refused with a mapping, else checked (against
+    each key's thresholds in `lists` too)."""
     if marks is not None:
         raise TypeError(
             "threshold= is the one threshold of every key: give the keys as a collection, or "
             "a mapping of key to threshold without threshold="
         )
     _check_threshold(threshold, None)
+    for key in keys:
+        lists.check_orders(key, threshold)
 
 
 def _check_threshold(threshold: Any, key: Hashable | None) -> None:
@@ -178,6 +196,18 @@ def _check_arguments(  # noqa: PLR0917 - the purgatory's arguments, in its order
         )
 
 
+def _admit_type(op: DelayedOperation[Any], sync_types: set[type]) -> int:
+    """The first watch of a class, and every watch of an async one: refuse a class that compares
+    by value; mark an async operation; return its state (a synchronous class joins
+    `sync_types`, the purgatory's set of the classes whose watch skips this)."""
+    cls = type(op)
+    _check_identity_semantics(cls)
+    if cls._is_async:
+        return op._watched_as_async()
+    sync_types.add(cls)
+    return op._state
+
+
 def _check_identity_semantics(cls: type) -> None:
     if cls.__hash__ is not object.__hash__ or cls.__eq__ is not object.__eq__:  # type: ignore[comparison-overlap]
         raise TypeError(
@@ -186,8 +216,37 @@ def _check_identity_semantics(cls: type) -> None:
         )
 
 
+if TYPE_CHECKING or native is None:
+
+    class _PurgatoryCore:
+        """A purgatory's fields (the native core gives them a C layout: `purgatory._impl`)."""
+
+        __slots__ = (
+            "__weakref__",
+            "_attempt",
+            "_attempts",
+            "_binding",
+            "_cancelled",
+            "_closed",
+            "_completed",
+            "_lists",
+            "_max_pending",
+            "_max_timeout",
+            "_name",
+            "_purge_queue",
+            "_rule",
+            "_sink",
+            "_sync_types",
+            "_time_op",
+            "_timer",
+        )
+
+else:
+    _PurgatoryCore = native.PurgatoryCore
+
+
 @final
-class DelayedOperationPurgatory(Generic[Op]):
+class DelayedOperationPurgatory(_PurgatoryCore, Generic[Op]):
     """Holds delayed operations until their condition holds or their deadline passes.
 
     Kafka: ``DelayedOperationPurgatory``. Times are in seconds; the timer counts integer ticks.
@@ -219,25 +278,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         TypeError: An argument has the wrong type.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_attempt",
-        "_attempts",
-        "_binding",
-        "_cancelled",
-        "_closed",
-        "_completed",
-        "_lists",
-        "_max_pending",
-        "_max_timeout",
-        "_name",
-        "_purge_queue",
-        "_rule",
-        "_sink",
-        "_sync_types",
-        "_time_op",
-        "_timer",
-    )
+    __slots__ = ()
 
     def __init__(
         self,
@@ -256,13 +297,13 @@ class DelayedOperationPurgatory(Generic[Op]):
         # Where the operations' watches and ends go, raw, with no call per event (`_events`).
         self._sink: EventSink | None = None if event_log is None else sink_for(event_log, name)
         self._lists: WatcherLists[Op] = WatcherLists()
-        self._rule = PurgeRule(self._lists, purge_interval)
         # The purge queue of the lists, shared by protocol (see `purgatory._watchers`).
         self._purge_queue = self._lists.queue
         self._completed = 0
         self._cancelled = 0
         self._closed = False
-        # The classes met whose try_complete is synchronous: their watch skips `_admit_type`.
+        # The classes met whose try_complete is synchronous: their watch skips `_admit_type`
+        # (which adds each to this set of the purgatory's as it first meets it).
         self._sync_types: set[type] = set()
         self._attempts = AttemptRunner()
         self._attempt = self._attempts.attempt
@@ -274,12 +315,13 @@ class DelayedOperationPurgatory(Generic[Op]):
             partial(expire_due, purge_queue=self._purge_queue, ended=ended),
             self._after_pass,
         )
+        self._rule = PurgeRule(self._lists, purge_interval, self._timer, bounded=clock is None)
         # How a watch times its operation: `SystemTimer.add`, or at once once drained.
         self._time_op = self._timer.add
         self._max_timeout = self._timer.max_timeout
         self._binding = LoopBinding(name, self._timer, driven=clock is not None)
         if clock is not None:  # (attached first: the clock refuses a time the timer can't count)
-            self._timer.alarm = clock.attach(self._timer)
+            self._timer.alarm = _checked_alarm(clock.attach(self._timer), clock)
             self._timer.use_clock(clock.current_time)
 
     def __repr__(self) -> str:
@@ -341,21 +383,21 @@ class DelayedOperationPurgatory(Generic[Op]):
             state = op._state
             owner = op._owner
         except AttributeError:
-            raise _not_set_up(op) from None
+            raise not_set_up(op) from None
         if owner is not None or state & FINISHED:
             raise ValueError(f"{op!r} was already watched or finished; watch an operation once")
         if type(op) not in self._sync_types:
-            state = self._admit_type(op)
+            state = _admit_type(op, self._sync_types)
         marks: Any = None
         if type(keys) is not tuple:
-            keys, marks = _split_keys(keys)
+            keys, marks = _split_keys(keys, self._lists)
         if threshold is not None:
             kind = type(threshold)  # offsets and times pass at once; the rest is checked
             if marks is not None or not (kind is int or (kind is float and threshold == threshold)):  # noqa: PLR0124
-                _check_one_threshold(threshold, marks)
+                _check_one_threshold(threshold, marks, keys, self._lists)
             marks = threshold
         if not keys:
-            raise ValueError("keys is empty: an operation must watch at least one key")
+            raise _no_keys()
         if op._timeout > self._max_timeout:
             raise _beyond_horizon(op._timeout, self._max_timeout)
         if self._binding.loop is not running_loop():
@@ -400,26 +442,17 @@ class DelayedOperationPurgatory(Generic[Op]):
                     report_false_claim(op, claimed)
                 if self._closed:  # the attempt shut the purgatory down
                     return False
-        except BaseException:
+            self._time_op(op)
+        except BaseException as exc:
             self._abandon(op)
+            if isinstance(exc, ValueError | TypeError | OverflowError):
+                self._timer.check_clock()  # a clear error if the clock's time was the cause
             raise
-        self._time_op(op)
         return False
 
-    def _admit_type(self, op: Op) -> int:
-        """The first watch of a class, and every watch of an async one: refuse a class that
-        compares by value; mark an async operation; return its state."""
-        cls = type(op)
-        _check_identity_semantics(cls)
-        if cls._is_async:
-            return op._watched_as_async()
-        self._sync_types.add(cls)
-        return op._state
-
     def _ended_before_registration(self, op: Op) -> bool:
-        """`op` completed in its first try, or that try shut the purgatory down (which cancels
-        it): it never settles through `_settled`, so it is counted here. Returns what the
-        watch call returns."""
+        """`op` ended in its first try (completed, or cancelled by a shutdown it made), before
+        any `_settled`: counted here. Returns what the watch call returns."""
         completed = bool(op._state & FINISHED)
         if completed:
             self._completed += 1
@@ -429,6 +462,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         if self._sink is not None:
             outcome = "completed" if completed else "cancelled"
             self._sink.ended(op, outcome, self._timer.current_time())
+            self._rule.hold()  # its end holds it: taken within the purge's time bound
         return completed
 
     if TYPE_CHECKING:
@@ -442,6 +476,11 @@ class DelayedOperationPurgatory(Generic[Op]):
         threshold: Any = None,
     ) -> T:
         """`try_complete_else_watch`, then wait for the outcome: the call a handler awaits.
+
+        Args:
+            op: An operation never watched before.
+            keys: The keys whose triggers re-try `op`, or a mapping of key to threshold.
+            threshold: One threshold for every key of `keys`.
 
         Returns:
             `on_complete`'s value, on completion and on expiry alike (see ``op.is_expired``).
@@ -505,6 +544,10 @@ class DelayedOperationPurgatory(Generic[Op]):
         """`check_and_complete` from any thread: scheduled on the loop this purgatory is bound to
         (what it returns is known only there; an error there goes to its exception handler).
 
+        Args:
+            key: The key whose watchers to re-try.
+            reached: The value `key` has reached, as for `check_and_complete`.
+
         Raises:
             RuntimeError: The purgatory was never used inside a running event loop (it binds to
                 the running loop on its first call from one), or that loop is closed (the
@@ -521,11 +564,14 @@ class DelayedOperationPurgatory(Generic[Op]):
         expire, and their awaiters get `OperationCancelled`. Unknown key: ``[]``. Runtime
         complexity: O(operations on the key's list).
 
+        Args:
+            key: The key whose watcher list to drop.
+
         Raises:
             RuntimeError: Called outside the thread of the event loop the purgatory is bound to
                 (from another: ``loop.call_soon_threadsafe(purgatory.cancel_for_key, key)``).
         """
-        self._check_caller()
+        self._binding.check_caller()
         return self._lists.cancel_key(key, _cancel)
 
     def watched(self) -> int:
@@ -549,25 +595,15 @@ class DelayedOperationPurgatory(Generic[Op]):
         Raises:
             RuntimeError: Called outside the thread of the event loop the purgatory is bound to.
         """
-        self._check_caller()
+        self._binding.check_caller()
         self._rule.start(self._timer.in_flight())
         return self._lists.purge(None)
 
     def statistics(self) -> PurgatoryStatistics:
         """A snapshot of the gauges and counters; it only reads (a gauge may ask from another
         thread, though what it reads there may be a step behind)."""
-        timer, lists = self._timer, self._lists
-        return PurgatoryStatistics(
-            watched=lists.entries,
-            delayed=timer.delayed,
-            keys=len(lists),
-            completed=self._completed,
-            expired=timer.expired,
-            cancelled=self._cancelled,
-            purged=lists.purged,
-            timer_passes=timer.passes,
-            purges=self._rule.purges,
-            next_deadline_in=timer.next_deadline_in(),
+        return read_statistics(
+            self._timer, self._lists, self._rule, self._completed, self._cancelled
         )
 
     def drain(self, answer: Callable[[Op], object] | None = None) -> int:
@@ -576,12 +612,19 @@ class DelayedOperationPurgatory(Generic[Op]):
         Each pending operation is handed to `answer` (if given), which may complete it its own
         way (``op.force_complete()``, after setting what ``on_complete`` should say); each one
         still pending after that expires now, as at its deadline: ``on_complete``, then
-        ``on_expiration``, and its awaiter gets ``on_complete``'s value. From then on the
-        purgatory is *draining*: an operation watched later is tried as usual and, if it does
-        not complete, expires at the next timer pass (at once on the loop) instead of waiting
-        for its timeout, so that requests still arriving are answered too. `shutdown` ends it.
+        ``on_expiration``, and its awaiter gets ``on_complete``'s value.
+
+        From then on the purgatory is *draining*: an operation watched later is tried as usual
+        and, if it does not complete, expires at the next timer pass (at once on the loop)
+        instead of waiting for its timeout, so that requests still arriving are answered too.
+        `shutdown` ends it.
 
         From a server's shutdown signal: ``purgatory.asgi.drain_on_signals``.
+
+        Args:
+            answer: Called with each pending operation, in deadline order, before the rest
+                expire (``None``: all expire). One that raises is reported as a callback's
+                error is, and its operation expires with the rest: the drain goes on.
 
         Returns:
             How many operations this call answered (completed by `answer` or expired).
@@ -592,9 +635,9 @@ class DelayedOperationPurgatory(Generic[Op]):
         """
         if self._closed:
             raise PurgatoryClosed(f"purgatory {self._name!r} is shut down")
-        self._check_caller()
+        self._binding.check_caller()
         self._time_op = self._timer.add_due
-        return self._timer.drain(answer)
+        return self._timer.drain(None if answer is None else partial(_answer_reported, answer))
 
     @property
     def closed(self) -> bool:
@@ -646,7 +689,7 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._timer.delayed -= 1
             rule = self._rule
             rule.owed += 1  # (the purge-queue protocol)
-            if rule.owed > rule.interval and rule.due():
+            if rule.owed > rule.trip and rule.due():
                 self._timer.request_pass()
         if outcome == "completed":
             self._completed += 1
@@ -660,16 +703,14 @@ class DelayedOperationPurgatory(Generic[Op]):
                 self._sink.take()
 
     def _after_pass(self, taken: int, budget: int | None) -> bool:
-        """After each timer pass: the event log's batch if full, the purge rule's slice."""
-        if self._sink is not None and len(self._sink.ends) >= self._sink.limit:
-            self._sink.take()
-        return self._rule.after_pass(taken, budget, self._timer.in_flight)
+        """After each timer pass: the purge rule's slice, and the event sink's batch when due."""
+        return self._rule.after_pass(taken, budget, self._timer.in_flight, self._sink)
 
-    def _check_caller(self) -> None:
-        """Refuse a call from outside the thread of the loop the purgatory is bound to."""
-        binding = self._binding
-        if binding.thread is not None and get_ident() != binding.thread:
-            binding.bind()  # refuses a foreign thread while the purgatory's loop runs
+    def _tap(self, tap: Tapper) -> None:
+        """Hand the operations' events to `tap` too, batch by batch (`purgatory._histograms`)."""
+        sink = self._sink = tapped(self._sink, self._name, tap)
+        sink.each_pass = self._binding.driven  # no time bound takes the batches of a driven clock
+        self._timer.expire_with(partial(expire_due, purge_queue=self._purge_queue, ended=sink.ends))
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -677,11 +718,14 @@ class DelayedOperationPurgatory(Generic[Op]):
         """`op`'s watch call failed before registration: it was never watched."""
         if self._sink is not None and not op._state & FINISHED:
             self._sink.ended(op, "refused", self._timer.current_time())
+            self._rule.hold()
 
     def _abandon(self, op: Op) -> None:
         """Leave `op` unwatched after its watch call failed once registered: off every list,
-        not timed, not ours."""
+        out of the timer if timing it is what failed (a driver's alarm that raised), not ours."""
         self._lists.unregister(op)
+        if op._bucket is not None:
+            self._timer.discard(op)
         op._owner = None
         self._refuse(op)
 
@@ -705,11 +749,72 @@ DelayedOperationPurgatory.watch.__signature__ = inspect.Signature(  # type: igno
 )
 
 
+def _checked_alarm(alarm: object, clock: object) -> Alarm | None:
+    """What a driven clock's ``attach`` returned: an `Alarm`, or ``None``; anything else is
+    refused as the purgatory is built, not at the first watch."""
+    if alarm is None or (
+        isinstance(getattr(alarm, "wake_tick", None), int | float)
+        and callable(getattr(alarm, "wake_by", None))
+        and hasattr(alarm, "alive")
+    ):
+        return alarm  # type: ignore[return-value]
+    raise TypeError(
+        f"{type(clock).__qualname__}.attach returned {alarm!r}: it must return a "
+        "purgatory.Alarm (wake_tick, wake_by, alive) or None"
+    )
+
+
+install(
+    DelayedOperationPurgatory,
+    "try_complete_else_watch",
+    "check_and_complete",
+    "_settled",
+)
+
+
 def _unbound_time(name: str) -> float:
     """The clock of a purgatory on the loop's clock, until its first use in a loop binds it."""
     raise RuntimeError(f"purgatory {name!r} is not bound to an event loop yet")
 
 
+def _answer_reported(answer: Callable[[Op], object], op: Op) -> None:
+    """`drain`'s `answer` for `op`; what it raises is reported, and the drain goes on."""
+    try:
+        answer(op)
+    except Exception as exc:  # noqa: BLE001 - reported; the operation expires with the rest
+        report_exception(
+            f"drain's answer raised for {type(op).__qualname__}; it expires with the rest",
+            exc,
+            operation=op,
+        )
+
+
 def _cancel(op: DelayedOperation[Any]) -> bool:
     """Cancel `op` (the operation protocol's cancel), for `WatcherLists.cancel_key`."""
     return op._cancel()
+
+
+if native is not None:
+    # The reference's helpers the native core calls: its reports, its error builders and its
+    # shared sentinels, so that a message or a rule is written once.
+    from . import _thresholds, _watchers, _wheel
+    from ._operation import _expired_then_raise, _report_expiration
+
+    native.bind(
+        report_exception=report_exception,
+        report_false_claim=report_false_claim,
+        report_attempt=_watchers._report_attempt,
+        release_lone=_watchers._release_lone,
+        threshold_of=_thresholds.threshold_of,
+        running_loop=running_loop,
+        expired_then_raise=_expired_then_raise,
+        report_expiration=_report_expiration,
+        deadline_of=_wheel._deadline_of,
+        nothing_to_pop=_watchers._NOTHING_TO_POP,
+        missing=_watchers._MISSING,
+        split_keys=_split_keys,
+        check_one_threshold=_check_one_threshold,
+        no_keys=_no_keys,
+        beyond_horizon=_beyond_horizon,
+        full=_full,
+    )

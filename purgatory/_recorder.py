@@ -31,7 +31,9 @@ written and `anchor_error` says why.
 Failures. A write that fails (a full disk, a removed directory) raises to the caller (a
 purgatory reports it and settles the operation regardless) after counting the records it lost in
 `lost_lines`: the failed batch, and the records of a file that can no longer be published. After
-a failed write the file is cut back to its last whole batch.
+a failed write the file is cut back to its last whole batch. `flush` (and so a purgatory's
+shutdown) goes on past a failed batch: every batch is written or counted, then the first failure
+is raised.
 
 Not thread-safe: a purgatory calls its recorder from the one thread its loop runs on.
 """
@@ -344,13 +346,26 @@ class FileRecorder:
         """Write every finished operation and publish the file (rename away ``.part``).
 
         Operations still open stay in memory and are written when they end (or at `close`).
+        A batch whose write fails is counted in `lost_lines` and the flush goes on with the
+        next ones; the first failure is raised once every batch is written or counted.
         """
+        failure: Exception | None = None
         try:
-            self._collect()
+            for _ in range(len(self._sinks) + 1):  # each failure leaves the failed sink taken
+                try:
+                    self._collect()
+                    break
+                except Exception as exc:  # noqa: BLE001 - counted; raised after the rest
+                    failure = failure or exc
             while self._pending:
-                self._write_batch()
+                try:
+                    self._write_batch()
+                except Exception as exc:  # noqa: BLE001 - counted; raised after the rest
+                    failure = failure or exc
         finally:  # what is whole is published, whatever the last write did (cut back to it)
             self._publish()
+        if failure is not None:
+            raise failure
 
     def event_sink(self, purgatory: str) -> EventSink:
         """The bulk path (see ``purgatory._events``): where the purgatory named `purgatory`

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import final
+from typing import TYPE_CHECKING, Any, final
 
-__all__ = ("PurgatoryStatistics",)
+if TYPE_CHECKING:
+    from ._purge_rule import PurgeRule
+    from ._timer import SystemTimer
+    from ._watchers import WatcherLists
+
+__all__ = ("PurgatoryStatistics", "read_statistics")
 
 
 @final
@@ -29,7 +34,11 @@ class PurgatoryStatistics:
     completed: int
     """Operations completed by their condition or `force_complete` (expiries not included)."""
     expired: int
-    """Operations completed by their deadline (`drain` included)."""
+    """Operations completed by their deadline (`drain`'s not included: see `drained`)."""
+    drained: int
+    """Operations answered by `drain` before their deadline, as at it (``is_expired`` is set and
+    ``on_expiration`` ran): a shutdown's answers, apart from the expiries a dashboard alerts on.
+    """
     cancelled: int
     """Operations cancelled (`cancel_for_key`, `shutdown`, a cancelled `watch`)."""
     purged: int
@@ -41,3 +50,26 @@ class PurgatoryStatistics:
     slices, one per pass; `purge` calls are not counted)."""
     next_deadline_in: float
     """Seconds until the timer next has work (``math.inf`` when nothing is timed)."""
+
+
+def read_statistics(
+    timer: SystemTimer[Any],
+    lists: WatcherLists[Any],
+    rule: PurgeRule,
+    completed: int,
+    cancelled: int,
+) -> PurgatoryStatistics:
+    """A purgatory's statistics, read from its parts (only read: see `PurgatoryStatistics`)."""
+    return PurgatoryStatistics(
+        watched=lists.entries,
+        delayed=timer.delayed,
+        keys=len(lists),
+        completed=completed,
+        expired=timer.expired,
+        drained=timer.drained,
+        cancelled=cancelled,
+        purged=lists.purged,
+        timer_passes=timer.passes,
+        purges=rule.purges,
+        next_deadline_in=timer.next_deadline_in(),
+    )

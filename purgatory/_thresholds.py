@@ -26,6 +26,17 @@ stays queued as a *dead* entry that a release skips and counts off. Once dead en
 of those queued, both structures are rebuilt without them, which is O(1) amortised per removal.
 Nothing queued refers to an operation, so a removed one is never kept alive.
 
+Thresholds that order against each other. Every threshold of a key is compared with the others,
+sooner or later: queued after the run's tail, pushed on the heap, or against the other head as a
+trigger releases them. Offsets and times (ints and floats) always compare, and a value of
+another type meets at least one of the key's thresholds as it is queued, so a mix of kinds is
+refused there. Tuples can compare in part only: ``(1, 5)`` and ``(2, "y")`` order, ``(1, 5)``
+and ``(1, "y")`` do not, and such a pair would only meet in a later trigger, which would fail.
+So a threshold that is not an int or a float is checked against the key's thresholds before
+the watch (`ThresholdWatchers.check_orders`, off the hot path): once against each of them,
+or not at all when it has the *shape* of all of them (`shape_of`: the same types at the same
+places, which compare whatever the values).
+
 Who does what. The container is the watcher lists' (`purgatory._watchers`), the only code that
 touches it: the two hot paths, queueing a threshold as an operation registers and releasing
 thresholds as a trigger comes, are taken inline there, on the fields below (their per-entry
@@ -38,13 +49,57 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Hashable, Iterator
-from typing import Any, Generic, TypeVar, final
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, final
 
-__all__ = ("ThresholdWatchers", "threshold_of")
+from ._impl import native
+from ._operation import FINISHED
+
+__all__ = ("ThresholdWatchers", "check_orders", "shape_of", "threshold_of")
+
+_heappop = heapq.heappop
+
+
+class _Lists(Protocol):
+    """What a release needs of the watcher lists: to count off an entry that left."""
+
+    def left(self, op: Any, /) -> None: ...
+
 
 Op = TypeVar("Op")
 
 _MISSING: Any = object()
+# The shape of a value whose comparisons depend on more than its type (`shape_of`).
+_UNSURE: Any = object()
+# Types whose values always order against each other (None only equals None: a tuple comparison
+# never reaches ``<`` on two of them).
+_SIMPLE = frozenset((int, float, bool, str, bytes, type(None)))
+
+
+def shape_of(threshold: Any) -> Any:
+    """The types that decide whether `threshold` orders against another value: its type, or for
+    a tuple the tuple of its items' shapes. Two thresholds of one shape always order against
+    each other, unless the shape holds a type whose values may not (``_UNSURE`` then: a
+    ``complex``, a class of the user's own)."""
+    kind = type(threshold)
+    if kind in _SIMPLE:
+        return kind
+    if kind is tuple:
+        shapes = tuple(map(shape_of, threshold))
+        return _UNSURE if _UNSURE in shapes else shapes
+    return _UNSURE
+
+
+def check_orders(threshold: Any, other: Any, key: Hashable) -> None:
+    """Refuse `threshold` unless it orders against `other`, a threshold of `key` (both ways)."""
+    try:
+        threshold < other  # noqa: B015 - asked for the error only
+        other < threshold  # noqa: B015
+    except TypeError as exc:
+        raise TypeError(
+            f"threshold {threshold!r} for {key!r} does not order against {other!r}, a "
+            "threshold the key already has: a key's thresholds must all compare (offsets, "
+            "times, or tuples with the same types at the same places)"
+        ) from exc
 
 
 def threshold_of(op: Any, key: Hashable) -> Any:
@@ -62,8 +117,27 @@ def threshold_of(op: Any, key: Hashable) -> Any:
     return marks
 
 
+if TYPE_CHECKING or native is None:
+
+    class _ThresholdCore:
+        """One key's threshold watchers' fields (the native core gives them a C layout:
+        `purgatory._impl`)."""
+
+        __slots__ = (
+            "at",
+            "dead",
+            "heap",
+            "plain",
+            "run",
+            "shape",
+        )
+
+else:
+    _ThresholdCore = native.ThresholdCore
+
+
 @final
-class ThresholdWatchers(Generic[Op]):
+class ThresholdWatchers(_ThresholdCore, Generic[Op]):
     """The watchers of one key of which some watch at a threshold.
 
     ``plain`` holds the operations tried by every trigger of the key (watched without a
@@ -72,7 +146,7 @@ class ThresholdWatchers(Generic[Op]):
     ``dead`` counts the queued entries whose threshold has left ``at``.
     """
 
-    __slots__ = ("at", "dead", "heap", "plain", "run")
+    __slots__ = ()
 
     def __init__(self, plain: dict[Op, None]) -> None:
         self.plain = plain
@@ -80,6 +154,10 @@ class ThresholdWatchers(Generic[Op]):
         self.run: deque[Any] = deque()
         self.heap: list[Any] = []
         self.dead = 0
+        #: The shape (`shape_of`) every threshold queued here has, as `check_orders` last
+        #: found; ``None`` while unknown. Only ints and floats join unchecked, and they order
+        #: against nothing of another sure shape (their queueing refuses them).
+        self.shape: Any = None
 
     def __len__(self) -> int:
         return len(self.plain) + sum(
@@ -88,10 +166,16 @@ class ThresholdWatchers(Generic[Op]):
 
     def __iter__(self) -> Iterator[Op]:
         """The plain watchers, then those at a threshold in threshold order (watch order within
-        one), as a trigger without a value re-tries them."""
+        one), as a trigger without a value re-tries them; in the order they came if the
+        thresholds do not sort (values of a class of the user's own, say): a shutdown or a
+        cancel always gets them all."""
         yield from self.plain
         at = self.at
-        for threshold in sorted(at):
+        try:
+            order = sorted(at)
+        except TypeError:
+            order = list(at)
+        for threshold in order:
             waiting = at[threshold]
             if type(waiting) is list:
                 yield from waiting
@@ -110,6 +194,20 @@ class ThresholdWatchers(Generic[Op]):
             return False
         waiting = self.at.get(threshold)
         return waiting is op or (type(waiting) is list and op in waiting)
+
+    def check_orders(self, threshold: Any, key: Hashable) -> None:
+        """Refuse `threshold` (`TypeError`) unless it orders against every threshold queued
+        here (dead ones too: a release still compares them). O(1) when it has the shape of
+        all of them, else O(thresholds queued)."""
+        shape = shape_of(threshold)
+        if shape is not _UNSURE and shape == self.shape:
+            return
+        queued = {*self.run, *self.heap}
+        same = True
+        for other in queued:
+            check_orders(threshold, other, key)
+            same = same and shape_of(other) == shape
+        self.shape = shape if same and shape is not _UNSURE else None
 
     def add(self, op: Op, threshold: Any) -> None:
         """Watch at `threshold` (``None``: plain).
@@ -136,6 +234,52 @@ class ThresholdWatchers(Generic[Op]):
             waiting.append(op)
         else:
             at[threshold] = [waiting, op]
+
+    # Its loop runs once per threshold released: a call per step would cost more than a branch.
+    def release(self, reached: Any, lists: _Lists) -> None:  # noqa: PLR0912
+        """Release every threshold ``<= reached``, in order (a trigger with a value): its
+        operations become plain watchers of the key, re-tried after the older plain ones,
+        except those already finished (through another key), which leave the key on the spot
+        (``lists.left``) and are never re-tried.
+
+        Runtime complexity: O(1) per threshold of the run, O(log n) per one of the heap.
+        """
+        run = self.run
+        heap = self.heap
+        at = self.at
+        plain = self.plain
+        while True:
+            if run:
+                threshold = run[0]
+                if heap and heap[0] < threshold:
+                    threshold = heap[0]
+                    if not threshold <= reached:
+                        break
+                    _heappop(heap)
+                else:
+                    if not threshold <= reached:
+                        break
+                    run.popleft()
+            elif heap:
+                threshold = heap[0]
+                if not threshold <= reached:
+                    break
+                _heappop(heap)
+            else:
+                break
+            waiting = at.pop(threshold, None)
+            if waiting is None:
+                self.dead -= 1
+            elif type(waiting) is list:
+                for op in waiting:
+                    if op._state & FINISHED:
+                        lists.left(op)
+                    else:
+                        plain[op] = None
+            elif waiting._state & FINISHED:
+                lists.left(waiting)
+            else:
+                plain[waiting] = None
 
     def push(self, threshold: Any) -> None:
         """Queue an out-of-order `threshold` in the heap (``TypeError`` if it does not compare:

@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final
 
+from ._impl import install, native
 from ._operation import EXPIRED, FINISHED
 from ._wheel import TimingWheel
 
@@ -40,6 +41,8 @@ Op = TypeVar("Op", bound="DelayedOperation[Any]")
 # float noise on a tick boundary neither delays an expiry by a tick nor fires one early.
 _TICK_SLACK: Final = 1e-6
 _ceil = math.ceil
+# Floats `time_of` steps over at most, either way, from its first estimate (a few ulps off).
+_NUDGES: Final = 64
 _floor = math.floor
 # An alarm's `wake_tick` while nothing needs to wake it: its driver is in a pass, or has not
 # learned yet when the next one is due and will ask.
@@ -51,10 +54,53 @@ MAX_TIMEOUT_TICKS: Final = 2**53
 #: The latest time, in ticks, a timer counts to (a driven clock refuses to move past it): far
 #: beyond any deadline, and far from where seconds divided by the tick stop being finite.
 MAX_TIME_TICKS: Final = 2**62
+#: How finely float seconds must resolve a tick at every time a timer counts to: a thousandth
+#: (2**-10) of it. Later, a float's spacing grows past that and timeouts shorter than it round
+#: away (at 2**52 s the spacing is a second): a driven clock refuses those times.
+TICK_RESOLUTION: Final = 2**-10
+
+
+def time_limit(tick: float) -> float:
+    """The latest time (seconds) a timer of `tick` counts to: the first power of two at which a
+    float's spacing exceeds `TICK_RESOLUTION` of the tick (2**33 s for 1 ms ticks), or
+    `MAX_TIME_TICKS` ticks if that comes first."""
+    _, exponent = math.frexp(tick * TICK_RESOLUTION)  # tick * 2**-10 in [2**(e-1), 2**e)
+    # Below 2**(e + 52) a float's spacing is at most 2**(e - 1), which is within the bound.
+    return min(math.ldexp(1.0, exponent + 52), MAX_TIME_TICKS * tick)
+
+
+if TYPE_CHECKING or native is None:
+
+    class _TimerCore:
+        """A timer's fields (the native core gives them a C layout: `purgatory._impl`)."""
+
+        __slots__ = (
+            "__weakref__",
+            "_closed",
+            "_due_at",
+            "_due_now",
+            "_expire",
+            "_housekeeping",
+            "_in_flight",
+            "_outcome",
+            "alarm",
+            "delayed",
+            "drained",
+            "expired",
+            "max_timeout",
+            "now",
+            "passes",
+            "tick",
+            "time_limit",
+            "wheel",
+        )
+
+else:
+    _TimerCore = native.TimerCore
 
 
 @final
-class SystemTimer(Generic[Op]):
+class SystemTimer(_TimerCore, Generic[Op]):
     """The wheel, the count of operations in it, ticks, and the passes that expire them.
 
     Kafka: ``SystemTimer``. Its public face for drivers is the `purgatory.Timer` protocol.
@@ -63,52 +109,41 @@ class SystemTimer(Generic[Op]):
         tick: Seconds per tick.
         wheel_size: Slots per wheel level.
         now: Reads the clock (seconds); replaced by `use_clock` when a purgatory binds to a loop.
-        expire: Expires the pending operations of a due list, in order, at a time; returns how
-            many.
+        expire: Expires the pending operations of a due list, in order, at a time, with an
+            outcome (``"expired"``, or ``"drained"`` once draining); returns how many.
         housekeeping: Called after every pass with the number of operations the pass took from
             the wheel and the pass's budget; returns whether work is still owed at once.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_closed",
-        "_due_now",
-        "_expire",
-        "_housekeeping",
-        "_in_flight",
-        "alarm",
-        "delayed",
-        "expired",
-        "max_timeout",
-        "now",
-        "passes",
-        "tick",
-        "time_limit",
-        "wheel",
-    )
+    __slots__ = ()
 
     def __init__(
         self,
         tick: float,
         wheel_size: int,
         now: Callable[[], float],
-        expire: Callable[[list[Op], float], int],
+        expire: Callable[[list[Op], float, str], int],
         housekeeping: Callable[[int, int | None], bool],
     ) -> None:
         #: Seconds per tick (the `purgatory.Timer` protocol).
         self.tick = tick
         #: The longest timeout the timer takes, in seconds.
         self.max_timeout = MAX_TIMEOUT_TICKS * tick
-        #: The latest time (seconds) the timer counts to (the `purgatory.Timer` protocol).
-        self.time_limit = MAX_TIME_TICKS * tick
+        #: The latest time (seconds) the timer counts to (the `purgatory.Timer` protocol): the
+        #: last where float seconds still resolve a tick (`time_limit`).
+        self.time_limit = time_limit(tick)
         #: Reads the clock (seconds): the recorders' reads, with no call of the timer's.
         self.now = now
         self._expire = expire
         self._housekeeping = housekeeping
         #: Operations held (Kafka ``numDelayed``); the wheel keeps no count of its own.
         self.delayed = 0
-        #: Operations expired by the passes.
+        #: Operations expired by the passes, at their deadline.
         self.expired = 0
+        #: Operations expired early by a drain (`drain`, and the passes once draining).
+        self.drained = 0
+        # The outcome of what the passes expire: "drained" once `drain` has been called.
+        self._outcome = "expired"
         #: Passes run.
         self.passes = 0
         #: Who runs the passes, told when one falls due earlier than it planned (``None``: a
@@ -117,6 +152,8 @@ class SystemTimer(Generic[Op]):
         self._closed = False
         # Housekeeping is owed at once (the next pass is now, whatever the wheel holds).
         self._due_now = False
+        # The tick by which housekeeping is owed (`request_pass_at`); math.inf: none.
+        self._due_at: float = math.inf
         # Due lists of the passes under way, so that a shutdown inside one finds them.
         self._in_flight: list[list[Op]] = []
         self.wheel = TimingWheel(wheel_size, 0)
@@ -127,10 +164,26 @@ class SystemTimer(Generic[Op]):
 
     # -- the purgatory's side -----------------------------------------------------------------
 
+    def expire_with(self, expire: Callable[[list[Op], float, str], int]) -> None:
+        """Expire the passes' due operations with `expire` from here on (a purgatory whose event
+        sink changed: its expiries' ends go to the new one)."""
+        self._expire = expire
+
     def use_clock(self, now: Callable[[], float]) -> None:
-        """Read time from `now` from here on, and start counting ticks at its current time."""
+        """Read time from `now` from here on, and start counting ticks at its current time.
+
+        Raises:
+            ValueError: The clock's time is not a finite number of seconds.
+        """
         self.now = now
-        self.wheel.advance(self.ticks(now()))
+        start = now()
+        _check_time(start, "the clock's time")
+        self.wheel.advance(self.ticks(start))
+
+    def check_clock(self) -> None:
+        """Raise if the clock reads something that is not a finite number of seconds: the slow
+        path of a watch that failed, which may have failed on the clock's value."""
+        _check_time(self.now(), "the clock's time")
 
     def current_time(self) -> float:
         """The clock's time in seconds."""
@@ -197,6 +250,17 @@ class SystemTimer(Generic[Op]):
         if tick < wake and alarm.alive:
             alarm.wake_by(tick)
 
+    def request_pass_at(self, tick: int) -> None:
+        """Housekeeping falls due at `tick` (a purge of what finished meanwhile): have the
+        driver run a pass then, even if nothing else is due. Like `request_pass`, a reaper
+        whose task ended is not brought back for it."""
+        if tick >= self._due_at:
+            return
+        self._due_at = tick
+        alarm = self.alarm
+        if alarm is not None and tick < alarm.wake_tick and alarm.alive:
+            alarm.wake_by(tick)  # (not while a pass is under way: wake_tick is -inf then)
+
     def in_flight(self) -> int:
         """Operations the passes under way took from the wheel and have not expired yet."""
         return sum(map(len, self._in_flight))
@@ -207,7 +271,13 @@ class SystemTimer(Generic[Op]):
 
     def drain(self, answer: Callable[[Op], object] | None) -> int:
         """Hand every operation held to `answer`, in deadline order, then expire those still
-        pending (a purgatory's drain); return how many `answer` completed or expired."""
+        pending (a purgatory's drain); return how many `answer` completed or expired.
+
+        From then on what the passes expire is *drained* (counted in `drained`, not `expired`,
+        and told to the event log as such): only operations watched while draining, due at
+        once, are left to expire.
+        """
+        self._outcome = "drained"
         answered = 0
         if answer is not None:
             for op in self.held():
@@ -217,7 +287,8 @@ class SystemTimer(Generic[Op]):
         return answered + self.expire_all()
 
     def expire_all(self) -> int:
-        """Expire every operation held now, in deadline order (a drain); return how many."""
+        """Expire every operation held now, in deadline order (a drain: `drain` first); return
+        how many."""
         if self._closed:
             return 0
         due = self.held()
@@ -234,6 +305,7 @@ class SystemTimer(Generic[Op]):
         those of a pass under way included."""
         self._closed = True
         self._due_now = False
+        self._due_at = math.inf
         held = list(self.wheel)
         for op in held:  # the whole wheel goes: no entry names a bucket of it any more
             op._bucket = None
@@ -254,11 +326,23 @@ class SystemTimer(Generic[Op]):
             budget: At most about this many entries are cascaded, and purged, in this pass (the
                 rest at the next passes, which `next_pass_at` then says are due at once), so
                 that a driver on an event loop never stalls it; ``None``: all of it.
+
+        Raises:
+            ValueError: `now` is NaN or infinite, or `budget` is negative.
+            TypeError: `now` is not a number, or `budget` is not an int (nor ``None``).
+
+        A refused call changes nothing and is not counted as a pass.
         """
         if self._closed:
             return 0
-        self.passes += 1
+        if budget is not None and not (type(budget) is int and budget >= 0):
+            raise _budget_error(budget)
+        if not (type(now) is float and now - now == 0.0):  # (NaN and inf give NaN)
+            _check_time(now, "now")
         due = self.wheel.advance(self.ticks(now), budget)
+        self.passes += 1
+        if self._due_at <= self.wheel.current_tick:  # the housekeeping asked for is this pass's
+            self._due_at = math.inf
         expired = 0
         taken = len(due)
         if due:
@@ -273,11 +357,48 @@ class SystemTimer(Generic[Op]):
             return math.inf
         if self._due_now:
             return self.wheel.current_tick
-        return self.wheel.next_deadline()
+        deadline = self.wheel.next_deadline()
+        return self._due_at if self._due_at < deadline else deadline
 
     def next_pass_at(self) -> float:
-        """The time (seconds) at which a pass next has work; ``math.inf`` if none."""
-        return self.next_pass_tick() * self.tick
+        """The time (seconds) at which a pass next has work; ``math.inf`` if none.
+
+        The due tick's own time, ``tick * self.tick`` (or the next float after it, if the
+        timer's rounding reaches the tick only there); a pass may find that work a hair
+        earlier, within the rounding the timer tolerates: `time_of` says from when.
+        """
+        tick = self.next_pass_tick()
+        if tick == math.inf:
+            return tick
+        at = tick * self.tick
+        for _ in range(_NUDGES):
+            if self.ticks(at) >= tick:
+                break
+            at = math.nextafter(at, math.inf)
+        return at
+
+    def time_of(self, tick: float) -> float:
+        """The earliest time (seconds) at which a pass reaches `tick` (``+-math.inf`` as given).
+
+        About ``tick * self.tick``, but exact against the timer's own rounding: a pass at the
+        answer has the work due at `tick`, and a pass a float earlier has not (``9 * 0.001`` is
+        ``0.009000000000000001``, after ``0.009``, which reaches tick 9).
+        """
+        if tick in (math.inf, -math.inf):
+            return tick
+        length = self.tick
+        at = (tick - _TICK_SLACK) * length  # a float or two from the answer
+        nextafter = math.nextafter
+        for _ in range(_NUDGES):  # up to the first time that reaches the tick (`ticks`, inline)
+            if _floor(at / length + _TICK_SLACK) >= tick:
+                break
+            at = nextafter(at, math.inf)
+        for _ in range(_NUDGES):  # ... and down to the earliest one
+            earlier = nextafter(at, -math.inf)
+            if _floor(earlier / length + _TICK_SLACK) < tick:
+                break
+            at = earlier
+        return at
 
     def next_deadline_in(self) -> float:
         """Seconds until an operation held next needs a pass (``math.inf`` if none), reading
@@ -296,9 +417,10 @@ class SystemTimer(Generic[Op]):
         not expired yet goes back into the wheel, due at the next pass."""
         in_flight = self._in_flight
         in_flight.append(due)
+        outcome = self._outcome
         expired = 0
         try:
-            expired = self._expire(due, now)
+            expired = self._expire(due, now, outcome)
         except BaseException:
             expired = sum(1 for op in due if op._state & EXPIRED)
             if not self._closed:
@@ -310,7 +432,10 @@ class SystemTimer(Generic[Op]):
             raise
         finally:
             in_flight.pop()
-            self.expired += expired
+            if outcome == "expired":
+                self.expired += expired
+            else:
+                self.drained += expired
         return expired
 
     def _check(self, now: float | None, driven: bool) -> None:
@@ -334,6 +459,27 @@ class SystemTimer(Generic[Op]):
             )
 
 
+def _check_time(now: object, what: str) -> None:
+    """Refuse `now` (`what` names it) unless it is a time: a finite number of seconds (an int
+    or a float, not a bool), before anything moves."""
+    if isinstance(now, bool) or not isinstance(now, int | float):
+        raise TypeError(f"{what} must be a finite number of seconds, got {now!r}")
+    try:
+        finite = math.isfinite(now)
+    except OverflowError:  # an int beyond every float
+        finite = False
+    if not finite:
+        raise ValueError(f"{what} must be a finite number of seconds, got {now!r}")
+
+
+def _budget_error(budget: object) -> Exception:
+    kind = ValueError if type(budget) is int else TypeError
+    return kind(f"budget must be an int >= 0 (entries per pass) or None (all), got {budget!r}")
+
+
 def _deadline_of(op: Any) -> int:
     deadline: int = op._deadline
     return deadline
+
+
+install(SystemTimer, "add", "add_due", "run_pass", "next_pass_tick")

@@ -49,8 +49,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
 from ._asyncio import report_exception, report_false_claim
+from ._impl import install, native
 from ._operation import DONE, EXPIRED_NOW, FINISHED
-from ._thresholds import ThresholdWatchers, threshold_of
+from ._thresholds import ThresholdWatchers, check_orders, threshold_of
 
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
@@ -63,15 +64,30 @@ Op = TypeVar("Op", bound="DelayedOperation[Any]")
 _NOTHING_TO_POP: dict[Any, None] = {}
 _MISSING: Any = object()
 _COLLECTIONS = (dict, ThresholdWatchers)
-_heappop = heapq.heappop
 _heappush = heapq.heappush
 
 
+if TYPE_CHECKING or native is None:
+
+    class _ListsCore:
+        """The watcher lists' fields (the native core gives them a C layout: `purgatory._impl`)."""
+
+        __slots__ = (
+            "_entries",
+            "_lists",
+            "_purged",
+            "queue",
+        )
+
+else:
+    _ListsCore = native.ListsCore
+
+
 @final
-class WatcherLists(Generic[Op]):
+class WatcherLists(_ListsCore, Generic[Op]):
     """The watcher lists of one purgatory, for all keys, and their purge."""
 
-    __slots__ = ("_entries", "_lists", "_purged", "queue")
+    __slots__ = ()
 
     def __init__(self) -> None:
         # A key's watchers: the operation, an ordered set or a ThresholdWatchers.
@@ -103,6 +119,20 @@ class WatcherLists(Generic[Op]):
         return list(ops) if type(ops) in _COLLECTIONS else [ops]
 
     # -- registration -------------------------------------------------------------------------
+
+    def check_orders(self, key: Hashable, threshold: Any) -> None:
+        """Refuse (`TypeError`) a `threshold` for `key` that does not order against the key's
+        thresholds: the slow path of a watch at a threshold that is not an int or a float,
+        before anything is tried (see `purgatory._thresholds`)."""
+        ops = self._lists.get(key)
+        if ops is None or type(ops) is dict:
+            return
+        if type(ops) is ThresholdWatchers:
+            ops.check_orders(threshold, key)
+            return
+        other = threshold_of(ops, key)  # a lone watcher
+        if other is not None:
+            check_orders(threshold, other, key)
 
     # Registration runs once per watch and its per-key loop once per key: inlined on purpose.
     def register(  # noqa: C901, PLR0912, PLR0915
@@ -238,16 +268,19 @@ class WatcherLists(Generic[Op]):
 
     # -- the trigger --------------------------------------------------------------------------
 
-    # The trigger loop runs once per re-tried entry: its steps are inlined on purpose.
+    # The trigger's loop runs once per re-tried entry: its steps are inlined on purpose.
     def trigger(  # noqa: C901, PLR0912, PLR0915
         self, key: Hashable, reached: Any, attempt: Callable[[Op], None]
     ) -> int:
         """Re-try `key`'s watchers (those at a threshold ``<= reached`` only, unless it is
         ``None``); return how many completed. Kafka: ``Watchers.tryCompleteWatched``.
 
-        Finished operations found on the list are dropped. An async operation is handed to
-        `attempt` (which starts its attempt or marks one pending). A `try_complete` that raises
-        is reported and the others are still tried.
+        The key's shape says what is re-tried: every watcher of an ordered set, in watch order;
+        of a `ThresholdWatchers`, the plain ones and then by threshold, or, given `reached`, the
+        plain ones after those its release adds (`ThresholdWatchers.release`); a lone watcher if
+        its threshold was reached. Then one loop re-tries them. Finished operations found on the
+        list are dropped. An async operation is handed to `attempt` (which starts its attempt or
+        marks one pending). A `try_complete` that raises is reported and the others are tried.
 
         Raises:
             ValueError: `reached` is NaN.
@@ -266,51 +299,13 @@ class WatcherLists(Generic[Op]):
             candidates = list(ops)
             drop = ops.pop
         elif type(ops) is ThresholdWatchers:
-            plain = ops.plain
             if reached is None:
                 candidates = list(ops)
                 drop = partial(ops.pop, key=key)
             else:
-                # Release every threshold <= reached, in order (ThresholdWatchers' release,
-                # inline): their operations become plain watchers, re-tried below after the
-                # key's older plain ones, except those already finished (through another key),
-                # which leave the list on the spot and are never re-tried.
-                run = ops.run
-                heap = ops.heap
-                at = ops.at
-                while True:
-                    if run:
-                        threshold = run[0]
-                        if heap and heap[0] < threshold:
-                            threshold = heap[0]
-                            if not threshold <= reached:
-                                break
-                            _heappop(heap)
-                        else:
-                            if not threshold <= reached:
-                                break
-                            run.popleft()
-                    elif heap:
-                        threshold = heap[0]
-                        if not threshold <= reached:
-                            break
-                        _heappop(heap)
-                    else:
-                        break
-                    waiting = at.pop(threshold, None)
-                    if waiting is None:
-                        ops.dead -= 1
-                    elif type(waiting) is list:
-                        self._release(waiting, plain)
-                    elif waiting._state & FINISHED:
-                        self._entries -= 1
-                        waiting._listed -= 1
-                        if not waiting._listed:
-                            self.queue.pop(waiting, None)
-                    else:
-                        plain[waiting] = None
-                candidates = list(plain)
-                drop = plain.pop
+                ops.release(reached, self)
+                candidates = list(ops.plain)
+                drop = ops.plain.pop
         else:
             if reached is not None:
                 threshold = threshold_of(ops, key)
@@ -376,16 +371,13 @@ class WatcherLists(Generic[Op]):
             self._tidy(key, ops, single)  # a newcomer may have joined the key meanwhile
         return completed
 
-    def _release(self, waiting: list[Op], plain: dict[Op, None]) -> None:
-        """Release the operations that waited under one threshold (see `trigger`)."""
-        for op in waiting:
-            if op._state & FINISHED:
-                self._entries -= 1
-                op._listed -= 1
-                if not op._listed:
-                    self.queue.pop(op, None)
-            else:
-                plain[op] = None
+    def left(self, op: Op) -> None:
+        """`op`, finished through another key, left one of its lists as a release found it (see
+        `ThresholdWatchers.release`): one entry fewer, out of the purge queue once on none."""
+        self._entries -= 1
+        op._listed -= 1
+        if not op._listed:
+            self.queue.pop(op, None)
 
     def _tidy(self, key: Hashable, ops: Any, single: Op | None) -> None:
         """After a trigger of `key`: drop a finished lone watcher, or the key's emptied list."""
@@ -558,7 +550,8 @@ def _release_lone(op: Any, key: Hashable) -> None:
     """Make the lone watcher `op` of `key` a plain watcher of it (its threshold was reached)."""
     marks = op._marks
     if type(marks) is dict:
-        marks[key] = None
+        # A copy: the event log may still hold the watch's own marks, to render them as given.
+        op._marks = {**marks, key: None}
     else:  # one threshold for every key: this key's own mark now differs
         op._marks = dict.fromkeys(op._keys, marks)
         op._marks[key] = None
@@ -591,3 +584,6 @@ def _take_all(ops: Any) -> list[Any]:
         ops.clear()
         return taken
     return [ops]
+
+
+install(WatcherLists, "register", "trigger", "purge")

@@ -45,20 +45,60 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator
-from typing import Any, Final, Protocol, final
+from typing import TYPE_CHECKING, Any, Final, Protocol, final
+
+from ._impl import install, native
 
 __all__ = ("Bucket", "TimerEntry", "TimingWheel")
 
 
+if TYPE_CHECKING or native is None:
+
+    class _BucketCore(dict[Any, None]):
+        """A bucket's fields (the native core gives them a C layout: `purgatory._impl`)."""
+
+        __slots__ = ("expiration", "level", "older", "wheel")
+
+    class _WheelCore:
+        """A wheel's fields (the native core gives them a C layout: `purgatory._impl`)."""
+
+        __slots__ = (
+            "_active",
+            "_current",
+            "_heap",
+            "_lead1",
+            "_leads",
+            "_levels",
+            "_limit1",
+            "_memo_until",
+            "_overdue",
+            "_push_count",
+            "_slots1",
+            "_span1",
+            "_spans",
+            "_todo",
+            "_todo_done",
+            "_wheel_size",
+            "memo_bucket",
+            "memo_due",
+            "memo_high",
+            "memo_low",
+        )
+
+else:
+    _BucketCore = native.BucketCore
+    _WheelCore = native.WheelCore
+
+
 @final
-class Bucket(dict[Any, None]):
+class Bucket(_BucketCore):
     """The entries of one wheel slot, in insertion order; a ``dict`` for O(1) removal.
 
     Subclassing ``dict`` lets the hot paths add and remove entries with plain subscript syntax,
     without a Python-level method call.
     """
 
-    __slots__ = ("expiration", "level", "older", "wheel")
+    __slots__ = ()
 
     # A dict subclass may be hashed by identity: buckets are keys nowhere but it documents intent.
     __hash__ = object.__hash__  # type: ignore[assignment]
@@ -91,7 +131,7 @@ class TimerEntry(Protocol):
 
 
 @final
-class TimingWheel:
+class TimingWheel(_WheelCore):
     """Entries keyed by an integer deadline tick, returned in order once the tick has come.
 
     Args:
@@ -100,28 +140,7 @@ class TimingWheel:
         start_tick: The tick the wheel starts at; deadlines at or before it are already due.
     """
 
-    __slots__ = (
-        "_active",
-        "_current",
-        "_heap",
-        "_lead1",
-        "_leads",
-        "_levels",
-        "_limit1",
-        "_memo_until",
-        "_overdue",
-        "_push_count",
-        "_slots1",
-        "_span1",
-        "_spans",
-        "_todo",
-        "_todo_done",
-        "_wheel_size",
-        "memo_bucket",
-        "memo_due",
-        "memo_high",
-        "memo_low",
-    )
+    __slots__ = ()
 
     def __init__(self, wheel_size: int, start_tick: int = 0) -> None:
         if isinstance(wheel_size, bool) or not isinstance(wheel_size, int):
@@ -551,3 +570,6 @@ class TimingWheel:
 def _deadline_of(entry: Any) -> int:
     deadline: int = entry._deadline
     return deadline
+
+
+install(TimingWheel, "add", "remove", "advance", "next_deadline")

@@ -14,7 +14,7 @@ and the answer is written to nobody.
     )
 
     async def fetch(request: Request) -> Response:
-        op = DelayedFetch(...)
+        op = DelayedFetch(int(request.query_params["offset"]), timeout=30.0)
         try:
             result = await cancel_on_disconnect(
                 request.receive, purgatory.watch(op, ["topic-0"])
@@ -163,11 +163,15 @@ def drain_on_signals(
     ``on_complete`` value, as on expiry; requests still arriving are answered at once), then
     the signal goes to the handler that was in place before (the server's), whose wait now ends
     at once. Use it inside the lifespan, around its ``yield``, where the server has installed
-    its own handlers::
+    its own handlers (it is a plain context manager: ``with``, inside the purgatory's
+    ``async with``)::
 
-        async with Waiters("messages") as waiters, drain_on_signals(waiters):
-            ...
-            yield
+        @asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            async with Waiters("messages") as waiters:
+                app.state.waiters = waiters
+                with drain_on_signals(waiters):
+                    yield
 
     The handlers run on the event loop (``loop.add_signal_handler``), never between two
     bytecodes of the purgatory's own code; on leaving the block the previous ones are restored.

@@ -30,7 +30,9 @@ def test_all_is_exactly_the_public_names() -> None:
     assert set(purgatory.__all__) == public
     assert isinstance(purgatory.__all__, tuple)
     for name in purgatory.__all__:
-        assert getattr(purgatory, name).__module__ == "purgatory", name
+        if name != "IMPLEMENTATION":  # (a string)
+            assert getattr(purgatory, name).__module__ == "purgatory", name
+    assert purgatory.IMPLEMENTATION in ("native", "python")
     assert ManualClock.__module__ == "purgatory.testing"
 
 
@@ -117,3 +119,69 @@ def test_help_shows_watch_as_a_caller_writes_it() -> None:
 def test_the_default_wheel_size_is_written_out_and_agrees_with_its_constant() -> None:
     parameters = inspect.signature(purgatory.DelayedOperationPurgatory).parameters
     assert parameters["wheel_size"].default == DEFAULT_WHEEL_SIZE == 1024
+
+
+# -- help() of every public callable describes its arguments ----------------------------------
+
+#: Public classes whose constructor users never call: the purgatory builds its statistics (each
+#: field is documented where it is declared).
+BUILT_FOR_USERS = {"purgatory.PurgatoryStatistics"}
+
+
+def undocumented_arguments(obj: object) -> list[str]:
+    """The parameters of `obj` (but ``self``) that its docstring's ``Args:`` section, which
+    ``help()`` shows, does not name."""
+    try:
+        parameters = inspect.signature(obj).parameters.values()  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return []
+    doc = inspect.getdoc(obj) or ""
+    section = re.search(r"^Args:\n((?:    .*\n?|\n)*)", doc, re.MULTILINE)
+    named = set(re.findall(r"^    \*{0,2}(\w+)(?: \(.*?\))?:", section[1] if section else "", re.M))
+    return [p.name for p in parameters if p.name not in {"self", "cls"} | named]
+
+
+def every_public_callable() -> list[tuple[str, object]]:
+    import purgatory.asgi
+    import purgatory.otel
+    import purgatory.prometheus
+    import purgatory.testing
+
+    found: list[tuple[str, object]] = []
+    modules = (purgatory, purgatory.testing, purgatory.asgi, purgatory.prometheus, purgatory.otel)
+    for module in modules:
+        for name in module.__all__:
+            obj = getattr(module, name)
+            where = f"{module.__name__}.{name}"
+            if inspect.isclass(obj):
+                constructed = obj.__init__ is not object.__init__ and not getattr(
+                    obj, "_is_protocol", False
+                )
+                if constructed and where not in BUILT_FOR_USERS:
+                    found.append((where, obj))
+                found += [
+                    (f"{where}.{attr}", getattr(obj, attr))
+                    for attr, member in vars(obj).items()
+                    if not attr.startswith("_") and inspect.isfunction(member)
+                ]
+            elif callable(obj):
+                found.append((where, obj))
+    return found
+
+
+def test_help_of_every_public_callable_describes_its_arguments() -> None:
+    found = every_public_callable()
+    assert len(found) > 40  # the scan sees the API
+    missing = {where: names for where, obj in found if (names := undocumented_arguments(obj))}
+    assert missing == {}
+
+
+def test_the_argument_check_sees_an_undocumented_one() -> None:
+    def documented(a: int, b: int) -> None:
+        """Do.
+
+        Args:
+            a: One.
+        """
+
+    assert undocumented_arguments(documented) == ["b"]

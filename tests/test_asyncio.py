@@ -60,7 +60,7 @@ from purgatory import (
     OperationCancelled,
     PurgatoryClosed,
 )
-from purgatory._asyncio import PASS_BUDGET
+from purgatory._reaper import PASS_BUDGET
 from purgatory.testing import ManualClock, check_invariants
 
 pytestmark = pytest.mark.virtualclock

@@ -9,15 +9,22 @@ reference, with Kafka's name beside it, and no reference to files outside the re
 from __future__ import annotations
 
 import ast
+import asyncio
 import doctest
 import importlib
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
+from helpers import run_process
 from markdown_blocks import ROOT, Block, chains, doc_files, examples, parse, run_chain
 
 import purgatory
@@ -312,3 +319,303 @@ def test_the_site_searches_from_the_disk(site: Path) -> None:
         remote = [url for script, link in fetched for url in (script, link) if url]
         canonical = [url for url in remote if f'rel="canonical" href="{url}"' in html]
         assert remote == canonical, f"{page.name} loads {remote} from the network"
+
+
+# -- the docstrings' examples -----------------------------------------------------------------
+
+
+def literal_blocks(docstring: str) -> list[str]:
+    """The reST literal blocks of `docstring` (a paragraph ending in ``::``, then the indented
+    lines after it), dedented: its examples."""
+    lines = textwrap.dedent(docstring).splitlines()
+    blocks: list[str] = []
+    for i, line in enumerate(lines):
+        if not line.rstrip().endswith("::") or i + 1 >= len(lines) or lines[i + 1].strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        body: list[str] = []
+        for after in lines[i + 2 :]:
+            if after.strip() and len(after) - len(after.lstrip()) <= indent:
+                break
+            body.append(after)
+        blocks.append(textwrap.dedent("\n".join(body)).strip("\n") + "\n")
+    return blocks
+
+
+def docstring_examples() -> dict[tuple[str, str, int], str]:
+    """Every example of the package's docstrings (the Spark pipeline's aside: its own tests run
+    it): (module, qualified name or "", index) -> code."""
+    found: dict[tuple[str, str, int], str] = {}
+    package = Path(purgatory.__file__).parent
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        if "pipeline" in parts:
+            continue
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        scopes: list[tuple[str, ast.AST]] = [("", tree)]
+        while scopes:
+            name, node = scopes.pop()
+            docstring = ast.get_docstring(node, clean=False)  # type: ignore[arg-type]
+            for index, block in enumerate(literal_blocks(docstring or "")):
+                found[module, name, index] = block
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                    scopes.append((f"{name}.{child.name}".lstrip("."), child))
+    return found
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a docstring example takes from its surroundings (`before`: the names it uses
+    without defining them), and how the test uses what it defines (`after`)."""
+
+    before: str
+    after: str
+
+
+_FETCH = """
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from purgatory import DelayedOperation, DelayedOperationPurgatory
+from purgatory.testing import ManualClock
+
+LOG_END = 3
+
+
+class DelayedFetch(DelayedOperation[dict[str, int]]):
+    def __init__(self, offset: int, timeout: float) -> None:
+        super().__init__(timeout)
+        self.offset = offset
+
+    def try_complete(self) -> bool:
+        return self.force_complete() if self.offset < LOG_END else False
+
+    def on_complete(self) -> dict[str, int]:
+        return {"next_offset": LOG_END}
+
+
+purgatory = DelayedOperationPurgatory[DelayedFetch]("fetch", clock=ManualClock())
+"""
+
+_PRODUCE = """
+import asyncio
+import urllib.request
+
+from purgatory import DelayedOperation, DelayedOperationPurgatory
+from purgatory.testing import ManualClock
+
+
+class DelayedProduce(DelayedOperation[str]):
+    def try_complete(self) -> bool:
+        return False
+
+    def on_complete(self) -> str:
+        return "REQUEST_TIMED_OUT"
+"""
+
+#: Each docstring example, and how it runs. An example added to a docstring fails the test
+#: below until it has its entry here.
+CONTEXTS = {
+    ("purgatory.asgi", "", 0): Context(
+        _FETCH,
+        """
+with TestClient(Starlette(routes=[Route("/fetch", fetch)])) as client:
+    assert client.get("/fetch", params={"offset": 1}).json() == {"next_offset": 3}
+""",
+    ),
+    ("purgatory.asgi", "drain_on_signals", 0): Context(
+        """
+import asyncio
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+
+from purgatory import DelayedOperation, DelayedOperationPurgatory
+from purgatory.asgi import drain_on_signals
+
+
+class Parked(DelayedOperation[str]):
+    def try_complete(self) -> bool:
+        return False
+
+    def on_complete(self) -> str:
+        return "answered at the signal" if self.is_expired else "completed"
+
+
+Waiters = DelayedOperationPurgatory[Parked]
+""",
+        """
+handed: list[int] = []
+signal.signal(signal.SIGTERM, lambda signum, frame: handed.append(signum))  # the server's
+
+
+async def serve() -> str:
+    app = Starlette()
+    async with lifespan(app):
+        waiting = asyncio.create_task(app.state.waiters.watch(Parked(30.0), ["k"]))
+        await asyncio.sleep(0)
+        signal.raise_signal(signal.SIGTERM)
+        return await waiting
+
+
+assert asyncio.run(serve()) == "answered at the signal"
+assert handed == [signal.SIGINT]  # then handed to the server as its graceful stop
+""",
+    ),
+    ("purgatory.prometheus", "", 0): Context(
+        _PRODUCE + "\nPORT = {port}\n",
+        """
+asyncio.run(main())
+url = f"http://127.0.0.1:{PORT}/metrics"
+with urllib.request.urlopen(url, timeout=10) as response:
+    assert "# TYPE purgatory_delayed gauge" in response.read().decode()
+""",
+    ),
+    ("purgatory.prometheus", "", 1): Context(
+        _PRODUCE
+        + """
+from prometheus_client import REGISTRY, generate_latest
+
+produce = DelayedOperationPurgatory[DelayedProduce]("produce", clock=ManualClock())
+""",
+        """
+assert b'purgatory_parked_seconds_count{outcome="expired",purgatory="produce"}' in (
+    generate_latest(REGISTRY)
+)
+""",
+    ),
+    ("purgatory.otel", "", 0): Context(
+        _PRODUCE
+        + """
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+reader = InMemoryMetricReader()
+""",
+        """
+from opentelemetry import metrics as api
+
+api.set_meter_provider(MeterProvider(metric_readers=[reader]))
+asyncio.run(main())
+""",
+    ),
+}
+
+
+def test_every_docstring_example_has_its_context() -> None:
+    assert set(docstring_examples()) == set(CONTEXTS)
+
+
+@pytest.mark.parametrize("where", sorted(CONTEXTS), ids=lambda where: ":".join(map(str, where)))
+def test_docstring_example_runs(where: tuple[str, str, int], tmp_path: Path) -> None:
+    """Each example, as its docstring shows it, in a fresh interpreter (warnings are errors),
+    with what it needs around it. A server's port becomes a free one (9464 may be taken)."""
+    example = docstring_examples()[where]
+    context = CONTEXTS[where]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = (
+        textwrap.dedent(context.before).replace("{port}", str(port))
+        + example.replace("9464", str(port))
+        + textwrap.dedent(context.after)
+    )
+    done = run_process(sys.executable, "-W", "error", "-c", code, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, f"{where}:\n{code}\n{done.stderr}"
+
+
+# -- the FastAPI recipe, served for real --------------------------------------------------------
+
+#: Runs the chain of docs/asgi.md's blocks (its FastAPI recipe is the last) as a module of a
+#: reader's would, adds a route of the test's own (how many requests are parked), and serves
+#: the recipe's `api` with uvicorn on a free port, as ``uvicorn module:api`` does.
+SERVE_RECIPE = """
+import json, sys
+import uvicorn
+from starlette.requests import Request
+
+namespace = {"__name__": "recipe"}
+for block in json.load(sys.stdin):
+    code = compile("\\n" * (block["line"] - 1) + block["code"], block["file"], "exec")
+    exec(code, namespace)
+api = namespace["api"]
+
+
+@api.get("/test/parked")
+def parked(request: Request) -> dict[str, int]:
+    return {"delayed": request.app.state.waiters.num_delayed()}
+
+
+uvicorn.run(api, host="127.0.0.1", port=0)
+"""
+#: Requests parked when the recipe's server gets SIGTERM.
+RECIPE_PARKED = 10
+
+
+async def serve_recipe() -> tuple[asyncio.subprocess.Process, str, list[str]]:
+    """The FastAPI recipe under uvicorn, in a process of its own; its URL and its log so far."""
+    (chain,) = [c for c in CHAINS if c[0].path.name == "asgi.md" and "FastAPI(" in c[-1].code]
+    payload = json.dumps([{"file": str(b.path), "line": b.line, "code": b.code} for b in chain])
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        SERVE_RECIPE,
+        cwd=ROOT,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdin is not None
+    assert process.stderr is not None
+    process.stdin.write(payload.encode())
+    process.stdin.close()
+    log: list[str] = []
+    async with asyncio.timeout(60):
+        while "Uvicorn running on" not in (log[-1] if log else ""):
+            line = (await process.stderr.readline()).decode()
+            assert line, f"uvicorn ended before it served: {log}"
+            log.append(line.rstrip("\n"))
+    return process, log[-1].split("Uvicorn running on ", 1)[1].split()[0], log
+
+
+@pytest.mark.asyncio
+async def test_the_fastapi_recipe_answers_every_parked_request_at_once_on_sigterm() -> None:
+    """docs/asgi.md's FastAPI block, copied as is and served by uvicorn: with requests parked
+    for 30 s, SIGTERM answers each within a second (its messages, ``expired``) and uvicorn
+    exits 0 with nothing in its log but its own lines."""
+    process, base, log = await serve_recipe()
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60)) as http:
+            parked = [
+                asyncio.create_task(http.get(f"{base}/boxes/inbox", params={"timeout": 30}))
+                for _ in range(RECIPE_PARKED)
+            ]
+            async with asyncio.timeout(30):
+                while (await http.get(f"{base}/test/parked")).json()["delayed"] < RECIPE_PARKED:
+                    await asyncio.sleep(0.05)
+            clock = asyncio.get_running_loop().time
+            signalled = clock()
+            process.terminate()  # SIGTERM, as Kubernetes or systemd stops a server
+            answers = await asyncio.gather(*parked)
+            answered_in = clock() - signalled
+        assert [answer.status_code for answer in answers] == [200] * RECIPE_PARKED
+        assert all(answer.json() == {"messages": [], "expired": True} for answer in answers)
+        assert answered_in < 1.0, f"answered {answered_in:.2f} s after SIGTERM"
+        assert process.stderr is not None
+        async with asyncio.timeout(30):
+            rest = (await process.stderr.read()).decode()
+            returncode = await process.wait()
+        log.extend(rest.splitlines())
+        assert returncode == 0, log
+        assert not any("Traceback" in line or "ERROR" in line for line in log), log
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 from helpers import FlagOperation
 
+import purgatory._events
 from purgatory import ArrowEventLog, DelayedOperationPurgatory, JsonLinesEventLog
 from purgatory._eventlog import ANCHOR_DRIFT, SAME_CLOCK
 from purgatory._events import EventLog
@@ -256,6 +257,36 @@ def test_a_failed_open_loses_its_batch(tmp_path: Path, monkeypatch: pytest.Monke
     log.close()
     assert [x["watched_at"] for x in lines(tmp_path)] == [3.0]
     assert log.lost_lines == 3
+
+
+@pytest.mark.parametrize("fmt", ["json", "arrow"])
+def test_writes_that_fail_in_the_shutdown_flush_lose_only_their_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """A shutdown's flush writes batch after batch: one whose write fails is counted lost, and
+    the batches after it are still written and published, never left in memory uncounted."""
+    log: Any = (JsonLinesEventLog if fmt == "json" else ArrowEventLog)(tmp_path, buffer_lines=2)
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("flush", clock=clock, event_log=log)
+    ops = [FlagOperation(1.0, str(i)) for i in range(9)]
+    for i, op in enumerate(ops):
+        p.try_complete_else_watch(op, [i])
+    for op in ops[:7]:
+        op.force_complete()  # ended, and still in the purgatory's sink: no batch taken yet
+    # The first two writes fail: one as the shutdown collects, one in the recorder's flush.
+    monkeypatch.setattr(os, "write", _FailingWrites(failures=2, partial=0))
+    errors: list[str] = []
+    monkeypatch.setattr(
+        purgatory._events, "report_exception", lambda message, exc, **_: errors.append(message)
+    )
+    asyncio.run(p.shutdown())  # 7 ended + 2 cancelled: 5 batches
+    assert log.lost_lines == 4
+    assert len(errors) == 2
+    written = lines(tmp_path) if fmt == "json" else arrow_rows(tmp_path)
+    assert len(written) == 5
+    log.close()  # nothing was left behind to write now
+    assert log.lost_lines == 4
+    assert len(lines(tmp_path) if fmt == "json" else arrow_rows(tmp_path)) == 5
 
 
 @pytest.mark.asyncio

@@ -16,7 +16,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "purgatory"
 MAX_CLASS_LINES = 500
 DRIVERS = (
-    ("_asyncio.py", "Reaper"),
+    ("_reaper.py", "Reaper"),
     ("testing/_clock.py", "ManualClock"),
     ("pipeline/_load.py", "LoadClock"),
 )
@@ -76,3 +76,93 @@ def test_the_checks_see_what_they_refuse(tmp_path: Path) -> None:
     )
     assert long_classes(tmp_path) == [f"big.py:1 Big ({MAX_CLASS_LINES + 1})"]
     assert private_reads(tmp_path / "driver.py", "Driver") == ["driver.py:3 purgatory._timer"]
+
+
+def package_imports(package: Path) -> dict[str, set[str]]:
+    """Each module of `package` (``_timer``, ``testing._clock``) and the package's modules it
+    imports, ``TYPE_CHECKING`` imports included: a circle there is a circle of the design, even
+    when the interpreter never runs it."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        here = parts[:-1]  # the module's own package, for relative imports
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = list(here[: len(here) - node.level + 1])
+            target = ".".join([*base, *(node.module or "").split(".")]).strip(".")
+            if target and (package / target.replace(".", "/")).is_dir():
+                # `from . import x` / `from .pkg import x`: x may itself be a module.
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    as_path = package / sub.replace(".", "/")
+                    imported.add(sub if as_path.with_suffix(".py").is_file() else target)
+            elif target:
+                imported.add(target)
+        graph[name] = imported - {name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of `graph`, each as the path that closes it (depth-first search)."""
+    found: list[list[str]] = []
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            found.append([*path[path.index(module) :], module])
+            return
+        if module in done:
+            return
+        for imported in sorted(graph.get(module, ())):
+            visit(imported, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+    return found
+
+
+def test_the_core_modules_import_in_one_direction() -> None:
+    """No module of the core imports, even for type checking, one that leads back to it: the
+    sans-IO core (operation, timer, wheel, lists) below the asyncio helpers' users (the reaper,
+    the purgatory) below the exporters. The package's ``__init__`` modules, which re-export
+    everything, and the Spark pipeline (a user of the package) are left out."""
+    graph = package_imports(PACKAGE)
+    core = {
+        name: {m for m in imported if "pipeline" not in m and m not in ("", "testing")}
+        for name, imported in graph.items()
+        if "pipeline" not in name and name not in ("", "testing")
+    }
+    assert "_reaper" in core
+    assert "_asyncio" in core
+    assert circles(core) == []
+
+
+def test_only_one_module_of_the_core_imports_asyncio() -> None:
+    """``_asyncio.py`` is where asyncio enters; the reaper and the binding use what it exports."""
+    importers = []
+    for path in sorted(PACKAGE.glob("_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            if any(name == "asyncio" or name.startswith("asyncio.") for name in names):
+                importers.append(path.name)
+    # The exporters' reads hop threads, and the recorders are not the sans-IO core.
+    assert sorted(set(importers)) == ["_asyncio.py", "_metrics.py"]
+
+
+def test_the_circle_check_sees_a_circle(tmp_path: Path) -> None:
+    """The check finds a circle closed by a ``TYPE_CHECKING`` import (so it cannot pass empty)."""
+    (tmp_path / "_a.py").write_text("from ._b import B\n", encoding="utf-8")
+    (tmp_path / "_b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ._a import A\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "_c.py").write_text("from ._a import A\n", encoding="utf-8")
+    assert circles(package_imports(tmp_path)) == [["_a", "_b", "_a"]]

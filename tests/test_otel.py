@@ -10,13 +10,22 @@ import asyncio
 from typing import Any
 
 import pytest
-from helpers import import_error
+from helpers import FlagOperation, import_error
 from metrics_support import scene
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, NumberDataPoint, Sum
+from opentelemetry.sdk.metrics.export import (
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    InMemoryMetricReader,
+    NumberDataPoint,
+    Sum,
+)
 
+from purgatory import DelayedOperationPurgatory, HistogramBuckets
 from purgatory._metrics import FIELDS
-from purgatory.otel import ATTRIBUTE, PurgatoryInstruments
+from purgatory.otel import ATTRIBUTE, OUTCOME, PurgatoryInstruments
+from purgatory.testing import ManualClock
 
 Points = dict[str, tuple[Any, str | None, dict[str, float]]]
 """instrument name -> (its data, unit, {purgatory: value})"""
@@ -74,3 +83,62 @@ def test_without_the_opentelemetry_api_the_import_says_what_to_install() -> None
     assert import_error("purgatory.otel", without="opentelemetry") == (
         "purgatory.otel needs the OpenTelemetry API: pip install 'asyncio-purgatory[otel]'\n"
     )
+
+
+def test_histograms_are_recorded_at_each_collection() -> None:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("hist", clock=clock, tick=0.01)
+    buckets = HistogramBuckets(parked=(0.1, 1.0), lateness=(0.005, 0.05))
+    try:
+        PurgatoryInstruments(provider.get_meter("test"), [p], histograms=buckets)
+        ops = [FlagOperation(timeout, str(i)) for i, timeout in enumerate((0.5, 0.503, 5.0))]
+        for op in ops:
+            p.try_complete_else_watch(op, ["k"])
+        clock.advance(0.05)
+        clock.advance(0.45)  # 0 expires at 0.5, on time
+        clock.advance(0.01)  # 1 at 0.51, 7 ms late (its deadline rounded up to the tick)
+        ops[2].ready = True
+        assert p.check_and_complete("k") == 1  # parked 0.51 s
+        clock.advance(0.0)
+        points = histogram_points(reader)
+        expired = points["purgatory.parked", "expired"]
+        assert (expired.count, list(expired.bucket_counts)) == (2, [0, 2, 0])
+        assert expired.sum == pytest.approx(1.01)
+        assert list(expired.explicit_bounds) == [0.1, 1.0]
+        assert points["purgatory.parked", "completed"].sum == pytest.approx(0.51)
+        late = points["purgatory.expiry_lateness", None]
+        assert (late.count, list(late.bucket_counts)) == (2, [1, 1, 0])
+        assert late.sum == pytest.approx(0.007)
+        assert histogram_points(reader)["purgatory.parked", "expired"].count == 2  # cumulative
+    finally:
+        provider.shutdown()
+
+
+def histogram_points(reader: InMemoryMetricReader) -> dict[tuple[str, str | None], Any]:
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = {}
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if isinstance(metric.data, Histogram):
+                    for point in metric.data.data_points:
+                        assert isinstance(point, HistogramDataPoint)
+                        assert point.attributes is not None
+                        assert point.attributes[ATTRIBUTE] == "hist"
+                        outcome = point.attributes.get(OUTCOME)
+                        points[metric.name, None if outcome is None else str(outcome)] = point
+    return points
+
+
+def test_histograms_need_an_api_that_takes_bucket_bounds() -> None:
+    class OldMeter:
+        """A meter of opentelemetry-api < 1.30: no bucket advice."""
+
+        def create_histogram(self, name: str, unit: str = "", description: str = "") -> None:
+            raise AssertionError("not reached")
+
+    with pytest.raises(TypeError, match=r"needs opentelemetry-api >= 1\.30"):
+        PurgatoryInstruments(OldMeter(), histograms=HistogramBuckets())  # type: ignore[arg-type]

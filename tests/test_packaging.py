@@ -94,8 +94,12 @@ def sdist_names(sdist: Path) -> set[str]:
 
 
 def test_names_carry_the_one_version(wheel: Path, sdist: Path) -> None:
+    """The wheel is this interpreter's and platform's: it carries the compiled native core."""
     version = purgatory.__version__
-    assert wheel.name == f"asyncio_purgatory-{version}-py3-none-any.whl"
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert re.fullmatch(
+        rf"asyncio_purgatory-{re.escape(version)}-{tag}-{tag}-\w+\.whl", wheel.name
+    ), wheel.name
     assert sdist.name == f"asyncio_purgatory-{version}.tar.gz"
 
 
@@ -112,6 +116,9 @@ def test_wheel_holds_the_package_and_nothing_else(wheel: Path) -> None:
     assert "purgatory/py.typed" in names
     assert "purgatory/__init__.py" in names
     assert "purgatory/testing/__init__.py" in names
+    native = [name for name in names if re.fullmatch(r"purgatory/_native\.[\w.-]+\.so", name)]
+    assert len(native) == 1, f"the compiled native core is not in the wheel: {names}"
+    assert not [name for name in names if name.startswith("purgatory/_csrc/")]
     strays = [name for name in names if not name.startswith(("purgatory/", f"{info}/"))]
     assert not strays, f"the wheel ships more than the package: {strays}"
     source = {
@@ -135,12 +142,22 @@ def test_sdist_holds_what_the_tests_and_docs_need(sdist: Path) -> None:
     top = f"asyncio_purgatory-{purgatory.__version__}"
     with tarfile.open(sdist) as archive:
         names = {name.removeprefix(f"{top}/") for name in archive.getnames()}
-    needed = {"pyproject.toml", "README.md", "CHANGELOG.md", "Makefile", "mkdocs.yml", "LICENSE"}
+    needed = {
+        "pyproject.toml",
+        "setup.py",
+        "README.md",
+        "CHANGELOG.md",
+        "Makefile",
+        "mkdocs.yml",
+        "LICENSE",
+    }
     for directory in ("purgatory", "tests", "examples", "benchmarks", "docs"):
         needed |= {
             path.relative_to(ROOT).as_posix()
             for path in (ROOT / directory).rglob("*")
-            if path.is_file() and not left_behind(path.relative_to(ROOT).as_posix())
+            if path.is_file()
+            and not left_behind(path.relative_to(ROOT).as_posix())
+            and path.suffix != ".so"  # the compiled core of an editable install
         }
     code_dirs = {
         directory.name
@@ -166,6 +183,37 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pa
     where = base / "elsewhere"  # not the source tree: only the installed package imports
     where.mkdir()
     return python, where
+
+
+#: The core's tests run against the installed wheel (its compiled core, not the checkout's).
+WHEEL_SUITE = (
+    "test_operation.py",
+    "test_purgatory.py",
+    "test_wheel.py",
+    "test_thresholds.py",
+    "test_watchers.py",
+    "test_implementations.py",
+)
+
+
+def test_the_installed_wheel_passes_the_cores_tests(installed: tuple[Path, Path]) -> None:
+    """The wheel alone runs the native core (it was compiled as the wheel was built) and passes
+    the core's tests: the test tools come from this environment, after the wheel's own
+    site-packages, so that ``purgatory`` is the wheel's."""
+    python, where = installed
+    site = run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip()
+    tools = str(Path(pytest.__file__).parents[1])
+    Path(site, "test-tools.pth").write_text(tools + "\n", encoding="utf-8")
+    code = "import purgatory; print(purgatory.IMPLEMENTATION, purgatory.__file__)"
+    implementation, file = run(python, "-c", code, cwd=where).split()
+    assert implementation == "native"
+    assert Path(file).is_relative_to(python.parent.parent), file
+    tests = [str(ROOT / "tests" / name) for name in WHEEL_SUITE]
+    output = run(
+        python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, cwd=where, timeout=600
+    )
+    assert " passed" in output, output
+    assert "failed" not in output, output
 
 
 def test_readme_runs_against_the_installed_wheel(installed: tuple[Path, Path]) -> None:

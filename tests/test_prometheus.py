@@ -15,14 +15,15 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from helpers import import_error
+from helpers import FlagOperation, import_error
 from metrics_support import scene
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from purgatory import PurgatoryStatistics
+from purgatory import DelayedOperationPurgatory, HistogramBuckets, PurgatoryStatistics
 from purgatory._metrics import FIELDS
 from purgatory.prometheus import LABEL, PurgatoryCollector
+from purgatory.testing import ManualClock
 
 Families = dict[str, tuple[str, str, dict[str, float]]]
 """family name -> (type, help, {purgatory: value})"""
@@ -77,6 +78,7 @@ async def test_a_scrape_shows_each_purgatorys_gauges_and_counters(served: Served
         "purgatory_next_deadline_seconds": ("gauge", "next_deadline_in"),
         "purgatory_completed": ("counter", "completed"),
         "purgatory_expired": ("counter", "expired"),
+        "purgatory_drained": ("counter", "drained"),
         "purgatory_cancelled": ("counter", "cancelled"),
         "purgatory_purged": ("counter", "purged"),
         "purgatory_timer_passes": ("counter", "timer_passes"),
@@ -118,6 +120,69 @@ async def test_a_purgatory_shut_down_or_gone_leaves_the_scrape(served: Served) -
     del s  # the clock, the purgatories, the operations: nothing else holds them
     gc.collect()
     assert (await scrape(url))["purgatory_delayed"][2] == {}  # no sample: the family stays
+
+
+def histogram_samples(text: str, family: str) -> dict[tuple[str, ...], float]:
+    """The samples of one histogram family of a scrape's text, by (name, its labels but
+    ``purgatory``, sorted)."""
+    (found,) = [f for f in text_string_to_metric_families(text) if f.name == family]
+    assert found.type == "histogram"
+    return {
+        (sample.name, *sorted(f"{k}={v}" for k, v in sample.labels.items() if k != LABEL)): (
+            sample.value
+        )
+        for sample in found.samples
+    }
+
+
+@pytest.mark.asyncio
+async def test_histograms_of_time_parked_and_expiry_lateness(served: Served) -> None:
+    """Opt-in histograms: how long operations stayed parked, by outcome, and how late the
+    expiries came; the bounds are the user's. On a driven clock each pass feeds them."""
+    registry, url = served
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("hist", clock=clock, tick=0.01)
+    buckets = HistogramBuckets(parked=(0.1, 1.0), lateness=(0.005, 0.05))
+    registry.register(PurgatoryCollector([p], histograms=buckets))
+    ops = [FlagOperation(timeout, str(i)) for i, timeout in enumerate((0.5, 0.5, 0.503, 5.0))]
+    for op in ops:
+        p.try_complete_else_watch(op, ["k"])
+    clock.advance(0.05)
+    ops[0].ready = True
+    assert p.check_and_complete("k") == 1  # parked 0.05 s
+    clock.advance(0.45)  # 1 expires at 0.5, on time
+    clock.advance(0.01)  # 2 at 0.51: its 0.503 rounded up to the tick
+    assert p.cancel_for_key("k") == [ops[3]]  # parked 0.51 s
+    clock.advance(0.0)  # the pass that takes the batch
+
+    def get() -> str:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text: str = response.read().decode()
+        return text
+
+    text = await asyncio.to_thread(get)
+    parked = histogram_samples(text, "purgatory_parked_seconds")
+    assert parked[("purgatory_parked_seconds_bucket", "le=0.1", "outcome=completed")] == 1
+    assert parked[("purgatory_parked_seconds_bucket", "le=0.1", "outcome=expired")] == 0
+    assert parked[("purgatory_parked_seconds_bucket", "le=1.0", "outcome=expired")] == 2
+    assert parked[("purgatory_parked_seconds_bucket", "le=+Inf", "outcome=cancelled")] == 1
+    assert parked[("purgatory_parked_seconds_count", "outcome=drained")] == 0
+    assert parked[("purgatory_parked_seconds_sum", "outcome=cancelled")] == pytest.approx(0.51)
+    assert parked[("purgatory_parked_seconds_sum", "outcome=expired")] == pytest.approx(1.01)
+    late = histogram_samples(text, "purgatory_expiry_lateness_seconds")
+    assert late[("purgatory_expiry_lateness_seconds_bucket", "le=0.005")] == 1  # on time
+    assert late[("purgatory_expiry_lateness_seconds_bucket", "le=0.05")] == 2  # 7 ms late
+    assert late[("purgatory_expiry_lateness_seconds_sum",)] == pytest.approx(0.007)
+
+
+def test_without_histograms_the_purgatory_is_not_tapped() -> None:
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("plain", clock=clock)
+    collector = PurgatoryCollector([p])
+    assert p._sink is None  # its hot path keeps skipping the event sink
+    assert {family.name for family in collector.describe()} == {
+        f"purgatory_{field.metric}" + ("_seconds" if field.unit == "s" else "") for field in FIELDS
+    }
 
 
 def test_registering_reads_no_purgatory() -> None:

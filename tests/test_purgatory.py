@@ -2094,7 +2094,8 @@ def test_drain_expires_every_pending_operation_now_in_deadline_order() -> None:
     assert p.drain() == 3
     assert order == ["soon", "mid", "late"]
     assert all(op.is_expired and op.calls == ["complete"] for op in ops)
-    assert (p.num_delayed(), p.statistics().expired, p.statistics().completed) == (0, 3, 1)
+    stats = p.statistics()
+    assert (p.num_delayed(), stats.drained, stats.expired, stats.completed) == (0, 3, 0, 1)
     assert p.draining
     assert not p.closed
     assert "draining" in repr(p)
@@ -2119,6 +2120,88 @@ def test_drain_lets_the_application_answer_first_and_expires_the_rest() -> None:
         (True, False),
     ]
     check_invariants(p)
+
+
+@pytest.mark.asyncio
+async def test_an_answer_that_raises_is_reported_and_the_drain_goes_on() -> None:
+    """Every operation is answered: the raising answer's operation expires as at its deadline,
+    and the error goes to the loop's exception handler."""
+    errors = loop_errors()
+    _clock, p = manual_purgatory()
+    ops = [FlagOperation(30.0, name) for name in "abcd"]
+    for op in ops:
+        p.try_complete_else_watch(op, [op.name])
+
+    def answer(op: FlagOperation) -> None:
+        if op.name == "b":
+            raise Boom("cannot answer b")
+        op.ready = True
+        op.force_complete()
+
+    assert p.drain(answer) == 4
+    assert [(op.is_completed, op.is_expired) for op in ops] == [
+        (True, False),
+        (True, True),
+        (True, False),
+        (True, False),
+    ]
+    assert [type(exc) for exc in errors.exceptions] == [Boom]
+    assert "drain's answer raised for FlagOperation" in errors.contexts[0]["message"]
+    assert errors.contexts[0]["operation"] is ops[1]
+    assert p.num_delayed() == 0
+    check_invariants(p)
+
+
+class Ends:
+    """An event log that keeps each operation's outcome (the `EventLog` protocol's calls)."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, str] = {}
+
+    def record_watch(self, *args: Any) -> None:
+        pass
+
+    def record_end(
+        self, purgatory: str, op: DelayedOperation[Any], outcome: str, ended_at: float
+    ) -> None:
+        assert isinstance(op, FlagOperation)
+        self.outcomes[op.name] = outcome
+
+    def flush(self) -> None:
+        pass
+
+
+def test_drained_operations_have_an_outcome_of_their_own() -> None:
+    """A drain's answers are not expiries: ``statistics().drained`` and the event log's
+    ``"drained"`` count them (those the drain expires and those watched while draining),
+    apart from the operations that expired at their deadline before it."""
+    ends = Ends()
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("drained", clock=clock, event_log=ends)
+    early, parked, answered = (FlagOperation(t, n) for t, n in [(1, "early"), (30, "p"), (30, "a")])
+    for op in (early, parked, answered):
+        p.try_complete_else_watch(op, [op.name])
+    clock.advance(1.0)  # `early` expires at its deadline
+
+    def answer(op: FlagOperation) -> None:
+        if op is answered:
+            op.ready = True
+            op.force_complete()
+
+    assert p.drain(answer) == 2
+    late = FlagOperation(30, "late")
+    p.try_complete_else_watch(late, ["k"])
+    clock.advance(0.0)  # the next pass answers it
+    assert all(op.is_expired for op in (early, parked, late))  # as at their deadline
+    stats = p.statistics()
+    assert (stats.expired, stats.drained, stats.completed) == (1, 2, 1)
+    asyncio.run(p.shutdown())
+    assert ends.outcomes == {
+        "early": "expired",
+        "p": "drained",
+        "a": "completed",
+        "late": "drained",
+    }
 
 
 def test_after_a_drain_new_operations_are_answered_at_the_next_pass() -> None:

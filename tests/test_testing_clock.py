@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 from typing import Any
 
 import pytest
@@ -67,6 +68,39 @@ def test_advance_to_expires_each_operation_at_its_own_tick() -> None:
     assert clock.advance_to(3.0) == 1
     assert ops[3].expired_at == pytest.approx(2.5)
     check_invariants(p)
+
+
+@pytest.mark.parametrize("tick", [0.001, 0.01, 0.1])
+def test_advance_to_a_deadline_expires_what_is_due_there(tick: float) -> None:
+    """``advance_to(t + d)`` expires an operation watched at ``t`` with timeout ``d`` (on the
+    tick grid), however the float ``t + d`` rounds: the clock compares ticks as the timer does,
+    not a deadline tick turned back into seconds (``300 * 0.001`` is above ``0.3``)."""
+    rng = random.Random(4)
+    missed = []
+    for _ in range(300):
+        clock = ManualClock()
+        p = DelayedOperationPurgatory[FlagOperation]("p", tick=tick, clock=clock)
+        start = rng.randrange(10_000) * tick
+        clock.advance_to(start)
+        timeout = rng.randrange(1, 1000) * tick
+        op = FlagOperation(timeout)
+        p.try_complete_else_watch(op, ["k"])
+        clock.advance_to(start + timeout)
+        if not op.is_expired:
+            missed.append((start, timeout))
+    assert missed == []
+
+
+def test_advance_to_a_deadline_through_the_fast_path_expires_it_too() -> None:
+    """The same when the clock already knows when work is next due (its one comparison)."""
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("p", clock=clock)
+    op = FlagOperation(0.009)
+    p.try_complete_else_watch(op, ["k"])
+    clock.advance_to(0.001)  # learns: due at tick 9, which is 0.009000000000000001 s
+    assert 9 * 0.001 > 0.009
+    clock.advance_to(0.009)
+    assert op.is_expired
 
 
 def test_advance_to_runs_a_pass_only_where_there_is_work() -> None:
@@ -307,7 +341,7 @@ def test_check_invariants_catches_a_wheel_ahead_of_its_clock() -> None:
 
 def test_times_past_what_a_timer_counts_are_refused_with_value_error() -> None:
     clock = ManualClock()
-    p = DelayedOperationPurgatory[FlagOperation]("p", clock=clock)  # 1 ms ticks: to 4.6e15 s
+    p = DelayedOperationPurgatory[FlagOperation]("p", clock=clock)  # 1 ms ticks: to 2**33 s
     with pytest.raises(ValueError, match="counts to"):
         clock.advance(1e306)
     with pytest.raises(ValueError, match="counts to"):
@@ -316,6 +350,30 @@ def test_times_past_what_a_timer_counts_are_refused_with_value_error() -> None:
     check_invariants(p)
     with pytest.raises(ValueError, match="past what a timer"):
         DelayedOperationPurgatory[FlagOperation]("q", clock=ManualClock(1e306))
+
+
+@pytest.mark.parametrize("tick", [0.001, 1e-6, 0.25, 3.0])
+def test_times_where_float_seconds_cannot_resolve_the_tick_are_refused(tick: float) -> None:
+    """Near 2**52 s a float's spacing is a second: a timeout shorter than that rounds away and
+    the operation expires early. A clock refuses to reach times whose spacing is more than a
+    thousandth of the tick (2**33 s for 1 ms ticks), and accepts every time before them."""
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("fine", tick=tick, clock=clock)
+    limit = p._timer.time_limit
+    assert math.ulp(math.nextafter(limit, 0)) <= tick / 1024 < math.ulp(limit)
+    with pytest.raises(ValueError, match="cannot move to"):
+        clock.advance_to(2.0**52)
+    with pytest.raises(ValueError, match="cannot move to"):
+        clock.advance(limit * 2)
+    with pytest.raises(ValueError, match="past what a timer"):
+        DelayedOperationPurgatory[FlagOperation]("late", tick=tick, clock=ManualClock(2.0**52))
+    clock.advance_to(math.nextafter(limit, 0) * 0.99)  # the latest times are fine
+    op = FlagOperation(tick)
+    p.try_complete_else_watch(op, ["k"])
+    clock.advance(tick * 0.999)
+    assert not op.is_completed  # never early
+    clock.advance(tick * 1.002)
+    assert op.is_expired
 
 
 def test_a_clock_alone_refuses_to_reach_infinity() -> None:

@@ -352,3 +352,105 @@ def test_a_nan_reached_is_always_refused(watchers: str) -> None:
     with pytest.raises(ValueError, match="does not order against itself"):
         p.check_and_complete("k", math.nan)
     check_invariants(p)
+
+
+# -- thresholds that compare only in part --------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["mapping", "threshold="])
+@pytest.mark.parametrize("others", [1, 2, 40], ids=["lone", "two", "many"])
+def test_a_tuple_threshold_that_does_not_order_against_the_keys_others_is_refused(
+    how: str, others: int
+) -> None:
+    """``(1, 5)`` and ``(1, "y")`` do not compare: such a watch is refused before anything is
+    tried or registered, wherever the other thresholds sit (a lone watcher, the run, the heap),
+    and every trigger and the shutdown still work."""
+    _clock, p = manual_purgatory()
+    log: list[int] = []
+    ops = [Picky(i, log) for i in range(others)]
+    for i, op in enumerate(ops):  # (1, 5), then (2, "a"), (2, "b") ... in and out of order
+        threshold = (1, 5) if i == 0 else (2 + i % 3, str(i))
+        p.try_complete_else_watch(op, {"k": threshold})
+    bad = Picky(99, log)
+    before = p.statistics()
+    keys: Any = {"k": (1, "y")} if how == "mapping" else ["k"]
+    given: Any = None if how == "mapping" else (1, "y")
+    with pytest.raises(TypeError, match=r"threshold \(1, 'y'\) for 'k' does not order against"):
+        p.try_complete_else_watch(bad, keys, given)
+    assert 99 not in log  # refused before its first try
+    assert p.statistics() == before
+    check_invariants(p)
+    assert p.check_and_complete("k", (9, "z")) == 0  # every threshold released, none ready
+    check_invariants(p)
+    asyncio.run(p.shutdown())
+    assert all(op.is_cancelled for op in ops)
+
+
+def test_thresholds_of_one_shape_are_accepted_and_released_in_order() -> None:
+    """(epoch, offset) pairs: the same types at the same places always compare."""
+    _clock, p = manual_purgatory()
+    log: list[int] = []
+    thresholds = [(epoch, offset) for epoch in (2, 1, 3) for offset in (7, 3, 5)]
+    ops = [Picky(i, log) for i in range(len(thresholds))]
+    for op, threshold in zip(ops, thresholds, strict=True):
+        p.try_complete_else_watch(op, {"k": threshold})
+    for op in ops:
+        op.ready = True
+    log.clear()
+    assert p.check_and_complete("k", (2, 5)) == 5
+    assert [thresholds[i] for i in log] == [(1, 3), (1, 5), (1, 7), (2, 3), (2, 5)]
+    check_invariants(p)
+
+
+def test_a_threshold_is_checked_against_dead_thresholds_a_release_still_compares() -> None:
+    """A threshold whose watcher left stays queued (dead) until a release or a compaction
+    drops it, and a release compares it: a new threshold must order against it too."""
+    _clock, p = manual_purgatory()
+    log: list[int] = []
+    gone, stays = Picky(0, log), Picky(1, log)
+    p.try_complete_else_watch(gone, {"k": (1, 5)})
+    p.try_complete_else_watch(stays, {"k": (3, 0)})
+    gone.force_complete()
+    p.check_and_complete("k", (0, 0))  # releases nothing; (1, 5) stays queued, dead
+    with pytest.raises(TypeError, match="does not order against"):
+        p.try_complete_else_watch(Picky(2, log), {"k": (1, "y")})
+    check_invariants(p)
+
+
+class Unsortable:
+    """A threshold of a user's class whose comparisons may start failing after the watch (its
+    order is the user's business: the purgatory can check it only as it is watched)."""
+
+    broken = False
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __hash__(self) -> int:
+        return self.value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Unsortable) and self.value == other.value
+
+    def __lt__(self, other: Unsortable) -> bool:
+        if Unsortable.broken:
+            raise TypeError("no order today")
+        return self.value < other.value
+
+    def __le__(self, other: Unsortable) -> bool:
+        return self == other or self < other
+
+
+def test_shutdown_and_cancel_for_key_finish_whatever_the_thresholds_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Thresholds that no longer sort still leave a cancel and a shutdown complete."""
+    _clock, p = manual_purgatory()
+    log: list[int] = []
+    ops = [Picky(i, log) for i in range(4)]
+    for op, key, value in zip(ops, "kkkm", (1, 3, 2, 1), strict=True):
+        p.try_complete_else_watch(op, {key: Unsortable(value)})
+    monkeypatch.setattr(Unsortable, "broken", True)
+    assert sorted(op.name for op in p.cancel_for_key("k")) == [0, 1, 2]
+    asyncio.run(p.shutdown())
+    assert all(op.is_cancelled for op in ops)

@@ -7,6 +7,7 @@ import weakref
 from typing import Final, final
 
 from .._clock import Alarm, Timer
+from .._impl import native
 
 __all__ = ("ManualClock",)
 
@@ -62,6 +63,9 @@ class ManualClock:
     def attach(self, timer: Timer) -> Alarm:
         """Let `advance` run `timer`'s passes; held weakly, in attach order.
 
+        Args:
+            timer: A purgatory's timer (the purgatory calls this as it is created).
+
         Returns:
             The alarm through which `timer` says when work falls due earlier than the clock
             last learned (the `purgatory.DrivenClock` protocol).
@@ -90,6 +94,10 @@ class ManualClock:
         and nothing runs at the ticks in between. The clock ends at `when`. This is how a trace
         replay moves time: from one request to the next without a pass per request, and, while
         nothing is due before `when`, at the cost of one comparison.
+
+        Args:
+            when: The time to move to, in seconds: at least `now()`, finite, and within what
+                every attached timer counts to (``Timer.time_limit``).
 
         Returns:
             How many operations expired.
@@ -128,7 +136,10 @@ class ManualClock:
             due_at = self._learn(alarms)
             if due_at > when:
                 break
-            if due_at <= self._now:
+            # Where the pass runs: at the due tick's own time (``tick * tick``, unless the
+            # timer's rounding reaches the tick only a float later), or at `when` if earlier.
+            stop = min(self._stop(alarms), when)
+            if stop <= self._now:
                 repeats += 1
                 if repeats > _MAX_PASSES_AT_ONCE:
                     raise RuntimeError(
@@ -138,10 +149,10 @@ class ManualClock:
                     )
             else:
                 repeats = 0
-                self._now = due_at
+                self._now = stop
             now = self._now
             for alarm, timer in alarms:
-                if alarm.wake_tick * alarm.tick <= now:
+                if alarm.wake_at <= now:
                     expired += timer.run_pass(now)
         if self._now < when:  # (a callback may have moved the clock past `when`)
             self._now = float(when)
@@ -164,24 +175,47 @@ class ManualClock:
         return live
 
     def _learn(self, alarms: list[tuple[_Alarm, Timer]]) -> float:
-        """Ask each timer when it next has work; set its alarm; return the earliest (s)."""
+        """Ask each timer when it next has work; set its alarm; return the earliest (s).
+
+        Times come from the timer (`Timer.time_of`), never from a tick times the tick: the
+        float product may lie after the earliest time at which the timer's own rounding reaches
+        it, and a move to a time between the two would miss the work due there.
+        """
         earliest = math.inf
         for alarm, timer in alarms:
-            tick = alarm.wake_tick = timer.next_pass_tick()
-            earliest = min(earliest, tick * alarm.tick)
+            tick = timer.next_pass_tick()
+            if tick != alarm.wake_tick:  # (`wake_at` goes with `wake_tick`, always)
+                alarm.wake_tick = tick
+                alarm.wake_at = timer.time_of(tick)
+            earliest = min(earliest, alarm.wake_at)
         return earliest
+
+    @staticmethod
+    def _stop(alarms: list[tuple[_Alarm, Timer]]) -> float:
+        """The earliest time a pass is due, read as a reader expects it: a due tick's time in
+        seconds (``tick * tick``), or the earliest time that reaches it when that is later."""
+        stop = math.inf
+        for alarm, _ in alarms:  # (a loop: a generator costs more for the usual one alarm)
+            at = alarm.wake_tick * alarm.tick
+            at = max(at, alarm.wake_at)
+            stop = min(stop, at)
+        return stop
 
     def _check_limit(self, when: float) -> None:
         if when > self._limit:
             raise ValueError(
                 f"the clock cannot move to {when!r} s: an attached purgatory's timer counts to "
-                f"{self._limit:.3g} s (its tick times 2**62)"
+                f"{self._limit:.3g} s (beyond it float seconds cannot resolve a thousandth of "
+                "its tick, and short timeouts would round away)"
             )
 
     def advance(self, seconds: float = 0.0) -> int:
         """Move time forward by `seconds` and expire what became due; return how many expired.
 
         ``advance(0)`` runs due expirations and the purge check without moving time.
+
+        Args:
+            seconds: How far to move, >= 0 and finite.
 
         Raises:
             ValueError: `seconds` is negative or NaN (or infinite), or the time it leads to is
@@ -219,7 +253,7 @@ class _Alarm:
     """A timer's alarm on a `ManualClock` (the `purgatory.Alarm` protocol): the timer lowers
     it when work falls due earlier, the clock sets it whenever it asks."""
 
-    __slots__ = ("_clock", "tick", "timer", "wake_tick")
+    __slots__ = ("_clock", "tick", "timer", "wake_at", "wake_tick")
 
     #: A driven clock always gets to a pass it has been told of.
     alive: Final = True
@@ -229,9 +263,18 @@ class _Alarm:
         self.tick = timer.tick
         self.timer = weakref.ref(timer)
         self.wake_tick = -math.inf  # unknown until the clock asks
+        #: `wake_tick` as the clock's time (the timer's `time_of` it).
+        self.wake_at = -math.inf
 
     def wake_by(self, tick: float) -> None:
         """Make sure the clock stops at `tick` (of this purgatory) or earlier."""
         if tick < self.wake_tick:
             self.wake_tick = tick
-            self._clock._wake_by(tick * self.tick)
+            timer = self.timer()
+            at = self.wake_at = -math.inf if timer is None else timer.time_of(tick)
+            self._clock._wake_by(at)
+
+
+if native is not None:
+    # A timer on this clock reads its time from the slot, as `current_time` does, without a call.
+    native.bind_clock(ManualClock, ManualClock.current_time, ManualClock.__dict__["_now"])

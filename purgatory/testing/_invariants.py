@@ -34,6 +34,9 @@ def check_invariants(purgatory: DelayedOperationPurgatory[Any]) -> None:
     Runs `check_wheel` and `check_watchers`, then checks what ties the two together: every
     timed operation is pending and this purgatory's, every pending operation on a watcher list
     is timed, and the count of delayed operations is the wheel's size.
+
+    Args:
+        purgatory: The purgatory to check (after any step of a test).
     """
     p = _purgatory(purgatory, "check_invariants")
     timer = p._timer
@@ -60,6 +63,9 @@ def check_wheel(purgatory: DelayedOperationPurgatory[Any]) -> None:
     Checked: every timed entry sits, once, in the bucket it points to, inside that bucket's
     span, and is not yet due (overdue ones excepted); the size counter matches; every non-empty
     bucket is in the heap at its due tick, or is the cascade under way.
+
+    Args:
+        purgatory: The purgatory whose wheel to check.
     """
     _purgatory(purgatory, "check_wheel")._timer.wheel._check()
 
@@ -71,6 +77,9 @@ def check_watchers(purgatory: DelayedOperationPurgatory[Any]) -> None:
     lists that hold it; the entry count is right; every finished operation still on a list is
     queued for the purge, and the purge queue holds nothing that has left every list; each
     key's threshold watchers are in their run or their heap, once, and dead cells are counted.
+
+    Args:
+        purgatory: The purgatory whose watcher lists to check.
     """
     _purgatory(purgatory, "check_watchers")._lists._check()
 

@@ -1,0 +1,197 @@
+/* NativeMethod: a C body behind a Python reference function.
+ *
+ * `install(cls, name)` replaces the function `name` of the class `cls` (the pure-Python
+ * reference) by a NativeMethod that runs the C body registered for "<cls.__name__>.<name>".
+ * Everything a user or a tool reads of it (the name, the qualified name, the docstring, the
+ * signature, `help()`) is the reference function's, reached through `__wrapped__` as for a
+ * decorated function; calls run the C body, and the reference itself whenever the C body says
+ * the case is not its own (NOT_HANDLED). It is a method descriptor (Py_TPFLAGS_METHOD_DESCRIPTOR),
+ * so `obj.method(...)` calls it without building a bound method.
+ */
+
+typedef struct {
+    PyObject_HEAD
+    native_fn fn;
+    PyObject *ref;
+    vectorcallfunc vectorcall;
+} NativeMethodObject;
+
+static PyObject *
+nm_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    NativeMethodObject *m = (NativeMethodObject *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs >= 1 && N.bound) {
+        PyObject *result = m->fn(args[0], args + 1, nargs - 1, kwnames);
+        if (result != NOT_HANDLED) {
+            return result;
+        }
+    }
+    return PyObject_Vectorcall(m->ref, args, nargsf, kwnames);
+}
+
+static PyObject *
+nm_descr_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None) {
+        return Py_NewRef(self);
+    }
+    return PyMethod_New(self, obj);
+}
+
+/* The attributes read from the reference function: what names it and documents it. */
+static const char *const nm_delegated[] = {
+    "__doc__",      "__name__",     "__qualname__", "__module__",  "__wrapped__",
+    "__signature__", "__annotations__", "__defaults__", "__kwdefaults__", "__dict__", NULL,
+};
+
+static PyObject *
+nm_getattro(PyObject *self, PyObject *name)
+{
+    NativeMethodObject *m = (NativeMethodObject *)self;
+    if (PyUnicode_Check(name)) {
+        for (const char *const *d = nm_delegated; *d != NULL; d++) {
+            if (PyUnicode_CompareWithASCIIString(name, *d) == 0) {
+                if (strcmp(*d, "__wrapped__") == 0) {
+                    return Py_NewRef(m->ref);
+                }
+                return PyObject_GetAttr(m->ref, name);
+            }
+        }
+    }
+    return PyObject_GenericGetAttr(self, name);
+}
+
+/* What names and documents a NativeMethod is its reference's: data descriptors, so that even a
+ * lookup that bypasses __getattribute__ (pydoc's, for the docstring) finds the reference's. */
+static PyObject *
+nm_get_ref_attribute(PyObject *self, void *name)
+{
+    return PyObject_GetAttrString(((NativeMethodObject *)self)->ref, (const char *)name);
+}
+
+static PyObject *
+nm_get_wrapped(PyObject *self, void *closure)
+{
+    return Py_NewRef(((NativeMethodObject *)self)->ref);
+}
+
+static PyGetSetDef nm_getset[] = {
+    {"__doc__", nm_get_ref_attribute, NULL, NULL, "__doc__"},
+    {"__name__", nm_get_ref_attribute, NULL, NULL, "__name__"},
+    {"__qualname__", nm_get_ref_attribute, NULL, NULL, "__qualname__"},
+    {"__module__", nm_get_ref_attribute, NULL, NULL, "__module__"},
+    {"__wrapped__", nm_get_wrapped, NULL, NULL, NULL},
+    {NULL},
+};
+
+static PyObject *
+nm_repr(PyObject *self)
+{
+    NativeMethodObject *m = (NativeMethodObject *)self;
+    PyObject *qualname = PyObject_GetAttrString(m->ref, "__qualname__");
+    if (qualname == NULL) {
+        return NULL;
+    }
+    PyObject *r = PyUnicode_FromFormat("<native function %U>", qualname);
+    Py_DECREF(qualname);
+    return r;
+}
+
+static int
+nm_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(((NativeMethodObject *)self)->ref);
+    return 0;
+}
+
+static int
+nm_clear(PyObject *self)
+{
+    Py_CLEAR(((NativeMethodObject *)self)->ref);
+    return 0;
+}
+
+static void
+nm_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    nm_clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyTypeObject NativeMethodType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "purgatory._native.NativeMethod",
+    .tp_basicsize = sizeof(NativeMethodObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "A method with a C body, documented by its pure-Python reference (__wrapped__).",
+    .tp_vectorcall_offset = offsetof(NativeMethodObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = nm_descr_get,
+    .tp_getattro = nm_getattro,
+    .tp_getset = nm_getset,
+    .tp_repr = nm_repr,
+    .tp_traverse = nm_traverse,
+    .tp_clear = nm_clear,
+    .tp_dealloc = nm_dealloc,
+};
+
+/* The registry of C bodies, by "<class name>.<method name>" (filled by the parts). */
+typedef struct {
+    const char *name;
+    native_fn fn;
+} NativeEntry;
+
+PyDoc_STRVAR(install_doc,
+"install(cls, *names)\n--\n\n"
+"Replace each function `name` of `cls` by the native body registered for it, keeping the\n"
+"function as the reference (its name, docstring and signature; its body for the rare cases).");
+
+static PyObject *
+native_install(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "install(cls, *names): cls must be a class");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    const char *cls_name = strrchr(cls->tp_name, '.');
+    cls_name = cls_name == NULL ? cls->tp_name : cls_name + 1;
+    for (Py_ssize_t i = 1; i < nargs; i++) {
+        const char *name = PyUnicode_AsUTF8(args[i]);
+        if (name == NULL) {
+            return NULL;
+        }
+        char key[256];
+        snprintf(key, sizeof key, "%s.%s", cls_name, name);
+        native_fn fn = native_lookup(key);
+        if (fn == NULL) {
+            PyErr_Format(PyExc_LookupError, "no native body for %s", key);
+            return NULL;
+        }
+        PyObject *ref = PyDict_GetItemWithError(cls->tp_dict, args[i]);
+        if (ref == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_Format(PyExc_LookupError, "%s has no function %s of its own", cls_name,
+                             name);
+            }
+            return NULL;
+        }
+        NativeMethodObject *m = PyObject_GC_New(NativeMethodObject, &NativeMethodType);
+        if (m == NULL) {
+            return NULL;
+        }
+        m->fn = fn;
+        m->ref = Py_NewRef(ref);
+        m->vectorcall = nm_vectorcall;
+        PyObject_GC_Track(m);
+        int err = PyObject_SetAttr((PyObject *)cls, args[i], (PyObject *)m);
+        Py_DECREF(m);
+        if (err < 0) {
+            return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}

@@ -1,0 +1,579 @@
+/* The native core: what its parts share.
+ *
+ * The pure-Python modules (purgatory/_operation.py, _wheel.py, _timer.py, _watchers.py,
+ * _thresholds.py, _purge_rule.py, _purgatory.py) are the specification. This extension gives
+ * their hot types a C layout (struct fields instead of slots, the same names seen from Python)
+ * and their hot methods a C body; every cold method stays the Python one and works on the same
+ * fields. A C method that meets anything unusual (an argument of another type, a rare branch)
+ * returns NOT_HANDLED before any side effect, and the reference function runs instead
+ * (`NativeMethod`): the rare paths, their errors and their messages are the reference's own.
+ *
+ * The whole extension is one translation unit (native.c includes the parts), so the parts call
+ * each other directly and the compiler inlines across them.
+ */
+
+#ifndef PURGATORY_NATIVE_H
+#define PURGATORY_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#if PY_VERSION_HEX < 0x030C0000
+#include <structmember.h>
+#define Py_T_INT T_INT
+#define Py_T_DOUBLE T_DOUBLE
+#define Py_T_LONGLONG T_LONGLONG
+#define Py_T_PYSSIZET T_PYSSIZET
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#define _Py_T_OBJECT T_OBJECT
+#define Py_T_BOOL T_BOOL
+#define Py_READONLY READONLY
+#endif
+
+/* Bumped whenever a field or a method moves between the C and the Python side: the Python
+ * modules refuse a build of another version (a stale build after a checkout). */
+#define NATIVE_API_VERSION 2
+
+/* -- the operation's state bits (purgatory/_operation.py) ------------------------------------ */
+#define ST_ASYNC 1
+#define ST_DONE 2
+#define ST_EXPIRED 4
+#define ST_CANCELLED 8
+#define ST_FAILED 16
+#define ST_CLOSED 32
+#define ST_FINISHED (ST_DONE | ST_CANCELLED)
+#define ST_EXPIRED_NOW (ST_DONE | ST_EXPIRED)
+
+/* What a C method returns to have the reference function run instead (no exception set). */
+static char not_handled_marker;
+#define NOT_HANDLED ((PyObject *)&not_handled_marker)
+
+typedef PyObject *(*native_fn)(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames);
+
+/* -- the types ------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    int state;           /* _state */
+    double timeout;      /* _timeout */
+    long long deadline;  /* _deadline: the wheel's */
+    Py_ssize_t listed;   /* _listed: the watcher lists' */
+    PyObject *bucket;    /* _bucket: the wheel's (None when not held) */
+    PyObject *future;    /* _future */
+    PyObject *keys;      /* _keys: the watcher lists' */
+    PyObject *marks;     /* _marks: the watcher lists' */
+    PyObject *owner;     /* _owner: NULL until __init__ ran (a set-up operation has None) */
+    PyObject *result;    /* _result */
+} OpObject;
+
+typedef struct {
+    PyDictObject dict;
+    long long expiration;
+    int level;
+    PyObject *older; /* NULL reads as None */
+    PyObject *wheel;
+} BucketObject;
+
+/* The head of the types whose object fields Python code may replace: `ready` says every field
+ * was checked to have what the C bodies expect; assigning a field from Python (its setter,
+ * `field_set`) clears it, and the next C call checks again. */
+#define CORE_HEAD \
+    PyObject_HEAD \
+    char ready;
+
+typedef struct {
+    CORE_HEAD
+} CoreObject;
+
+typedef struct {
+    CORE_HEAD
+    PyObject *active;   /* _active: the cascading Bucket or NULL (None) */
+    PyObject *current;  /* _current: list of int */
+    PyObject *heap;     /* _heap: list of (tick, -level, push count, bucket) */
+    PyObject *leads;    /* _leads: list of int */
+    PyObject *levels;   /* _levels: list of list of Bucket */
+    PyObject *overdue;  /* _overdue: Bucket */
+    PyObject *slots1;   /* _slots1: list of Bucket */
+    PyObject *spans;    /* _spans: list of int */
+    PyObject *todo;     /* _todo: list */
+    PyObject *memo_bucket;
+    long long lead1, limit1, memo_until, push_count, span1;
+    long long memo_due, memo_high, memo_low;
+    Py_ssize_t todo_done, wheel_size;
+} WheelObject;
+
+typedef struct {
+    CORE_HEAD
+    PyObject *weakreflist;
+    double tick, max_timeout, time_limit;
+    PyObject *now;          /* callable */
+    PyObject *expire;       /* _expire: callable(due, now) */
+    PyObject *housekeeping; /* _housekeeping: callable(taken, budget) */
+    PyObject *alarm;        /* None or an Alarm */
+    PyObject *in_flight;    /* _in_flight: list of lists */
+    PyObject *wheel;        /* WheelObject (checked as it is set) */
+    PyObject *due_at;       /* _due_at: the tick housekeeping is owed by (an int), or inf */
+    PyObject *outcome;      /* _outcome: what the passes expire, "expired" or "drained" */
+    Py_ssize_t delayed, expired, drained, passes;
+    char closed, due_now;
+} TimerObject;
+
+typedef struct {
+    CORE_HEAD
+    PyObject *plain; /* dict */
+    PyObject *at;    /* dict */
+    PyObject *run;   /* deque */
+    PyObject *heap;  /* list */
+    PyObject *shape; /* the shape every queued threshold has (the reference's check) */
+    Py_ssize_t dead;
+    /* run.append and run.popleft, bound as the fields are checked (not seen from Python) */
+    PyObject *run_append, *run_popleft;
+} ThresholdObject;
+
+typedef struct {
+    CORE_HEAD
+    PyObject *lists; /* _lists: dict */
+    PyObject *queue; /* dict */
+    Py_ssize_t entries, purged;
+} ListsObject;
+
+typedef struct {
+    CORE_HEAD
+    PyObject *lists; /* _lists: ListsObject */
+    PyObject *timer; /* _timer */
+    PyObject *idle_at; /* _idle_at: the time bound's purge tick (an int), or inf */
+    Py_ssize_t interval, owed, purges, trip, linger;
+    char purging, requested, armed, bounded;
+} RuleObject;
+
+typedef struct {
+    CORE_HEAD
+    PyObject *weakreflist;
+    PyObject *attempt, *attempts, *binding, *lists, *max_pending, *name, *purge_queue;
+    PyObject *rule, *sink, *sync_types, *time_op, *timer;
+    PyObject *sync_seen; /* the last class found in sync_types */
+    double max_timeout;
+    Py_ssize_t cancelled, completed;
+    char closed;
+} PurgatoryObject;
+
+/* An object field of a core type, as Python sees it (a getset): unset reads as an
+ * AttributeError (or None, for the fields whose None is their NULL), and every assignment makes
+ * the object check its fields again at the next C call. */
+typedef struct {
+    Py_ssize_t offset;
+    const char *name;
+    char none_if_null;
+} FieldSpec;
+
+#define FIELD_AT(o, spec) ((PyObject **)((char *)(o) + (spec)->offset))
+
+static PyObject *
+field_get(PyObject *self, void *closure)
+{
+    const FieldSpec *spec = closure;
+    PyObject *value = *FIELD_AT(self, spec);
+    if (value == NULL) {
+        if (spec->none_if_null) {
+            Py_RETURN_NONE;
+        }
+        PyErr_Format(PyExc_AttributeError, "'%.200s' object has no attribute '%s'",
+                     Py_TYPE(self)->tp_name, spec->name);
+        return NULL;
+    }
+    return Py_NewRef(value);
+}
+
+static int
+field_set(PyObject *self, PyObject *value, void *closure)
+{
+    const FieldSpec *spec = closure;
+    PyObject **slot = FIELD_AT(self, spec);
+    if (value == NULL && *slot == NULL && !spec->none_if_null) {
+        PyErr_SetString(PyExc_AttributeError, spec->name);
+        return -1;
+    }
+    PyObject *old = *slot;
+    *slot = (value == Py_None && spec->none_if_null) ? NULL : Py_XNewRef(value);
+    Py_XDECREF(old);
+    ((CoreObject *)self)->ready = 0;
+    return 0;
+}
+
+#define FIELD(type, member, pyname)                                                             \
+    {pyname, field_get, field_set, NULL,                                                        \
+     (void *)&(const FieldSpec){offsetof(type, member), pyname, 0}}
+#define FIELD_OR_NONE(type, member, pyname)                                                     \
+    {pyname, field_get, field_set, NULL,                                                        \
+     (void *)&(const FieldSpec){offsetof(type, member), pyname, 1}}
+
+static PyTypeObject OpType, BucketType, WheelType, TimerType, ThresholdType, ListsType,
+    RuleType, PurgatoryType, NativeMethodType;
+
+/* An instance of one of the core types: its own type, the reference's class over it (the
+ * usual case, one comparison more), or anything deeper. */
+#define CORE_CHECK(o, T)                                                                         \
+    (Py_IS_TYPE((o), &(T)) || Py_TYPE(o)->tp_base == &(T) || PyType_IsSubtype(Py_TYPE(o), &(T)))
+
+/* Operations come in a few classes, one at a time: the last class met is remembered (with a
+ * reference, so that its address cannot be reused by another). */
+static PyTypeObject *op_type_seen;
+
+static inline int
+op_check_slow(PyObject *o)
+{
+    PyTypeObject *type = Py_TYPE(o);
+    if (!PyType_IsSubtype(type, &OpType)) {
+        return 0;
+    }
+    Py_INCREF(type);
+    Py_XSETREF(op_type_seen, type);
+    return 1;
+}
+
+#define Op_Check(o) (Py_TYPE(o) == op_type_seen || op_check_slow(o))
+
+/* -- attributes of the Python side's slotted objects, read as their slots ---------------------- */
+
+/* The member (slot) an attribute name is on a class, while the class's version tag says it did
+ * not change: reading it is then a load, not a lookup. For plain slotted classes only (no
+ * instance dict, no __getattribute__ of their own); anything else is read as Python reads it. */
+typedef struct {
+    PyTypeObject *type; /* a strong reference: its address cannot be reused */
+    unsigned int tag;
+    PyMemberDef *member; /* NULL: read it as Python does */
+} SlotCache;
+
+static PyObject *
+slot_cache_fill(PyObject *o, PyObject *name, SlotCache *cache)
+{
+    PyTypeObject *type = Py_TYPE(o);
+    Py_CLEAR(cache->type);
+    cache->member = NULL;
+    cache->tag = 0;
+    if (type->tp_getattro == PyObject_GenericGetAttr && type->tp_dictoffset == 0 &&
+        !PyType_HasFeature(type, Py_TPFLAGS_MANAGED_DICT)) {
+        PyObject *descr = PyObject_GetAttr((PyObject *)type, name);
+        if (descr == NULL) {
+            PyErr_Clear();
+        }
+        else {
+            if (Py_IS_TYPE(descr, &PyMemberDescr_Type) && type->tp_version_tag != 0) {
+                cache->member = ((PyMemberDescrObject *)descr)->d_member;
+                cache->type = (PyTypeObject *)Py_NewRef((PyObject *)type);
+                cache->tag = type->tp_version_tag;
+            }
+            Py_DECREF(descr);
+        }
+    }
+    return PyObject_GetAttr(o, name);
+}
+
+/* `o.name` (a new reference), through `cache`. */
+static inline PyObject *
+get_slot(PyObject *o, PyObject *name, SlotCache *cache)
+{
+    PyTypeObject *type = Py_TYPE(o);
+    if (type == cache->type && type->tp_version_tag == cache->tag) {
+        return PyMember_GetOne((const char *)o, cache->member);
+    }
+    return slot_cache_fill(o, name, cache);
+}
+
+static SlotCache slot_loop, slot_thread, slot_wake_tick, slot_watches, slot_ends, slot_limit,
+    slot_eager;
+
+/* -- the user's methods, looked up once per class -------------------------------------------- */
+
+#define M_TRY_COMPLETE 0
+#define M_ON_COMPLETE 1
+#define M_ON_EXPIRATION 2
+#define M_COUNT 3
+
+/* A class's three methods, while its version tag says the class (and its bases) did not change.
+ * Only for classes whose instances have no __dict__ (an instance attribute could shadow a method)
+ * and only methods that are plain functions: everything else is looked up as Python does. */
+typedef struct {
+    PyTypeObject *type; /* a strong reference: its address cannot be reused */
+    unsigned int tag;
+    PyObject *methods[M_COUNT]; /* strong references, or NULL: look it up each time */
+} MethodEntry;
+
+#define METHOD_CACHE_SIZE 8
+static MethodEntry method_cache[METHOD_CACHE_SIZE];
+
+static PyObject *method_names[M_COUNT];
+
+static MethodEntry *
+method_entry_fill(PyTypeObject *type, MethodEntry *entry)
+{
+    Py_XDECREF(entry->type);
+    for (int m = 0; m < M_COUNT; m++) {
+        Py_CLEAR(entry->methods[m]);
+    }
+    entry->type = NULL;
+    entry->tag = 0;
+    if (type->tp_dictoffset != 0 || PyType_HasFeature(type, Py_TPFLAGS_MANAGED_DICT)) {
+        return NULL;
+    }
+    for (int m = 0; m < M_COUNT; m++) {
+        PyObject *found = PyObject_GetAttr((PyObject *)type, method_names[m]);
+        if (found == NULL) {
+            PyErr_Clear();
+        }
+        else if (PyFunction_Check(found)) {
+            entry->methods[m] = found;
+        }
+        else {
+            Py_DECREF(found);
+        }
+    }
+    if (type->tp_version_tag == 0) {
+        for (int m = 0; m < M_COUNT; m++) {
+            Py_CLEAR(entry->methods[m]);
+        }
+        return NULL;
+    }
+    entry->type = (PyTypeObject *)Py_NewRef((PyObject *)type);
+    entry->tag = type->tp_version_tag;
+    return entry;
+}
+
+/* op.<method>(): the class's function called straight, or the method looked up as Python does. */
+static inline PyObject *
+call_op_method(PyObject *op, int which)
+{
+    PyTypeObject *type = Py_TYPE(op);
+    MethodEntry *entry = &method_cache[((uintptr_t)type >> 4) % METHOD_CACHE_SIZE];
+    if (entry->type != type || entry->tag != type->tp_version_tag || entry->tag == 0) {
+        entry = method_entry_fill(type, entry);
+    }
+    PyObject *function = entry == NULL ? NULL : entry->methods[which];
+    if (function != NULL) {
+        /* a function's own vectorcall, as the interpreter's call of it does */
+        PyObject *args[2] = {NULL, op};
+        return ((PyFunctionObject *)function)
+            ->vectorcall(function, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    return PyObject_VectorcallMethod(method_names[which], &op,
+                                     1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+#define Bucket_Check(o) PyObject_TypeCheck((o), &BucketType)
+#define Threshold_Check(o) CORE_CHECK((o), ThresholdType)
+
+/* -- what the module keeps: interned names and the Python side's helpers ---------------------- */
+
+typedef struct {
+    /* names */
+    PyObject *s_try_complete, *s_on_complete, *s_on_expiration, *s_settled, *s_completed,
+        *s_cancelled, *s_expired, *s_done, *s_set_result, *s_loop, *s_thread, *s_check_thread,
+        *s_bind, *s_wake_tick, *s_wake_by, *s_alive, *s_take, *s_watches, *s_ends, *s_limit,
+        *s_eager, *s_append, *s_popleft, *s_compact, *s_pop, *s_add_level, *s_join_plain,
+        *s_join_at, *s_release, *s_tidy, *s_fail, *s_wake_awaiters, *s_refuse,
+        *s_ended_before_registration, *s_abandon, *s_request_pass, *s_admit_type,
+        *s_purge_queue, *s_ended, *s_unpush, *s_level, *s_in_flight, *s_after_pass,
+        *s_unregister, *s_sort, *s_key, *s_discard, *s_threshold, *s_reached;
+    /* the Python side's helpers, given by `bind_python` */
+    PyObject *report_exception;   /* report_exception(message, exc, **context) */
+    PyObject *report_false_claim; /* (op, claimed) */
+    PyObject *report_attempt;     /* _watchers._report_attempt(op, key, exc) */
+    PyObject *release_lone;       /* _watchers._release_lone(op, key) */
+    PyObject *threshold_of;       /* _thresholds.threshold_of(op, key) */
+    PyObject *running_loop;       /* asyncio._get_running_loop */
+    PyObject *get_ident;          /* _thread.get_ident */
+    PyObject *heappush, *heappop; /* heapq's */
+    PyObject *expired_then_raise; /* _operation._expired_then_raise(op, interrupt) */
+    PyObject *s_check_clock, *s_schedule, *s_ticks, *s_outcome, *s_now;
+    PyObject *report_expiration;  /* _operation._report_expiration(op, exc) */
+    PyObject *kw_key;             /* ("key",) */
+    PyObject *deadline_of;        /* _wheel._deadline_of */
+    PyObject *math_ceil;          /* math.ceil */
+    PyObject *nothing_to_pop;     /* _watchers._NOTHING_TO_POP */
+    PyObject *missing;            /* _watchers._MISSING */
+    PyObject *split_keys;         /* _purgatory._split_keys(keys) */
+    PyObject *check_one_threshold; /* _purgatory._check_one_threshold(threshold, marks) */
+    PyObject *no_keys, *beyond_horizon, *full; /* _purgatory's error builders */
+    int bound;                    /* `bind` ran: the helpers are there */
+    PyObject *deque_type;         /* collections.deque */
+    PyObject *pop_sentinel;       /* what a pop returns for a key that is not there */
+    /* ManualClock, its current_time function and its `_now` slot (`bind_clock`): a timer on a
+     * manual clock reads the slot instead of calling the method (a Python frame per watch). */
+    PyObject *manual_clock_type, *manual_time, *manual_now;
+} NativeState;
+
+static NativeState N;
+
+static inline PyObject *
+none_if_null(PyObject *o)
+{
+    return o == NULL ? Py_None : o;
+}
+
+/* Replace *slot by `value` (a new reference is taken), releasing the old one. */
+static inline void
+set_field(PyObject **slot, PyObject *value)
+{
+    PyObject *old = *slot;
+    Py_XINCREF(value);
+    *slot = value;
+    Py_XDECREF(old);
+}
+
+/* o.name() with the method looked up on its type (no bound method is built). */
+static inline PyObject *
+call_method0(PyObject *o, PyObject *name)
+{
+    return PyObject_VectorcallMethod(name, &o, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static inline PyObject *
+call_method1(PyObject *o, PyObject *name, PyObject *a)
+{
+    PyObject *args[2] = {o, a};
+    return PyObject_VectorcallMethod(name, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static inline PyObject *
+call_method2(PyObject *o, PyObject *name, PyObject *a, PyObject *b)
+{
+    PyObject *args[3] = {o, a, b};
+    return PyObject_VectorcallMethod(name, args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static inline PyObject *
+call_method3(PyObject *o, PyObject *name, PyObject *a, PyObject *b, PyObject *c)
+{
+    PyObject *args[4] = {o, a, b, c};
+    return PyObject_VectorcallMethod(name, args, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static inline PyObject *
+call1(PyObject *f, PyObject *a)
+{
+    PyObject *args[2] = {NULL, a};
+    return PyObject_Vectorcall(f, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static inline PyObject *
+call2(PyObject *f, PyObject *a, PyObject *b)
+{
+    PyObject *args[3] = {NULL, a, b};
+    return PyObject_Vectorcall(f, args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static inline PyObject *
+call3(PyObject *f, PyObject *a, PyObject *b, PyObject *c)
+{
+    PyObject *args[4] = {NULL, a, b, c};
+    return PyObject_Vectorcall(f, args + 1, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* d.pop(key): 1 with *value (a new reference), 0 if `key` is not there, -1 on error. */
+static inline int
+dict_pop(PyObject *d, PyObject *key, PyObject **value)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyDict_Pop(d, key, value);
+#else
+    PyObject *v = _PyDict_Pop(d, key, N.pop_sentinel);
+    if (v == NULL) {
+        *value = NULL;
+        return -1;
+    }
+    if (v == N.pop_sentinel) {
+        Py_DECREF(v);
+        *value = NULL;
+        return 0;
+    }
+    *value = v;
+    return 1;
+#endif
+}
+
+/* d.pop(key, None), the value dropped: 1 if it was there, 0 if not, -1 on error. */
+static inline int
+dict_discard(PyObject *d, PyObject *key)
+{
+    PyObject *value;
+    int found = dict_pop(d, key, &value);
+    Py_XDECREF(value);
+    return found;
+}
+
+/* `a op b` (Py_LT or Py_LE) as Python compares: ints that fit and floats in C, the rest by
+ * their own comparison. 1, 0, or -1 on error. */
+static inline int
+compare_values(PyObject *a, PyObject *b, int op)
+{
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
+        int overflow_a, overflow_b;
+        long long x = PyLong_AsLongLongAndOverflow(a, &overflow_a);
+        long long y = PyLong_AsLongLongAndOverflow(b, &overflow_b);
+        if (!overflow_a && !overflow_b && !(x == -1 && PyErr_Occurred()) &&
+            !(y == -1 && PyErr_Occurred())) {
+            return op == Py_LT ? x < y : x <= y;
+        }
+        PyErr_Clear();
+    }
+    else if (PyFloat_CheckExact(a) && PyFloat_CheckExact(b)) {
+        double x = PyFloat_AS_DOUBLE(a), y = PyFloat_AS_DOUBLE(b);
+        return op == Py_LT ? x < y : x <= y;
+    }
+    return PyObject_RichCompareBool(a, b, op);
+}
+
+/* Call and drop the result; -1 on error. */
+static inline int
+discard_result(PyObject *r)
+{
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Whether an exception is an interrupt the reference lets through (KeyboardInterrupt or
+ * SystemExit). */
+static inline int
+is_interrupt(PyObject *exc)
+{
+    return PyErr_GivenExceptionMatches(exc, PyExc_KeyboardInterrupt) ||
+           PyErr_GivenExceptionMatches(exc, PyExc_SystemExit);
+}
+
+/* The currently raised exception, taken (3.11's three-value API behind one call). */
+static inline PyObject *
+fetch_exception(void)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+#endif
+}
+
+static inline void
+restore_exception(PyObject *exc)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    PyObject *tb = PyException_GetTraceback(exc);
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, tb);
+#endif
+}
+
+#endif

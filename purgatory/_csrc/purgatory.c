@@ -1,0 +1,636 @@
+/* The facade's hot methods (purgatory/_purgatory.py: try_complete_else_watch,
+ * check_and_complete, _settled, _after_pass). The watch takes the common case (an operation of a
+ * class met before, keys as a tuple or through the reference's own `_split_keys`, a plain or
+ * numeric threshold) in C, and hands anything else to the reference before it has done anything;
+ * past the point where the reference could take over (the keys were consumed), its errors are
+ * built by the reference's own helpers, so the messages are the same. */
+
+static int
+purgatory_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    PurgatoryObject *p = (PurgatoryObject *)self;
+    Py_VISIT(p->attempt);
+    Py_VISIT(p->attempts);
+    Py_VISIT(p->binding);
+    Py_VISIT(p->lists);
+    Py_VISIT(p->max_pending);
+    Py_VISIT(p->name);
+    Py_VISIT(p->purge_queue);
+    Py_VISIT(p->rule);
+    Py_VISIT(p->sink);
+    Py_VISIT(p->sync_types);
+    Py_VISIT(p->time_op);
+    Py_VISIT(p->timer);
+    Py_VISIT(p->sync_seen);
+    return 0;
+}
+
+static int
+purgatory_clear(PyObject *self)
+{
+    PurgatoryObject *p = (PurgatoryObject *)self;
+    Py_CLEAR(p->attempt);
+    Py_CLEAR(p->attempts);
+    Py_CLEAR(p->binding);
+    Py_CLEAR(p->lists);
+    Py_CLEAR(p->max_pending);
+    Py_CLEAR(p->name);
+    Py_CLEAR(p->purge_queue);
+    Py_CLEAR(p->rule);
+    Py_CLEAR(p->sink);
+    Py_CLEAR(p->sync_types);
+    Py_CLEAR(p->time_op);
+    Py_CLEAR(p->timer);
+    Py_CLEAR(p->sync_seen);
+    return 0;
+}
+
+static void
+purgatory_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    if (((PurgatoryObject *)self)->weakreflist != NULL) {
+        PyObject_ClearWeakRefs(self);
+    }
+    purgatory_clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyObject *
+purgatory_get_weakref(PyObject *self, void *closure)
+{
+    PyObject *list = ((PurgatoryObject *)self)->weakreflist;
+    return Py_NewRef(list == NULL ? Py_None : list);
+}
+
+static PyGetSetDef purgatory_getset[] = {
+    FIELD(PurgatoryObject, attempt, "_attempt"),
+    FIELD(PurgatoryObject, attempts, "_attempts"),
+    FIELD(PurgatoryObject, binding, "_binding"),
+    FIELD(PurgatoryObject, lists, "_lists"),
+    FIELD(PurgatoryObject, max_pending, "_max_pending"),
+    FIELD(PurgatoryObject, name, "_name"),
+    FIELD(PurgatoryObject, purge_queue, "_purge_queue"),
+    FIELD(PurgatoryObject, rule, "_rule"),
+    FIELD(PurgatoryObject, sink, "_sink"),
+    FIELD(PurgatoryObject, sync_types, "_sync_types"),
+    FIELD(PurgatoryObject, time_op, "_time_op"),
+    FIELD(PurgatoryObject, timer, "_timer"),
+    {"__weakref__", purgatory_get_weakref, NULL, "list of weak references to the object", NULL},
+    {NULL},
+};
+
+static PyMemberDef purgatory_members[] = {
+    {"_max_timeout", Py_T_DOUBLE, offsetof(PurgatoryObject, max_timeout), 0, NULL},
+    {"_cancelled", Py_T_PYSSIZET, offsetof(PurgatoryObject, cancelled), 0, NULL},
+    {"_completed", Py_T_PYSSIZET, offsetof(PurgatoryObject, completed), 0, NULL},
+    {"_closed", Py_T_BOOL, offsetof(PurgatoryObject, closed), 0, NULL},
+    {NULL},
+};
+
+/* Whether every part is in place with its native layout (a purgatory being built is not). */
+static inline int
+purgatory_ready_check(PurgatoryObject *p)
+{
+    return p->attempt != NULL && p->binding != NULL && p->name != NULL &&
+           p->max_pending != NULL && p->sink != NULL && p->sync_types != NULL &&
+           PySet_Check(p->sync_types) && p->time_op != NULL && p->purge_queue != NULL &&
+           PyDict_CheckExact(p->purge_queue) && p->lists != NULL &&
+           CORE_CHECK(p->lists, ListsType) && lists_ready((ListsObject *)p->lists) &&
+           p->rule != NULL && CORE_CHECK(p->rule, RuleType) &&
+           rule_ready((RuleObject *)p->rule) && p->timer != NULL &&
+           CORE_CHECK(p->timer, TimerType) && timer_ready((TimerObject *)p->timer);
+}
+
+static inline int
+purgatory_ready(PurgatoryObject *o)
+{
+    return o->ready || (o->ready = (char)purgatory_ready_check(o));
+}
+
+/* `sink.<list> += items`, then `sink.take()` if `limit_check` and it holds `limit` items. */
+static int
+sink_extend(PyObject *sink, PyObject *list_name, SlotCache *list_slot, PyObject **items,
+            Py_ssize_t n, int take_when)
+{
+    PyObject *list = get_slot(sink, list_name, list_slot);
+    if (list == NULL) {
+        return -1;
+    }
+    int err = 0;
+    for (Py_ssize_t i = 0; i < n && err == 0; i++) {
+        err = PyList_Append(list, items[i]);
+    }
+    if (err < 0) {
+        Py_DECREF(list);
+        return -1;
+    }
+    int take = 0;
+    if (take_when == 1) { /* the limit */
+        PyObject *limit = get_slot(sink, N.s_limit, &slot_limit);
+        if (limit == NULL) {
+            Py_DECREF(list);
+            return -1;
+        }
+        PyObject *size = PyLong_FromSsize_t(PyList_GET_SIZE(list));
+        take = size == NULL ? -1 : PyObject_RichCompareBool(size, limit, Py_GE);
+        Py_XDECREF(size);
+        Py_DECREF(limit);
+    }
+    else if (take_when == 2) { /* an eager sink */
+        PyObject *eager = get_slot(sink, N.s_eager, &slot_eager);
+        take = eager == NULL ? -1 : PyObject_IsTrue(eager);
+        Py_XDECREF(eager);
+    }
+    Py_DECREF(list);
+    if (take < 0) {
+        return -1;
+    }
+    if (take) {
+        return discard_result(call_method0(sink, N.s_take));
+    }
+    return 0;
+}
+
+/* _settled(op, outcome): the registered `op` completed (cancelled = 0) or was cancelled. */
+static int
+purgatory_settled(PyObject *self, OpObject *op, int cancelled)
+{
+    PurgatoryObject *p = (PurgatoryObject *)self;
+    if (!purgatory_ready(p)) {
+        return discard_result(call_method2(self, N.s_settled, (PyObject *)op,
+                                           cancelled ? N.s_cancelled : N.s_completed));
+    }
+    PyObject *bucket = op->bucket;
+    if (bucket != NULL && bucket != Py_None) {
+        Py_INCREF(bucket);
+        int err = PyDict_DelItem(bucket, (PyObject *)op);
+        if (err == 0) {
+            set_field(&op->bucket, Py_None);
+        }
+        Py_DECREF(bucket);
+        if (err < 0) {
+            return -1;
+        }
+        TimerObject *timer = (TimerObject *)p->timer;
+        timer->delayed--;
+        RuleObject *rule = (RuleObject *)p->rule;
+        rule->owed++;
+        if (rule->owed > rule->trip) {
+            int due = rule_due(rule);
+            if (due < 0 ||
+                (due && discard_result(call_method0((PyObject *)timer, N.s_request_pass)) < 0)) {
+                return -1;
+            }
+        }
+    }
+    if (cancelled) {
+        p->cancelled++;
+    }
+    else {
+        p->completed++;
+    }
+    if (op->listed && PyDict_SetItem(p->purge_queue, (PyObject *)op, Py_None) < 0) {
+        return -1;
+    }
+    if (p->sink != Py_None) {
+        PyObject *sink = Py_NewRef(p->sink);
+        PyObject *now = timer_now((TimerObject *)p->timer);
+        int err = -1;
+        if (now != NULL) {
+            PyObject *items[3] = {(PyObject *)op, cancelled ? N.s_cancelled : N.s_completed, now};
+            err = sink_extend(sink, N.s_ends, &slot_ends, items, 3, 2);
+            Py_DECREF(now);
+        }
+        Py_DECREF(sink);
+        return err;
+    }
+    return 0;
+}
+
+static PyObject *
+purgatory_settled_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                         PyObject *kwnames)
+{
+    if (nargs != 2 || kwnames != NULL || !CORE_CHECK(self, PurgatoryType) ||
+        !purgatory_ready((PurgatoryObject *)self) || !Op_Check(args[0]) ||
+        !PyUnicode_CheckExact(args[1])) {
+        return NOT_HANDLED;
+    }
+    int completed = PyUnicode_Compare(args[1], N.s_completed) == 0;
+    Py_INCREF(self);
+    int err = purgatory_settled(self, (OpObject *)args[0], !completed);
+    Py_DECREF(self);
+    if (err < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* Raise the exception that the reference's helper `make(*args)` builds. */
+static void
+raise_made(PyObject *make, PyObject *a, PyObject *b)
+{
+    PyObject *exc = b != NULL ? call2(make, a, b) : a != NULL ? call1(make, a)
+                                                              : PyObject_CallNoArgs(make);
+    if (exc == NULL) {
+        return;
+    }
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+}
+
+/* `self._refuse(op)` while keeping the exception being raised. */
+static void
+refuse_keeping_error(PyObject *self, PyObject *op, PyObject *method)
+{
+    PyObject *exc = fetch_exception();
+    PyObject *r = call_method1(self, method, op);
+    if (r == NULL) {
+        Py_XDECREF(exc);
+        return;
+    }
+    Py_DECREF(r);
+    restore_exception(exc);
+}
+
+/* `self._time_op(op)`: the timer's add straight, or whatever the purgatory uses now. */
+static int
+purgatory_time_op(PurgatoryObject *p, OpObject *op)
+{
+    PyObject *time_op = p->time_op;
+    if (PyMethod_Check(time_op) && PyMethod_GET_SELF(time_op) == p->timer) {
+        PyObject *f = PyMethod_GET_FUNCTION(time_op);
+        if (Py_IS_TYPE(f, &NativeMethodType)) {
+            native_fn fn = ((NativeMethodObject *)f)->fn;
+            if (fn == timer_add_native) {
+                return timer_add((TimerObject *)p->timer, op);
+            }
+            if (fn == timer_add_due_native) {
+                return timer_add_due((TimerObject *)p->timer, (PyObject *)op);
+            }
+        }
+    }
+    return discard_result(call1(time_op, (PyObject *)op));
+}
+
+/* The numeric thresholds the C path takes without the reference's check. */
+static inline int
+plain_threshold(PyObject *t)
+{
+    return PyLong_CheckExact(t) || (PyFloat_CheckExact(t) && !isnan(PyFloat_AS_DOUBLE(t)));
+}
+
+/* `_split_keys(keys)` for a dict whose thresholds are all plain (None, ints, floats that are
+ * not NaN) and for a list: new references in *keys and *marks, 0; 1 for anything else (the
+ * reference's `_split_keys` then), -1 on error. */
+static int
+split_keys(PyObject *given, PyObject **keys, PyObject **marks)
+{
+    if (PyList_CheckExact(given)) {
+        *keys = PyList_AsTuple(given);
+        *marks = Py_NewRef(Py_None);
+        return *keys == NULL ? -1 : 0;
+    }
+    if (!PyDict_CheckExact(given)) {
+        return 1;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *key, *threshold, *uniform = NULL;
+    int mixed = 0;
+    while (PyDict_Next(given, &pos, &key, &threshold)) {
+        if (!(threshold == Py_None || plain_threshold(threshold))) {
+            return 1;
+        }
+        if (uniform == NULL) {
+            uniform = threshold;
+        }
+        else if (threshold != uniform) {
+            mixed = 1;
+        }
+    }
+    PyObject *tuple = PyTuple_New(PyDict_GET_SIZE(given));
+    if (tuple == NULL) {
+        return -1;
+    }
+    pos = 0;
+    for (Py_ssize_t i = 0; PyDict_Next(given, &pos, &key, &threshold); i++) {
+        PyTuple_SET_ITEM(tuple, i, Py_NewRef(key));
+    }
+    if (mixed || uniform == NULL) {
+        *marks = PyDict_Copy(given);
+        if (*marks == NULL) {
+            Py_DECREF(tuple);
+            return -1;
+        }
+    }
+    else {
+        *marks = Py_NewRef(uniform);
+    }
+    *keys = tuple;
+    return 0;
+}
+
+/* try_complete_else_watch, from the split of the keys on: 1 if `op` completed in the call, 0 if
+ * not, -1 on error. */
+static int
+purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *marks)
+{
+    PyObject *self = (PyObject *)p;
+    if (PyTuple_GET_SIZE(keys) == 0) {
+        raise_made(N.no_keys, NULL, NULL);
+        return -1;
+    }
+    if (op->timeout > p->max_timeout) {
+        PyObject *timeout = PyFloat_FromDouble(op->timeout);
+        PyObject *horizon = PyFloat_FromDouble(p->max_timeout);
+        if (timeout != NULL && horizon != NULL) {
+            raise_made(N.beyond_horizon, timeout, horizon);
+        }
+        Py_XDECREF(timeout);
+        Py_XDECREF(horizon);
+        return -1;
+    }
+    /* `if self._binding.loop is not running_loop(): self._binding.bind()` */
+    PyObject *loop = get_slot(p->binding, N.s_loop, &slot_loop);
+    if (loop == NULL) {
+        return -1;
+    }
+    PyObject *running = PyObject_CallNoArgs(N.running_loop);
+    if (running == NULL) {
+        Py_DECREF(loop);
+        return -1;
+    }
+    int same_loop = loop == running;
+    Py_DECREF(running);
+    Py_DECREF(loop);
+    if (!same_loop && discard_result(call_method0(p->binding, N.s_bind)) < 0) {
+        return -1;
+    }
+    TimerObject *timer = (TimerObject *)p->timer;
+    if (p->sink != Py_None) {
+        PyObject *sink = Py_NewRef(p->sink);
+        PyObject *now = timer_now(timer);
+        int err = -1;
+        if (now != NULL) {
+            PyObject *items[4] = {(PyObject *)op, keys, marks, now};
+            err = sink_extend(sink, N.s_watches, &slot_watches, items, 4, 1);
+            Py_DECREF(now);
+        }
+        Py_DECREF(sink);
+        if (err < 0) {
+            return -1;
+        }
+    }
+    /* Kafka's first try, before registration (a synchronous try_complete: state 0) */
+    if (op->state == 0) {
+        PyObject *claimed = call_op_method((PyObject *)op, M_TRY_COMPLETE);
+        if (claimed == NULL) {
+            refuse_keeping_error(self, (PyObject *)op, N.s_refuse);
+            return -1;
+        }
+        if (op->state & ST_FINISHED || p->closed) {
+            Py_DECREF(claimed);
+            PyObject *r = call_method1(self, N.s_ended_before_registration, (PyObject *)op);
+            if (r == NULL) {
+                return -1;
+            }
+            int completed = PyObject_IsTrue(r);
+            Py_DECREF(r);
+            return completed;
+        }
+        int truth = PyObject_IsTrue(claimed);
+        PyObject *r = truth > 0 ? call2(N.report_false_claim, (PyObject *)op, claimed) : NULL;
+        Py_DECREF(claimed);
+        if (truth < 0 || (truth > 0 && r == NULL)) {
+            return -1;
+        }
+        Py_XDECREF(r);
+    }
+    if (p->max_pending != Py_None) {
+        PyObject *delayed = PyLong_FromSsize_t(timer->delayed);
+        if (delayed == NULL) {
+            return -1;
+        }
+        int full = PyObject_RichCompareBool(delayed, p->max_pending, Py_GE);
+        Py_DECREF(delayed);
+        if (full < 0) {
+            return -1;
+        }
+        if (full) {
+            if (discard_result(call_method1(self, N.s_refuse, (PyObject *)op)) < 0) {
+                return -1;
+            }
+            raise_made(N.full, p->name, p->max_pending);
+            return -1;
+        }
+    }
+    /* registration: on every key or, if that fails, on none */
+    if (lists_register((ListsObject *)p->lists, op, keys, marks) < 0) {
+        refuse_keeping_error(self, (PyObject *)op, N.s_refuse);
+        return -1;
+    }
+    set_field(&op->owner, self);
+    if (op->state & ST_ASYNC) {
+        if (discard_result(call1(p->attempt, (PyObject *)op)) < 0) {
+            goto abandon;
+        }
+    }
+    else {
+        PyObject *claimed = call_op_method((PyObject *)op, M_TRY_COMPLETE);
+        if (claimed == NULL) {
+            goto abandon;
+        }
+        if (op->state & ST_FINISHED) {
+            Py_DECREF(claimed);
+            RuleObject *rule = (RuleObject *)p->rule;
+            rule->owed++; /* registered, never timed (the purge-queue protocol) */
+            int due = rule_due(rule);
+            if (due < 0 ||
+                (due && discard_result(call_method0(p->timer, N.s_request_pass)) < 0)) {
+                goto abandon;
+            }
+            return 1;
+        }
+        int truth = PyObject_IsTrue(claimed);
+        PyObject *r = truth > 0 ? call2(N.report_false_claim, (PyObject *)op, claimed) : NULL;
+        Py_DECREF(claimed);
+        if (truth < 0 || (truth > 0 && r == NULL)) {
+            goto abandon;
+        }
+        Py_XDECREF(r);
+        if (p->closed) {
+            return 0;
+        }
+    }
+    if (purgatory_time_op(p, op) < 0) {
+        goto abandon;
+    }
+    return 0;
+abandon:;
+    PyObject *exc = fetch_exception();
+    PyObject *r = call_method1(self, N.s_abandon, (PyObject *)op);
+    if (r == NULL) {
+        Py_DECREF(exc);
+        return -1;
+    }
+    Py_DECREF(r);
+    if (PyErr_GivenExceptionMatches(exc, PyExc_ValueError) ||
+        PyErr_GivenExceptionMatches(exc, PyExc_TypeError) ||
+        PyErr_GivenExceptionMatches(exc, PyExc_OverflowError)) {
+        /* a clear error if the clock's time was the cause */
+        r = call_method0(p->timer, N.s_check_clock);
+        if (r == NULL) {
+            PyObject *clearer = fetch_exception();
+            PyException_SetContext(clearer, exc); /* (steals exc) */
+            restore_exception(clearer);
+            return -1;
+        }
+        Py_DECREF(r);
+    }
+    restore_exception(exc);
+    return -1;
+}
+
+/* The last positional-or-keyword argument `name` of a call given `nargs` positional arguments
+ * and `kwnames`: *value (borrowed, or `fallback`); 0 if the call has any other keyword (or the
+ * argument twice: the reference's to refuse). */
+static inline int
+last_argument(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t position, PyObject *kwnames,
+              PyObject *name, PyObject *fallback, PyObject **value)
+{
+    *value = nargs > position ? args[position] : fallback;
+    if (kwnames == NULL) {
+        return 1;
+    }
+    if (PyTuple_GET_SIZE(kwnames) != 1 || nargs > position) {
+        return 0;
+    }
+    PyObject *given = PyTuple_GET_ITEM(kwnames, 0);
+    if (given != name && PyUnicode_Compare(given, name) != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    *value = args[nargs];
+    return 1;
+}
+
+static PyObject *
+purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                       PyObject *kwnames)
+{
+    PyObject *threshold;
+    if (nargs < 2 || nargs > 3 || !CORE_CHECK(self, PurgatoryType) ||
+        !last_argument(args, nargs, 2, kwnames, N.s_threshold, Py_None, &threshold)) {
+        return NOT_HANDLED;
+    }
+    PurgatoryObject *p = (PurgatoryObject *)self;
+    PyObject *item = args[0];
+    if (!purgatory_ready(p) || p->closed || !Op_Check(item) || !op_is_set_up(item)) {
+        return NOT_HANDLED;
+    }
+    OpObject *op = (OpObject *)item;
+    if (op->owner != Py_None || op->state & ST_FINISHED) {
+        return NOT_HANDLED;
+    }
+    if ((PyObject *)Py_TYPE(item) != p->sync_seen) {
+        int known = PySet_Contains(p->sync_types, (PyObject *)Py_TYPE(item));
+        if (known <= 0) {
+            if (known < 0) {
+                PyErr_Clear();
+            }
+            return NOT_HANDLED;
+        }
+        set_field(&p->sync_seen, (PyObject *)Py_TYPE(item)); /* (the set only grows) */
+    }
+    PyObject *keys, *marks;
+    Py_INCREF(self);
+    Py_INCREF(item);
+    if (PyTuple_CheckExact(args[1])) {
+        keys = Py_NewRef(args[1]);
+        marks = Py_NewRef(Py_None);
+    }
+    else {
+        int split = split_keys(args[1], &keys, &marks);
+        if (split > 0) {
+            PyObject *pair = call2(N.split_keys, args[1], p->lists);
+            if (pair != NULL) {
+                keys = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
+                marks = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+                Py_DECREF(pair);
+                split = 0;
+            }
+        }
+        if (split != 0) {
+            Py_DECREF(item);
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
+    int result = -1;
+    if (threshold != Py_None) {
+        if (marks != Py_None || !plain_threshold(threshold)) {
+            PyObject *check[4] = {threshold, marks, keys, p->lists};
+            if (discard_result(PyObject_Vectorcall(N.check_one_threshold, check, 4, NULL)) < 0) {
+                goto done;
+            }
+        }
+        Py_SETREF(marks, Py_NewRef(threshold));
+    }
+    result = purgatory_watch(p, op, keys, marks);
+done:
+    Py_DECREF(keys);
+    Py_DECREF(marks);
+    Py_DECREF(item);
+    Py_DECREF(self);
+    if (result < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(result);
+}
+
+static PyObject *
+purgatory_check_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                       PyObject *kwnames)
+{
+    PyObject *reached;
+    if (nargs < 1 || nargs > 2 || !CORE_CHECK(self, PurgatoryType) ||
+        !last_argument(args, nargs, 1, kwnames, N.s_reached, Py_None, &reached)) {
+        return NOT_HANDLED;
+    }
+    PurgatoryObject *p = (PurgatoryObject *)self;
+    if (!purgatory_ready(p) || !plain_reached(reached)) {
+        return NOT_HANDLED;
+    }
+    Py_INCREF(self);
+    PyObject *result = NULL;
+    /* `if get_ident() != self._binding.thread: self._binding.check_thread()` */
+    PyObject *thread = get_slot(p->binding, N.s_thread, &slot_thread);
+    if (thread == NULL) {
+        goto done;
+    }
+    int same = 0;
+    if (PyLong_CheckExact(thread)) {
+        unsigned long ident = PyLong_AsUnsignedLong(thread);
+        if (ident == (unsigned long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+        }
+        else {
+            same = ident == PyThread_get_thread_ident();
+        }
+    }
+    Py_DECREF(thread);
+    if (!same && discard_result(call_method0(p->binding, N.s_check_thread)) < 0) {
+        goto done;
+    }
+    ListsObject *l = (ListsObject *)p->lists;
+    Py_INCREF(l);
+    Py_ssize_t completed = lists_trigger(l, args[0], reached, p->attempt);
+    Py_DECREF(l);
+    if (completed >= 0) {
+        result = PyLong_FromSsize_t(completed);
+    }
+done:
+    Py_DECREF(self);
+    return result;
+}

@@ -1,0 +1,503 @@
+/* The timer's hot methods (purgatory/_timer.py: add, add_due, run_pass, next_pass_tick,
+ * next_pass_at): the wheel's owner, turning seconds into ticks exactly as the reference does
+ * (the same IEEE operations, in the same order; the build turns floating-point contraction
+ * off), and running the passes a driver asks for. */
+
+#define TICK_SLACK 1e-6
+/* Times whose ticks a double holds exactly enough to take the C path (2**62 ticks). */
+#define TICK_LIMIT 4611686018427387904.0
+
+static int
+timer_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    TimerObject *t = (TimerObject *)self;
+    Py_VISIT(t->now);
+    Py_VISIT(t->expire);
+    Py_VISIT(t->housekeeping);
+    Py_VISIT(t->alarm);
+    Py_VISIT(t->in_flight);
+    Py_VISIT(t->wheel);
+    Py_VISIT(t->due_at);
+    Py_VISIT(t->outcome);
+    return 0;
+}
+
+static int
+timer_clear(PyObject *self)
+{
+    TimerObject *t = (TimerObject *)self;
+    Py_CLEAR(t->now);
+    Py_CLEAR(t->expire);
+    Py_CLEAR(t->housekeeping);
+    Py_CLEAR(t->alarm);
+    Py_CLEAR(t->in_flight);
+    Py_CLEAR(t->wheel);
+    Py_CLEAR(t->due_at);
+    Py_CLEAR(t->outcome);
+    return 0;
+}
+
+static void
+timer_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    if (((TimerObject *)self)->weakreflist != NULL) {
+        PyObject_ClearWeakRefs(self);
+    }
+    timer_clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyObject *
+timer_get_weakref(PyObject *self, void *closure)
+{
+    PyObject *list = ((TimerObject *)self)->weakreflist;
+    return Py_NewRef(list == NULL ? Py_None : list);
+}
+
+static PyGetSetDef timer_getset[] = {
+    FIELD(TimerObject, due_at, "_due_at"),
+    FIELD(TimerObject, outcome, "_outcome"),
+    FIELD(TimerObject, now, "now"),
+    FIELD(TimerObject, expire, "_expire"),
+    FIELD(TimerObject, housekeeping, "_housekeeping"),
+    FIELD(TimerObject, alarm, "alarm"),
+    FIELD(TimerObject, in_flight, "_in_flight"),
+    FIELD(TimerObject, wheel, "wheel"),
+    {"__weakref__", timer_get_weakref, NULL, "list of weak references to the object", NULL},
+    {NULL},
+};
+
+static PyMemberDef timer_members[] = {
+    {"tick", Py_T_DOUBLE, offsetof(TimerObject, tick), 0, NULL},
+    {"max_timeout", Py_T_DOUBLE, offsetof(TimerObject, max_timeout), 0, NULL},
+    {"time_limit", Py_T_DOUBLE, offsetof(TimerObject, time_limit), 0, NULL},
+    {"delayed", Py_T_PYSSIZET, offsetof(TimerObject, delayed), 0, NULL},
+    {"expired", Py_T_PYSSIZET, offsetof(TimerObject, expired), 0, NULL},
+    {"drained", Py_T_PYSSIZET, offsetof(TimerObject, drained), 0, NULL},
+    {"passes", Py_T_PYSSIZET, offsetof(TimerObject, passes), 0, NULL},
+    {"_closed", Py_T_BOOL, offsetof(TimerObject, closed), 0, NULL},
+    {"_due_now", Py_T_BOOL, offsetof(TimerObject, due_now), 0, NULL},
+    {NULL},
+};
+
+static inline int
+timer_ready_check(TimerObject *t)
+{
+    return t->now != NULL && t->expire != NULL && t->housekeeping != NULL && t->alarm != NULL &&
+           t->in_flight != NULL && PyList_CheckExact(t->in_flight) && t->wheel != NULL &&
+           CORE_CHECK(t->wheel, WheelType) && wheel_ready((WheelObject *)t->wheel) &&
+           t->due_at != NULL && (PyLong_CheckExact(t->due_at) || PyFloat_CheckExact(t->due_at)) &&
+           t->outcome != NULL && PyUnicode_CheckExact(t->outcome) && t->tick > 0.0;
+}
+
+static inline int
+timer_ready(TimerObject *o)
+{
+    return o->ready || (o->ready = (char)timer_ready_check(o));
+}
+
+/* `due < wake_tick` as Python compares an int with whatever the alarm holds: 1, 0, -1. */
+static int
+tick_before(long long due, PyObject *wake_tick)
+{
+    if (PyFloat_CheckExact(wake_tick) && due < 9007199254740992LL && due > -9007199254740992LL) {
+        return (double)due < PyFloat_AS_DOUBLE(wake_tick);
+    }
+    PyObject *d = PyLong_FromLongLong(due);
+    if (d == NULL) {
+        return -1;
+    }
+    int r = PyObject_RichCompareBool(d, wake_tick, Py_LT);
+    Py_DECREF(d);
+    return r;
+}
+
+/* `if self.alarm is not None and due < self.alarm.wake_tick: self.alarm.wake_by(due)` */
+static int
+timer_wake_alarm(TimerObject *t, long long due)
+{
+    PyObject *alarm = t->alarm;
+    if (alarm == Py_None) {
+        return 0;
+    }
+    Py_INCREF(alarm);
+    PyObject *wake_tick = get_slot(alarm, N.s_wake_tick, &slot_wake_tick);
+    if (wake_tick == NULL) {
+        Py_DECREF(alarm);
+        return -1;
+    }
+    int before = tick_before(due, wake_tick);
+    Py_DECREF(wake_tick);
+    int err = before < 0 ? -1 : 0;
+    if (before > 0) {
+        PyObject *d = PyLong_FromLongLong(due);
+        err = d == NULL ? -1 : discard_result(call_method1(alarm, N.s_wake_by, d));
+        Py_XDECREF(d);
+    }
+    Py_DECREF(alarm);
+    return err;
+}
+
+/* `self.now()`: the clock's time (a new reference), or NULL with an exception set. */
+static inline PyObject *
+timer_now(TimerObject *t)
+{
+    PyObject *now = t->now;
+    if (PyMethod_Check(now) && PyMethod_GET_FUNCTION(now) == N.manual_time) {
+        PyObject *clock = PyMethod_GET_SELF(now);
+        if ((PyObject *)Py_TYPE(clock) == N.manual_clock_type) {
+            return PyMember_GetOne((const char *)clock,
+                                   ((PyMemberDescrObject *)N.manual_now)->d_member);
+        }
+    }
+    return PyObject_CallNoArgs(now);
+}
+
+/* The deadline tick of an operation timed now: ceil((now() + timeout) / tick - slack), as
+ * Python computes it; LLONG_MIN with an exception set if that fails. */
+static long long
+timer_deadline(TimerObject *t, OpObject *op)
+{
+    PyObject *now = timer_now(t);
+    if (now == NULL) {
+        return LLONG_MIN;
+    }
+    if (PyFloat_CheckExact(now)) {
+        double x = (PyFloat_AS_DOUBLE(now) + op->timeout) / t->tick - TICK_SLACK;
+        if (x > -TICK_LIMIT && x < TICK_LIMIT) {
+            Py_DECREF(now);
+            return (long long)ceil(x);
+        }
+    }
+    /* Anything else (an int clock, a time out of range, NaN, not a number at all): Python's
+     * own arithmetic, errors included. */
+    long long deadline = LLONG_MIN;
+    PyObject *timeout = PyFloat_FromDouble(op->timeout);
+    PyObject *tick = PyFloat_FromDouble(t->tick);
+    PyObject *slack = PyFloat_FromDouble(TICK_SLACK);
+    PyObject *sum = NULL, *ratio = NULL, *less = NULL, *ceiled = NULL;
+    if (timeout != NULL && tick != NULL && slack != NULL &&
+        (sum = PyNumber_Add(now, timeout)) != NULL &&
+        (ratio = PyNumber_TrueDivide(sum, tick)) != NULL &&
+        (less = PyNumber_Subtract(ratio, slack)) != NULL &&
+        (ceiled = call1(N.math_ceil, less)) != NULL) {
+        if (as_tick(ceiled, &deadline) < 0) {
+            deadline = LLONG_MIN;
+        }
+    }
+    Py_DECREF(now);
+    Py_XDECREF(timeout);
+    Py_XDECREF(tick);
+    Py_XDECREF(slack);
+    Py_XDECREF(sum);
+    Py_XDECREF(ratio);
+    Py_XDECREF(less);
+    Py_XDECREF(ceiled);
+    return deadline;
+}
+
+/* add(op): hold `op` until now + its timeout, rounded up to the tick. */
+static int
+timer_add(TimerObject *t, OpObject *op)
+{
+    long long deadline = timer_deadline(t, op);
+    if (deadline == LLONG_MIN) {
+        return -1;
+    }
+    WheelObject *w = (WheelObject *)t->wheel;
+    long long due;
+    if (deadline < w->memo_high && deadline >= w->memo_low) {
+        /* the wheel's memo, inline */
+        op->deadline = deadline;
+        OP_SET(op) |= SET_DEADLINE;
+        PyObject *bucket = w->memo_bucket;
+        if (PyDict_SetItem(bucket, (PyObject *)op, Py_None) < 0) {
+            return -1;
+        }
+        set_field(&op->bucket, bucket);
+        due = w->memo_due;
+    }
+    else {
+        Py_INCREF(w);
+        due = wheel_add(w, (PyObject *)op, deadline);
+        Py_DECREF(w);
+        if (due == LLONG_MIN) {
+            return -1;
+        }
+    }
+    t->delayed++;
+    return timer_wake_alarm(t, due);
+}
+
+static int
+timer_add_due(TimerObject *t, PyObject *op)
+{
+    WheelObject *w = (WheelObject *)t->wheel;
+    long long current = wheel_current(w);
+    if (current == LLONG_MIN && PyErr_Occurred()) {
+        return -1;
+    }
+    Py_INCREF(w);
+    long long due = wheel_add(w, op, current);
+    Py_DECREF(w);
+    if (due == LLONG_MIN) {
+        return -1;
+    }
+    t->delayed++;
+    return timer_wake_alarm(t, due);
+}
+
+static Py_ssize_t
+timer_in_flight(TimerObject *t)
+{
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(t->in_flight); i++) {
+        PyObject *due = PyList_GET_ITEM(t->in_flight, i);
+        n += PyList_Check(due) ? PyList_GET_SIZE(due) : 0;
+    }
+    return n;
+}
+
+/* Expire the pending operations of `due`; if a callback interrupts the pass, what was not
+ * expired yet goes back into the wheel, due at the next pass. */
+static Py_ssize_t
+timer_expire_taken(TimerObject *t, PyObject *due, PyObject *now)
+{
+    PyObject *in_flight = t->in_flight;
+    Py_INCREF(in_flight);
+    if (PyList_Append(in_flight, due) < 0) {
+        Py_DECREF(in_flight);
+        return -1;
+    }
+    Py_ssize_t expired = 0;
+    PyObject *exc = NULL;
+    PyObject *outcome = Py_NewRef(t->outcome);
+    PyObject *r = call3(t->expire, due, now, outcome);
+    if (r != NULL) {
+        expired = PyLong_AsSsize_t(r);
+        Py_DECREF(r);
+        if (expired == -1 && PyErr_Occurred()) {
+            expired = 0;
+            exc = fetch_exception();
+        }
+    }
+    else {
+        exc = fetch_exception();
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(due); i++) {
+            PyObject *op = PyList_GET_ITEM(due, i);
+            if (Op_Check(op) && ((OpObject *)op)->state & ST_EXPIRED) {
+                expired++;
+            }
+        }
+        if (!t->closed) {
+            WheelObject *w = (WheelObject *)t->wheel;
+            Py_INCREF(w);
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(due); i++) {
+                PyObject *op = PyList_GET_ITEM(due, i);
+                if (Op_Check(op) && !(((OpObject *)op)->state & ST_FINISHED)) {
+                    if (wheel_add(w, op, ((OpObject *)op)->deadline) == LLONG_MIN) {
+                        Py_SETREF(exc, fetch_exception());
+                        break;
+                    }
+                    t->delayed++;
+                }
+            }
+            Py_DECREF(w);
+        }
+    }
+    /* finally: in_flight.pop() */
+    Py_ssize_t n = PyList_GET_SIZE(in_flight);
+    if (n > 0 && PyList_SetSlice(in_flight, n - 1, n, NULL) < 0) {
+        Py_XSETREF(exc, fetch_exception());
+    }
+    Py_DECREF(in_flight);
+    int as_expired = PyUnicode_Compare(outcome, N.s_expired) == 0;
+    Py_DECREF(outcome);
+    if (as_expired) {
+        t->expired += expired;
+    }
+    else {
+        t->drained += expired;
+    }
+    if (exc != NULL) {
+        restore_exception(exc);
+        return -1;
+    }
+    return expired;
+}
+
+/* run_pass(now, budget): the pass at `now` (its float value `seconds`); how many expired. */
+static Py_ssize_t
+timer_run_pass(TimerObject *t, PyObject *now, double seconds, PyObject *budget_obj,
+               Py_ssize_t budget)
+{
+    if (t->closed) {
+        return 0;
+    }
+    long long ticks = (long long)floor(seconds / t->tick + TICK_SLACK);
+    WheelObject *w = (WheelObject *)t->wheel;
+    Py_INCREF(w);
+    PyObject *due = wheel_advance(w, ticks, budget);
+    if (due == NULL) {
+        Py_DECREF(w);
+        return -1;
+    }
+    t->passes++;
+    if (PyLong_CheckExact(t->due_at)) { /* the housekeeping asked for is this pass's */
+        long long due_at = PyLong_AsLongLong(t->due_at);
+        long long current = wheel_current(w);
+        if ((due_at == -1 || current == LLONG_MIN) && PyErr_Occurred()) {
+            Py_DECREF(w);
+            Py_DECREF(due);
+            return -1;
+        }
+        if (due_at <= current) {
+            PyObject *inf = PyFloat_FromDouble(INFINITY);
+            if (inf == NULL) {
+                Py_DECREF(w);
+                Py_DECREF(due);
+                return -1;
+            }
+            Py_SETREF(t->due_at, inf);
+        }
+    }
+    Py_DECREF(w);
+    Py_ssize_t expired = 0;
+    Py_ssize_t taken = PyList_GET_SIZE(due);
+    if (taken) {
+        t->delayed -= taken;
+        expired = timer_expire_taken(t, due, now);
+    }
+    Py_DECREF(due);
+    if (expired < 0) {
+        return -1;
+    }
+    PyObject *taken_obj = PyLong_FromSsize_t(taken);
+    if (taken_obj == NULL) {
+        return -1;
+    }
+    PyObject *owed = call2(t->housekeeping, taken_obj, budget_obj);
+    Py_DECREF(taken_obj);
+    if (owed == NULL) {
+        return -1;
+    }
+    int truth = PyObject_IsTrue(owed);
+    Py_DECREF(owed);
+    if (truth < 0) {
+        return -1;
+    }
+    t->due_now = (char)truth;
+    return expired;
+}
+
+static long long
+timer_next_pass_tick(TimerObject *t)
+{
+    if (t->closed) {
+        return TICK_INF;
+    }
+    if (t->due_now) {
+        return wheel_current((WheelObject *)t->wheel);
+    }
+    long long deadline = wheel_next_deadline((WheelObject *)t->wheel);
+    if (deadline == LLONG_MIN && PyErr_Occurred()) {
+        return LLONG_MIN;
+    }
+    if (PyLong_CheckExact(t->due_at)) { /* `self._due_at if self._due_at < deadline` */
+        long long due_at = PyLong_AsLongLong(t->due_at);
+        if (due_at == -1 && PyErr_Occurred()) {
+            return LLONG_MIN;
+        }
+        if (deadline == TICK_INF || due_at < deadline) {
+            return due_at;
+        }
+    }
+    return deadline;
+}
+
+/* -- the methods as Python sees them ------------------------------------------------------------ */
+
+#define TIMER_SELF(self)                                                                         \
+    if (!CORE_CHECK(self, TimerType) || !timer_ready((TimerObject *)self)) {            \
+        return NOT_HANDLED;                                                                      \
+    }                                                                                            \
+    TimerObject *t = (TimerObject *)self;
+
+static PyObject *
+timer_add_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    TIMER_SELF(self)
+    if (nargs != 1 || kwnames != NULL || !Op_Check(args[0]) ||
+        (OP_SET(args[0]) & SET_TIMEOUT) == 0) {
+        return NOT_HANDLED;
+    }
+    Py_INCREF(self);
+    int err = timer_add(t, (OpObject *)args[0]);
+    Py_DECREF(self);
+    if (err < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+timer_add_due_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                     PyObject *kwnames)
+{
+    TIMER_SELF(self)
+    if (nargs != 1 || kwnames != NULL) {
+        return NOT_HANDLED;
+    }
+    Py_INCREF(self);
+    int err = timer_add_due(t, args[0]);
+    Py_DECREF(self);
+    if (err < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+timer_run_pass_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                      PyObject *kwnames)
+{
+    TIMER_SELF(self)
+    if (nargs < 1 || nargs > 2 || kwnames != NULL || !PyFloat_CheckExact(args[0])) {
+        return NOT_HANDLED;
+    }
+    double seconds = PyFloat_AS_DOUBLE(args[0]);
+    double ticks = seconds / t->tick + TICK_SLACK;
+    if (!(ticks > -TICK_LIMIT && ticks < TICK_LIMIT)) {
+        return NOT_HANDLED;
+    }
+    Py_ssize_t budget = -1;
+    PyObject *budget_obj = nargs == 2 ? args[1] : Py_None;
+    if (!budget_arg(budget_obj, &budget)) {
+        return NOT_HANDLED;
+    }
+    Py_INCREF(self);
+    Py_ssize_t expired = timer_run_pass(t, args[0], seconds, budget_obj, budget);
+    Py_DECREF(self);
+    if (expired < 0) {
+        return NULL;
+    }
+    return PyLong_FromSsize_t(expired);
+}
+
+static PyObject *
+timer_next_pass_tick_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
+{
+    TIMER_SELF(self)
+    if (nargs != 0 || kwnames != NULL) {
+        return NOT_HANDLED;
+    }
+    Py_INCREF(self);
+    long long tick = timer_next_pass_tick(t);
+    Py_DECREF(self);
+    if (tick == LLONG_MIN && PyErr_Occurred()) {
+        return NULL;
+    }
+    return tick_or_inf(tick);
+}
