@@ -420,8 +420,8 @@ def _batch_line(progress: Mapping[str, Any], written: Sequence[Any] | None) -> s
     watermark = progress.get("eventTime", {}).get("watermark", "")
     line = f"batch {progress['batchId']}: {progress.get('numInputRows', 0):,} operations read"
     line += f", {len(written)} windows written" if written else ", no window complete"
-    if late:
-        line += f", {late:,} late (their windows were written already: raise --watermark)"
+    if late:  # (Spark counts what it drops after a first aggregation: per window and task)
+        line += f", late operations dropped in {late:,} windows already written (raise --watermark)"
     if watermark and not watermark.startswith("1970-01-01"):
         line += f"; watermark {watermark}"
     return line

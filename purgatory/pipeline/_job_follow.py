@@ -7,8 +7,8 @@ windows of `analyze` (`window_events`, `window_counts`: the same arithmetic, so 
 and writes a window when no more of its operations are expected: in Spark's append mode, once
 the watermark has passed it. The watermark trails the newest window read by `watermark`
 seconds; an operation that turns up later than that, in a window already written, is dropped
-by Spark and counted (each batch's line says how many). Every log must carry a UTC anchor (the
-windows are UTC windows, shared by every process that writes into the directory).
+by Spark and counted (each batch's line says in how many windows). Every log must carry a UTC
+anchor (the windows are UTC windows, shared by every process that writes into the directory).
 
 Each micro-batch's new windows go to one Parquet file, ``windows/batch-<id>.parquet``, written
 under a hidden name and renamed whole. With the checkpoint, a job that was killed and is started

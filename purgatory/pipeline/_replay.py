@@ -16,10 +16,11 @@ first, then triggers, then the arrival. Then the operation is watched with
 When a group's rows end, the clock runs on until nothing is timed.
 
 With a cost profile (`purgatory.pipeline._load`), a group is served as one core serves an event
-loop (`_LoadedGroup`): the same events in the same order of their times, but each starts when
-the core is free, ``max(its time, busy_until)``, with the clock moved there, and keeps the core
-busy for what it costs. A timer pass then runs late, expiring whatever is due by the time it
-runs, as a late reaper does. With every cost zero this is exactly the plain replay.
+loop (`_LoadedGroup`), in the loop's turns: each turn collects the events due when it starts and
+serves them in the order of their times, each when the core is free, with the clock moved
+there, keeping the core busy for what it costs; the reaper's pass comes at the start of the turn
+after its timer's. A timer pass then runs late, expiring whatever is due by the time it runs, as
+a late reaper does. With every cost zero this is exactly the plain replay.
 
 Each group's summary (counts, exact percentiles of the waits and of the expiry lateness) is
 computed here, inside the group's task, so the Spark job needs no aggregation over every
