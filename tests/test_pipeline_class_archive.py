@@ -3,8 +3,8 @@
 Unit tests of the plan, the claim (a dead process's claim taken over at once) and of `mapped`
 against real JVMs given a good archive and three the JVM ignores; then real pipeline processes:
 the first exits without waiting and a detached process saves the archive, the next starts from
-it, one whose archive is damaged (the JVM refuses it) or ignored (not mapped) drops it and still
-runs its job, and an ignored one is saved again.
+it (and says only its one-line error), one whose archive is damaged (the JVM refuses it) or
+ignored (not mapped) drops it and still runs its job, and an ignored one is saved again.
 """
 
 from __future__ import annotations
@@ -273,9 +273,17 @@ def test_a_real_driver_saves_in_the_background_uses_and_replaces_what_it_cannot_
     published = saved(place)
     good = published.read_bytes()
 
-    second = pipeline(*args, cwd=tmp_path, env=env)
-    assert second.returncode == 0, second.stderr
-    assert second.stderr == ""
+    # A job that starts from it (and fails on a bad event log): one line on stderr, nothing of
+    # the JVM's or Spark's start before it.
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "a.jsonl").write_text("{oops\n")
+    bad = ["analyze", "--log", "bad", "--out", "analysis", "--master", "local[1]"]
+    second = pipeline(*bad, cwd=tmp_path, env=env)
+    assert second.returncode == 2, second.stderr
+    assert second.stderr.splitlines() == [
+        "purgatory.pipeline analyze: error: event log file bad/a.jsonl: line 1: not JSON "
+        "(Expecting property name enclosed in double quotes, column 2)"
+    ]
     assert published.read_bytes() == good  # mapped: kept as it is
 
     # Damaged after it was published: the JVM refuses it at start. The test holds the claim, so
