@@ -88,6 +88,8 @@ class _Sizes:
 _FULL: Final = _Sizes(5, 20_000, 5_000, 50, 5_000, 1_000, 4_000, 1_000)
 _QUICK: Final = _Sizes(2, 2_000, 500, 10, 500, 60, 500, 200)
 _KEYS: Final = 100
+#: At least this many (spaced pass, idle wake-up) pairs, whose median difference is kept.
+_WAKE_PAIRS: Final = 7
 
 
 def _new_loop(loop: str) -> asyncio.AbstractEventLoop:
@@ -418,10 +420,18 @@ def calibrate(
     say("completion")
     completion = _median(r, loop, lambda: _completions(sizes.checks))
     say("expiry")
-    spaced = _median(r, loop, lambda: _expiries(sizes.spaced_expiries, True))
-    bulk = _median(r, loop, lambda: _expiries(sizes.bulk_expiries, False))
+    n_s, n_b = sizes.spaced_expiries, sizes.bulk_expiries
+    bulk = _median(r, loop, lambda: _expiries(n_b, False))
     say("wake")
-    idle = _median(r, loop, lambda: _callbacks(sizes.spaced_expiries, 0.001))
+    # A spaced pass and an idle wake-up are each tens of microseconds of a sleeping loop's
+    # wake-up, the pass a few more: measured in pairs, one right after the other, so that the
+    # machine's drift between runs cancels in their difference, and the median difference kept.
+    paired = [
+        (_run(loop, lambda: _expiries(n_s, True)), _run(loop, lambda: _callbacks(n_s, 0.001)))
+        for _ in range(max(r, _WAKE_PAIRS))
+    ]
+    spaced = statistics.median(s for s, _ in paired)
+    beyond_idle = statistics.median(s / n_s - i for s, i in paired)
     asleep = _median(r, loop, lambda: _working(sizes.spaced_expiries, 0.001))
     awake = _median(r, loop, lambda: _working(sizes.spaced_expiries, 1e-9))
     resolution = _resolution(loop)
@@ -433,10 +443,9 @@ def calibrate(
     # charges a pass the timer and the task (timer_pass), the turns and the wake-up apart: so
     # out of it go the idle wake-up (wake, a turn, a dispatch) and one more turn; a dispatch
     # is put back for its timer's callback.
-    n_s, n_b = sizes.spaced_expiries, sizes.bulk_expiries
     expiry = (bulk - spaced / n_s) / (n_b - 1)
     iteration = turn - dispatch
-    timer_pass = spaced / n_s - expiry - idle + dispatch - iteration
+    timer_pass = beyond_idle - expiry + dispatch - iteration
     costs = {
         "dispatch": dispatch,
         "iteration": iteration,
