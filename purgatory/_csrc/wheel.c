@@ -606,37 +606,34 @@ done:
     return result;
 }
 
+/* The entries of `part` (a dict) appended to `due`; `part` emptied. */
+static int
+take_part(PyObject *part, PyObject *due)
+{
+    PyObject *keys = PyDict_Keys(part);
+    if (keys == NULL) {
+        return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(due);
+    int err = PyList_SetSlice(due, n, n, keys);
+    Py_DECREF(keys);
+    if (err < 0) {
+        return -1;
+    }
+    PyDict_Clear(part);
+    return 0;
+}
+
 /* The entries of `bucket` (and its older part first) appended to `due`; both emptied. */
 static int
 take_bucket(PyObject *bucket, PyObject *due)
 {
-    BucketObject *b = (BucketObject *)bucket;
-    PyObject *older = b->older;
-    if (part_used(older)) {
-        PyObject *keys = PyDict_Keys(older);
-        if (keys == NULL) {
-            return -1;
-        }
-        Py_ssize_t n = PyList_GET_SIZE(due);
-        int err = PyList_SetSlice(due, n, n, keys);
-        Py_DECREF(keys);
-        if (err < 0) {
-            return -1;
-        }
-        PyDict_Clear(older);
+    PyObject *older = ((BucketObject *)bucket)->older;
+    if (part_used(older) && take_part(older, due) < 0) {
+        return -1;
     }
-    if (PyDict_GET_SIZE(bucket)) {
-        PyObject *keys = PyDict_Keys(bucket);
-        if (keys == NULL) {
-            return -1;
-        }
-        Py_ssize_t n = PyList_GET_SIZE(due);
-        int err = PyList_SetSlice(due, n, n, keys);
-        Py_DECREF(keys);
-        if (err < 0) {
-            return -1;
-        }
-        PyDict_Clear(bucket);
+    if (PyDict_GET_SIZE(bucket) && take_part(bucket, due) < 0) {
+        return -1;
     }
     return 0;
 }
