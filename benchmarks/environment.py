@@ -77,6 +77,8 @@ def describe_environment() -> dict[str, Any]:
         "cpu_model": _cpu_model(),
         "load_before": load_average(),
         "purgatory_version": purgatory.__version__,
+        # The core that ran (``native`` or ``python``, `PURGATORY_NO_EXTENSIONS`).
+        "purgatory_core": purgatory.IMPLEMENTATION,
         "git": git,
         "commit": commit,
         "dirty": dirty,

@@ -737,6 +737,7 @@ def _header(meta: dict[str, Any]) -> list[str]:
             "",
         ]
     took = meta.get("elapsed_s")
+    core = f", the {meta['purgatory_core']} core" if "purgatory_core" in meta else ""
     return [
         *lines,
         f"- Date: {meta['date']}" + (f" (the run took {took / 60:.1f} min)" if took else ""),
@@ -744,7 +745,7 @@ def _header(meta: dict[str, Any]) -> list[str]:
         f"- Machine: {meta['platform']}, {meta['cpu_count']} CPUs ({meta['cpu_model']}), "
         f"load average {meta['load_before']} before, {meta.get('load_after', '-')} after "
         "(the machine is shared: trust the ratios more than the absolute figures)",
-        f"- purgatory {meta['purgatory_version']} at {meta['git']}; uvloop {meta['uvloop']}",
+        f"- purgatory {meta['purgatory_version']} at {meta['git']}{core}; uvloop {meta['uvloop']}",
         f"- Mode: {'quick (smoke run)' if config['quick'] else 'full'}, seed {config['seed']}, "
         f"{config['repeat']} repetitions (W2 at N >= 1e6: {config['big_repeat']}); GC enabled",
         f"- Command: `{meta['command']}`",
