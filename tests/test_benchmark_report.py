@@ -48,8 +48,8 @@ def goal_row(markdown: str, goal: str) -> str:
 
 
 def results_before_rounds() -> dict[str, Any]:
-    """The W1-force workload and provenance of the run committed at debd1c9, before W1 had
-    rounds and before runs recorded their contenders (its probes left out)."""
+    """The W1-force workload and provenance of the results file committed at debd1c9 (a run
+    of 3917707), before W1 had rounds and runs recorded their contenders (its probes left out)."""
     path = ROOT / "tests" / "data" / "results_before_rounds.json"
     results: dict[str, Any] = json.loads(path.read_text())
     return results
