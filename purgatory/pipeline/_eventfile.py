@@ -20,6 +20,7 @@ from typing import IO, Any, Final
 import numpy as np
 import pyarrow as pa
 
+from .._eventlog_arrow import arrow_schema
 from ._frames import TraceError, first_line
 
 __all__ = (
@@ -44,21 +45,14 @@ ARROW_VERSION_KEY: Final = b"purgatory.event_log"
 OUTCOMES: Final = ("completed", "expired", "cancelled", "drained", "refused", "open")
 
 _UTC: Final = pa.timestamp("us", tz="UTC")
-#: One row per operation: the record's fields (``thresholds`` and ``fields`` as JSON text),
-#: the UTC offset of its file's anchor in force at its watch, its times in UTC, and its file.
+#: One row per operation: the record's version, its fields as the recorders write them
+#: (`purgatory.ArrowEventLog`'s columns but its anchor; ``thresholds`` and ``fields`` as JSON
+#: text), the UTC offset of its file's anchor in force at its watch, its times in UTC, and its
+#: file.
 EVENTS_SCHEMA: Final = pa.schema(
     [
         ("v", pa.int32()),
-        ("purgatory", pa.string()),
-        ("id", pa.string()),
-        ("keys", pa.list_(pa.string())),
-        ("thresholds", pa.string()),
-        ("watched_at", pa.float64()),
-        ("timeout", pa.float64()),
-        ("deadline", pa.float64()),
-        ("outcome", pa.string()),
-        ("ended_at", pa.float64()),
-        ("fields", pa.string()),
+        *(column for column in arrow_schema() if column.name != "anchor"),
         ("utc_offset", pa.float64()),
         ("watched_utc", _UTC),
         ("deadline_utc", _UTC),
