@@ -139,7 +139,7 @@ if TYPE_CHECKING or native is None:
 
     class _OperationCore:
         """The fields of an operation (see the module docstring for their owners); the native
-        core gives them a C layout (`purgatory._impl`)."""
+        core gives them a C layout (see `_impl.py`)."""
 
         __slots__ = FIELDS
 
