@@ -19,7 +19,7 @@ import httpx
 import uvicorn
 from helpers import until
 
-__all__ = ("BOUND", "client", "uvicorn_serving")
+__all__ = ("BOUND", "client", "exits_cleanly", "uvicorn_serving", "uvicorn_url")
 
 #: Seconds: the bound of every wait on the server or the client.
 BOUND = 10
@@ -61,3 +61,31 @@ def _tls() -> ssl.SSLContext:
 def client() -> httpx.AsyncClient:
     """A client whose own timeout is longer than any wait of the tests."""
     return httpx.AsyncClient(timeout=httpx.Timeout(BOUND * 3), verify=_tls())
+
+
+async def uvicorn_url(
+    process: asyncio.subprocess.Process, bound: float = BOUND
+) -> tuple[str, list[str]]:
+    """The URL a uvicorn process (its stderr piped) serves on, once it says so; its log so far."""
+    assert process.stderr is not None
+    log: list[str] = []
+    async with asyncio.timeout(bound):
+        while "Uvicorn running on" not in (log[-1] if log else ""):
+            line = (await process.stderr.readline()).decode()
+            assert line, f"uvicorn ended before it served: {log}"
+            log.append(line.rstrip("\n"))
+    return log[-1].split("Uvicorn running on ", 1)[1].split()[0], log
+
+
+async def exits_cleanly(
+    process: asyncio.subprocess.Process, log: list[str], bound: float = BOUND
+) -> None:
+    """A uvicorn process told to stop exits 0 with no traceback or error in its log (`log`, the
+    lines read so far, gets the rest)."""
+    assert process.stderr is not None
+    async with asyncio.timeout(bound):
+        rest = (await process.stderr.read()).decode()
+        returncode = await process.wait()
+    log.extend(rest.splitlines())
+    assert returncode == 0, log
+    assert not any("Traceback" in line or "ERROR" in line for line in log), log

@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers import run_process
+from http_support import exits_cleanly, uvicorn_url
 from markdown_blocks import ROOT, Block, chains, doc_files, examples, parse, run_chain
 
 import purgatory
@@ -573,16 +574,10 @@ async def serve_recipe() -> tuple[asyncio.subprocess.Process, str, list[str]]:
         stderr=asyncio.subprocess.PIPE,
     )
     assert process.stdin is not None
-    assert process.stderr is not None
     process.stdin.write(payload.encode())
     process.stdin.close()
-    log: list[str] = []
-    async with asyncio.timeout(60):
-        while "Uvicorn running on" not in (log[-1] if log else ""):
-            line = (await process.stderr.readline()).decode()
-            assert line, f"uvicorn ended before it served: {log}"
-            log.append(line.rstrip("\n"))
-    return process, log[-1].split("Uvicorn running on ", 1)[1].split()[0], log
+    url, log = await uvicorn_url(process, bound=60)
+    return process, url, log
 
 
 @pytest.mark.asyncio
@@ -608,13 +603,7 @@ async def test_the_fastapi_recipe_answers_every_parked_request_at_once_on_sigter
         assert [answer.status_code for answer in answers] == [200] * RECIPE_PARKED
         assert all(answer.json() == {"messages": [], "expired": True} for answer in answers)
         assert answered_in < 1.0, f"answered {answered_in:.2f} s after SIGTERM"
-        assert process.stderr is not None
-        async with asyncio.timeout(30):
-            rest = (await process.stderr.read()).decode()
-            returncode = await process.wait()
-        log.extend(rest.splitlines())
-        assert returncode == 0, log
-        assert not any("Traceback" in line or "ERROR" in line for line in log), log
+        await exits_cleanly(process, log, bound=30)
     finally:
         if process.returncode is None:
             process.kill()

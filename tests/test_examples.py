@@ -23,7 +23,7 @@ import httpx
 import pytest
 import uvicorn
 from helpers import until
-from http_support import BOUND, client, uvicorn_serving
+from http_support import BOUND, client, exits_cleanly, uvicorn_serving, uvicorn_url
 from starlette.applications import Starlette
 
 from examples import long_poll_fetch, produce_acks_all
@@ -274,14 +274,7 @@ async def started_uvicorn() -> tuple[asyncio.subprocess.Process, str, list[str]]
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
-    assert process.stderr is not None
-    log: list[str] = []
-    async with asyncio.timeout(BOUND):
-        while "Uvicorn running on" not in (log[-1] if log else ""):
-            line = (await process.stderr.readline()).decode()
-            assert line, f"uvicorn ended before it served: {log}"
-            log.append(line.rstrip("\n"))
-    url = log[-1].split("Uvicorn running on ", 1)[1].split()[0]
+    url, log = await uvicorn_url(process)
     return process, url, log
 
 
@@ -322,13 +315,7 @@ async def test_sigterm_answers_every_parked_request_and_uvicorn_exits_0() -> Non
             for answer in answers
         )
         assert answered_in < 1.0, f"answered {answered_in:.2f} s after SIGTERM"
-        assert process.stderr is not None
-        async with asyncio.timeout(BOUND):
-            rest = (await process.stderr.read()).decode()
-            returncode = await process.wait()
-        log.extend(rest.splitlines())
-        assert returncode == 0, log
-        assert not any("Traceback" in line or "ERROR" in line for line in log), log
+        await exits_cleanly(process, log)
     finally:
         if process.returncode is None:
             process.kill()
