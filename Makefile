@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test docs lint bench pipeline clean
+.PHONY: demo test quick docs lint bench pipeline clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -14,23 +14,22 @@ demo: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[examples]'
 	$(BIN)/python -m examples.minibroker demo
 
-# The core's tests: every test module but those of the examples, the pipeline, the benchmarks,
-# the docs and the packaging (which only use the core, and run once, on the default build).
-CORE_TESTS := $(filter-out $(wildcard tests/test_benchmark_*.py tests/test_minibroker_*.py \
-	tests/test_pipeline*.py) tests/test_docs.py tests/test_examples.py tests/test_packaging.py \
-	tests/test_differential.py,$(wildcard tests/test_*.py))
-
-# Set up and run the tests: lint, types, then pytest: the whole suite on the default build (the
-# native core, which the install compiles: a build that fell back to the pure modules fails
-# test_implementations.py), then the core's tests again on the pure-Python modules.
+# Set up and run the tests: lint, types, then pytest once: the whole suite on the default build
+# (the native core, which the install compiles: a build that fell back to the pure modules fails
+# test_implementations.py), the core's test modules a second time on the pure-Python modules in
+# the same run (tests/implementations.py; their ids end in [python]). About 10 minutes on a quiet
+# 2-core machine.
 test: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,docs,examples,spark]'
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	PURGATORY_EXPECT_IMPLEMENTATION=native $(BIN)/python -m pytest
-	PURGATORY_NO_EXTENSIONS=1 PURGATORY_EXPECT_IMPLEMENTATION=python \
-		$(BIN)/python -m pytest -q $(CORE_TESTS)
+
+# The edit-test loop: the core's tests on the default build only, no lint (about a minute).
+quick: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pytest -q --core-only --implementation=native
 
 # Build the documentation site into build/site (strict: any warning fails the build). pytest
 # builds it too (tests/test_docs.py), so `make test` checks it.

@@ -23,6 +23,9 @@ from virtual_time import VirtualTimeLoop, VirtualTimeUVLoop
 # of its own.
 os.environ["PURGATORY_SPARK_CLASS_ARCHIVE"] = "off"
 
+# Each core test module runs on both implementations in this one run (tests/implementations.py).
+pytest_plugins = ["implementations"]
+
 
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item

@@ -2,8 +2,9 @@
 runs, that they show users the same API, and what a compiled build broke before (subclasses of
 every shape, reference cycles with weak references under the cyclic GC, types and messages).
 
-The suite runs twice in `make test`: on the default build, and with PURGATORY_NO_EXTENSIONS=1
-on the pure modules; these tests hold on both.
+Like every core test module, this one runs twice in one session (tests/implementations.py): on
+the default build, and as ``test_implementations.py[python]`` on the pure modules, imported a
+second time with PURGATORY_NO_EXTENSIONS=1; these tests hold on both.
 """
 
 from __future__ import annotations
@@ -321,3 +322,19 @@ def test_a_trigger_from_another_thread_is_delivered() -> None:
             return len(results)
 
     assert asyncio.run(main()) == 50
+
+
+def test_each_world_runs_its_own_core(request: pytest.FixtureRequest) -> None:
+    """This module runs twice in one session (tests/implementations.py): its ``[python]`` copy
+    must see the pure modules, through its own imports and through a fresh one, and its other
+    copy the run's own core; neither may see the other's classes."""
+    from implementations import PURE, implementation_of
+
+    import purgatory as imported_now
+
+    world = implementation_of(request.node)
+    assert purgatory.IMPLEMENTATION == imported_now.IMPLEMENTATION == world
+    assert DelayedOperation is imported_now.DelayedOperation
+    assert FlagOperation.__mro__[1] is DelayedOperation
+    natively = type(vars(DelayedOperation)["force_complete"]).__name__ != "function"
+    assert natively == (world != PURE)
