@@ -216,6 +216,53 @@ def test_a_getattribute_of_the_class_sees_the_methods_the_core_calls() -> None:
     check_invariants(purgatory)
 
 
+class Redirected(DelayedOperation[str]):
+    """A proxy of sorts: its __getattribute__ answers for the callbacks the purgatory calls."""
+
+    __slots__ = ("ready",)
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(timeout)
+        self.ready = False
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "try_complete":
+            return lambda: (
+                object.__getattribute__(self, "force_complete")() if self.ready else False
+            )
+        if name == "on_complete":
+            return lambda: "redirected"
+        if name == "on_expiration":
+            return lambda: SEEN.append("redirected expiration")
+        return object.__getattribute__(self, name)
+
+    def try_complete(self) -> bool:
+        raise AssertionError("not the one the class's __getattribute__ gives")
+
+    def on_complete(self) -> str:
+        raise AssertionError("not the one the class's __getattribute__ gives")
+
+
+@pytest.mark.parametrize("path", ["trigger", "force_complete", "expiry"])
+def test_the_callbacks_a_getattribute_gives_are_the_ones_called(path: str) -> None:
+    SEEN.clear()
+    clock, purgatory = manual_purgatory()
+    for _ in range(2):  # the class's first watch, then the core's path for a known class
+        op = Redirected(1.0)
+        assert not purgatory.try_complete_else_watch(op, ["k"])
+        if path == "trigger":
+            op.ready = True
+            assert purgatory.check_and_complete("k") == 1
+        elif path == "force_complete":
+            assert op.force_complete()
+        else:
+            clock.advance(1.0)
+            assert op.is_expired
+        assert op._result == "redirected"
+    assert (["redirected expiration"] * 2 if path == "expiry" else []) == SEEN
+    check_invariants(purgatory)
+
+
 # -- row 8: copies ---------------------------------------------------------------------------------
 
 
