@@ -159,6 +159,15 @@ class DelayedOperation(_OperationCore, ABC, Generic[T_co]):
     Operations are hashed and compared by identity: subclasses must not define ``__eq__`` or
     ``__hash__`` (a ``@dataclass`` needs ``eq=False``); the purgatory refuses such a class.
 
+    The names of the operation's fields (``_state``, ``_result``, ``_future``, ... : the
+    operation protocol of this module) are the core's: a subclass that defines an attribute or
+    a slot of one of them is refused as it is created. A ``__getattribute__`` or
+    ``__setattr__`` of a subclass sees what the purgatory looks up of it (``try_complete``,
+    ``on_complete``, ``on_expiration``), everything its own code reads and writes, and the
+    writes of ``DelayedOperation.__init__`` (a frozen dataclass refuses them); how often the
+    core reads and writes its fields after that, and whether through these methods, is its
+    own affair (the native core does it in C), so they must let those through unchanged.
+
     Args:
         timeout: Seconds from the moment the operation is first watched to its deadline; >= 0
             and finite.

@@ -7,6 +7,7 @@ ones run the same probe on both in one run and compare what each printed, messag
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import pickle
 import subprocess
@@ -261,6 +262,51 @@ def test_the_callbacks_a_getattribute_gives_are_the_ones_called(path: str) -> No
         assert op._result == "redirected"
     assert (["redirected expiration"] * 2 if path == "expiry" else []) == SEEN
     check_invariants(purgatory)
+
+
+WRITES: list[str] = []
+
+
+class RecordsWrites(DelayedOperation[str]):
+    """Records every attribute write of its instances."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        WRITES.append(name)
+        object.__setattr__(self, name, value)
+
+    def try_complete(self) -> bool:
+        return False
+
+    def on_complete(self) -> str:
+        return "recorded"
+
+
+def test_a_setattr_of_the_class_sees_the_writes_of_init() -> None:
+    WRITES.clear()
+    RecordsWrites(1.0)
+    assert WRITES == ["_timeout", "_state", "_owner", "_bucket", "_future"]
+
+
+def test_a_frozen_dataclass_refuses_the_writes_of_init() -> None:
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class Frozen(DelayedOperation[str]):
+        timeout_given: float
+
+        def __post_init__(self) -> None:
+            DelayedOperation.__init__(self, self.timeout_given)
+
+        def try_complete(self) -> bool:
+            return False
+
+        def on_complete(self) -> str:
+            return "frozen"
+
+    with pytest.raises(
+        dataclasses.FrozenInstanceError, match=r"^cannot assign to field '_timeout'$"
+    ):
+        Frozen(1.0)
 
 
 # -- row 8: copies ---------------------------------------------------------------------------------
