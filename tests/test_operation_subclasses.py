@@ -143,6 +143,38 @@ def test_staticmethod_callbacks_are_called_without_the_operation_after_many_watc
     check_invariants(purgatory)
 
 
+class ClassLevel(DelayedOperation[str]):
+    """Its callbacks are classmethods: called with the class."""
+
+    __slots__ = ()
+
+    @classmethod
+    def try_complete(cls) -> bool:
+        CALLS.append(f"try {cls.__name__}")
+        return False
+
+    @classmethod
+    def on_complete(cls) -> str:
+        return f"{cls.__name__} done"
+
+    @classmethod
+    def on_expiration(cls) -> None:
+        CALLS.append(f"expire {cls.__name__}")
+
+
+def test_classmethod_callbacks_are_called_with_the_class_after_many_watches() -> None:
+    CALLS.clear()
+    clock, purgatory = manual_purgatory()
+    for _ in range(2):
+        op = ClassLevel(1.0)
+        assert not purgatory.try_complete_else_watch(op, ["k"])
+        assert purgatory.check_and_complete("k") == 0
+        clock.advance(2.0)
+        assert op._result == "ClassLevel done"
+    assert ["try ClassLevel"] * 3 + ["expire ClassLevel"] == CALLS[:4] == CALLS[4:]
+    check_invariants(purgatory)
+
+
 # -- row 7: a __getattribute__ of the class's own --------------------------------------------------
 
 SEEN: list[str] = []
