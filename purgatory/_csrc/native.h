@@ -296,9 +296,9 @@ static SlotCache slot_loop, slot_thread, slot_wake_tick, slot_watches, slot_ends
 
 /* A class's three methods, while its version tag says the class (and its bases) did not change.
  * Only for classes whose instances have no __dict__ (an instance attribute could shadow a method)
- * and no __getattribute__ of their own (it sees every lookup), and only methods that are plain
- * functions in the class's dict, not a staticmethod's: everything else is looked up as Python
- * does. */
+ * and no __getattribute__ or __getattr__ of their own (it sees the lookups), and only methods
+ * that are plain functions in a class's dict, not a staticmethod's: everything else is looked up
+ * as Python does. */
 typedef struct {
     PyTypeObject *type; /* a strong reference: its address cannot be reused */
     unsigned int tag;
