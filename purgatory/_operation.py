@@ -57,9 +57,10 @@ from __future__ import annotations
 
 import inspect
 import math
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine, Generator
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, SupportsIndex, TypeVar
 
 from ._asyncio import (
     CancelledError,
@@ -158,6 +159,15 @@ class DelayedOperation(_OperationCore, ABC, Generic[T_co]):
     Operations are hashed and compared by identity: subclasses must not define ``__eq__`` or
     ``__hash__`` (a ``@dataclass`` needs ``eq=False``); the purgatory refuses such a class.
 
+    The names of the operation's fields (``_state``, ``_result``, ``_future``, ... : the
+    operation protocol of this module) are the core's: a subclass that defines an attribute or
+    a slot of one of them is refused as it is created. A ``__getattribute__`` or
+    ``__setattr__`` of a subclass sees what the purgatory looks up of it (``try_complete``,
+    ``on_complete``, ``on_expiration``), everything its own code reads and writes, and the
+    writes of ``DelayedOperation.__init__`` (a frozen dataclass refuses them); how often the
+    core reads and writes its fields after that, and whether through these methods, is its
+    own affair (the native core does it in C), so they must let those through unchanged.
+
     Args:
         timeout: Seconds from the moment the operation is first watched to its deadline; >= 0
             and finite.
@@ -186,6 +196,7 @@ class DelayedOperation(_OperationCore, ABC, Generic[T_co]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        _refuse_shadowed_fields(cls)
         cls._is_async = inspect.iscoroutinefunction(cls.try_complete)
 
     def __init__(self, timeout: float) -> None:
@@ -340,6 +351,51 @@ class DelayedOperation(_OperationCore, ABC, Generic[T_co]):
             status = "new"
         return f"<{type(self).__qualname__} {status} timeout={self._timeout!r}>"
 
+    # -- copies ---------------------------------------------------------------------------------
+
+    def __getstate__(self) -> object:
+        """What a copy (``copy.copy``, ``copy.deepcopy``) or a pickle of the operation carries.
+
+        Its fields and its subclass's, as for any object (`object.__getstate__`), but not its
+        ties to a purgatory: a finished operation's copy has no owner and no future (it is
+        finished: neither is read again), so a deep copy does not copy the whole purgatory
+        that once held it, nor the awaiters' future (which cannot be copied). An operation
+        watched and still pending is refused: its purgatory holds it in its timer and on its
+        keys, and would hold no copy, so a copy would say it is watched while nothing could
+        complete or expire it (copy it before it is watched, or once it finished).
+
+        Raises:
+            TypeError: The operation is watched and still pending.
+        """
+        try:
+            pending = self._owner is not None and not self._state & FINISHED
+        except AttributeError:  # not set up (see `not_set_up`): copied as any object is
+            pending = False
+        if pending:
+            raise TypeError(
+                f"cannot copy {self!r}: it is watched, held by its purgatory's timer and keys, "
+                "which would hold no copy of it; copy an operation before it is watched, or "
+                "once it finished"
+            )
+        state = object.__getstate__(self)
+        if type(state) is tuple:  # (the instance's dict or None, its slots: the fields)
+            fields = state[1]
+            for tie in ("_owner", "_future"):
+                if tie in fields:
+                    fields[tie] = None
+        return state
+
+    def __reduce_ex__(self, protocol: SupportsIndex, /) -> str | tuple[Any, ...]:
+        """Copied and pickled as `object` does at protocol 2 or more, whatever the protocol.
+
+        At protocols 0 and 1, `copyreg` rebuilds an object through its nearest base that is
+        not a Python class: ``object`` for the pure-Python modules, the C layout of the
+        native core (which cannot be built that way) for the other. Protocol 2's way
+        (``copyreg.__newobj__`` and `__getstate__`), which pickles of protocols 0 and 1 can
+        carry too, is the same on both.
+        """
+        return object.__reduce_ex__(self, max(operator.index(protocol), 2))
+
     # -- internals used by the purgatory -----------------------------------------------------
 
     def _outcome(self) -> T_co:
@@ -408,6 +464,34 @@ class DelayedOperation(_OperationCore, ABC, Generic[T_co]):
 
 
 install(DelayedOperation, "__init__", "force_complete")
+
+
+def _refuse_shadowed_fields(cls: type) -> None:
+    """Refuse a class that defines, or inherits from a class other than the core, an attribute
+    named as one of the core's fields (`FIELDS`: ``_result``, ``_future``, ``_state``, ...).
+
+    Such an attribute hides the field's descriptor: on a class with a ``__dict__``, the
+    operation's state then lives in two places, the instance's dict (what Python code reads and
+    writes) and the core's layout (what the native core reads and writes), so that an awaiter
+    never wakes or gets ``None``. The pure-Python modules would only seem to work: a class-level
+    ``_state = 0`` or ``_owner = None`` makes an operation whose ``__init__`` never called
+    ``super().__init__`` look set up, and a slot of that name (``__slots__ = ("_result",)``)
+    is a second field beside the core's. The names are the core's (the operation protocol in
+    this module's docstring); honouring them as a subclass's own would cost every operation a
+    lookup on the hot paths. Refused when the class is created, on both implementations.
+    """
+    for name in FIELDS:
+        for base in cls.__mro__:
+            if base is _OperationCore:
+                break
+            if name in base.__dict__:
+                where = "" if base is cls else f" (inherited from {base.__qualname__})"
+                raise TypeError(
+                    f"{cls.__qualname__} defines {name}{where}, the name of a field the core keeps "
+                    f"on every operation (see purgatory._operation): a class attribute or slot "
+                    f"named {name} would hide it; rename it"
+                )
+
 
 _Op = TypeVar("_Op", bound=DelayedOperation[Any])
 

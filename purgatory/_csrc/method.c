@@ -195,3 +195,41 @@ native_install(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_RETURN_NONE;
 }
+
+/* What the class `type` holds under `name`, found along its MRO as attribute lookup finds it but
+ * not bound nor unwrapped (a staticmethod is the staticmethod, not its function): a new reference,
+ * or NULL with no exception set if no class of the MRO has it (or on an error, cleared: the
+ * caller then looks the method up as Python does). */
+static PyObject *
+type_lookup_raw(PyTypeObject *type, PyObject *name)
+{
+    PyObject *mro = type->tp_mro;
+    if (mro == NULL || !PyTuple_Check(mro)) {
+        return NULL;
+    }
+    Py_INCREF(mro);
+    PyObject *found = NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro) && found == NULL; i++) {
+        PyObject *base = PyTuple_GET_ITEM(mro, i);
+        if (!PyType_Check(base)) {
+            continue;
+        }
+#if PY_VERSION_HEX >= 0x030C0000
+        PyObject *dict = PyType_GetDict((PyTypeObject *)base);
+#else
+        PyObject *dict = Py_XNewRef(((PyTypeObject *)base)->tp_dict);
+#endif
+        if (dict == NULL) {
+            continue;
+        }
+        /* (the lookup may run a key's __eq__: the value is taken before anything else runs) */
+        found = Py_XNewRef(PyDict_GetItemWithError(dict, name));
+        Py_DECREF(dict);
+        if (found == NULL && PyErr_Occurred()) {
+            PyErr_Clear();
+            break;
+        }
+    }
+    Py_DECREF(mro);
+    return found;
+}

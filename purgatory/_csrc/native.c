@@ -436,6 +436,26 @@ import_helpers(void)
     return (N.heappush && N.heappop && N.math_ceil && N.deque_type && N.pop_sentinel) ? 0 : -1;
 }
 
+/* The operation's core names its fields in `__slots__`, as the reference's `_OperationCore` does
+ * (purgatory._operation.FIELDS, in its order): `copyreg` reads a class's slots from there, so
+ * that `copy`, `deepcopy` and `pickle` carry the C fields of an operation as they carry the
+ * reference's slots (object.__getstate__ reads them through their descriptors, unset ones
+ * skipped), and a copy is the same on both implementations. */
+static int
+declare_op_slots(void)
+{
+    PyObject *slots = Py_BuildValue("(ssssssssss)", "_bucket", "_deadline", "_future", "_keys",
+                                    "_listed", "_marks", "_owner", "_result", "_state",
+                                    "_timeout");
+    if (slots == NULL) {
+        return -1;
+    }
+    int err = PyDict_SetItemString(OpType.tp_dict, "__slots__", slots);
+    Py_DECREF(slots);
+    PyType_Modified(&OpType);
+    return err;
+}
+
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "purgatory._native",
@@ -471,6 +491,9 @@ PyInit__native(void)
             return NULL;
         }
         PyType_Modified(cores[i]);
+    }
+    if (declare_op_slots() < 0) {
+        return NULL;
     }
     if (intern_names() < 0 || import_helpers() < 0) {
         return NULL;

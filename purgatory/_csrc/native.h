@@ -296,7 +296,9 @@ static SlotCache slot_loop, slot_thread, slot_wake_tick, slot_watches, slot_ends
 
 /* A class's three methods, while its version tag says the class (and its bases) did not change.
  * Only for classes whose instances have no __dict__ (an instance attribute could shadow a method)
- * and only methods that are plain functions: everything else is looked up as Python does. */
+ * and no __getattribute__ or __getattr__ of their own (it sees the lookups), and only methods
+ * that are plain functions in a class's dict, not a staticmethod's: everything else is looked up
+ * as Python does. */
 typedef struct {
     PyTypeObject *type; /* a strong reference: its address cannot be reused */
     unsigned int tag;
@@ -308,6 +310,8 @@ static MethodEntry method_cache[METHOD_CACHE_SIZE];
 
 static PyObject *method_names[M_COUNT];
 
+static PyObject *type_lookup_raw(PyTypeObject *type, PyObject *name); /* method.c */
+
 static MethodEntry *
 method_entry_fill(PyTypeObject *type, MethodEntry *entry)
 {
@@ -317,11 +321,12 @@ method_entry_fill(PyTypeObject *type, MethodEntry *entry)
     }
     entry->type = NULL;
     entry->tag = 0;
-    if (type->tp_dictoffset != 0 || PyType_HasFeature(type, Py_TPFLAGS_MANAGED_DICT)) {
+    if (type->tp_dictoffset != 0 || PyType_HasFeature(type, Py_TPFLAGS_MANAGED_DICT) ||
+        type->tp_getattro != PyObject_GenericGetAttr) {
         return NULL;
     }
     for (int m = 0; m < M_COUNT; m++) {
-        PyObject *found = PyObject_GetAttr((PyObject *)type, method_names[m]);
+        PyObject *found = type_lookup_raw(type, method_names[m]);
         if (found == NULL) {
             PyErr_Clear();
         }

@@ -66,11 +66,13 @@ op_dealloc(PyObject *self)
 }
 
 /* __init__(self, timeout) for the common timeouts (a finite float or int >= 0); anything else
- * (a bad timeout, keywords) is the reference's. */
+ * (a bad timeout, keywords, a class with a __setattr__ of its own, which sees the reference's
+ * writes: a frozen dataclass refuses them) is the reference's. */
 static PyObject *
 op_init_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (nargs != 1 || kwnames != NULL || !Op_Check(self)) {
+    if (nargs != 1 || kwnames != NULL || !Op_Check(self) ||
+        Py_TYPE(self)->tp_setattro != PyObject_GenericSetAttr) {
         return NOT_HANDLED;
     }
     PyObject *t = args[0];
