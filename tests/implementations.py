@@ -53,17 +53,6 @@ SUPPORT = ("helpers", "api_surface", "metrics_support", "virtual_time", "http_su
 PURE_ENVIRON = {"PURGATORY_NO_EXTENSIONS": "1", "PURGATORY_EXPECT_IMPLEMENTATION": PURE}
 
 
-def _in_world(name: str) -> bool:
-    if name == "purgatory._native":  # the extension stays loaded once; the pure world ignores it
-        return False
-    return name == "purgatory" or name.startswith("purgatory.") or name in SUPPORT
-
-
-def _take_world() -> dict[str, ModuleType]:
-    """Take the world that stands in ``sys.modules`` out of it."""
-    return {name: sys.modules.pop(name) for name in list(sys.modules) if _in_world(name)}
-
-
 def is_core(path: Path) -> bool:
     """Whether a test file is one of the core's (collected once per implementation)."""
     return path.name.startswith("test_") and not path.name.startswith(NOT_CORE)
@@ -76,6 +65,23 @@ class Worlds:
         self.pure: dict[str, ModuleType] = {}
         self.native_held: dict[str, ModuleType] = {}
         self.inside = False
+        #: The core's test modules: each world has its own copy (pickle finds a test's classes
+        #: by their module's name).
+        self.test_modules: set[str] = set()
+
+    def _in_world(self, name: str) -> bool:
+        if name == "purgatory._native":  # the extension is loaded once; the pure world ignores it
+            return False
+        return (
+            name == "purgatory"
+            or name.startswith("purgatory.")
+            or name in SUPPORT
+            or name in self.test_modules
+        )
+
+    def _take(self) -> dict[str, ModuleType]:
+        """Take the world that stands in ``sys.modules`` out of it."""
+        return {name: sys.modules.pop(name) for name in list(sys.modules) if self._in_world(name)}
 
     def build(self) -> None:
         """Import the package again with the native core switched off: the pure world."""
@@ -92,7 +98,7 @@ class Worlds:
         if self.inside:
             yield
             return
-        held = _take_world()
+        held = self._take()
         sys.modules.update(self.pure)
         environ = {name: os.environ.get(name) for name in PURE_ENVIRON}
         for name, value in PURE_ENVIRON.items():
@@ -108,7 +114,7 @@ class Worlds:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = previous
-            self.pure = _take_world()
+            self.pure = self._take()
             sys.modules.update(held)
 
 
@@ -117,15 +123,9 @@ class PureModule(pytest.Module):
 
     def _getobj(self) -> Any:
         worlds: Worlds = self.config.stash[WORLDS]
-        name = self.path.stem
-        native = sys.modules.pop(name, None)
-        try:
-            with worlds.entered():
-                return super()._getobj()  # type: ignore[no-untyped-call]
-        finally:
-            sys.modules.pop(name, None)
-            if native is not None:
-                sys.modules[name] = native
+        worlds.test_modules.add(self.path.stem)
+        with worlds.entered():
+            return super()._getobj()  # type: ignore[no-untyped-call]
 
 
 WORLDS = pytest.StashKey[Worlds]()
