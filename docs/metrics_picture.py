@@ -158,7 +158,8 @@ def fingerprint() -> str:
     )
     digest = hashlib.sha256()
     for path in (Path(__file__), Path(inspect.getfile(demo_module))):
-        digest.update(path.read_bytes())
+        # As text with "\n" line ends: a checkout with "\r\n" has the same.
+        digest.update(path.read_bytes().replace(b"\r\n", b"\n"))
     return (
         f"sha256 {digest.hexdigest()[:16]}; purge_interval {interval}; "
         f"purge bound {LINGER:g} s"
