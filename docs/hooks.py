@@ -11,21 +11,31 @@ at build time:
 - ``<!-- example: examples/NAME.py -->``: the example's source in a collapsed
   block. (A marker rather than a snippet include inside a code fence, which
   ``ruff format`` would take for Python.)
+
+The life-cycle picture (``assets/lifecycle.svg``) is drawn from the code as
+the site is built (``docs/draw.py``), so the site never shows a stale one;
+``tests/test_pictures.py`` keeps the committed copy, which the repository's
+readers see, the same.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import draw
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 CHART = ROOT / "benchmarks" / "w2.png"
 CHART_URI = "assets/benchmarks/w2.png"
+LIFECYCLE_URI = "assets/lifecycle.svg"
 MARKER = "<!-- benchmark-results -->"
 EXAMPLE = re.compile(
     r"^<!-- example: (?P<path>examples/[\w/]+\.py) -->$", re.MULTILINE
@@ -45,8 +55,13 @@ def results_markdown() -> str:
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
-    """Add the benchmark chart to the site."""
+    """Add the benchmark chart; publish the life-cycle picture drawn now."""
     files.append(File.generated(config, CHART_URI, abs_src_path=str(CHART)))
+    committed = files.get_file_from_path(LIFECYCLE_URI)
+    if committed is not None:
+        files.remove(committed)
+    drawn = draw.lifecycle_svg()
+    files.append(File.generated(config, LIFECYCLE_URI, content=drawn))
     return files
 
 

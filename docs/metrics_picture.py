@@ -1,7 +1,7 @@
 """Make docs/metrics-demo.png: the broker demo's /metrics, scraped as it runs.
 
 Runs ``python -m examples.minibroker demo`` (from the repository root, with
-the ``examples`` and ``bench`` extras), reads the ``/metrics`` address it
+the ``examples`` and ``docs`` extras), reads the ``/metrics`` address it
 prints, scrapes it every ``--interval`` seconds until the demo ends, parses
 each scrape with prometheus_client's own parser, and plots three panels over
 the run's time line: the requests parked per purgatory
@@ -10,14 +10,22 @@ for the produce and fetch purgatories; and the produce purgatory's
 completions and expiries per second (the rates of
 ``purgatory_completed_total`` and ``purgatory_expired_total``). The demo's
 faults are marked at their scheduled times (``FAULTS``), on the time line of
-its progress lines (``t=``)::
+its progress lines (``t=``). It prints what the metrics page says of the
+picture: how long ``watched`` stayed above ``delayed`` with nothing parked.
 
-    python docs/metrics_picture.py        # writes docs/metrics-demo.png
+The PNG carries the fingerprint of what shaped it (`fingerprint`: this
+script, the demo, the purge's rule), which ``tests/test_pictures.py``
+compares with the code's: a change to any of them asks for the picture to be
+drawn again::
+
+    python docs/draw.py metrics           # writes docs/metrics-demo.png
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import inspect
 import itertools
 import re
 import subprocess
@@ -37,9 +45,14 @@ import matplotlib.pyplot as plt
 
 # Run as a script, from anywhere: the examples are at the repository's root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from examples.minibroker import demo as demo_module
 from examples.minibroker.demo import FAULTS
+from purgatory import DelayedOperationPurgatory
+from purgatory._purge_rule import LINGER
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The PNG text chunk holding `fingerprint`.
+FINGERPRINT = "purgatory-inputs"
 PURGATORIES = ("produce", "fetch", "follower-fetch", "rebalance", "heartbeat")
 PROGRESS = re.compile(r"^\s+t=\s*(?P<t>[\d.]+)s ")
 
@@ -134,6 +147,50 @@ def rate(points: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
     return times, rates
 
 
+def fingerprint() -> str:
+    """What shapes the picture, in one line: the SHA-256 of this script and
+    of the demo, and the purge's rule (the default ``purge_interval``, the
+    quiet-server bound)."""
+    interval = (
+        inspect.signature(DelayedOperationPurgatory)
+        .parameters["purge_interval"]
+        .default
+    )
+    digest = hashlib.sha256()
+    for path in (Path(__file__), Path(inspect.getfile(demo_module))):
+        # As text with "\n" line ends: a checkout with "\r\n" has the same.
+        digest.update(path.read_bytes().replace(b"\r\n", b"\n"))
+    return (
+        f"sha256 {digest.hexdigest()[:16]}; purge_interval {interval}; "
+        f"purge bound {LINGER:g} s"
+    )
+
+
+def plateaus(found: Series, name: str) -> tuple[float, float]:
+    """For purgatory `name`: how long at most its `watched` stayed above
+    `delayed` with nothing parked (the longest such stretch of scrapes, from
+    the scrape before it to the scrape after it, which did not see it), and
+    the most entries it held so."""
+    delayed = dict(found[("purgatory_delayed", name)])
+    points = found[("purgatory_watched", name)]
+    left = [delayed.get(t) == 0 and entries > 0 for t, entries in points]
+    longest, most = 0.0, 0.0
+    for i, (_, entries) in enumerate(points):
+        if not left[i]:
+            continue
+        most = max(most, entries)
+        first = i
+        while first > 0 and left[first - 1]:
+            first -= 1
+        last = i
+        while last + 1 < len(points) and left[last + 1]:
+            last += 1
+        before = points[max(0, first - 1)][0]
+        after = points[min(len(points) - 1, last + 1)][0]
+        longest = max(longest, after - before)
+    return longest, most
+
+
 SHORT = {
     "pause follower 2 (SIGSTOP)": "follower 2 paused",
     "kill group member B (SIGKILL)": "member B killed",
@@ -195,10 +252,13 @@ def plot(
         )
     fig.suptitle(title, fontsize="medium")
     fig.tight_layout()
-    fig.savefig(out, dpi=80)
+    # No date nor version in the file: its one text chunk says what shaped it.
+    metadata = {"Software": None, FINGERPRINT: fingerprint()}
+    fig.savefig(out, dpi=80, metadata=metadata)
+    plt.close(fig)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=12.0)
@@ -208,7 +268,7 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "metrics-demo.png"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     demo = Demo(args.seed, args.seconds)
     scrapes = record(demo, args.interval)
     if demo.wait() != 0:
@@ -225,7 +285,15 @@ def main() -> None:
     faults = [(fraction * args.seconds, what) for fraction, what in FAULTS]
     plot(found, faults, args.out, title)
     print(f"{len(scrapes)} scrapes; wrote {args.out}")
+    for name in ("produce", "fetch"):
+        longest, most = plateaus(found, name)
+        print(
+            f"{name}: watched above delayed with nothing parked for under"
+            f" {longest:.2f} s at a time (scrape to scrape), up to"
+            f" {most:g} entries"
+        )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -184,6 +184,19 @@ def test_site_has_every_page(site: Path) -> None:
         assert all(name in html for name in classes), f"{example} not shown in {page.name}"
 
 
+def test_the_site_shows_the_pictures_the_code_draws(site: Path) -> None:
+    """The life-cycle picture the site publishes is the one ``docs/draw.py`` draws from the
+    code now (the build's hook draws it: tests/test_pictures.py keeps the committed copy the
+    same), and the pictures the pages show are in the site."""
+    sys.path.insert(0, str(ROOT / "docs"))  # the drawing script is a script, not a package
+    import draw
+
+    drawn = draw.lifecycle_svg()
+    assert (site / "assets" / "lifecycle.svg").read_text(encoding="utf-8") == drawn
+    for picture in ("metrics-demo.png", "pipeline-sweep.png", "pipeline-load.png"):
+        assert (site / picture).read_bytes()[:4] == b"\x89PNG", picture
+
+
 # Files that still name a file outside the repository, to be reworded by their owner; each
 # must still do so (delete its entry once it no longer does).
 STILL_REFERS_OUTSIDE: set[str] = set()

@@ -6,7 +6,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-__all__ = ("config_labels", "load_chart", "number", "saturation_rate", "sweep_chart")
+__all__ = (
+    "config_labels",
+    "distinct_numbers",
+    "load_chart",
+    "number",
+    "saturation_rate",
+    "sweep_chart",
+)
 
 
 def sweep_chart(rows: Sequence[Mapping[str, Any]], path: str, title: str) -> None:
@@ -14,7 +21,8 @@ def sweep_chart(rows: Sequence[Mapping[str, Any]], path: str, title: str) -> Non
 
     `rows` are replay summary rows (one per purgatory and configuration). Each bar is labelled
     with the settings that differ between configurations; those the same for all go once under
-    the title. Every number on the chart is written by `number`.
+    the title. Every number on the chart is written by `number`; the bars of a panel are
+    labelled by `distinct_numbers`, so that bars of different values never read alike.
     """
     import matplotlib
 
@@ -45,7 +53,7 @@ def sweep_chart(rows: Sequence[Mapping[str, Any]], path: str, title: str) -> Non
     for ax, (values, name, color) in zip(axes, panels, strict=True):
         bars = ax.bar(range(len(ids)), values, color=color)
         ax.set_ylabel(name)
-        ax.bar_label(bars, fmt=number, fontsize=8)
+        ax.bar_label(bars, labels=distinct_numbers(values), fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     axes[-1].set_xticks(range(len(ids)), labels, rotation=30, ha="right", fontsize=8)
     fig.suptitle(f"{title}\n{common}" if common else title)
@@ -65,23 +73,68 @@ _SETTINGS: Final = (
 )
 
 
-def number(value: float) -> str:
-    """The chart's one number format: three significant digits, thousands grouped, no exponent.
+def number(value: float, significant: int = 3) -> str:
+    """The chart's one number format: `significant` digits, thousands grouped, no exponent.
 
     Trailing zeros show only where they carry information (the value was rounded to them).
 
     >>> [number(v) for v in (0.001, 0.1 + 0.2, 1, 15.934, 15.996, 99.96, 1024, 123456.7)]
     ['0.001', '0.3', '1', '15.9', '16.0', '100', '1,024', '123,457']
+    >>> [number(v, 5) for v in (15.9875, 16, 100.94023, 7.770001, 9.999996)]
+    ['15.988', '16', '100.94', '7.7700', '10.000']
     """
-    if value == 0 or abs(value) >= 100:
-        return f"{round(value):,}"
-    digits = max(0, 2 - math.floor(math.log10(abs(value))))
+    if value == 0:
+        return "0"
+    magnitude = math.floor(math.log10(abs(value)))
+    digits = max(0, significant - 1 - magnitude)
     text = f"{value:.{digits}f}"
-    if abs(float(text)) >= 100:  # rounded up to the next power of ten (99.96)
+    if digits and math.floor(math.log10(abs(float(text)))) > magnitude:
+        digits -= 1  # rounded up to the next power of ten (99.96): one digit fewer after it
+        text = f"{value:.{digits}f}"
+    if digits == 0:
         return f"{round(value):,}"
     if math.isclose(float(text), value, rel_tol=1e-9) and "." in text:
         text = text.rstrip("0").rstrip(".")
     return text
+
+
+#: The most significant digits a label gets to tell two values apart; values that agree to
+#: this many read alike.
+MOST_DIGITS: Final = 9
+
+
+def _reading(label: str) -> float:
+    return float(label.replace(",", ""))
+
+
+def distinct_numbers(values: Sequence[float]) -> list[str]:
+    """A label per value, by `number`: equal values read alike, different values differently.
+
+    Three significant digits, as `number` writes them, unless two different values would read
+    as the same number (``7.77`` and ``7.7731`` both as ``7.77``; ``15.996`` as ``16.0``
+    beside an exact ``16``): those get as many more digits as tell them apart (at most
+    `MOST_DIGITS`), so that a reader comparing bars never takes a difference for none.
+
+    >>> distinct_numbers([15.9875, 15.99125, 16.0, 7.77, 7.7731, 7.77])
+    ['15.988', '15.991', '16', '7.77', '7.773', '7.77']
+    >>> distinct_numbers([100.9394315, 100.9402263, 470, 604])
+    ['100.939', '100.940', '470', '604']
+    """
+    digits = [3] * len(values)
+    while True:
+        labels = [number(v, d) for v, d in zip(values, digits, strict=True)]
+        clashes = {
+            i
+            for i, (value, label) in enumerate(zip(values, labels, strict=True))
+            for other, other_label in zip(values, labels, strict=True)
+            if other != value
+            and _reading(other_label) == _reading(label)
+            and digits[i] < MOST_DIGITS
+        }
+        if not clashes:
+            return labels
+        for i in clashes:
+            digits[i] += 1
 
 
 def _setting(

@@ -90,8 +90,9 @@ def print_replay_summary(rows: Sequence[Mapping[str, Any]], costs: CostProfile |
     print_table(rows, [*REPLAY_COLUMNS, *(LOAD_COLUMNS if costs is not None else ())])
     if costs is None:
         print(
-            "load model: none: every event costs 0 s of CPU, so the rate changes nothing "
-            "(--cost-profile PROFILE.json, made by 'calibrate', serves each group as one core)"
+            "load model: none: every event costs 0 s of CPU, so the rate moves the waits and "
+            "shares only by the tick's rounding (--cost-profile PROFILE.json, made by "
+            "'calibrate', serves each group as one core)"
         )
     else:
         print(f"load model: each group served by one core; {costs.describe()}")
