@@ -38,6 +38,8 @@ NOT_CORE = (
     "test_minibroker_",
     "test_pipeline",
     "test_docs.py",
+    "test_pictures.py",
+    "test_metrics_recipe.py",
     "test_examples.py",
     "test_packaging.py",
     "test_differential.py",
