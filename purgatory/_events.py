@@ -211,7 +211,7 @@ class _Tee:
             except Exception as exc:  # noqa: BLE001 - reported; the operations go on
                 report_exception(
                     f"a metrics tap of purgatory {sink.name!r} failed; the operations go on, "
-                    "its histograms miss this batch",
+                    "its histograms may lack some or all of this batch",
                     exc,
                     tap=tap,
                 )

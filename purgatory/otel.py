@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
         "purgatory.otel needs the OpenTelemetry API: pip install 'asyncio-purgatory[otel]'"
     ) from exc
 
-from ._histograms import PARKED_OUTCOMES, HistogramBuckets, Tap
+from ._histograms import PARKED_OUTCOMES, HistogramBuckets, Tap, _Values
 from ._metrics import DEFAULT_TIMEOUT, FIELDS, Field, Tracked
 from ._purgatory import DelayedOperationPurgatory
 
@@ -216,19 +216,28 @@ class _Recorder:
             outcome: {ATTRIBUTE: name, OUTCOME: outcome} for outcome in PARKED_OUTCOMES
         }
 
-    def add(self, values: Any) -> None:
-        """A tap's batch (on the loop's thread): held, or recorded if too much is held."""
+    def add(self, values: _Values) -> None:
+        """A tap's batch (on the loop's thread): held, or recorded at once if that would hold
+        more than `HELD_VALUES` (a collection that comes rarely must not let memory grow)."""
+        count = len(values.lateness)
         with self._lock:
             for outcome, times in values.by_outcome():
                 held = self._parked.get(outcome)
                 if held is None:
                     held = self._parked[outcome] = array("d")
                 held.extend(times)
+                count += len(times)
             self._lateness.extend(values.lateness)
-            self._held += len(values.parked) + len(values.lateness)
+            self._held += count
             full = self._held > HELD_VALUES
         if full:
             self.record()
+
+    @property
+    def held(self) -> int:
+        """How many values wait for the next collection (at most `HELD_VALUES` between batches)."""
+        with self._lock:
+            return self._held
 
     def record(self) -> None:
         """Record everything held (at a collection, on the SDK's thread)."""

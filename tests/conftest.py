@@ -9,6 +9,7 @@ sleeps, timeouts and expiries take no wall time and time reads exactly. One also
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -42,3 +43,18 @@ def spark() -> Iterator[Any]:
     from spark_support import local_session
 
     yield from local_session()
+
+
+@pytest.fixture
+def no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Fail the test if anything logged an error while it ran (its setup included), on any
+    thread: an exporter's failure is reported by a log line (a tap's, through the loop's
+    exception handler or the ``purgatory`` logger; a callback's, by the OpenTelemetry SDK's),
+    not raised, so a test that reads only the figures would pass beside a traceback."""
+    yield
+    errors = [
+        f"{record.name}: {record.getMessage()}"
+        for record in [*caplog.get_records("setup"), *caplog.get_records("call")]
+        if record.levelno >= logging.ERROR
+    ]
+    assert not errors, f"errors were logged: {errors}"

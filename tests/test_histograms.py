@@ -14,6 +14,9 @@ from purgatory import DelayedOperationPurgatory, JsonLinesEventLog
 from purgatory._histograms import DEFAULT_PARKED, ByName, HistogramBuckets, Histograms, Series, Tap
 from purgatory.testing import ManualClock
 
+#: Every exporter test fails on an error logged beside its figures (conftest.py).
+pytestmark = pytest.mark.usefixtures("no_errors_logged")
+
 
 def test_buckets_are_strictly_increasing_finite_numbers() -> None:
     assert HistogramBuckets().parked == DEFAULT_PARKED

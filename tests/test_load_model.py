@@ -25,6 +25,7 @@ from pyspark.sql import SparkSession
 from spark_support import small_w1
 
 from purgatory.pipeline import ReplayConfig, _spark, replay, replay_table
+from purgatory.pipeline._calibrate import _QUICK
 from purgatory.pipeline._chart import saturation_rate
 from purgatory.pipeline._cli import main
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
@@ -432,17 +433,12 @@ def test_a_bad_profile_ends_the_command_before_spark(
 def test_calibrate_quick_writes_a_profile_that_loads(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A solved cost (a difference of two measurements) can come out negative on a busy shared
-    machine, which calibrate refuses with its own one-line error: then it is asked again, up
-    to three times; any other failure fails at once."""
+    """However busy the machine (the tests share it), calibrate gives a profile: its costs
+    medians of paired rounds, never negative, with their spread (test_pipeline_calibrate.py
+    tests the estimator with fake timings)."""
     out = tmp_path / "profile.json"
     argv = ["calibrate", "--out", str(out), "--quick", "--application-cost", "0.00002"]
-    for _ in range(3):
-        if main(argv) == 0:
-            break
-        assert "the machine is too busy to measure" in capsys.readouterr().err
-    else:
-        pytest.fail("calibrate --quick: the machine was too busy three times in a row")
+    assert main(argv) == 0, capsys.readouterr().err
     profile = load_profile(str(out))
     data = json.loads(out.read_text())
     assert data["version"] == PROFILE_VERSION
@@ -453,9 +449,14 @@ def test_calibrate_quick_writes_a_profile_that_loads(
     assert data["loop"] == "asyncio"
     assert data["python"].startswith("CPython") or data["python"]
     assert profile.application == 0.00002
-    # Every measured cost is a real, positive CPU time.
-    for kind in ("dispatch", "watch", "attempt", "completion", "expiry", "timer_pass"):
+    # Every cost measured directly is a real, positive CPU time; a solved one (a difference
+    # of runs) is never negative, and every measured cost has its spread.
+    for kind in ("dispatch", "attempt", "completion", "purged_entry"):
         assert 0 < getattr(profile, kind) < 0.01, kind
+    for kind in ("watch", "watch_key", "expiry", "timer_pass", "wake"):
+        assert 0 <= getattr(profile, kind) < 0.01, kind
+    assert set(data["spread"]) == set(COST_KINDS) - {"application"}
+    assert _QUICK.min_rounds <= data["rounds"] <= _QUICK.max_rounds
     assert not any(p.name.endswith(".part") for p in tmp_path.iterdir())
     assert "written to" in capsys.readouterr().out
 

@@ -19,6 +19,9 @@ from purgatory import DelayedOperationPurgatory, PurgatoryStatistics
 from purgatory._metrics import COUNTERS, FIELDS, Tracked
 from purgatory.testing import ManualClock
 
+#: Every exporter test fails on an error logged beside its figures (conftest.py).
+pytestmark = pytest.mark.usefixtures("no_errors_logged")
+
 
 def test_every_statistics_field_is_exported_by_name() -> None:
     fields = {field.name for field in dataclasses.fields(PurgatoryStatistics)}

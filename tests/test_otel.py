@@ -7,11 +7,14 @@ test collects both from the event loop's thread and from another one.
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from helpers import FlagOperation, import_error
 from metrics_support import scene
+from opentelemetry.metrics import Meter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     Gauge,
@@ -22,10 +25,13 @@ from opentelemetry.sdk.metrics.export import (
     Sum,
 )
 
-from purgatory import DelayedOperationPurgatory, HistogramBuckets
+from purgatory import DelayedOperationPurgatory, HistogramBuckets, otel
 from purgatory._metrics import FIELDS
 from purgatory.otel import ATTRIBUTE, OUTCOME, PurgatoryInstruments
 from purgatory.testing import ManualClock
+
+#: Every exporter test fails on an error logged beside its figures (conftest.py).
+pytestmark = pytest.mark.usefixtures("no_errors_logged")
 
 Points = dict[str, tuple[Any, str | None, dict[str, float]]]
 """instrument name -> (its data, unit, {purgatory: value})"""
@@ -142,3 +148,68 @@ def test_histograms_need_an_api_that_takes_bucket_bounds() -> None:
 
     with pytest.raises(TypeError, match=r"needs opentelemetry-api >= 1\.30"):
         PurgatoryInstruments(OldMeter(), histograms=HistogramBuckets())  # type: ignore[arg-type]
+
+
+class SpyMeter:
+    """A real meter whose histograms also note each value recorded, and on which thread."""
+
+    def __init__(self, meter: Meter) -> None:
+        self.meter = meter
+        self.recorded: list[tuple[str, float, int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.meter, name)
+
+    def create_histogram(
+        self,
+        name: str,
+        unit: str = "",
+        description: str = "",
+        *,
+        explicit_bucket_boundaries_advisory: Sequence[float] | None = None,
+    ) -> Any:
+        histogram = self.meter.create_histogram(
+            name,
+            unit,
+            description,
+            explicit_bucket_boundaries_advisory=explicit_bucket_boundaries_advisory,
+        )
+        recorded = self.recorded
+
+        class Spy:
+            def record(self, value: float, attributes: Any = None, context: Any = None) -> None:
+                recorded.append((name, value, threading.get_ident()))
+                histogram.record(value, attributes, context)
+
+        return Spy()
+
+
+def test_values_past_the_cap_are_recorded_at_once_and_counted_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(otel, "HELD_VALUES", 4)
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    meter = SpyMeter(provider.get_meter("test"))
+    clock = ManualClock()
+    p = DelayedOperationPurgatory[FlagOperation]("hist", clock=clock, tick=0.01)
+    buckets = HistogramBuckets(parked=(0.1, 1.0), lateness=(0.005, 0.05))
+    try:
+        instruments = PurgatoryInstruments(meter, [p], histograms=buckets)  # type: ignore[arg-type]
+        recorder = instruments._recorders["hist"]
+        for timeout in (0.5, 0.5, 1.0):
+            p.try_complete_else_watch(FlagOperation(timeout), ["k"])
+        clock.advance(0.5)  # two expire: 2 times parked + 2 lateness, the cap: all held
+        assert (recorder.held, meter.recorded) == (4, [])
+        clock.advance(0.5)  # one more: 6 would be held, so all 6 are recorded now, here
+        assert recorder.held == 0
+        names = sorted(name for name, _, _ in meter.recorded)
+        assert names == 3 * ["purgatory.expiry_lateness"] + 3 * ["purgatory.parked"]
+        assert {thread for _, _, thread in meter.recorded} == {threading.get_ident()}
+        points = histogram_points(reader)  # a collection adds nothing twice
+        assert points["purgatory.parked", "expired"].count == 3
+        assert points["purgatory.parked", "expired"].sum == pytest.approx(2.0)
+        assert points["purgatory.expiry_lateness", None].count == 3
+        assert len(meter.recorded) == 6
+    finally:
+        provider.shutdown()

@@ -324,3 +324,93 @@ def test_the_saver_of_a_killed_job_left_nothing_that_blocks(
     shutil.move(directory / "spark-x.jsa.part", part)
     shutil.move(directory / "spark-x.jsa.claim", part.with_suffix(".claim"))
     assert archive.plan(BASE).save == published
+
+
+# -- what is left where the archive goes ----------------------------------------------------
+
+
+def test_a_refused_archive_goes_with_the_crash_report_its_jvm_wrote_beside_it(
+    real_archive: tuple[Path, Path], directory: Path
+) -> None:
+    """A real JVM given the plan's options and an archive damaged after it was published
+    crashes at start and writes its report where ``-XX:ErrorFile`` says: `discard` removes
+    both (as the session does before it starts without the archive)."""
+    work, jsa = real_archive
+    published = archive.archive_path(directory, BASE)
+    directory.mkdir(parents=True)
+    good = jsa.read_bytes()
+    published.write_bytes(good[: len(good) // 2])
+    options = archive.plan(BASE).options
+    error_file = option(options, "-XX:ErrorFile")
+    assert error_file == str(directory / "hs_err_pid%p.log")
+    argv = [java(), f"-XX:SharedArchiveFile={published}", f"-XX:ErrorFile={error_file}"]
+    argv += [*archive._QUIET.split(), "-cp", str(work / "sleep.jar"), "Sleep", "0"]
+    jvm = subprocess.run(argv, capture_output=True, timeout=120, check=False)
+    assert jvm.returncode != 0  # it refused the archive outright
+    reports = list(directory.glob("hs_err_pid*.log"))
+    assert reports, jvm.stdout.decode(errors="replace")
+    (directory / "notes.txt").write_text("not a crash report")
+    archive.discard(published)
+    assert sorted(p.name for p in directory.iterdir()) == ["notes.txt"]
+
+
+def published_by_a_saver(directory: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """What `save` publishes, its JVM's job replaced by one that writes the ``.part``."""
+    published = archive.archive_path(directory, BASE)
+    part = published.with_name(published.name + ".part")
+
+    def train(options: str) -> int:
+        assert option(options, "-XX:ArchiveClassesAtExit") == str(part)
+        assert option(options, "-XX:ErrorFile") == str(directory / "hs_err_pid%p.log")
+        part.write_bytes(b"classes")
+        return 0
+
+    monkeypatch.setattr(archive, "_train", train)
+    return published
+
+
+def test_an_empty_directory_where_the_archive_goes_is_replaced(
+    directory: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    published = published_by_a_saver(directory, monkeypatch)
+    published.mkdir(parents=True)
+    assert archive.plan(BASE).save == published  # (the directory made way)
+    published.mkdir()  # (made again, say, between the plan and the save)
+    assert archive.save(published, BASE)
+    assert published.read_bytes() == b"classes"
+    assert archive.plan(BASE).used == published
+    assert capsys.readouterr().err == ""
+
+
+def test_a_link_to_a_directory_where_the_archive_goes_is_replaced_not_followed(
+    directory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    published = published_by_a_saver(directory, monkeypatch)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("the user's")
+    directory.mkdir()
+    published.symlink_to(elsewhere, target_is_directory=True)
+    assert archive.plan(BASE).save == published
+    assert not published.exists()
+    assert archive.save(published, BASE)
+    assert published.read_bytes() == b"classes"
+    assert (elsewhere / "keep.txt").read_text() == "the user's"
+
+
+def test_a_directory_with_files_where_the_archive_goes_is_left_with_one_line(
+    directory: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    published = published_by_a_saver(directory, monkeypatch)
+    published.mkdir(parents=True)
+    (published / "keep.txt").write_text("someone's")
+    plan = archive.plan(BASE)
+    assert (plan.options, plan.used, plan.save) == (BASE, None, None)  # nothing saved either
+    assert capsys.readouterr().err.splitlines() == [
+        f"purgatory.pipeline: {published} is a directory, not Spark's class archive, and not "
+        "empty: it is left alone and Spark starts without an archive (remove it for a faster "
+        "start)"
+    ]
+    assert not archive.save(published, BASE)  # (a saver started before it was made)
+    assert (published / "keep.txt").read_text() == "someone's"
+    assert not published.with_name(published.name + ".part").exists()

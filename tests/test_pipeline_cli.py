@@ -8,6 +8,7 @@ file names of different purgatories never collide, and the sweep chart's labels.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import doctest
 import json
@@ -393,6 +394,22 @@ def test_help_works_without_the_extra_and_shows_defaults(
         assert text in done.stdout
     assert "(default: None)" not in done.stdout
     assert "(default: False)" not in done.stdout
+    assert "(default " not in done.stdout  # said by the formatter, not again by the help text
+
+
+def test_no_option_states_its_default_twice() -> None:
+    """The formatter adds "(default: X)" to each option's help: a help text that says its
+    default too would show it twice."""
+    parser = _cli.build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert "calibrate" in commands.choices
+    for name, command in commands.choices.items():
+        formatter = command._get_formatter()
+        for action in command._actions:
+            if not action.help:
+                continue
+            text = formatter._expand_help(action)
+            assert text.lower().count("default") <= 1, (name, action.option_strings, text)
 
 
 def test_a_command_without_the_extra_says_what_to_install(tmp_path: Path) -> None:

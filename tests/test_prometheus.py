@@ -25,6 +25,9 @@ from purgatory._metrics import FIELDS
 from purgatory.prometheus import LABEL, PurgatoryCollector
 from purgatory.testing import ManualClock
 
+#: Every exporter test fails on an error logged beside its figures (conftest.py).
+pytestmark = pytest.mark.usefixtures("no_errors_logged")
+
 Families = dict[str, tuple[str, str, dict[str, float]]]
 """family name -> (type, help, {purgatory: value})"""
 Served = tuple[CollectorRegistry, str]

@@ -3,8 +3,20 @@
 Each cost is a micro-benchmark of the real `DelayedOperationPurgatory` on a real running loop
 (the stock asyncio loop or uvloop), timed in CPU seconds of the loop's thread
 (`time.thread_time`): what the work costs the core, not the idle time between timer wake-ups,
-and less disturbed by other processes than wall time. Each is run a few times and the median
-kept. The kinds and what they are charged for are listed in `purgatory.pipeline._load.COST_KINDS`.
+and less disturbed by other processes than wall time. The kinds and what they are charged for
+are listed in `purgatory.pipeline._load.COST_KINDS`.
+
+Most costs are differences of two runs (a turn of the loop is a chain of callbacks minus their
+dispatch), and on a busy machine two runs taken seconds apart differ by more than the cost: a
+difference of two medians came out negative. So the measurements are taken in **rounds**: each
+round runs every micro-benchmark once, back to back (in an order rotated from round to round,
+so that no measurement is always the first after a sleep), and solves every cost from that
+round's own runs, paired in time; a cost is the median of its rounds' values (an outlier, a
+round another process took the core in, moves it little). A median below zero is within its
+noise of zero, and is kept as zero (`_estimate`). Rounds go on past the minimum while some
+cost's median is less precise than asked (the spread between rounds wide), up to a maximum; the
+profile records each cost's spread (its interquartile range over the rounds) and the number of
+rounds, so a busy machine gives a profile that says how blurred it is, never no profile.
 
 Costs are those of a loaded loop, the regime where they matter: a callback is one of many due
 at once (no wait in the selector between them); a try (``attempt``) on keys whose operations are
@@ -34,14 +46,14 @@ import selectors
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from .. import DelayedOperation, DelayedOperationPurgatory
 from ._load import LATENCY_QUANTILES, CostProfile
 
-__all__ = ("LOOPS", "FlagOp", "calibrate")
+__all__ = ("LOOPS", "Estimate", "FlagOp", "calibrate", "estimate", "interleaved", "solve")
 
 #: The loops a profile can be measured on.
 LOOPS: Final = ("asyncio", "uvloop")
@@ -73,9 +85,14 @@ class FlagOp(DelayedOperation[None]):
 
 @dataclass(frozen=True, slots=True)
 class _Sizes:
-    """How much work each micro-benchmark does, and how many times it is repeated."""
+    """How much work each micro-benchmark does, and how many rounds of them are run."""
 
-    repeats: int
+    min_rounds: int
+    max_rounds: int
+    #: Rounds go on (up to `max_rounds`) while a cost's median is less precise than this share
+    #: of it (the half-width of its ~95 % interval, 1.58 IQR / sqrt(rounds), as a box plot's
+    #: notch), or than `NOISE_FLOOR`, whichever is larger.
+    precision: float
     callbacks: int
     watches: int
     attempts_per_key: int
@@ -85,11 +102,12 @@ class _Sizes:
     wake_ups: int
 
 
-_FULL: Final = _Sizes(5, 20_000, 5_000, 50, 5_000, 1_000, 4_000, 1_000)
-_QUICK: Final = _Sizes(2, 2_000, 500, 10, 500, 60, 500, 200)
+_FULL: Final = _Sizes(7, 15, 0.05, 20_000, 5_000, 50, 5_000, 1_000, 4_000, 1_000)
+_QUICK: Final = _Sizes(5, 9, 0.15, 2_000, 500, 10, 500, 60, 500, 200)
 _KEYS: Final = 100
-#: At least this many (spaced pass, idle wake-up) pairs, whose median difference is kept.
-_WAKE_PAIRS: Final = 7
+#: Seconds below which a cost's imprecision is not worth another round: 10 ns, a few
+#: bytecodes, well below any cost a profile holds.
+NOISE_FLOOR: Final = 1e-8
 
 
 def _new_loop(loop: str) -> asyncio.AbstractEventLoop:
@@ -373,10 +391,6 @@ def _resolution(loop: str) -> float:
     return {"SelectSelector": 1e-6, "KqueueSelector": 0.0}.get(name, 0.001)
 
 
-def _median(repeats: int, loop: str, scenario: Callable[[], Awaitable[float]]) -> float:
-    return statistics.median(_run(loop, scenario) for _ in range(repeats))
-
-
 def _run_list(loop_kind: str, scenario: Callable[[], Awaitable[list[float]]]) -> list[float]:
     """Run `scenario` on a fresh loop of `loop_kind`; the values it measured."""
     loop = _new_loop(loop_kind)
@@ -384,6 +398,101 @@ def _run_list(loop_kind: str, scenario: Callable[[], Awaitable[list[float]]]) ->
         return loop.run_until_complete(scenario())
     finally:
         loop.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """One cost solved from rounds of paired measurements."""
+
+    #: The median of the rounds' values, or 0 if that is negative (within its noise of 0).
+    value: float
+    #: The interquartile range of the rounds' values, in seconds.
+    spread: float
+    #: The rounds' values, in the order measured.
+    values: tuple[float, ...]
+
+
+def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """The first quartile, the median and the third quartile of `values`."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
+
+
+def _settled(values: Sequence[float], precision: float) -> bool:
+    """Whether the median of `values` is as precise as asked: the half-width of its ~95 %
+    interval (McGill's notch, 1.58 IQR / sqrt(n)) within `precision` of it or `NOISE_FLOOR`."""
+    q1, median, q3 = _quartiles(values)
+    return 1.58 * (q3 - q1) / math.sqrt(len(values)) <= max(precision * abs(median), NOISE_FLOOR)
+
+
+def _estimate(values: Sequence[float]) -> Estimate:
+    """The median of the rounds' values and their spread; a cost cannot be negative, and a
+    negative median is one within its noise of zero (a round is a difference of runs), so 0."""
+    q1, median, q3 = _quartiles(values)
+    return Estimate(max(0.0, median), q3 - q1, tuple(values))
+
+
+def estimate(
+    measure_round: Callable[[int], Mapping[str, float]],
+    *,
+    min_rounds: int,
+    max_rounds: int,
+    precision: float,
+) -> tuple[dict[str, Estimate], int]:
+    """Solve each cost from rounds of `measure_round` (given the round's index, it returns
+    each cost solved from that round's runs alone), and how many rounds were taken.
+
+    At least `min_rounds`; then more while any cost's median is less precise than `precision`
+    (`_settled`), at most `max_rounds`: a wide spread buys more rounds, never a refusal.
+    """
+    if not 1 <= min_rounds <= max_rounds:
+        raise ValueError(f"rounds must satisfy 1 <= min <= max, got {min_rounds}, {max_rounds}")
+    samples: dict[str, list[float]] = {}
+    rounds = 0
+    while rounds < max_rounds:
+        for kind, value in measure_round(rounds).items():
+            samples.setdefault(kind, []).append(value)
+        rounds += 1
+        if rounds >= min_rounds and all(_settled(v, precision) for v in samples.values()):
+            break
+    return {kind: _estimate(values) for kind, values in samples.items()}, rounds
+
+
+def interleaved(measurements: Mapping[str, Callable[[], float]], index: int) -> dict[str, float]:
+    """Run each of `measurements` once, back to back, starting with the `index`-th (the order
+    rotated from round to round): the raw values of one round."""
+    names = list(measurements)
+    start = index % len(names)
+    return {name: measurements[name]() for name in names[start:] + names[:start]}
+
+
+def solve(raw: Mapping[str, float], spaced_expiries: int, bulk_expiries: int) -> dict[str, float]:
+    """Every cost from one round's raw measurements (CPU seconds; see the module's doc).
+
+    ``spaced`` = n_s * (pass + expiry) and ``bulk`` = pass + n_b * expiry, where a pass woke an
+    idle loop (wake, a turn, its timer's dispatch) and ran its task in the next turn. The model
+    charges a pass the timer and the task (``timer_pass``), the turns and the wake-up apart: so
+    out of it go the idle wake-up (``idle``: wake, a turn, a dispatch) and one more turn; a
+    dispatch is put back for its timer's callback.
+    """
+    dispatch = raw["callbacks"]
+    iteration = raw["turns"] - dispatch
+    expiry = (raw["bulk"] - raw["spaced"] / spaced_expiries) / (bulk_expiries - 1)
+    return {
+        "dispatch": dispatch,
+        "iteration": iteration,
+        # (With the work's slowdown after a sleep: what an idle wake-up costs a real callback.)
+        "wake": raw["asleep"] - raw["awake"] - iteration,
+        "watch": raw["watch1"] - dispatch,
+        "watch_key": (raw["watch4"] - raw["watch1"]) / 3,
+        "attempt": raw["attempt"],
+        "completion": raw["completion"],
+        "expiry": expiry,
+        "timer_pass": raw["spaced"] / spaced_expiries - raw["idle"] - expiry + dispatch - iteration,
+        "purged_entry": raw["purged_entry"],
+    }
 
 
 def calibrate(
@@ -396,83 +505,66 @@ def calibrate(
     """Measure every cost of a profile on a loop of kind `loop` (``asyncio`` or ``uvloop``).
 
     Args:
-        quick: Smaller and fewer runs (about two seconds instead of about half a minute): a
-            rough profile.
+        quick: Smaller runs and fewer rounds (a few seconds instead of about half a minute on
+            a quiet machine): a rough profile.
         application: The application's own CPU seconds per operation, put in as given.
-        progress: Told the name of each measurement as it starts.
+        progress: Told what is measured as it starts.
+
+    Returns:
+        The profile, with each cost's spread between rounds: a busy machine takes more rounds
+        (15 at most, 9 with `quick`) and gives wider spreads, not an error.
 
     Raises:
         ValueError: An unknown loop, or uvloop asked for and not installed.
-        RuntimeError: A solved cost came out negative (the machine too noisy to measure).
     """
     _new_loop(loop).close()  # an unknown or missing loop fails before any measurement
     sizes = _QUICK if quick else _FULL
     say = progress or (lambda _: None)
-    r = sizes.repeats
-    say("dispatch")
-    dispatch = _median(r, loop, lambda: _callbacks(sizes.callbacks, 1e-9))
-    turn = _median(r, loop, lambda: _iterations(sizes.callbacks))
-    say("watch")
-    watch1 = _median(r, loop, lambda: _watches(sizes.watches, 1))
-    watch4 = _median(r, loop, lambda: _watches(sizes.watches, 4))
-    say("attempt")
-    attempt = _median(r, loop, lambda: _attempts(sizes.attempts_per_key))
-    say("completion")
-    completion = _median(r, loop, lambda: _completions(sizes.checks))
-    say("expiry")
     n_s, n_b = sizes.spaced_expiries, sizes.bulk_expiries
-    bulk = _median(r, loop, lambda: _expiries(n_b, False))
-    say("wake")
-    # A spaced pass and an idle wake-up are each tens of microseconds of a sleeping loop's
-    # wake-up, the pass a few more: measured in pairs, one right after the other, so that the
-    # machine's drift between runs cancels in their difference, and the median difference kept.
-    paired = [
-        (_run(loop, lambda: _expiries(n_s, True)), _run(loop, lambda: _callbacks(n_s, 0.001)))
-        for _ in range(max(r, _WAKE_PAIRS))
-    ]
-    spaced = statistics.median(s for s, _ in paired)
-    beyond_idle = statistics.median(s / n_s - i for s, i in paired)
-    asleep = _median(r, loop, lambda: _working(sizes.spaced_expiries, 0.001))
-    awake = _median(r, loop, lambda: _working(sizes.spaced_expiries, 1e-9))
+
+    def run(scenario: Callable[[], Awaitable[float]]) -> Callable[[], float]:
+        return lambda: _run(loop, scenario)
+
+    measurements = {
+        "callbacks": run(lambda: _callbacks(sizes.callbacks, 1e-9)),
+        "turns": run(lambda: _iterations(sizes.callbacks)),
+        "watch1": run(lambda: _watches(sizes.watches, 1)),
+        "watch4": run(lambda: _watches(sizes.watches, 4)),
+        "attempt": run(lambda: _attempts(sizes.attempts_per_key)),
+        "completion": run(lambda: _completions(sizes.checks)),
+        "bulk": run(lambda: _expiries(n_b, False)),
+        # A spaced pass and an idle wake-up are each tens of microseconds of a sleeping loop's
+        # wake-up, the pass a few more: next to each other in every round.
+        "spaced": run(lambda: _expiries(n_s, True)),
+        "idle": run(lambda: _callbacks(n_s, 0.001)),
+        "asleep": run(lambda: _working(n_s, 0.001)),
+        "awake": run(lambda: _working(n_s, 1e-9)),
+        "purged_entry": run(lambda: _purges(sizes.checks)),
+    }
+
+    def measure_round(index: int) -> dict[str, float]:
+        say(f"round {index + 1} (at least {sizes.min_rounds}, at most {sizes.max_rounds})")
+        return solve(interleaved(measurements, index), n_s, n_b)
+
+    costs, rounds = estimate(
+        measure_round,
+        min_rounds=sizes.min_rounds,
+        max_rounds=sizes.max_rounds,
+        precision=sizes.precision,
+    )
+    say("wake latency")
     resolution = _resolution(loop)
     latency = _quantiles(_run_list(loop, lambda: _wake_latency(sizes.wake_ups, resolution)))
-    say("purge")
-    purged_entry = _median(r, loop, lambda: _purges(sizes.checks))
-    # spaced = n_s * (pass + expiry); bulk = pass + n_b * expiry, where a pass woke an idle
-    # loop (wake, a turn, its timer's dispatch) and ran its task in the next turn. The model
-    # charges a pass the timer and the task (timer_pass), the turns and the wake-up apart: so
-    # out of it go the idle wake-up (wake, a turn, a dispatch) and one more turn; a dispatch
-    # is put back for its timer's callback.
-    expiry = (bulk - spaced / n_s) / (n_b - 1)
-    iteration = turn - dispatch
-    timer_pass = beyond_idle - expiry + dispatch - iteration
-    costs = {
-        "dispatch": dispatch,
-        "iteration": iteration,
-        # (With the work's slowdown after a sleep: what an idle wake-up costs a real callback.)
-        "wake": asleep - awake - iteration,
-        "watch": watch1 - dispatch,
-        "watch_key": (watch4 - watch1) / 3,
-        "attempt": attempt,
-        "completion": completion,
-        "expiry": expiry,
-        "timer_pass": timer_pass,
-        "purged_entry": purged_entry,
-    }
-    for kind, value in costs.items():
-        if value < 0:
-            raise RuntimeError(
-                f"calibrate: the {kind} cost came out negative ({value * 1e6:.3f} us): the "
-                "machine is too busy to measure; run it again on a quieter machine"
-            )
     return CostProfile(
-        **costs,
+        **{kind: cost.value for kind, cost in costs.items()},
         application=application,
         wake_resolution=resolution,
         wake_latency=latency,
         loop=loop,
         python=f"{platform.python_implementation()} {platform.python_version()}",
         machine=_machine(),
+        spread={kind: cost.spread for kind, cost in costs.items()},
+        rounds=rounds,
     )
 
 

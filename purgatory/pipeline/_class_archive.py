@@ -18,9 +18,11 @@ A session started from an archive checks that its JVM mapped it (``/proc/<pid>/m
 the JVM ignores an archive it cannot use without a word (an empty file, random bytes, a valid
 header and garbage), so an archive that was not mapped is deleted and saved again in the
 background. One the JVM refuses outright (it crashes at start: damaged after it was published)
-is deleted by the session, which starts without it. ``PURGATORY_SPARK_CLASS_ARCHIVE=off`` turns
-it all off; a directory there moves it; ``--conf spark.driver.extraJavaOptions=...`` replaces
-the options, archive included.
+is deleted by the session, with the crash reports its JVM wrote beside it, and the session
+starts without it. A directory where the archive goes is removed if it is empty (or a symbolic
+link); one with files in it is left alone, with a line that says so, and no archive is used.
+``PURGATORY_SPARK_CLASS_ARCHIVE=off`` turns it all off; a directory there moves it;
+``--conf spark.driver.extraJavaOptions=...`` replaces the options, archive included.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ _QUIET: Final = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 _SAVE_SECONDS: Final = 300.0
 #: A claim older than this, of a process this host cannot check, is taken over.
 _STALE_SECONDS: Final = 3600.0
+#: The crash reports of the JVMs that use or save an archive, written beside it
+#: (``-XX:ErrorFile``): a JVM given a damaged archive crashes at start and writes one.
+_CRASH_REPORTS: Final = "hs_err_pid*.log"
 
 
 def archive_directory() -> Path | None:
@@ -107,12 +112,49 @@ def plan(base: str) -> Plan:
     archive = archive_path(directory, base)
     if archive.is_file():
         return Plan(base, archive, None)
+    if not _make_way(archive):
+        return Plan(base, None, None)
     return Plan(base, None, None if _claimed(_part(archive)) else archive)
 
 
 def discard(archive: Path) -> None:
-    """Delete `archive`, which its JVM refused or did not map."""
+    """Delete `archive`, which its JVM refused or did not map, and the crash reports the JVMs
+    that refused it left beside it: the session starts without it (and has it saved again),
+    so they report nothing anyone needs to read, and they would pile up in the user's cache."""
     archive.unlink(missing_ok=True)
+    _remove_crash_reports(archive.parent)
+
+
+def _remove_crash_reports(directory: Path) -> None:
+    for report in directory.glob(_CRASH_REPORTS):
+        with contextlib.suppress(OSError):
+            report.unlink()
+
+
+def _make_way(archive: Path) -> bool:
+    """Whether `archive` can be published: nothing is there, or what is there can go.
+
+    A directory there (made by hand, or by a tool that took the name for one) would make every
+    publication fail, and every job start a saver again: an empty one, or a symbolic link, is
+    removed; one with files in it is not ours to delete, so it stays, the archive is not used
+    and a line says what to do.
+    """
+    if archive.is_symlink() and not archive.is_file():
+        with contextlib.suppress(OSError):
+            archive.unlink()  # a dangling link, or one to a directory (which stays)
+    if not archive.is_dir():
+        return True
+    try:
+        archive.rmdir()
+    except OSError:
+        print(
+            f"purgatory.pipeline: {archive} is a directory, not Spark's class archive, and not "
+            "empty: it is left alone and Spark starts without an archive (remove it for a "
+            "faster start)",
+            file=sys.stderr,
+        )
+        return False
+    return True
 
 
 def mapped(pid: int, archive: Path) -> bool | None:
@@ -161,11 +203,17 @@ def save(archive: Path, base: str) -> bool:
     try:
         with contextlib.suppress(OSError):
             os.nice(10)  # the user's next job comes first
-        code = _train(f"{base} -XX:ArchiveClassesAtExit={part} {_QUIET}")
+        # A crash report goes beside the archive (not into whatever directory the saver was
+        # started from), and goes with the failed attempt: the next job tries again.
+        crash = archive.parent / "hs_err_pid%p.log"
+        code = _train(f"{base} -XX:ArchiveClassesAtExit={part} -XX:ErrorFile={crash} {_QUIET}")
         if code == 0 and part.is_file() and part.stat().st_size > 0:
-            os.replace(part, archive)
-            return True
-        print(f"the saving JVM exited with status {code}: no archive", file=sys.stderr)
+            if _make_way(archive):  # (else it said why)
+                os.replace(part, archive)
+                return True
+        else:
+            print(f"the saving JVM exited with status {code}: no archive", file=sys.stderr)
+            _remove_crash_reports(archive.parent)
         part.unlink(missing_ok=True)
         return False
     finally:

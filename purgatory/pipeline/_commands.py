@@ -494,7 +494,7 @@ def _calibrate_options(parser: argparse.ArgumentParser) -> None:
         "--loop",
         choices=("asyncio", "uvloop"),
         default="asyncio",
-        help="the event loop to measure on (default asyncio)",
+        help="the event loop to measure on",
     )
     parser.add_argument("--quick", action="store_true", help="a rough profile in a few seconds")
     parser.add_argument("--verbose", action="store_true", help="on an error, show the full trace")

@@ -21,7 +21,7 @@ import contextlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from .._clock import Timer
@@ -45,6 +45,10 @@ LATENCY_QUANTILES: Final = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0
 #: callback is not serving a purgatory, and a larger figure is a broken profile (it would
 #: also carry the model's clock past what a double counts in nanoseconds).
 MAX_COST: Final = 1.0
+
+#: A measured cost whose spread between rounds (its interquartile range) is wider than this
+#: share of it is called noisy in the profile's description.
+NOISY_SHARE: Final = 0.25
 
 #: What each cost of a profile is charged for, in seconds of one core.
 COST_KINDS: Final = {
@@ -90,9 +94,16 @@ class CostProfile:
     loop: str = "asyncio"
     python: str = ""
     machine: str = ""
+    #: How widely each measured cost varied between the calibration's rounds: the
+    #: interquartile range of its per-round values, in seconds (the cost is their median). A
+    #: busy machine gives wide spreads, not a refusal. Empty: not measured (a profile by hand).
+    spread: dict[str, float] = field(default_factory=dict, hash=False)
+    #: How many rounds of every measurement the costs are the medians of (0: not measured).
+    rounds: int = 0
 
     def __post_init__(self) -> None:
         self._check_latency()
+        self._check_spread()
         for kind in (*COST_KINDS, "wake_resolution"):
             value = getattr(self, kind)
             if isinstance(value, bool) or not isinstance(value, int | float):
@@ -130,6 +141,35 @@ class CostProfile:
             raise ValueError(f"wake_latency's quantiles must not decrease, got {latency!r:.80}")
         object.__setattr__(self, "wake_latency", tuple(values))
 
+    def _check_spread(self) -> None:
+        spread = self.spread
+        if not isinstance(spread, dict):
+            raise ValueError(f"spread must be an object of costs, got {spread!r:.60}")
+        checked = {}
+        for kind, value in spread.items():
+            if kind not in COST_KINDS:
+                raise ValueError(f"spread of an unknown cost {kind!r:.40}")
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"spread of {kind!r} must be seconds, got {value!r:.40}")
+            if not 0 <= value <= MAX_COST:
+                raise ValueError(
+                    f"spread of {kind!r} must be seconds in [0, {MAX_COST:g}], got {value!r:.40}"
+                )
+            checked[kind] = float(value)
+        object.__setattr__(self, "spread", checked)
+        rounds = self.rounds
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+            raise ValueError(f"rounds must be a whole number >= 0, got {rounds!r:.40}")
+
+    def noisy(self, share: float = NOISY_SHARE) -> list[str]:
+        """The measured costs whose spread is wider than `share` of the cost (or that are 0
+        with a spread): what a busy machine blurred."""
+        return [
+            kind
+            for kind, spread in self.spread.items()
+            if spread > share * getattr(self, kind) and spread > 0
+        ]
+
     def latency(self, u: float) -> float:
         """The wake-up latency at probability `u` in [0, 1] (linear between the quantiles)."""
         values = self.wake_latency
@@ -156,6 +196,8 @@ class CostProfile:
             "machine": data.pop("machine"),
             "wake_resolution": data.pop("wake_resolution"),
             "wake_latency": list(data.pop("wake_latency")),
+            "rounds": data.pop("rounds"),
+            "spread": data.pop("spread"),
             "costs": data,
         }
 
@@ -166,9 +208,18 @@ class CostProfile:
         if self.wake_latency:
             p50, p99 = (self.latency(p) * 1e6 for p in (0.5, 0.99))
             latency = f", wake latency p50 {p50:.0f} us, p99 {p99:.0f} us"
+        measured = ""
+        if self.rounds:
+            noisy = ", ".join(
+                f"{kind} {getattr(self, kind) * 1e6:.2f} (IQR {self.spread[kind] * 1e6:.2f})"
+                for kind in self.noisy()
+            )
+            measured = f"; medians of {self.rounds} rounds" + (
+                f", noisy (spread over {NOISY_SHARE:.0%} of the cost, us): {noisy}" if noisy else ""
+            )
         return (
             f"{self.loop} loop, {self.machine or 'unknown machine'}; costs (us): {costs}; "
-            f"wake resolution {self.wake_resolution * 1e3:g} ms{latency}"
+            f"wake resolution {self.wake_resolution * 1e3:g} ms{latency}{measured}"
         )
 
 
@@ -197,6 +248,8 @@ def profile_from_json(data: Any, where: str) -> CostProfile:
     meta: dict[str, Any] = {
         "wake_resolution": data.get("wake_resolution", 0.0),
         "wake_latency": data.get("wake_latency", []),
+        "spread": data.get("spread", {}),  # (none in a profile of an older calibrate)
+        "rounds": data.get("rounds", 0),
     }
     for name in ("loop", "python", "machine"):
         value = data.get(name, "")
