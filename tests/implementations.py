@@ -40,6 +40,7 @@ NOT_CORE = (
     "test_docs.py",
     "test_pictures.py",
     "test_metrics_recipe.py",
+    "test_release.py",
     "test_examples.py",
     "test_packaging.py",
     "test_differential.py",
