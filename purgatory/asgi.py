@@ -41,6 +41,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
 
 if TYPE_CHECKING:
@@ -146,6 +147,25 @@ async def cancel_on_disconnect(receive: Receive, awaitable: Awaitable[T]) -> T:
 #: The signals a server stops on: ``kill``'s default and Ctrl-C.
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 
+_Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+def _stands_in_for_loop(handler: _Handler, loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether `handler` is the stand-in an event loop installs for ``loop.add_signal_handler``.
+
+    The loop then runs the real handler itself, from the signal number its wakeup descriptor
+    receives: asyncio installs a module-level no-op, uvloop a method of the loop. A server that
+    registers its stop that way (hypercorn, granian's workers) would lose it if this module
+    registered its own handler with the loop (a loop keeps one per signal), so such a handler is
+    left in place and called as it stands.
+    """
+    if getattr(handler, "__self__", None) is loop:  # uvloop: Loop.__sighandler
+        return True
+    return (
+        getattr(handler, "__module__", None) == "asyncio.unix_events"
+        and getattr(handler, "__name__", None) == "_sighandler_noop"
+    )
+
 
 @contextlib.contextmanager
 def drain_on_signals(
@@ -160,10 +180,10 @@ def drain_on_signals(
     open ones (a parked request is open until its timeout), and only then run the lifespan's
     shutdown. This answers the parked requests as the signal arrives: each purgatory is drained
     (`purgatory.DelayedOperationPurgatory.drain`: each awaiting ``watch`` returns its
-    ``on_complete`` value, as on expiry; requests still arriving are answered at once), then
-    the signal goes to the handler that was in place before (the server's), whose wait now ends
-    at once. Use it inside the lifespan, around its ``yield``, where the server has installed
-    its own handlers (it is a plain context manager: ``with``, inside the purgatory's
+    ``on_complete`` value, as on expiry; requests still arriving are answered at once), and
+    the signal goes on to the handler that was in place before (the server's), whose wait now
+    ends at once. Use it inside the lifespan, around its ``yield``, where the server has
+    installed its own handlers (it is a plain context manager: ``with``, inside the purgatory's
     ``async with``)::
 
         @asynccontextmanager
@@ -173,18 +193,24 @@ def drain_on_signals(
                 with drain_on_signals(waiters):
                     yield
 
-    The handlers run on the event loop (``loop.add_signal_handler``), never between two
-    bytecodes of the purgatory's own code; on leaving the block the previous ones are restored.
+    The drain runs on the event loop (scheduled with ``loop.call_soon_threadsafe``), never
+    between two bytecodes of the purgatory's own code; the server's handler runs as it would
+    have without this block: a plain signal handler (uvicorn's) is called from this one, a
+    handler the server registered with the loop (hypercorn's, granian's) is left to the loop,
+    which runs it on the same signal. On leaving the block the previous handlers are restored.
     Outside the main thread (a test client's thread, say), where no signal arrives, it does
-    nothing.
+    nothing. It needs the signal to reach the process that serves: a server whose supervisor
+    takes the signal and stops its worker processes another way (hypercorn's workers, unless
+    ``--workers 0``) never shows it to the application.
 
     Args:
         purgatories: What to drain on the first signal (one already shut down is skipped).
         signals: The signals to answer; default SIGTERM and SIGINT.
-        forward: The signal handed on to the previous handler, whichever arrived: SIGINT by
+        forward: The signal handed on to a plain previous handler, whichever arrived: SIGINT by
             default, the graceful stop of a Ctrl-C (uvicorn then exits 0; handed SIGTERM, it
             stops as gracefully, then raises SIGTERM again as it exits: status 143). ``None``
-            hands on the signal that arrived.
+            hands on the signal that arrived. A handler registered with the loop always gets
+            the signal that arrived.
 
     Raises:
         RuntimeError: Not inside a running event loop.
@@ -196,14 +222,21 @@ def drain_on_signals(
     chosen = tuple(signals)
     previous = {sig: signal.getsignal(sig) for sig in chosen}
 
-    def on_signal(received: int) -> None:
+    def drain() -> None:
         for purgatory in purgatories:
             if not purgatory.closed:
                 purgatory.drain()
+
+    def on_signal(received: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is parked
+            loop.call_soon_threadsafe(drain)
         handler = previous[received]
+        if callable(handler) and _stands_in_for_loop(handler, loop):
+            handler(received, frame)  # the loop itself runs the server's handler
+            return
         handed = received if forward is None else forward
         if callable(handler):
-            handler(handed, None)
+            handler(handed, frame)
         elif handler == signal.SIG_DFL and handed == signal.SIGINT:
             raise KeyboardInterrupt  # as Python's own handler would
         elif handler == signal.SIG_DFL:
@@ -211,10 +244,10 @@ def drain_on_signals(
             signal.raise_signal(handed)
 
     for sig in chosen:
-        loop.add_signal_handler(sig, on_signal, sig)
+        signal.signal(sig, on_signal)
     try:
         yield
     finally:
         for sig in chosen:
-            loop.remove_signal_handler(sig)
-            signal.signal(sig, previous[sig])
+            if signal.getsignal(sig) is on_signal:  # not replaced since: put back what was
+                signal.signal(sig, previous[sig])
