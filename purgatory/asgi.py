@@ -127,18 +127,34 @@ async def cancel_on_disconnect(receive: Receive, awaitable: Awaitable[T]) -> T:
     """
     watching = asyncio.ensure_future(awaitable)
     listening = asyncio.ensure_future(wait_for_disconnect(receive))
+    # The listener's end (a disconnect, or receive() failing) cancels the watch, and so the
+    # operation. One callback and a plain await: no asyncio.wait, whose futures and callbacks
+    # per call cost more than the rest together when thousands of clients leave at once.
+    listening.add_done_callback(lambda _: watching.cancel())
+    current = asyncio.current_task()
+    cancels = current.cancelling() if current is not None else 0
     try:
-        done, _ = await asyncio.wait((watching, listening), return_when=asyncio.FIRST_COMPLETED)
+        return await watching
+    except asyncio.CancelledError:
+        if not listening.done() or (current is not None and current.cancelling() > cancels):
+            raise  # this coroutine itself was cancelled (the caller, a server, a timeout)
+    except Exception:
+        if not listening.done() or listening.cancelled():
+            raise  # the awaitable's own error
+        # an error the watch raised as the disconnect cancelled it: the disconnect is the news
     finally:
         # Also reached when this coroutine is cancelled: neither task may outlive it.
-        listening.cancel()
-        watching.cancel()  # cancels the watch, and so the operation, unless already done
-        await asyncio.wait((watching, listening))
+        watching.cancel()  # a no-op unless this coroutine itself was cancelled
+        if not listening.done():
+            listening.cancel()
+            try:
+                await listening
+            except asyncio.CancelledError:
+                if current is not None and current.cancelling() > cancels:
+                    raise  # this coroutine was cancelled meanwhile: that goes on
+            except Exception:  # noqa: BLE001
+                pass  # receive() failed as the outcome came: the outcome wins
     failed = None if listening.cancelled() else listening.exception()
-    if watching in done:
-        return watching.result()
-    if not watching.cancelled():
-        watching.exception()  # an error raised while it was cancelled: nobody awaits it now
     if failed is not None:
         raise failed  # receive() itself failed: that is not a disconnect
     raise ClientDisconnected
