@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.asgi_drain import (
+    HYPERCORN_WORKERS,
     MIDDLEWARES,
     SERVERS,
     Disconnected,
@@ -79,6 +80,22 @@ def test_every_client_that_leaves_cancels_its_operation(
     result = disconnected(server, middleware, tmp_path / "server.log", "park", CONNECTIONS)
     assert result.disconnected == CONNECTIONS, result
     assert (result.cancelled, result.delayed, result.handlers_cancelled) == (CONNECTIONS, 0, 0)
+
+
+def test_hypercorn_with_its_worker_process_cannot_drain(tmp_path: Path) -> None:
+    """What docs/asgi.md says: with hypercorn's default worker process, the signal goes to its
+    supervisor, the application never sees it, and the parked requests are cut off unanswered
+    once hypercorn's ``graceful_timeout`` (3 s) has passed: hence ``--workers 0``."""
+    log = tmp_path / "server.log"
+
+    async def measure() -> Drained:
+        async with serving(HYPERCORN_WORKERS, "none", log) as served:
+            return await measure_drain(served, POLLERS, BOUND)
+
+    result = asyncio.run(measure())
+    assert result.answered == 0, result
+    assert result.last_answer_s >= 2.5, result  # cut at the graceful timeout, not drained
+    assert result.returncode == 0, log.read_text()
 
 
 #: Handlers asking ``request.is_disconnected()`` in a loop, the other common way.
