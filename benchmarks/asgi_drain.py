@@ -413,6 +413,8 @@ class Drained:
     exit_s: float  # the process gone, after the signal
     returncode: int
     log_errors: list[str]
+    server_cpu_s: float  # the server's processes' CPU time from the signal to their exit
+    client_cpu_s: float  # this client's CPU time from the signal to the last answer
 
 
 @dataclass
@@ -426,6 +428,52 @@ class Disconnected:
     cancelled: int  # operations the purgatory counts cancelled
     delayed: int  # operations still parked at the end
     handlers_cancelled: int  # handlers the server cancelled itself
+    server_cpu_s: float  # the server's processes' CPU time from the closes to the last seen
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The processes of process group `pgid` (the server and, for granian, its worker): Linux's
+    ``/proc``, read once (a server starts no process while it stops)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+def cpu_s(pids: list[int]) -> float:
+    """User and system CPU seconds of `pids` so far (those gone count nothing)."""
+    ticks = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class CPUMeter:
+    """The CPU a server's processes spend from `start` on, sampled every 20 ms until `stop`:
+    a figure the machine's load changes little, unlike the wall-clock ones (the last 20 ms
+    before the processes exit are missed)."""
+
+    def __init__(self, served: Served) -> None:
+        self.pids = group_pids(served.process.pid)
+        self.first = self.last = cpu_s(self.pids)
+        self.sampling = asyncio.create_task(self._sample())
+
+    async def _sample(self) -> None:
+        while True:
+            now = cpu_s(self.pids)
+            self.last = max(self.last, now)
+            await asyncio.sleep(0.02)
+
+    async def stop(self) -> float:
+        self.sampling.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.sampling
+        self.last = max(self.last, cpu_s(self.pids))
+        return self.last - self.first
 
 
 def log_errors(lines: list[str]) -> list[str]:
@@ -448,12 +496,16 @@ async def measure_drain(served: Served, count: int, bound: float) -> Drained:
         return status == 200 and body == ANSWER.encode()
 
     reading = [asyncio.create_task(answer(poll)) for poll in polls]
+    meter = CPUMeter(served)
+    client_cpu = time.process_time()
     signalled = clock()
     served.process.send_signal(signal.SIGTERM)
     async with asyncio.timeout(bound):
         outcomes = await asyncio.gather(*reading, return_exceptions=True)
+        client_cpu = time.process_time() - client_cpu
         returncode = await served.process.wait()
     exited = clock() - signalled
+    server_cpu = await meter.stop()
     return Drained(
         parked=count,
         answered=sum(outcome is True for outcome in outcomes),
@@ -461,6 +513,8 @@ async def measure_drain(served: Served, count: int, bound: float) -> Drained:
         exit_s=exited,
         returncode=returncode,
         log_errors=log_errors(served.lines()),
+        server_cpu_s=server_cpu,
+        client_cpu_s=client_cpu,
     )
 
 
@@ -471,6 +525,7 @@ async def measure_disconnect(
     handlers saw it and when. Waits until all did, or for `settle` seconds of no progress."""
     _, gone, times = WAITING[route]
     polls = await park_all(served.port, count, bound, route)
+    meter = CPUMeter(served)
     for poll in polls:
         poll.writer.close()  # a closed tab: the client's FIN
         poll.closed_at = time.monotonic()
@@ -485,6 +540,7 @@ async def measure_disconnect(
             elif time.monotonic() - since > settle:
                 break
             await asyncio.sleep(0.05)
+        server_cpu = await meter.stop()
         _status, body = await request(served.port, "/stats?times=1", bound)
     final = json.loads(body)
     latencies = [at - polls[int(ident)].closed_at for ident, at in final[times].items()]
@@ -496,6 +552,7 @@ async def measure_disconnect(
         cancelled=final["cancelled"],
         delayed=final["delayed"],
         handlers_cancelled=final["handlers_cancelled"],
+        server_cpu_s=server_cpu,
     )
 
 
