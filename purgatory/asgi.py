@@ -2,9 +2,9 @@
 
 A long-poll handler parks its request with ``await purgatory.watch(op, keys)``. Cancelling the
 task that awaits ``watch`` cancels the operation, but an ASGI server need not cancel a handler
-whose client went away, and uvicorn (serving Starlette or FastAPI) does not: it reports the
-disconnect only as an ``http.disconnect`` message from ``receive()``, which a handler parked in
-``watch`` never calls. The operation then stays in the purgatory until it completes or expires,
+whose client went away, and uvicorn, hypercorn and granian do not: they report the disconnect
+only as an ``http.disconnect`` message from ``receive()``, which a handler parked in ``watch``
+never calls. The operation then stays in the purgatory until it completes or expires,
 and the answer is written to nobody.
 
 `cancel_on_disconnect` races the watch against that message and cancels the loser::
@@ -30,6 +30,8 @@ all as the server's shutdown signal arrives (each awaiting ``watch`` returns its
 
 This module uses only the standard library: ``receive`` is any ASGI receive callable
 (Starlette's and FastAPI's ``request.receive``, or the one a raw ASGI application is given).
+Both helpers are tested under uvicorn, hypercorn (``--workers 0``) and granian, each behind no
+middleware, a Starlette ``BaseHTTPMiddleware`` and a plain ASGI one.
 The documentation's "Long-poll over HTTP" and "Serving with Starlette and FastAPI" pages show
 complete applications and how to test them.
 """
