@@ -69,6 +69,9 @@ MIDDLEWARES: Final = ("none", "base-http", "pure-asgi")
 ANSWER: Final = "answered"
 #: Seconds a request parks for: longer than any measurement, so only a drain or a close ends it.
 PARK_FOR: Final = 60.0
+#: Seconds to park the requests in, before any measurement: a server behind a
+#: `BaseHTTPMiddleware` on a loaded machine takes minutes for 10,000.
+PARKING_BOUND: Final = 900.0
 #: Connections the server may queue before accepting them, and requests it may run at once.
 BACKLOG: Final = 16384
 
@@ -152,9 +155,12 @@ async def stats(request: Request) -> Response:
     """``GET /stats``: parked now, and how the others were let go (``?times=1``: each time)."""
     record: Record = request.app.state.record
     waiters: DelayedOperationPurgatory[Parked] = request.app.state.waiters
+    counts = waiters.statistics()
     body: dict[str, Any] = {
         "delayed": waiters.num_delayed(),
-        "cancelled": waiters.statistics().cancelled,
+        "cancelled": counts.cancelled,
+        "completed": counts.completed,
+        "expired": counts.expired,
         "disconnected": len(record.disconnected),
         "polled": len(record.polled),
         "polling": record.polling,
@@ -490,7 +496,7 @@ def log_errors(lines: list[str]) -> list[str]:
 
 async def measure_drain(served: Served, count: int, bound: float) -> Drained:
     """Park `count` requests, send SIGTERM, wait (within `bound`) for the answers and the exit."""
-    polls = await park_all(served.port, count, bound)
+    polls = await park_all(served.port, count, PARKING_BOUND)
     clock = time.monotonic
     answered_at: list[float] = []
 
@@ -531,7 +537,7 @@ async def measure_disconnect(
     """Park `count` requests on `route`, close every client, and read (within `bound`) which
     handlers saw it and when. Waits until all did, or for `settle` seconds of no progress."""
     _, gone, times = WAITING[route]
-    polls = await park_all(served.port, count, bound, route)
+    polls = await park_all(served.port, count, PARKING_BOUND, route)
     meter = CPUMeter(served)
     for poll in polls:
         poll.writer.close()  # a closed tab: the client's FIN
