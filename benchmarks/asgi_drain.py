@@ -67,8 +67,9 @@ HYPERCORN_WORKERS: Final = "hypercorn-workers"
 MIDDLEWARES: Final = ("none", "base-http", "pure-asgi")
 #: What a drained request answers (``on_complete``, as on expiry).
 ANSWER: Final = "answered"
-#: Seconds a request parks for: longer than any measurement, so only a drain or a close ends it.
-PARK_FOR: Final = 60.0
+#: Seconds a request parks for: longer than any run (parking 10,000 behind a middleware on a
+#: loaded machine takes minutes), so only a drain or a close ends it, never its expiry.
+PARK_FOR: Final = 3600.0
 #: Seconds to park the requests in, before any measurement: a server behind a
 #: `BaseHTTPMiddleware` on a loaded machine takes minutes for 10,000.
 PARKING_BOUND: Final = 900.0
