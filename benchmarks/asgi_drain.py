@@ -440,6 +440,7 @@ class Disconnected:
     within_1s: int  # of those, how many within 1 s of their client's close
     slowest_s: float  # the slowest of those, after its client's close
     cancelled: int  # operations the purgatory counts cancelled
+    expired: int  # operations the purgatory counts expired (none, unless parking was slow)
     delayed: int  # operations still parked at the end
     handlers_cancelled: int  # handlers the server cancelled itself
     server_cpu_s: float  # the server's processes' CPU time from the closes to the last seen
@@ -564,6 +565,7 @@ async def measure_disconnect(
         within_1s=sum(latency <= 1.0 for latency in latencies),
         slowest_s=max(latencies, default=0.0),
         cancelled=final["cancelled"],
+        expired=final["expired"],
         delayed=final["delayed"],
         handlers_cancelled=final["handlers_cancelled"],
         server_cpu_s=server_cpu,
@@ -573,8 +575,17 @@ async def measure_disconnect(
 # -- the script ----------------------------------------------------------------------------------
 
 
+MODES: Final = ("drain", "disconnect", "poll")
+
+
 async def run(
-    servers: list[str], middlewares: list[str], count: int, polls: int, logs: Path
+    servers: list[str],
+    middlewares: list[str],
+    count: int,
+    polls: int,
+    logs: Path,
+    *,
+    modes: tuple[str, ...] = MODES,
 ) -> list[dict[str, Any]]:
     """Every server with every middleware: drain and disconnect with `count` connections, and
     the same disconnect seen by ``is_disconnected()`` polling with `polls` (each poller wakes
@@ -583,7 +594,7 @@ async def run(
     bound = 120.0
     for server in servers:
         for middleware in middlewares:
-            for mode in ("drain", "disconnect", "poll"):
+            for mode in modes:
                 log = logs / f"{server}-{middleware}-{mode}.log"
                 async with serving(server, middleware, log) as served:
                     if mode == "drain":
@@ -602,6 +613,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--connections", type=int, default=10_000)
     parser.add_argument("--poll-connections", type=int, default=500)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument(
         "--servers", nargs="+", choices=[*SERVERS, HYPERCORN_WORKERS], default=list(SERVERS)
     )
@@ -611,7 +623,14 @@ def main(argv: list[str] | None = None) -> None:
     limit = raise_fd_limit(2 * args.connections + 1024)
     print(f"# open-file limit {limit}; load before: {Path('/proc/loadavg').read_text().strip()}")
     asyncio.run(
-        run(args.servers, args.middlewares, args.connections, args.poll_connections, args.logs)
+        run(
+            args.servers,
+            args.middlewares,
+            args.connections,
+            args.poll_connections,
+            args.logs,
+            modes=tuple(args.modes),
+        )
     )
     print(f"# load after: {Path('/proc/loadavg').read_text().strip()}")
 
