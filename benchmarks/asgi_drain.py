@@ -439,6 +439,7 @@ class Disconnected:
     disconnected: int  # handlers that saw the disconnect (ClientDisconnected)
     within_1s: int  # of those, how many within 1 s of their client's close
     slowest_s: float  # the slowest of those, after its client's close
+    closing_s: float  # how long this client took to close them all (part of the latencies)
     cancelled: int  # operations the purgatory counts cancelled
     expired: int  # operations the purgatory counts expired (none, unless parking was slow)
     delayed: int  # operations still parked at the end
@@ -543,7 +544,9 @@ async def measure_disconnect(
     meter = CPUMeter(served)
     for poll in polls:
         poll.writer.close()  # a closed tab: the client's FIN
-        poll.closed_at = time.monotonic()
+        poll.closed_at = time.monotonic()  # a little before: the socket closes next iteration
+    await asyncio.sleep(0)
+    closing = time.monotonic() - polls[0].closed_at if polls else 0.0
     async with asyncio.timeout(bound):
         seen, since = -1, time.monotonic()
         while True:
@@ -564,6 +567,7 @@ async def measure_disconnect(
         disconnected=final[gone],
         within_1s=sum(latency <= 1.0 for latency in latencies),
         slowest_s=max(latencies, default=0.0),
+        closing_s=closing,
         cancelled=final["cancelled"],
         expired=final["expired"],
         delayed=final["delayed"],
