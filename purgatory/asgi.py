@@ -2,9 +2,9 @@
 
 A long-poll handler parks its request with ``await purgatory.watch(op, keys)``. Cancelling the
 task that awaits ``watch`` cancels the operation, but an ASGI server need not cancel a handler
-whose client went away, and uvicorn (serving Starlette or FastAPI) does not: it reports the
-disconnect only as an ``http.disconnect`` message from ``receive()``, which a handler parked in
-``watch`` never calls. The operation then stays in the purgatory until it completes or expires,
+whose client went away, and uvicorn, hypercorn and granian do not: they report the disconnect
+only as an ``http.disconnect`` message from ``receive()``, which a handler parked in ``watch``
+never calls. The operation then stays in the purgatory until it completes or expires,
 and the answer is written to nobody.
 
 `cancel_on_disconnect` races the watch against that message and cancels the loser::
@@ -30,6 +30,8 @@ all as the server's shutdown signal arrives (each awaiting ``watch`` returns its
 
 This module uses only the standard library: ``receive`` is any ASGI receive callable
 (Starlette's and FastAPI's ``request.receive``, or the one a raw ASGI application is given).
+Both helpers are tested under uvicorn, hypercorn (``--workers 0``) and granian, each behind no
+middleware, a Starlette ``BaseHTTPMiddleware`` and a plain ASGI one.
 The documentation's "Long-poll over HTTP" and "Serving with Starlette and FastAPI" pages show
 complete applications and how to test them.
 """
@@ -41,6 +43,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
 
 if TYPE_CHECKING:
@@ -126,18 +129,34 @@ async def cancel_on_disconnect(receive: Receive, awaitable: Awaitable[T]) -> T:
     """
     watching = asyncio.ensure_future(awaitable)
     listening = asyncio.ensure_future(wait_for_disconnect(receive))
+    # The listener's end (a disconnect, or receive() failing) cancels the watch, and so the
+    # operation. One callback and a plain await: no asyncio.wait, whose futures and callbacks
+    # per call cost more than the rest together when thousands of clients leave at once.
+    listening.add_done_callback(lambda _: watching.cancel())
+    current = asyncio.current_task()
+    cancels = current.cancelling() if current is not None else 0
     try:
-        done, _ = await asyncio.wait((watching, listening), return_when=asyncio.FIRST_COMPLETED)
+        return await watching
+    except asyncio.CancelledError:
+        if not listening.done() or (current is not None and current.cancelling() > cancels):
+            raise  # this coroutine itself was cancelled (the caller, a server, a timeout)
+    except Exception:
+        if not listening.done() or listening.cancelled():
+            raise  # the awaitable's own error
+        # an error the watch raised as the disconnect cancelled it: the disconnect is the news
     finally:
         # Also reached when this coroutine is cancelled: neither task may outlive it.
-        listening.cancel()
-        watching.cancel()  # cancels the watch, and so the operation, unless already done
-        await asyncio.wait((watching, listening))
+        watching.cancel()  # a no-op unless this coroutine itself was cancelled
+        if not listening.done():
+            listening.cancel()
+            try:
+                await listening
+            except asyncio.CancelledError:
+                if current is not None and current.cancelling() > cancels:
+                    raise  # this coroutine was cancelled meanwhile: that goes on
+            except Exception:  # noqa: BLE001
+                pass  # receive() failed as the outcome came: the outcome wins
     failed = None if listening.cancelled() else listening.exception()
-    if watching in done:
-        return watching.result()
-    if not watching.cancelled():
-        watching.exception()  # an error raised while it was cancelled: nobody awaits it now
     if failed is not None:
         raise failed  # receive() itself failed: that is not a disconnect
     raise ClientDisconnected
@@ -145,6 +164,25 @@ async def cancel_on_disconnect(receive: Receive, awaitable: Awaitable[T]) -> T:
 
 #: The signals a server stops on: ``kill``'s default and Ctrl-C.
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+
+_Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+def _stands_in_for_loop(handler: _Handler, loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether `handler` is the stand-in an event loop installs for ``loop.add_signal_handler``.
+
+    The loop then runs the real handler itself, from the signal number its wakeup descriptor
+    receives: asyncio installs a module-level no-op, uvloop a method of the loop. A server that
+    registers its stop that way (hypercorn, granian's workers) would lose it if this module
+    registered its own handler with the loop (a loop keeps one per signal), so such a handler is
+    left in place and called as it stands.
+    """
+    if getattr(handler, "__self__", None) is loop:  # uvloop: Loop.__sighandler
+        return True
+    return (
+        getattr(handler, "__module__", None) == "asyncio.unix_events"
+        and getattr(handler, "__name__", None) == "_sighandler_noop"
+    )
 
 
 @contextlib.contextmanager
@@ -160,10 +198,10 @@ def drain_on_signals(
     open ones (a parked request is open until its timeout), and only then run the lifespan's
     shutdown. This answers the parked requests as the signal arrives: each purgatory is drained
     (`purgatory.DelayedOperationPurgatory.drain`: each awaiting ``watch`` returns its
-    ``on_complete`` value, as on expiry; requests still arriving are answered at once), then
-    the signal goes to the handler that was in place before (the server's), whose wait now ends
-    at once. Use it inside the lifespan, around its ``yield``, where the server has installed
-    its own handlers (it is a plain context manager: ``with``, inside the purgatory's
+    ``on_complete`` value, as on expiry; requests still arriving are answered at once), and
+    the signal goes on to the handler that was in place before (the server's), whose wait now
+    ends at once. Use it inside the lifespan, around its ``yield``, where the server has
+    installed its own handlers (it is a plain context manager: ``with``, inside the purgatory's
     ``async with``)::
 
         @asynccontextmanager
@@ -173,18 +211,24 @@ def drain_on_signals(
                 with drain_on_signals(waiters):
                     yield
 
-    The handlers run on the event loop (``loop.add_signal_handler``), never between two
-    bytecodes of the purgatory's own code; on leaving the block the previous ones are restored.
+    The drain runs on the event loop (scheduled with ``loop.call_soon_threadsafe``), never
+    between two bytecodes of the purgatory's own code; the server's handler runs as it would
+    have without this block: a plain signal handler (uvicorn's) is called from this one, a
+    handler the server registered with the loop (hypercorn's, granian's) is left to the loop,
+    which runs it on the same signal. On leaving the block the previous handlers are restored.
     Outside the main thread (a test client's thread, say), where no signal arrives, it does
-    nothing.
+    nothing. It needs the signal to reach the process that serves: a server whose supervisor
+    takes the signal and stops its worker processes another way (hypercorn's workers, unless
+    ``--workers 0``) never shows it to the application.
 
     Args:
         purgatories: What to drain on the first signal (one already shut down is skipped).
         signals: The signals to answer; default SIGTERM and SIGINT.
-        forward: The signal handed on to the previous handler, whichever arrived: SIGINT by
+        forward: The signal handed on to a plain previous handler, whichever arrived: SIGINT by
             default, the graceful stop of a Ctrl-C (uvicorn then exits 0; handed SIGTERM, it
             stops as gracefully, then raises SIGTERM again as it exits: status 143). ``None``
-            hands on the signal that arrived.
+            hands on the signal that arrived. A handler registered with the loop always gets
+            the signal that arrived.
 
     Raises:
         RuntimeError: Not inside a running event loop.
@@ -196,14 +240,21 @@ def drain_on_signals(
     chosen = tuple(signals)
     previous = {sig: signal.getsignal(sig) for sig in chosen}
 
-    def on_signal(received: int) -> None:
+    def drain() -> None:
         for purgatory in purgatories:
             if not purgatory.closed:
                 purgatory.drain()
+
+    def on_signal(received: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is parked
+            loop.call_soon_threadsafe(drain)
         handler = previous[received]
+        if callable(handler) and _stands_in_for_loop(handler, loop):
+            handler(received, frame)  # the loop itself runs the server's handler
+            return
         handed = received if forward is None else forward
         if callable(handler):
-            handler(handed, None)
+            handler(handed, frame)
         elif handler == signal.SIG_DFL and handed == signal.SIGINT:
             raise KeyboardInterrupt  # as Python's own handler would
         elif handler == signal.SIG_DFL:
@@ -211,10 +262,10 @@ def drain_on_signals(
             signal.raise_signal(handed)
 
     for sig in chosen:
-        loop.add_signal_handler(sig, on_signal, sig)
+        signal.signal(sig, on_signal)
     try:
         yield
     finally:
         for sig in chosen:
-            loop.remove_signal_handler(sig)
-            signal.signal(sig, previous[sig])
+            if signal.getsignal(sig) is on_signal:  # not replaced since: put back what was
+                signal.signal(sig, previous[sig])

@@ -12,6 +12,7 @@ timeouts instead of waiting for the other end; their bounds only turn a hang int
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -31,6 +32,7 @@ from purgatory.asgi import (
     Message,
     Receive,
     cancel_on_disconnect,
+    drain_on_signals,
     wait_for_disconnect,
 )
 
@@ -233,6 +235,55 @@ async def test_wait_for_disconnect_skips_other_messages() -> None:
     gone.set()
     await asyncio.wait_for(waiting, BOUND)
     assert waiting.done()
+
+
+@pytest.mark.asyncio
+@pytest.mark.realclock
+async def test_a_stop_the_server_registered_with_the_loop_stays_in_place() -> None:
+    """hypercorn and granian's workers register their stop with ``loop.add_signal_handler``
+    before the lifespan starts: the signal drains the purgatory and still stops the server, and
+    after the block the server's handler alone answers the signal (on asyncio and on uvloop,
+    whose stand-ins for such handlers differ)."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stopping.set)  # the server's
+    try:
+        async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
+            with drain_on_signals(purgatory):
+                waiting = asyncio.create_task(purgatory.watch(FlagOperation(60), ["k"]))
+                await until(lambda: purgatory.num_delayed() == 1, "parked", BOUND)
+                signal.raise_signal(signal.SIGTERM)
+                assert await asyncio.wait_for(waiting, BOUND) == "op done"  # drained
+                await asyncio.wait_for(stopping.wait(), BOUND)  # and the server told
+            stopping.clear()
+            signal.raise_signal(signal.SIGTERM)
+            await asyncio.wait_for(stopping.wait(), BOUND)
+            assert purgatory.statistics().drained == 1  # the one request, in the block
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+@pytest.mark.asyncio
+@pytest.mark.realclock
+async def test_a_plain_handler_is_restored_after_the_block() -> None:
+    """uvicorn's handler is a plain one (``signal.signal``): called with SIGINT from the block's,
+    and back in place once the block is left."""
+    handed: list[int] = []
+
+    def server(signum: int, frame: object) -> None:
+        handed.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, server)
+    try:
+        async with DelayedOperationPurgatory[FlagOperation]("asgi") as purgatory:
+            with drain_on_signals(purgatory):
+                assert signal.getsignal(signal.SIGTERM) is not server
+                signal.raise_signal(signal.SIGTERM)
+            assert signal.getsignal(signal.SIGTERM) is server
+            signal.raise_signal(signal.SIGTERM)
+        assert handed == [signal.SIGINT, signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_the_helper_needs_no_framework() -> None:
