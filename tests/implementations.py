@@ -41,6 +41,7 @@ NOT_CORE = (
     "test_pictures.py",
     "test_metrics_recipe.py",
     "test_release.py",
+    "test_asgi_servers.py",
     "test_examples.py",
     "test_packaging.py",
     "test_differential.py",
