@@ -236,9 +236,10 @@ class WatcherLists(_ListsCore, Generic[Op]):
         watchers.add(op, threshold)
         self._lists[key] = watchers
 
-    def _join_plain(self, key: Hashable, op: Op, ops: Any) -> bool:
-        """Add `op` as a plain watcher of `key`, whose watchers `ops` are not an ordered set;
-        ``False`` if `op` already watched `key` (the key was given twice)."""
+    def _join_plain(self, key: Hashable, op: Op, ops: Any) -> bool:  # noqa: PLR0911 - a case each
+        """Add `op` as a plain watcher of `key`, whose watchers are `ops` (usually not an
+        ordered set: its case is inline in `register`); ``False`` if `op` already watched
+        `key` (the key was given twice)."""
         if type(ops) is ThresholdWatchers:
             if ops.holds(op, key):
                 return False
@@ -246,7 +247,25 @@ class WatcherLists(_ListsCore, Generic[Op]):
             return True
         if ops is op:
             return False
-        if threshold_of(ops, key) is None:
+        if ops is None:
+            self._lists[key] = op
+            return True
+        if type(ops) is dict:
+            if op in ops:
+                return False
+            ops[op] = None
+            return True
+        marks = ops._marks
+        if type(marks) is dict:
+            # The lookup runs the key's __eq__, user code that may change the key's watchers
+            # (cancel them, trigger them): joined as they are after it (issue 33).
+            lone_plain = marks.get(key) is None
+            now = self._lists.get(key)
+            if now is not ops:
+                return self._join_plain(key, op, now)
+        else:
+            lone_plain = marks is None
+        if lone_plain:
             self._lists[key] = {ops: None, op: None}
             return True
         watchers = _grown(ops, key)

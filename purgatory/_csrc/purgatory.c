@@ -172,14 +172,20 @@ purgatory_settled(PyObject *self, OpObject *op, int cancelled)
         if (err < 0) {
             return -1;
         }
+        /* (the bucket's removal ran the operation's __hash__: the parts are read after it) */
         TimerObject *timer = (TimerObject *)p->timer;
         timer->delayed--;
         RuleObject *rule = (RuleObject *)p->rule;
         rule->owed++;
         if (rule->owed > rule->trip) {
+            Py_INCREF(rule);
+            Py_INCREF(timer);
             int due = rule_due(rule);
-            if (due < 0 ||
-                (due && discard_result(call_method0((PyObject *)timer, N.s_request_pass)) < 0)) {
+            err = due < 0 ||
+                  (due && discard_result(call_method0((PyObject *)timer, N.s_request_pass)) < 0);
+            Py_DECREF(rule);
+            Py_DECREF(timer);
+            if (err) {
                 return -1;
             }
         }
@@ -190,8 +196,13 @@ purgatory_settled(PyObject *self, OpObject *op, int cancelled)
     else {
         p->completed++;
     }
-    if (op->listed && PyDict_SetItem(p->purge_queue, (PyObject *)op, Py_None) < 0) {
-        return -1;
+    if (op->listed) {
+        PyObject *queue = Py_NewRef(p->purge_queue); /* (the insertion runs op's __hash__) */
+        int err = PyDict_SetItem(queue, (PyObject *)op, Py_None);
+        Py_DECREF(queue);
+        if (err < 0) {
+            return -1;
+        }
     }
     if (p->sink != Py_None) {
         PyObject *sink = Py_NewRef(p->sink);
@@ -258,20 +269,28 @@ refuse_keeping_error(PyObject *self, PyObject *op, PyObject *method)
 static int
 purgatory_time_op(PurgatoryObject *p, OpObject *op)
 {
-    PyObject *time_op = p->time_op;
-    if (PyMethod_Check(time_op) && PyMethod_GET_SELF(time_op) == p->timer) {
+    PyObject *time_op = Py_NewRef(p->time_op); /* (a drain from the add's user code sets it) */
+    PyObject *timer = Py_NewRef(p->timer);
+    int err = 2;
+    if (PyMethod_Check(time_op) && PyMethod_GET_SELF(time_op) == timer &&
+        CORE_CHECK(timer, TimerType) && timer_ready((TimerObject *)timer)) {
         PyObject *f = PyMethod_GET_FUNCTION(time_op);
         if (Py_IS_TYPE(f, &NativeMethodType)) {
             native_fn fn = ((NativeMethodObject *)f)->fn;
             if (fn == timer_add_native) {
-                return timer_add((TimerObject *)p->timer, op);
+                err = timer_add((TimerObject *)timer, op);
             }
-            if (fn == timer_add_due_native) {
-                return timer_add_due((TimerObject *)p->timer, (PyObject *)op);
+            else if (fn == timer_add_due_native) {
+                err = timer_add_due((TimerObject *)timer, (PyObject *)op);
             }
         }
     }
-    return discard_result(call1(time_op, (PyObject *)op));
+    if (err == 2) {
+        err = discard_result(call1(time_op, (PyObject *)op));
+    }
+    Py_DECREF(timer);
+    Py_DECREF(time_op);
+    return err;
 }
 
 /* The numeric thresholds the C path takes without the reference's check. */
@@ -331,10 +350,25 @@ split_keys(PyObject *given, PyObject **keys, PyObject **marks)
     return 0;
 }
 
-/* try_complete_else_watch, from the split of the keys on: 1 if `op` completed in the call, 0 if
- * not, -1 on error. */
+/* `op` completed, or the purgatory shut down, while `op` was being registered (a key's or a
+ * threshold's code): the reference's `_ended_in_registration`, what the watch returns. */
 static int
-purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *marks)
+ended_in_registration(PyObject *self, OpObject *op)
+{
+    PyObject *r = PyObject_CallMethod(self, "_ended_in_registration", "O", (PyObject *)op);
+    if (r == NULL) {
+        return -1;
+    }
+    int completed = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return completed;
+}
+
+/* try_complete_else_watch, from the split of the keys on: 1 if `op` completed in the call, 0 if
+ * not, -1 on error. `state` is the operation's state as the call began, before the keys were
+ * read (user code that may complete it: the reference decides on the state it read first). */
+static int
+purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *marks, int state)
 {
     PyObject *self = (PyObject *)p;
     if (PyTuple_GET_SIZE(keys) == 0) {
@@ -383,7 +417,7 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
         }
     }
     /* Kafka's first try, before registration (a synchronous try_complete: state 0) */
-    if (op->state == 0) {
+    if (state == 0) {
         PyObject *claimed = call_op_method((PyObject *)op, M_TRY_COMPLETE);
         if (claimed == NULL) {
             refuse_keeping_error(self, (PyObject *)op, N.s_refuse);
@@ -426,12 +460,18 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
         }
     }
     /* registration: on every key or, if that fails, on none */
-    if (lists_register((ListsObject *)p->lists, op, keys, marks) < 0) {
+    PyObject *lists = Py_NewRef(p->lists);
+    int err = lists_register((ListsObject *)lists, op, keys, marks);
+    Py_DECREF(lists);
+    if (err < 0) {
         refuse_keeping_error(self, (PyObject *)op, N.s_refuse);
         return -1;
     }
+    if (op->state & ST_FINISHED || p->closed) {
+        return ended_in_registration(self, op);
+    }
     set_field(&op->owner, self);
-    if (op->state & ST_ASYNC) {
+    if (state & ST_ASYNC) {
         if (discard_result(call1(p->attempt, (PyObject *)op)) < 0) {
             goto abandon;
         }
@@ -443,9 +483,10 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
         }
         if (op->state & ST_FINISHED) {
             Py_DECREF(claimed);
-            RuleObject *rule = (RuleObject *)p->rule;
+            RuleObject *rule = (RuleObject *)Py_NewRef(p->rule);
             rule->owed++; /* registered, never timed (the purge-queue protocol) */
             int due = rule_due(rule);
+            Py_DECREF(rule);
             if (due < 0 ||
                 (due && discard_result(call_method0(p->timer, N.s_request_pass)) < 0)) {
                 goto abandon;
@@ -544,6 +585,7 @@ purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         set_field(&p->sync_seen, (PyObject *)Py_TYPE(item)); /* (the set only grows) */
     }
     PyObject *keys, *marks;
+    int state = op->state; /* (read before the keys are: the reference's order) */
     Py_INCREF(self);
     Py_INCREF(item);
     if (PyTuple_CheckExact(args[1])) {
@@ -577,7 +619,7 @@ purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         }
         Py_SETREF(marks, Py_NewRef(threshold));
     }
-    result = purgatory_watch(p, op, keys, marks);
+    result = purgatory_watch(p, op, keys, marks, state);
 done:
     Py_DECREF(keys);
     Py_DECREF(marks);
