@@ -152,9 +152,9 @@ sink_extend(PyObject *sink, PyObject *list_name, SlotCache *list_slot, PyObject 
     return 0;
 }
 
-/* _settled(op, outcome): the registered `op` completed (cancelled = 0) or was cancelled. */
+/* _settled(op, outcome), `self` held by the caller. */
 static int
-purgatory_settled(PyObject *self, OpObject *op, int cancelled)
+purgatory_settled_held(PyObject *self, OpObject *op, int cancelled)
 {
     PurgatoryObject *p = (PurgatoryObject *)self;
     if (!purgatory_ready(p)) {
@@ -219,6 +219,20 @@ purgatory_settled(PyObject *self, OpObject *op, int cancelled)
     return 0;
 }
 
+/* _settled(op, outcome): the registered `op` completed (cancelled = 0) or was cancelled. The
+ * purgatory is held across it: an operation's settle passes its `_owner`, which the user code
+ * the settle runs (its __hash__, the clock, the event log) could drop. */
+static int
+purgatory_settled(PyObject *self, OpObject *op, int cancelled)
+{
+    Py_INCREF(self);
+    Py_INCREF(op);
+    int err = purgatory_settled_held(self, op, cancelled);
+    Py_DECREF(op);
+    Py_DECREF(self);
+    return err;
+}
+
 static PyObject *
 purgatory_settled_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                          PyObject *kwnames)
@@ -229,9 +243,7 @@ purgatory_settled_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         return NOT_HANDLED;
     }
     int completed = PyUnicode_Compare(args[1], N.s_completed) == 0;
-    Py_INCREF(self);
     int err = purgatory_settled(self, (OpObject *)args[0], !completed);
-    Py_DECREF(self);
     if (err < 0) {
         return NULL;
     }
@@ -314,13 +326,22 @@ split_keys(PyObject *given, PyObject **keys, PyObject **marks)
     if (!PyDict_CheckExact(given)) {
         return 1;
     }
-    Py_ssize_t pos = 0;
+    /* The tuple first: its allocation may collect, and a collection may run code that changes
+     * the dict. The loop that reads the dict allocates nothing. */
+    Py_ssize_t size = PyDict_GET_SIZE(given);
+    PyObject *tuple = PyTuple_New(size);
+    if (tuple == NULL) {
+        return -1;
+    }
+    Py_ssize_t pos = 0, i = 0;
     PyObject *key, *threshold, *uniform = NULL;
     int mixed = 0;
     while (PyDict_Next(given, &pos, &key, &threshold)) {
-        if (!(threshold == Py_None || plain_threshold(threshold))) {
+        if (i == size || !(threshold == Py_None || plain_threshold(threshold))) {
+            Py_DECREF(tuple);
             return 1;
         }
+        PyTuple_SET_ITEM(tuple, i++, Py_NewRef(key));
         if (uniform == NULL) {
             uniform = threshold;
         }
@@ -328,13 +349,9 @@ split_keys(PyObject *given, PyObject **keys, PyObject **marks)
             mixed = 1;
         }
     }
-    PyObject *tuple = PyTuple_New(PyDict_GET_SIZE(given));
-    if (tuple == NULL) {
-        return -1;
-    }
-    pos = 0;
-    for (Py_ssize_t i = 0; PyDict_Next(given, &pos, &key, &threshold); i++) {
-        PyTuple_SET_ITEM(tuple, i, Py_NewRef(key));
+    if (i != size) {
+        Py_DECREF(tuple);
+        return 1;
     }
     if (mixed || uniform == NULL) {
         *marks = PyDict_Copy(given);
@@ -344,7 +361,7 @@ split_keys(PyObject *given, PyObject **keys, PyObject **marks)
         }
     }
     else {
-        *marks = Py_NewRef(uniform);
+        *marks = Py_NewRef(uniform); /* (a value of the dict, unchanged since the loop) */
     }
     *keys = tuple;
     return 0;
@@ -665,9 +682,10 @@ purgatory_check_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     if (!same && discard_result(call_method0(p->binding, N.s_check_thread)) < 0) {
         goto done;
     }
-    ListsObject *l = (ListsObject *)p->lists;
-    Py_INCREF(l);
-    Py_ssize_t completed = lists_trigger(l, args[0], reached, p->attempt);
+    ListsObject *l = (ListsObject *)Py_NewRef(p->lists);
+    PyObject *attempt = Py_NewRef(p->attempt);
+    Py_ssize_t completed = lists_trigger(l, args[0], reached, attempt);
+    Py_DECREF(attempt);
     Py_DECREF(l);
     if (completed >= 0) {
         result = PyLong_FromSsize_t(completed);

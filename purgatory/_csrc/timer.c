@@ -151,7 +151,10 @@ timer_now(TimerObject *t)
                                    ((PyMemberDescrObject *)N.manual_now)->d_member);
         }
     }
-    return PyObject_CallNoArgs(now);
+    Py_INCREF(now); /* (the clock's code may give the timer another clock) */
+    PyObject *r = PyObject_CallNoArgs(now);
+    Py_DECREF(now);
+    return r;
 }
 
 /* The deadline tick of an operation timed now: ceil((now() + timeout) / tick - slack), as
@@ -317,7 +320,9 @@ timer_expire_taken(TimerObject *t, PyObject *due, PyObject *now)
     Py_ssize_t expired = 0;
     PyObject *exc = NULL;
     PyObject *outcome = Py_NewRef(t->outcome);
-    PyObject *r = call3(t->expire, due, now, outcome);
+    PyObject *expire = Py_NewRef(t->expire); /* (a callback may tap the purgatory: expire_with) */
+    PyObject *r = call3(expire, due, now, outcome);
+    Py_DECREF(expire);
     if (r != NULL) {
         expired = PyLong_AsSsize_t(r);
         Py_DECREF(r);
@@ -421,7 +426,9 @@ timer_run_pass(TimerObject *t, PyObject *now, double seconds, PyObject *budget_o
     if (taken_obj == NULL) {
         return -1;
     }
-    PyObject *owed = call2(t->housekeeping, taken_obj, budget_obj);
+    PyObject *housekeeping = Py_NewRef(t->housekeeping);
+    PyObject *owed = call2(housekeeping, taken_obj, budget_obj);
+    Py_DECREF(housekeeping);
     Py_DECREF(taken_obj);
     if (owed == NULL) {
         return -1;

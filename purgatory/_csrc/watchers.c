@@ -148,7 +148,10 @@ lists_left(ListsObject *l, OpObject *op)
     l->entries--;
     op->listed--;
     if (!op->listed) {
-        if (dict_discard(l->queue, (PyObject *)op) < 0) {
+        PyObject *queue = Py_NewRef(l->queue); /* (the lookup runs op's __hash__) */
+        int err = dict_discard(queue, (PyObject *)op);
+        Py_DECREF(queue);
+        if (err < 0) {
             return -1;
         }
     }
