@@ -153,6 +153,9 @@ class WatcherLists(_ListsCore, Generic[Op]):
         lists = self._lists
         op._marks = marks
         op._keys = keys
+        # Counted from zero and added to at the end: a key's __hash__ / __eq__ may cancel or
+        # trigger a key `op` is on already, which counts it off meanwhile (issue 33).
+        op._listed = 0
         listed = len(keys)  # less one per key given twice
         try:
             if marks is None:
@@ -167,7 +170,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
                             ops[op] = None
                     elif not self._join_plain(key, op, ops):
                         listed -= 1
-                op._listed = listed
+                op._listed += listed
                 self._entries += listed
                 return
             mapping = marks if type(marks) is dict else None
@@ -226,7 +229,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
                     continue
             op._listed = 0
             raise
-        op._listed = listed
+        op._listed += listed
         self._entries += listed
 
     def _join_at(self, key: Hashable, op: Op, ops: Any, threshold: Any) -> None:

@@ -448,3 +448,31 @@ def test_timer_and_settle_refuse_what_is_not_an_operation() -> None:
     with pytest.raises((TypeError, AttributeError)):
         p._timer.add(object())
     check_invariants(p)
+
+
+# -- a key's code cancelling or triggering a key the operation is already on, as it registers -----
+
+
+@pytest.mark.parametrize("action", ["cancel", "trigger"])
+def test_key_acting_on_a_key_the_watch_registered_already(action: str) -> None:
+    """The operation is on its first key when the second key's __hash__ cancels that first key
+    (or triggers it, completing the operation): it is counted off that list before its count
+    was written, and ends as if before registration."""
+    _clock, p = manual_purgatory()
+    first, second = HostileKey("a"), HostileKey("b")
+    op = FlagOperation(10.0)
+    if action == "cancel":
+        second.arm(lambda: p.cancel_for_key(first), "hash")
+    else:
+
+        def ready_then_trigger() -> None:
+            op.ready = True
+            p.check_and_complete(first)
+
+        second.arm(ready_then_trigger, "hash")
+    completed = p.try_complete_else_watch(op, (first, second))
+    assert completed is (action == "trigger")
+    assert op.is_cancelled is (action == "cancel")
+    assert counts(p) == (0, 0, 0, int(action == "trigger"), int(action == "cancel"))
+    assert op._listed == 0
+    check_invariants(p)

@@ -374,6 +374,9 @@ lists_register(ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
 {
     set_field(&op->marks, marks);
     set_field(&op->keys, keys);
+    /* counted from zero and added to at the end: a key's code may cancel or trigger a key `op`
+     * is on already, which counts it off meanwhile */
+    op_mark_listed(op, 0);
     Py_ssize_t n = PyTuple_GET_SIZE(keys);
     Py_ssize_t listed = n;
     PyObject *mapping = PyDict_CheckExact(marks) ? marks : NULL;
@@ -421,7 +424,7 @@ lists_register(ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
         }
     }
     Py_DECREF(lists);
-    op_mark_listed(op, listed);
+    op_mark_listed(op, op->listed + listed);
     l->entries += listed;
     return 0;
 fail:;
