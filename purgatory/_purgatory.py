@@ -46,7 +46,7 @@ from ._clock import Alarm, DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
 from ._events import EventLog, EventSink, Tapper, sink_for, tapped
 from ._impl import install, native
-from ._operation import ASYNC, FINISHED, DelayedOperation, Settlement, expire_due, not_set_up
+from ._operation import ASYNC, DONE, FINISHED, DelayedOperation, Settlement, expire_due, not_set_up
 from ._purge_rule import PurgeRule
 from ._reaper import LoopBinding
 from ._statistics import PurgatoryStatistics, read_statistics
@@ -427,6 +427,8 @@ class DelayedOperationPurgatory(_PurgatoryCore, Generic[Op]):
         except BaseException:
             self._refuse(op)
             raise
+        if op._state & FINISHED or self._closed:
+            return self._ended_in_registration(op)
         op._owner = self
         try:
             if state & ASYNC:
@@ -453,7 +455,7 @@ class DelayedOperationPurgatory(_PurgatoryCore, Generic[Op]):
     def _ended_before_registration(self, op: Op) -> bool:
         """`op` ended in its first try (completed, or cancelled by a shutdown it made), before
         any `_settled`: counted here. Returns what the watch call returns."""
-        completed = bool(op._state & FINISHED)
+        completed = bool(op._state & DONE)  # (a shutdown in a key's hash may have cancelled it)
         if completed:
             self._completed += 1
         else:
@@ -464,6 +466,17 @@ class DelayedOperationPurgatory(_PurgatoryCore, Generic[Op]):
             self._sink.ended(op, outcome, self._timer.current_time())
             self._rule.hold()  # its end holds it: taken within the purge's time bound
         return completed
+
+    def _ended_in_registration(self, op: Op) -> bool:
+        """A key's ``__hash__`` or ``__eq__`` (or a threshold's comparison) completed `op` or
+        shut the purgatory down while `op` was being registered, before it had an owner (so no
+        `_settled` counted it): it leaves the lists and ends as if before registration, the
+        reference both builds share (issue 33)."""
+        if self._closed:  # the lists were drained under the registration: drained again
+            self._lists.drain()
+        else:
+            self._lists.unregister(op)
+        return self._ended_before_registration(op)
 
     if TYPE_CHECKING:
 

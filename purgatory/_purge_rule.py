@@ -43,6 +43,8 @@ __all__ = ("LINGER", "PurgeRule")
 #: Seconds a finished operation may wait on the watcher lists before a purge takes it (rounded
 #: up to the tick), whatever the traffic.
 LINGER: Final = 1.0
+#: A count no purgatory reaches (2**63 - 1, a C ``Py_ssize_t``'s largest).
+_NEVER: Final = 2**63 - 1
 
 
 if TYPE_CHECKING or native is None:
@@ -80,15 +82,16 @@ class PurgeRule(_RuleCore):
     ) -> None:
         self._lists = lists
         self._timer = timer
-        #: Kafka's ``purgeInterval``.
-        self.interval = interval
-        #: `LINGER` in the timer's ticks.
-        self.linger = max(1, math.ceil(LINGER / timer.tick))
+        #: Kafka's ``purgeInterval``: one beyond any count of operations (2**63) never trips,
+        #: as `_NEVER` does not, which a C integer holds.
+        self.interval = min(interval, _NEVER)
+        #: `LINGER` in the timer's ticks (as many as a C integer holds, for a tiny tick).
+        self.linger = min(max(1, math.ceil(LINGER / timer.tick)), _NEVER)
         #: Kafka's ``estimated - numDelayed`` (see the module docstring).
         self.owed = 0
         #: What a settle compares `owed` with before it calls `due`: `interval`, or `owed`
         #: itself while the lists are clean (armed: the next settlement schedules a purge).
-        self.trip = 0 if bounded else interval
+        self.trip = 0 if bounded else self.interval
         #: Timer passes that purged (on the loop a purge runs in slices, one per pass).
         self.purges = 0
         # A purge is under way in slices, or a pass was asked for to start one.

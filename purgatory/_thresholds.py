@@ -236,7 +236,7 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
             at[threshold] = [waiting, op]
 
     # Its loop runs once per threshold released: a call per step would cost more than a branch.
-    def release(self, reached: Any, lists: _Lists) -> None:  # noqa: PLR0912
+    def release(self, reached: Any, lists: _Lists) -> None:  # noqa: C901, PLR0912
         """Release every threshold ``<= reached``, in order (a trigger with a value): its
         operations become plain watchers of the key, re-tried after the older plain ones,
         except those already finished (through another key), which leave the key on the spot
@@ -248,22 +248,31 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
         heap = self.heap
         at = self.at
         plain = self.plain
+        # A comparison may run a threshold's own code (a class of the user's), which may cancel
+        # or trigger this key: the head compared is taken only if it is still the head, else
+        # the loop looks again (issue 33).
         while True:
             if run:
                 threshold = run[0]
-                if heap and heap[0] < threshold:
-                    threshold = heap[0]
+                if heap and (top := heap[0]) < threshold:
+                    threshold = top
                     if not threshold <= reached:
                         break
+                    if not heap or heap[0] is not threshold:
+                        continue
                     _heappop(heap)
                 else:
                     if not threshold <= reached:
                         break
+                    if not run or run[0] is not threshold:
+                        continue
                     run.popleft()
             elif heap:
                 threshold = heap[0]
                 if not threshold <= reached:
                     break
+                if not heap or heap[0] is not threshold:
+                    continue
                 _heappop(heap)
             else:
                 break

@@ -208,6 +208,9 @@ class SystemTimer(_TimerCore, Generic[Op]):
             due = wheel.memo_due
         else:
             due = wheel.add(op, deadline)
+        if op._state & FINISHED or self._closed:
+            self._not_held(op)
+            return
         self.delayed += 1
         if self.alarm is not None and due < self.alarm.wake_tick:
             self.alarm.wake_by(due)
@@ -215,10 +218,21 @@ class SystemTimer(_TimerCore, Generic[Op]):
     def add_due(self, op: Op) -> None:
         """Hold `op` due at once: the next pass expires it (a draining purgatory's watch)."""
         due = self.wheel.add(op, self.wheel.current_tick)
+        if op._state & FINISHED or self._closed:
+            self._not_held(op)
+            return
         self.delayed += 1
         alarm = self.alarm
         if alarm is not None and due < alarm.wake_tick:
             alarm.wake_by(due)
+
+    @staticmethod
+    def _not_held(op: Op) -> None:
+        """Undo the add of `op`, which its own ``__hash__`` (a class may assign one after its
+        first watch) settled, or whose purgatory it shut down, as a bucket took it: the settle
+        found it in no bucket yet, so it is taken out here and never counted."""
+        del op._bucket[op]
+        op._bucket = None
 
     def discard(self, op: Op) -> None:
         """Stop holding the settled `op` (held: its ``_bucket`` is set). O(1).

@@ -153,6 +153,9 @@ class WatcherLists(_ListsCore, Generic[Op]):
         lists = self._lists
         op._marks = marks
         op._keys = keys
+        # Counted from zero and added to at the end: a key's __hash__ / __eq__ may cancel or
+        # trigger a key `op` is on already, which counts it off meanwhile (issue 33).
+        op._listed = 0
         listed = len(keys)  # less one per key given twice
         try:
             if marks is None:
@@ -167,7 +170,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
                             ops[op] = None
                     elif not self._join_plain(key, op, ops):
                         listed -= 1
-                op._listed = listed
+                op._listed += listed
                 self._entries += listed
                 return
             mapping = marks if type(marks) is dict else None
@@ -226,7 +229,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
                     continue
             op._listed = 0
             raise
-        op._listed = listed
+        op._listed += listed
         self._entries += listed
 
     def _join_at(self, key: Hashable, op: Op, ops: Any, threshold: Any) -> None:
@@ -236,9 +239,10 @@ class WatcherLists(_ListsCore, Generic[Op]):
         watchers.add(op, threshold)
         self._lists[key] = watchers
 
-    def _join_plain(self, key: Hashable, op: Op, ops: Any) -> bool:
-        """Add `op` as a plain watcher of `key`, whose watchers `ops` are not an ordered set;
-        ``False`` if `op` already watched `key` (the key was given twice)."""
+    def _join_plain(self, key: Hashable, op: Op, ops: Any) -> bool:  # noqa: PLR0911 - a case each
+        """Add `op` as a plain watcher of `key`, whose watchers are `ops` (usually not an
+        ordered set: its case is inline in `register`); ``False`` if `op` already watched
+        `key` (the key was given twice)."""
         if type(ops) is ThresholdWatchers:
             if ops.holds(op, key):
                 return False
@@ -246,7 +250,25 @@ class WatcherLists(_ListsCore, Generic[Op]):
             return True
         if ops is op:
             return False
-        if threshold_of(ops, key) is None:
+        if ops is None:
+            self._lists[key] = op
+            return True
+        if type(ops) is dict:
+            if op in ops:
+                return False
+            ops[op] = None
+            return True
+        marks = ops._marks
+        if type(marks) is dict:
+            # The lookup runs the key's __eq__, user code that may change the key's watchers
+            # (cancel them, trigger them): joined as they are after it (issue 33).
+            lone_plain = marks.get(key) is None
+            now = self._lists.get(key)
+            if now is not ops:
+                return self._join_plain(key, op, now)
+        else:
+            lone_plain = marks is None
+        if lone_plain:
             self._lists[key] = {ops: None, op: None}
             return True
         watchers = _grown(ops, key)

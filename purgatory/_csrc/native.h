@@ -312,36 +312,52 @@ static PyObject *method_names[M_COUNT];
 
 static PyObject *type_lookup_raw(PyTypeObject *type, PyObject *name); /* method.c */
 
-static MethodEntry *
-method_entry_fill(PyTypeObject *type, MethodEntry *entry)
+/* The entry is cleared first and published last: the lookups may run a metaclass's code, which
+ * may fill the same entry (a nested call) meanwhile. */
+static void
+method_entry_clear(MethodEntry *entry)
 {
-    Py_XDECREF(entry->type);
+    PyObject *type = (PyObject *)entry->type;
+    PyObject *methods[M_COUNT];
     for (int m = 0; m < M_COUNT; m++) {
-        Py_CLEAR(entry->methods[m]);
+        methods[m] = entry->methods[m];
+        entry->methods[m] = NULL;
     }
     entry->type = NULL;
     entry->tag = 0;
+    Py_XDECREF(type); /* (only once the entry is consistent: a decref may run code) */
+    for (int m = 0; m < M_COUNT; m++) {
+        Py_XDECREF(methods[m]);
+    }
+}
+
+static MethodEntry *
+method_entry_fill(PyTypeObject *type, MethodEntry *entry)
+{
+    method_entry_clear(entry);
     if (type->tp_dictoffset != 0 || PyType_HasFeature(type, Py_TPFLAGS_MANAGED_DICT) ||
         type->tp_getattro != PyObject_GenericGetAttr) {
         return NULL;
     }
+    PyObject *found[M_COUNT];
     for (int m = 0; m < M_COUNT; m++) {
-        PyObject *found = type_lookup_raw(type, method_names[m]);
-        if (found == NULL) {
+        found[m] = type_lookup_raw(type, method_names[m]);
+        if (found[m] == NULL) {
             PyErr_Clear();
         }
-        else if (PyFunction_Check(found)) {
-            entry->methods[m] = found;
-        }
-        else {
-            Py_DECREF(found);
+        else if (!PyFunction_Check(found[m])) {
+            Py_CLEAR(found[m]);
         }
     }
     if (type->tp_version_tag == 0) {
         for (int m = 0; m < M_COUNT; m++) {
-            Py_CLEAR(entry->methods[m]);
+            Py_XDECREF(found[m]);
         }
         return NULL;
+    }
+    method_entry_clear(entry); /* (a nested fill may have published meanwhile) */
+    for (int m = 0; m < M_COUNT; m++) {
+        entry->methods[m] = found[m];
     }
     entry->type = (PyTypeObject *)Py_NewRef((PyObject *)type);
     entry->tag = type->tp_version_tag;
@@ -359,10 +375,14 @@ call_op_method(PyObject *op, int which)
     }
     PyObject *function = entry == NULL ? NULL : entry->methods[which];
     if (function != NULL) {
-        /* a function's own vectorcall, as the interpreter's call of it does */
+        /* a function's own vectorcall, as the interpreter's call of it does; held, since the
+         * call may change the class and so refill the cache entry */
         PyObject *args[2] = {NULL, op};
-        return ((PyFunctionObject *)function)
-            ->vectorcall(function, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_INCREF(function);
+        PyObject *r = ((PyFunctionObject *)function)
+                          ->vectorcall(function, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(function);
+        return r;
     }
     return PyObject_VectorcallMethod(method_names[which], &op,
                                      1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);

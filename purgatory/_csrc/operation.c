@@ -327,6 +327,12 @@ expire_loop(PyObject *due, PyObject *now, PyObject *outcome, PyObject *purge_que
     Py_ssize_t expired = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(due); i++) {
         PyObject *item = PyList_GET_ITEM(due, i);
+        /* the list is the timer's (`_in_flight`), reachable from the callbacks run below: what
+         * they put in it is checked before it is read as an operation */
+        if (!Op_Check(item) || (OP_SET(item) & SET_STATE) == 0) {
+            PyErr_Format(PyExc_TypeError, "a timer pass met %R among its due operations", item);
+            return -1;
+        }
         OpObject *op = (OpObject *)item;
         int state = op->state;
         if (state & ST_FINISHED) {

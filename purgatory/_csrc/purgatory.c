@@ -152,9 +152,9 @@ sink_extend(PyObject *sink, PyObject *list_name, SlotCache *list_slot, PyObject 
     return 0;
 }
 
-/* _settled(op, outcome): the registered `op` completed (cancelled = 0) or was cancelled. */
+/* _settled(op, outcome), `self` held by the caller. */
 static int
-purgatory_settled(PyObject *self, OpObject *op, int cancelled)
+purgatory_settled_held(PyObject *self, OpObject *op, int cancelled)
 {
     PurgatoryObject *p = (PurgatoryObject *)self;
     if (!purgatory_ready(p)) {
@@ -172,14 +172,20 @@ purgatory_settled(PyObject *self, OpObject *op, int cancelled)
         if (err < 0) {
             return -1;
         }
+        /* (the bucket's removal ran the operation's __hash__: the parts are read after it) */
         TimerObject *timer = (TimerObject *)p->timer;
         timer->delayed--;
         RuleObject *rule = (RuleObject *)p->rule;
         rule->owed++;
         if (rule->owed > rule->trip) {
+            Py_INCREF(rule);
+            Py_INCREF(timer);
             int due = rule_due(rule);
-            if (due < 0 ||
-                (due && discard_result(call_method0((PyObject *)timer, N.s_request_pass)) < 0)) {
+            err = due < 0 ||
+                  (due && discard_result(call_method0((PyObject *)timer, N.s_request_pass)) < 0);
+            Py_DECREF(rule);
+            Py_DECREF(timer);
+            if (err) {
                 return -1;
             }
         }
@@ -190,8 +196,13 @@ purgatory_settled(PyObject *self, OpObject *op, int cancelled)
     else {
         p->completed++;
     }
-    if (op->listed && PyDict_SetItem(p->purge_queue, (PyObject *)op, Py_None) < 0) {
-        return -1;
+    if (op->listed) {
+        PyObject *queue = Py_NewRef(p->purge_queue); /* (the insertion runs op's __hash__) */
+        int err = PyDict_SetItem(queue, (PyObject *)op, Py_None);
+        Py_DECREF(queue);
+        if (err < 0) {
+            return -1;
+        }
     }
     if (p->sink != Py_None) {
         PyObject *sink = Py_NewRef(p->sink);
@@ -208,6 +219,20 @@ purgatory_settled(PyObject *self, OpObject *op, int cancelled)
     return 0;
 }
 
+/* _settled(op, outcome): the registered `op` completed (cancelled = 0) or was cancelled. The
+ * purgatory is held across it: an operation's settle passes its `_owner`, which the user code
+ * the settle runs (its __hash__, the clock, the event log) could drop. */
+static int
+purgatory_settled(PyObject *self, OpObject *op, int cancelled)
+{
+    Py_INCREF(self);
+    Py_INCREF(op);
+    int err = purgatory_settled_held(self, op, cancelled);
+    Py_DECREF(op);
+    Py_DECREF(self);
+    return err;
+}
+
 static PyObject *
 purgatory_settled_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                          PyObject *kwnames)
@@ -218,9 +243,7 @@ purgatory_settled_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         return NOT_HANDLED;
     }
     int completed = PyUnicode_Compare(args[1], N.s_completed) == 0;
-    Py_INCREF(self);
     int err = purgatory_settled(self, (OpObject *)args[0], !completed);
-    Py_DECREF(self);
     if (err < 0) {
         return NULL;
     }
@@ -258,20 +281,28 @@ refuse_keeping_error(PyObject *self, PyObject *op, PyObject *method)
 static int
 purgatory_time_op(PurgatoryObject *p, OpObject *op)
 {
-    PyObject *time_op = p->time_op;
-    if (PyMethod_Check(time_op) && PyMethod_GET_SELF(time_op) == p->timer) {
+    PyObject *time_op = Py_NewRef(p->time_op); /* (a drain from the add's user code sets it) */
+    PyObject *timer = Py_NewRef(p->timer);
+    int err = 2;
+    if (PyMethod_Check(time_op) && PyMethod_GET_SELF(time_op) == timer &&
+        CORE_CHECK(timer, TimerType) && timer_ready((TimerObject *)timer)) {
         PyObject *f = PyMethod_GET_FUNCTION(time_op);
         if (Py_IS_TYPE(f, &NativeMethodType)) {
             native_fn fn = ((NativeMethodObject *)f)->fn;
             if (fn == timer_add_native) {
-                return timer_add((TimerObject *)p->timer, op);
+                err = timer_add((TimerObject *)timer, op);
             }
-            if (fn == timer_add_due_native) {
-                return timer_add_due((TimerObject *)p->timer, (PyObject *)op);
+            else if (fn == timer_add_due_native) {
+                err = timer_add_due((TimerObject *)timer, (PyObject *)op);
             }
         }
     }
-    return discard_result(call1(time_op, (PyObject *)op));
+    if (err == 2) {
+        err = discard_result(call1(time_op, (PyObject *)op));
+    }
+    Py_DECREF(timer);
+    Py_DECREF(time_op);
+    return err;
 }
 
 /* The numeric thresholds the C path takes without the reference's check. */
@@ -295,13 +326,22 @@ split_keys(PyObject *given, PyObject **keys, PyObject **marks)
     if (!PyDict_CheckExact(given)) {
         return 1;
     }
-    Py_ssize_t pos = 0;
+    /* The tuple first: its allocation may collect, and a collection may run code that changes
+     * the dict. The loop that reads the dict allocates nothing. */
+    Py_ssize_t size = PyDict_GET_SIZE(given);
+    PyObject *tuple = PyTuple_New(size);
+    if (tuple == NULL) {
+        return -1;
+    }
+    Py_ssize_t pos = 0, i = 0;
     PyObject *key, *threshold, *uniform = NULL;
     int mixed = 0;
     while (PyDict_Next(given, &pos, &key, &threshold)) {
-        if (!(threshold == Py_None || plain_threshold(threshold))) {
+        if (i == size || !(threshold == Py_None || plain_threshold(threshold))) {
+            Py_DECREF(tuple);
             return 1;
         }
+        PyTuple_SET_ITEM(tuple, i++, Py_NewRef(key));
         if (uniform == NULL) {
             uniform = threshold;
         }
@@ -309,13 +349,9 @@ split_keys(PyObject *given, PyObject **keys, PyObject **marks)
             mixed = 1;
         }
     }
-    PyObject *tuple = PyTuple_New(PyDict_GET_SIZE(given));
-    if (tuple == NULL) {
-        return -1;
-    }
-    pos = 0;
-    for (Py_ssize_t i = 0; PyDict_Next(given, &pos, &key, &threshold); i++) {
-        PyTuple_SET_ITEM(tuple, i, Py_NewRef(key));
+    if (i != size) {
+        Py_DECREF(tuple);
+        return 1;
     }
     if (mixed || uniform == NULL) {
         *marks = PyDict_Copy(given);
@@ -325,16 +361,31 @@ split_keys(PyObject *given, PyObject **keys, PyObject **marks)
         }
     }
     else {
-        *marks = Py_NewRef(uniform);
+        *marks = Py_NewRef(uniform); /* (a value of the dict, unchanged since the loop) */
     }
     *keys = tuple;
     return 0;
 }
 
-/* try_complete_else_watch, from the split of the keys on: 1 if `op` completed in the call, 0 if
- * not, -1 on error. */
+/* `op` completed, or the purgatory shut down, while `op` was being registered (a key's or a
+ * threshold's code): the reference's `_ended_in_registration`, what the watch returns. */
 static int
-purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *marks)
+ended_in_registration(PyObject *self, OpObject *op)
+{
+    PyObject *r = PyObject_CallMethod(self, "_ended_in_registration", "O", (PyObject *)op);
+    if (r == NULL) {
+        return -1;
+    }
+    int completed = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return completed;
+}
+
+/* try_complete_else_watch, from the split of the keys on: 1 if `op` completed in the call, 0 if
+ * not, -1 on error. `state` is the operation's state as the call began, before the keys were
+ * read (user code that may complete it: the reference decides on the state it read first). */
+static int
+purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *marks, int state)
 {
     PyObject *self = (PyObject *)p;
     if (PyTuple_GET_SIZE(keys) == 0) {
@@ -383,7 +434,7 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
         }
     }
     /* Kafka's first try, before registration (a synchronous try_complete: state 0) */
-    if (op->state == 0) {
+    if (state == 0) {
         PyObject *claimed = call_op_method((PyObject *)op, M_TRY_COMPLETE);
         if (claimed == NULL) {
             refuse_keeping_error(self, (PyObject *)op, N.s_refuse);
@@ -426,12 +477,18 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
         }
     }
     /* registration: on every key or, if that fails, on none */
-    if (lists_register((ListsObject *)p->lists, op, keys, marks) < 0) {
+    PyObject *lists = Py_NewRef(p->lists);
+    int err = lists_register((ListsObject *)lists, op, keys, marks);
+    Py_DECREF(lists);
+    if (err < 0) {
         refuse_keeping_error(self, (PyObject *)op, N.s_refuse);
         return -1;
     }
+    if (op->state & ST_FINISHED || p->closed) {
+        return ended_in_registration(self, op);
+    }
     set_field(&op->owner, self);
-    if (op->state & ST_ASYNC) {
+    if (state & ST_ASYNC) {
         if (discard_result(call1(p->attempt, (PyObject *)op)) < 0) {
             goto abandon;
         }
@@ -443,9 +500,10 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
         }
         if (op->state & ST_FINISHED) {
             Py_DECREF(claimed);
-            RuleObject *rule = (RuleObject *)p->rule;
+            RuleObject *rule = (RuleObject *)Py_NewRef(p->rule);
             rule->owed++; /* registered, never timed (the purge-queue protocol) */
             int due = rule_due(rule);
+            Py_DECREF(rule);
             if (due < 0 ||
                 (due && discard_result(call_method0(p->timer, N.s_request_pass)) < 0)) {
                 goto abandon;
@@ -544,6 +602,7 @@ purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         set_field(&p->sync_seen, (PyObject *)Py_TYPE(item)); /* (the set only grows) */
     }
     PyObject *keys, *marks;
+    int state = op->state; /* (read before the keys are: the reference's order) */
     Py_INCREF(self);
     Py_INCREF(item);
     if (PyTuple_CheckExact(args[1])) {
@@ -577,7 +636,7 @@ purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         }
         Py_SETREF(marks, Py_NewRef(threshold));
     }
-    result = purgatory_watch(p, op, keys, marks);
+    result = purgatory_watch(p, op, keys, marks, state);
 done:
     Py_DECREF(keys);
     Py_DECREF(marks);
@@ -623,9 +682,10 @@ purgatory_check_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     if (!same && discard_result(call_method0(p->binding, N.s_check_thread)) < 0) {
         goto done;
     }
-    ListsObject *l = (ListsObject *)p->lists;
-    Py_INCREF(l);
-    Py_ssize_t completed = lists_trigger(l, args[0], reached, p->attempt);
+    ListsObject *l = (ListsObject *)Py_NewRef(p->lists);
+    PyObject *attempt = Py_NewRef(p->attempt);
+    Py_ssize_t completed = lists_trigger(l, args[0], reached, attempt);
+    Py_DECREF(attempt);
     Py_DECREF(l);
     if (completed >= 0) {
         result = PyLong_FromSsize_t(completed);

@@ -151,7 +151,10 @@ timer_now(TimerObject *t)
                                    ((PyMemberDescrObject *)N.manual_now)->d_member);
         }
     }
-    return PyObject_CallNoArgs(now);
+    Py_INCREF(now); /* (the clock's code may give the timer another clock) */
+    PyObject *r = PyObject_CallNoArgs(now);
+    Py_DECREF(now);
+    return r;
 }
 
 /* The deadline tick of an operation timed now: ceil((now() + timeout) / tick - slack), as
@@ -197,7 +200,43 @@ timer_deadline(TimerObject *t, OpObject *op)
     return deadline;
 }
 
-/* add(op): hold `op` until now + its timeout, rounded up to the tick. */
+/* After a bucket took `op`: 1 if `op`'s own __hash__ (a class may assign one after its first
+ * watch) settled it or shut the purgatory down meanwhile, so that it is taken out again and not
+ * held (the reference's `_not_held`); 0 if it is held; -1 on error. */
+static int
+timer_not_held(TimerObject *t, PyObject *op)
+{
+    int state;
+    if (Op_Check(op)) {
+        state = ((OpObject *)op)->state;
+    }
+    else {
+        PyObject *v = PyObject_GetAttrString(op, "_state");
+        long x = v == NULL ? -1 : PyLong_AsLong(v);
+        Py_XDECREF(v);
+        if (x == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        state = (int)x;
+    }
+    if (!(state & ST_FINISHED) && !t->closed) {
+        return 0;
+    }
+    PyObject *bucket = entry_bucket(op);
+    if (bucket == NULL) {
+        return -1;
+    }
+    int err = PyObject_DelItem(bucket, op);
+    Py_DECREF(bucket);
+    if (err < 0 || entry_set_bucket(op, Py_None) < 0) {
+        return -1;
+    }
+    return 1;
+}
+
+/* add(op): hold `op` until now + its timeout, rounded up to the tick. The bucket's insertion
+ * runs `op`'s __hash__: the wheel and the bucket are held across it, and what it may have done
+ * is checked after it. */
 static int
 timer_add(TimerObject *t, OpObject *op)
 {
@@ -205,26 +244,30 @@ timer_add(TimerObject *t, OpObject *op)
     if (deadline == LLONG_MIN) {
         return -1;
     }
-    WheelObject *w = (WheelObject *)t->wheel;
+    WheelObject *w = (WheelObject *)Py_NewRef(t->wheel);
     long long due;
     if (deadline < w->memo_high && deadline >= w->memo_low) {
         /* the wheel's memo, inline */
         op->deadline = deadline;
         OP_SET(op) |= SET_DEADLINE;
-        PyObject *bucket = w->memo_bucket;
-        if (PyDict_SetItem(bucket, (PyObject *)op, Py_None) < 0) {
-            return -1;
+        PyObject *bucket = Py_NewRef(w->memo_bucket);
+        int err = PyDict_SetItem(bucket, (PyObject *)op, Py_None);
+        if (err == 0) {
+            set_field(&op->bucket, bucket);
         }
-        set_field(&op->bucket, bucket);
-        due = w->memo_due;
+        Py_DECREF(bucket);
+        due = err < 0 ? LLONG_MIN : w->memo_due;
     }
     else {
-        Py_INCREF(w);
         due = wheel_add(w, (PyObject *)op, deadline);
-        Py_DECREF(w);
-        if (due == LLONG_MIN) {
-            return -1;
-        }
+    }
+    Py_DECREF(w);
+    if (due == LLONG_MIN) {
+        return -1;
+    }
+    int gone = timer_not_held(t, (PyObject *)op);
+    if (gone) {
+        return gone < 0 ? -1 : 0;
     }
     t->delayed++;
     return timer_wake_alarm(t, due);
@@ -233,16 +276,20 @@ timer_add(TimerObject *t, OpObject *op)
 static int
 timer_add_due(TimerObject *t, PyObject *op)
 {
-    WheelObject *w = (WheelObject *)t->wheel;
+    WheelObject *w = (WheelObject *)Py_NewRef(t->wheel);
     long long current = wheel_current(w);
     if (current == LLONG_MIN && PyErr_Occurred()) {
+        Py_DECREF(w);
         return -1;
     }
-    Py_INCREF(w);
     long long due = wheel_add(w, op, current);
     Py_DECREF(w);
     if (due == LLONG_MIN) {
         return -1;
+    }
+    int gone = timer_not_held(t, op);
+    if (gone) {
+        return gone < 0 ? -1 : 0;
     }
     t->delayed++;
     return timer_wake_alarm(t, due);
@@ -273,7 +320,9 @@ timer_expire_taken(TimerObject *t, PyObject *due, PyObject *now)
     Py_ssize_t expired = 0;
     PyObject *exc = NULL;
     PyObject *outcome = Py_NewRef(t->outcome);
-    PyObject *r = call3(t->expire, due, now, outcome);
+    PyObject *expire = Py_NewRef(t->expire); /* (a callback may tap the purgatory: expire_with) */
+    PyObject *r = call3(expire, due, now, outcome);
+    Py_DECREF(expire);
     if (r != NULL) {
         expired = PyLong_AsSsize_t(r);
         Py_DECREF(r);
@@ -377,7 +426,9 @@ timer_run_pass(TimerObject *t, PyObject *now, double seconds, PyObject *budget_o
     if (taken_obj == NULL) {
         return -1;
     }
-    PyObject *owed = call2(t->housekeeping, taken_obj, budget_obj);
+    PyObject *housekeeping = Py_NewRef(t->housekeeping);
+    PyObject *owed = call2(housekeeping, taken_obj, budget_obj);
+    Py_DECREF(housekeeping);
     Py_DECREF(taken_obj);
     if (owed == NULL) {
         return -1;

@@ -148,72 +148,115 @@ lists_left(ListsObject *l, OpObject *op)
     l->entries--;
     op->listed--;
     if (!op->listed) {
-        if (dict_discard(l->queue, (PyObject *)op) < 0) {
+        PyObject *queue = Py_NewRef(l->queue); /* (the lookup runs op's __hash__) */
+        int err = dict_discard(queue, (PyObject *)op);
+        Py_DECREF(queue);
+        if (err < 0) {
             return -1;
         }
     }
     return 0;
 }
 
+/* -- entries that are not operations ------------------------------------------------------------ */
+
+/* The reference's lists hold whatever was watched: an object that is not a DelayedOperation but
+ * has its fields (`_state`, `_listed`, `_keys`, `_marks`) is read and written as Python does,
+ * never through the C layout (issue 33). These run only for such objects. */
+
+/* `o._state` (an int) into *state: 0, or -1 with an exception set. */
+static int
+entry_state_slow(PyObject *o, int *state)
+{
+    PyObject *v = PyObject_GetAttrString(o, "_state");
+    if (v == NULL) {
+        return -1;
+    }
+    long x = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *state = (int)x;
+    return 0;
+}
+
+static inline int
+entry_state(PyObject *o, int *state)
+{
+    if (Op_Check(o)) {
+        *state = ((OpObject *)o)->state;
+        return 0;
+    }
+    return entry_state_slow(o, state);
+}
+
+/* An entry of `o` left a list (`WatcherLists.left`). */
+static inline int
+entry_left(ListsObject *l, PyObject *o)
+{
+    if (Op_Check(o)) {
+        return lists_left(l, (OpObject *)o);
+    }
+    return discard_result(PyObject_CallMethod((PyObject *)l, "left", "O", o));
+}
+
+/* `o._listed = 0` (the purge's). */
+static inline int
+entry_unlisted(PyObject *o)
+{
+    if (Op_Check(o)) {
+        op_mark_listed((OpObject *)o, 0);
+        return 0;
+    }
+    PyObject *zero = PyLong_FromLong(0);
+    int err = zero == NULL ? -1 : PyObject_SetAttrString(o, "_listed", zero);
+    Py_XDECREF(zero);
+    return err;
+}
+
 /* -- registration ------------------------------------------------------------------------------- */
 
-/* `op` as a plain watcher of `key` (the plain path of register): 1 if added, 0 if it already
- * watched the key, -1 on error. */
+/* `op` as a plain watcher of `key` (the plain path of register), whose watchers in `lists`
+ * (the lists' dict) were `ops` (NULL: none) when looked up: 1 if added, 0 if it already watched
+ * the key, -1 on error. The caller holds `lists` and `ops`: every insertion may run a key's or
+ * an operation's __hash__. A lone watcher whose marks are a dict (the lookup in them is user
+ * code that may change the key's watchers) is the reference's `_join_plain`, which looks again
+ * after it. */
 static int
-register_plain(ListsObject *l, OpObject *op, PyObject *key)
+register_plain(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObject *ops)
 {
-    PyObject *ops = PyDict_GetItemWithError(l->lists, key);
     if (ops == NULL) {
-        if (PyErr_Occurred()) {
-            return -1;
-        }
-        return PyDict_SetItem(l->lists, key, (PyObject *)op) < 0 ? -1 : 1;
-    }
-    if (PyDict_CheckExact(ops)) {
-        Py_INCREF(ops);
-        int found = PyDict_Contains(ops, (PyObject *)op);
-        int r = found < 0 ? -1 : found ? 0 : (PyDict_SetItem(ops, (PyObject *)op, Py_None) < 0 ? -1 : 1);
-        Py_DECREF(ops);
-        return r;
+        return PyDict_SetItem(lists, key, (PyObject *)op) < 0 ? -1 : 1;
     }
     if (ops == (PyObject *)op) {
         return 0;
     }
-    if (Op_Check(ops)) {
-        /* a lone watcher: plain too (no marks, or none for this key) makes an ordered set */
-        PyObject *marks = ((OpObject *)ops)->marks;
-        int lone_plain = marks == NULL || marks == Py_None;
-        if (!lone_plain && PyDict_CheckExact(marks)) {
-            PyObject *mark = PyDict_GetItemWithError(marks, key);
-            if (mark == NULL && PyErr_Occurred()) {
-                return -1;
-            }
-            lone_plain = mark == NULL || mark == Py_None;
-        }
-        if (lone_plain) {
-            PyObject *set = PyDict_New();
-            if (set == NULL) {
-                return -1;
-            }
-            if (PyDict_SetItem(set, ops, Py_None) < 0 ||
-                PyDict_SetItem(set, (PyObject *)op, Py_None) < 0 ||
-                PyDict_SetItem(l->lists, key, set) < 0) {
-                Py_DECREF(set);
-                return -1;
+    int result = -1;
+    if (PyDict_CheckExact(ops)) {
+        int found = PyDict_Contains(ops, (PyObject *)op);
+        result = found < 0 ? -1 : found ? 0 : (PyDict_SetItem(ops, (PyObject *)op, Py_None) < 0 ? -1 : 1);
+    }
+    else if (Op_Check(ops) && (((OpObject *)ops)->marks == NULL || ((OpObject *)ops)->marks == Py_None)) {
+        /* a plain lone watcher: the two make an ordered set */
+        PyObject *set = PyDict_New();
+        if (set != NULL) {
+            if (PyDict_SetItem(set, ops, Py_None) == 0 &&
+                PyDict_SetItem(set, (PyObject *)op, Py_None) == 0 &&
+                PyDict_SetItem(lists, key, set) == 0) {
+                result = 1;
             }
             Py_DECREF(set);
-            return 1;
         }
     }
-    Py_INCREF(ops);
-    PyObject *r = call_method3((PyObject *)l, N.s_join_plain, key, (PyObject *)op, ops);
-    Py_DECREF(ops);
-    if (r == NULL) {
-        return -1;
+    else {
+        PyObject *r = call_method3((PyObject *)l, N.s_join_plain, key, (PyObject *)op, ops);
+        if (r != NULL) {
+            result = PyObject_IsTrue(r);
+            Py_DECREF(r);
+        }
     }
-    int added = PyObject_IsTrue(r);
-    Py_DECREF(r);
-    return added;
+    return result;
 }
 
 /* The fallback of register_at for a key whose watchers are a lone operation or an ordered set:
@@ -228,27 +271,26 @@ register_join_at(ListsObject *l, OpObject *op, PyObject *key, PyObject *ops, PyO
                : 1;
 }
 
-/* `op` at `threshold` on `key`: 1 if added, 0 if it already watched the key, -1 on error. */
+/* `op` at `threshold` on `key`, whose watchers in `lists` were `ops` (NULL: none; both held by
+ * the caller): 1 if added, 0 if it already watched the key, -1 on error. The threshold's
+ * lookup and comparisons may run its own code: what they read is held across them. */
 static int
-register_at(ListsObject *l, OpObject *op, PyObject *key, PyObject *threshold)
+register_at(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObject *threshold,
+            PyObject *ops)
 {
-    PyObject *ops = PyDict_GetItemWithError(l->lists, key);
     if (ops == NULL) {
-        if (PyErr_Occurred()) {
-            return -1;
-        }
-        return PyDict_SetItem(l->lists, key, (PyObject *)op) < 0 ? -1 : 1;
+        return PyDict_SetItem(lists, key, (PyObject *)op) < 0 ? -1 : 1;
     }
     if (ops == (PyObject *)op) {
         return 0;
     }
-    Py_INCREF(ops);
     int result = -1;
     if (Threshold_Check(ops) && threshold_ready(ops)) {
         ThresholdObject *t = (ThresholdObject *)ops;
         PyObject *at = t->at;
         Py_INCREF(at);
         PyObject *waiting = PyDict_GetItemWithError(at, threshold);
+        Py_XINCREF(waiting);
         if (waiting == NULL) {
             if (PyErr_Occurred()) {
                 goto at_done;
@@ -304,10 +346,8 @@ register_at(ListsObject *l, OpObject *op, PyObject *key, PyObject *threshold)
             result = 0;
         }
         else if (PyList_CheckExact(waiting)) {
-            Py_INCREF(waiting);
             int found = PySequence_Contains(waiting, (PyObject *)op);
             result = found < 0 ? -1 : found ? 0 : (PyList_Append(waiting, (PyObject *)op) < 0 ? -1 : 1);
-            Py_DECREF(waiting);
         }
         else {
             PyObject *pair = PyList_New(2);
@@ -319,12 +359,12 @@ register_at(ListsObject *l, OpObject *op, PyObject *key, PyObject *threshold)
             }
         }
     at_done:
+        Py_XDECREF(waiting);
         Py_DECREF(at);
     }
     else {
         result = register_join_at(l, op, key, ops, threshold);
     }
-    Py_DECREF(ops);
     return result;
 }
 
@@ -334,14 +374,25 @@ lists_register(ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
 {
     set_field(&op->marks, marks);
     set_field(&op->keys, keys);
+    /* counted from zero and added to at the end: a key's code may cancel or trigger a key `op`
+     * is on already, which counts it off meanwhile */
+    op_mark_listed(op, 0);
     Py_ssize_t n = PyTuple_GET_SIZE(keys);
     Py_ssize_t listed = n;
     PyObject *mapping = PyDict_CheckExact(marks) ? marks : NULL;
+    /* the reference's `lists = self._lists`: held, whatever a key's code assigns meanwhile */
+    PyObject *lists = Py_NewRef(l->lists);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyTuple_GET_ITEM(keys, i);
+        /* the key's watchers first, then its threshold: the reference's order of lookups */
+        PyObject *ops = PyDict_GetItemWithError(lists, key);
+        if (ops == NULL && PyErr_Occurred()) {
+            goto fail;
+        }
+        Py_XINCREF(ops);
         int added;
         if (marks == Py_None) {
-            added = register_plain(l, op, key);
+            added = register_plain(l, lists, op, key, ops);
         }
         else {
             PyObject *threshold = marks;
@@ -351,18 +402,20 @@ lists_register(ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
                     if (!PyErr_Occurred()) {
                         PyErr_SetObject(PyExc_KeyError, key);
                     }
+                    Py_XDECREF(ops);
                     goto fail;
                 }
             }
             if (threshold == Py_None) {
-                added = register_plain(l, op, key);
+                added = register_plain(l, lists, op, key, ops);
             }
             else {
                 Py_INCREF(threshold);
-                added = register_at(l, op, key, threshold);
+                added = register_at(l, lists, op, key, threshold, ops);
                 Py_DECREF(threshold);
             }
         }
+        Py_XDECREF(ops);
         if (added < 0) {
             goto fail;
         }
@@ -370,10 +423,12 @@ lists_register(ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
             listed--;
         }
     }
-    op_mark_listed(op, listed);
+    Py_DECREF(lists);
+    op_mark_listed(op, op->listed + listed);
     l->entries += listed;
     return 0;
 fail:;
+    Py_DECREF(lists);
     PyObject *exc = fetch_exception();
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *r = call_method2((PyObject *)l, N.s_discard, PyTuple_GET_ITEM(keys, i),
@@ -429,6 +484,20 @@ trigger_drop(int kind, PyObject *container, PyObject *op, PyObject *key)
         return is_none;
     }
     return 0;
+}
+
+/* A released operation: into `plain`, or off the key if it finished through another key. */
+static int
+release_one(ListsObject *l, PyObject *plain, PyObject *op)
+{
+    int state;
+    Py_INCREF(op); /* (the plain's insertion runs its __hash__: it may leave `waiting`) */
+    int err = entry_state(op, &state);
+    if (err == 0) {
+        err = state & ST_FINISHED ? entry_left(l, op) : PyDict_SetItem(plain, op, Py_None);
+    }
+    Py_DECREF(op);
+    return err;
 }
 
 /* Release every threshold <= reached of `t` into its plain watchers (finished ones leave). */
@@ -489,6 +558,25 @@ trigger_release(ListsObject *l, ThresholdObject *t, PyObject *reached)
             }
             break;
         }
+        /* The comparisons may have run the threshold's own code, which may cancel or trigger
+         * this key: the head is taken only if it still is the head (the reference's check). */
+        int still_head;
+        if (from_heap) {
+            still_head = PyList_GET_SIZE(heap) && PyList_GET_ITEM(heap, 0) == threshold;
+        }
+        else {
+            PyObject *head = PyObject_Size(run) > 0 ? PySequence_GetItem(run, 0) : NULL;
+            if (head == NULL && PyErr_Occurred()) {
+                Py_DECREF(threshold);
+                goto done;
+            }
+            still_head = head == threshold;
+            Py_XDECREF(head);
+        }
+        if (!still_head) {
+            Py_DECREF(threshold);
+            continue;
+        }
         PyObject *r = from_heap ? call1(N.heappop, heap) : PyObject_CallNoArgs(popleft);
         if (r == NULL) {
             Py_DECREF(threshold);
@@ -506,26 +594,13 @@ trigger_release(ListsObject *l, ThresholdObject *t, PyObject *reached)
             continue;
         }
         int err = 0;
-        {
-            if (PyList_CheckExact(waiting)) { /* several under one threshold */
-                for (Py_ssize_t i = 0; i < PyList_GET_SIZE(waiting) && err == 0; i++) {
-                    PyObject *op = PyList_GET_ITEM(waiting, i);
-                    if (Op_Check(op) && ((OpObject *)op)->state & ST_FINISHED) {
-                        Py_INCREF(op);
-                        err = lists_left(l, (OpObject *)op);
-                        Py_DECREF(op);
-                    }
-                    else {
-                        err = PyDict_SetItem(plain, op, Py_None);
-                    }
-                }
+        if (PyList_CheckExact(waiting)) { /* several under one threshold */
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(waiting) && err == 0; i++) {
+                err = release_one(l, plain, PyList_GET_ITEM(waiting, i));
             }
-            else if (Op_Check(waiting) && ((OpObject *)waiting)->state & ST_FINISHED) {
-                err = lists_left(l, (OpObject *)waiting);
-            }
-            else {
-                err = PyDict_SetItem(plain, waiting, Py_None);
-            }
+        }
+        else {
+            err = release_one(l, plain, waiting);
         }
         Py_DECREF(waiting);
         if (err < 0) {
@@ -542,23 +617,31 @@ done:
     return result;
 }
 
-/* The threshold of `op` on `key` (a new reference; None: plain), from its marks. */
+/* The threshold of `op` on `key` (a new reference; None: plain), from its marks. The lookup runs
+ * the key's __eq__, which may replace the marks (a trigger of another key releases `op` there):
+ * the dict is held across it (issue 33). Not an operation: the reference's `threshold_of`. */
 static PyObject *
-op_threshold_of(OpObject *op, PyObject *key)
+op_threshold_of(PyObject *o, PyObject *key)
 {
-    PyObject *marks = op->marks;
+    if (!Op_Check(o)) {
+        return call2(N.threshold_of, o, key);
+    }
+    PyObject *marks = ((OpObject *)o)->marks;
     if (marks == NULL || marks == Py_None) {
         Py_RETURN_NONE;
     }
     if (PyDict_CheckExact(marks)) {
+        Py_INCREF(marks);
         PyObject *t = PyDict_GetItemWithError(marks, key);
+        Py_XINCREF(t);
+        Py_DECREF(marks);
         if (t == NULL) {
             if (PyErr_Occurred()) {
                 return NULL;
             }
             Py_RETURN_NONE;
         }
-        return Py_NewRef(t);
+        return t;
     }
     return Py_NewRef(marks);
 }
@@ -567,8 +650,10 @@ op_threshold_of(OpObject *op, PyObject *key)
 static Py_ssize_t
 lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attempt)
 {
-    PyObject *ops = PyDict_GetItemWithError(l->lists, key);
+    PyObject *lists = Py_NewRef(l->lists); /* the reference's `lists = self._lists`: held */
+    PyObject *ops = PyDict_GetItemWithError(lists, key);
     if (ops == NULL) {
+        Py_DECREF(lists);
         return PyErr_Occurred() ? -1 : 0;
     }
     Py_INCREF(ops);
@@ -600,7 +685,7 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
     }
     else {
         if (reached != Py_None && Op_Check(ops)) {
-            PyObject *threshold = op_threshold_of((OpObject *)ops, key);
+            PyObject *threshold = op_threshold_of(ops, key);
             if (threshold == NULL) {
                 goto out;
             }
@@ -635,10 +720,13 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
     Py_ssize_t done = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(candidates); i++) {
         PyObject *item = PyList_GET_ITEM(candidates, i);
-        OpObject *op = (OpObject *)item;
-        int state = op->state;
+        int state;
         int dropped;
         Py_INCREF(item);
+        if (entry_state(item, &state) < 0) {
+            Py_DECREF(item);
+            goto tidy;
+        }
         if (!state) {
             PyObject *claimed = call_op_method(item, M_TRY_COMPLETE);
             if (claimed == NULL) {
@@ -657,11 +745,15 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
                 Py_DECREF(r);
                 continue;
             }
-            state = op->state;
+            if (entry_state(item, &state) < 0) {
+                Py_DECREF(claimed);
+                Py_DECREF(item);
+                goto tidy;
+            }
             if (state & ST_FINISHED) {
                 Py_DECREF(claimed);
                 dropped = trigger_drop(kind, container, item, key);
-                if (dropped < 0 || (dropped && lists_left(l, op) < 0)) {
+                if (dropped < 0 || (dropped && entry_left(l, item) < 0)) {
                     Py_DECREF(item);
                     goto tidy;
                 }
@@ -685,7 +777,7 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
         }
         else if (state & ST_FINISHED) {
             dropped = trigger_drop(kind, container, item, key);
-            if (dropped < 0 || (dropped && lists_left(l, op) < 0)) {
+            if (dropped < 0 || (dropped && entry_left(l, item) < 0)) {
                 Py_DECREF(item);
                 goto tidy;
             }
@@ -696,33 +788,43 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
         }
         Py_DECREF(item);
     }
-    /* the end of the trigger */
+    /* the end of the trigger (the callbacks ran: `ops` is read again as it is now) */
+    int single_state = 0;
     if (single == NULL) {
         int emptied;
-        if (kind == DROP_DICT && PyDict_CheckExact(ops)) {
+        if (PyDict_CheckExact(ops)) {
             emptied = PyDict_GET_SIZE(ops) == 0;
         }
-        else {
+        else if (Threshold_Check(ops) && threshold_ready(ops)) {
             ThresholdObject *t = (ThresholdObject *)ops;
             emptied = PyDict_GET_SIZE(t->plain) == 0 && PyDict_GET_SIZE(t->at) == 0;
         }
+        else if (discard_result(call_method3((PyObject *)l, N.s_tidy, key, ops, Py_None)) < 0) {
+            goto out;
+        }
+        else {
+            emptied = 0;
+        }
         if (emptied) {
-            PyObject *now_ops = PyDict_GetItemWithError(l->lists, key);
+            PyObject *now_ops = PyDict_GetItemWithError(lists, key);
             if (now_ops == NULL && PyErr_Occurred()) {
                 goto out;
             }
-            if (now_ops == ops && PyDict_DelItem(l->lists, key) < 0) {
+            if (now_ops == ops && PyDict_DelItem(lists, key) < 0) {
                 goto out;
             }
         }
     }
-    else if (((OpObject *)single)->state & ST_FINISHED) {
-        PyObject *now_ops = PyDict_GetItemWithError(l->lists, key);
+    else if (entry_state(single, &single_state) < 0) {
+        goto out;
+    }
+    else if (single_state & ST_FINISHED) {
+        PyObject *now_ops = PyDict_GetItemWithError(lists, key);
         if (now_ops == NULL && PyErr_Occurred()) {
             goto out;
         }
         if (now_ops == ops) {
-            if (PyDict_DelItem(l->lists, key) < 0 || lists_left(l, (OpObject *)single) < 0) {
+            if (PyDict_DelItem(lists, key) < 0 || entry_left(l, single) < 0) {
                 goto out;
             }
         }
@@ -750,41 +852,44 @@ out:
     Py_XDECREF(candidates);
     Py_XDECREF(container);
     Py_DECREF(ops);
+    Py_DECREF(lists);
     return completed;
 }
 
 /* -- the purge ---------------------------------------------------------------------------------- */
 
-/* Take `op` off `key`'s list in the purge: 1 if an entry was removed, 0 if not, -1 on error. */
+/* Take `op` off `key`'s list in `lists` (the lists' dict, held by the caller) in the purge: 1 if
+ * an entry was removed, 0 if not, -1 on error. Lookups run the key's, the threshold's and the
+ * operation's __hash__ / __eq__: `ops`, `at` and the threshold are held across them. */
 static int
-purge_entry(ListsObject *l, OpObject *op, PyObject *key)
+purge_entry(PyObject *lists, PyObject *op, PyObject *key)
 {
-    PyObject *lists = l->lists;
     PyObject *ops = PyDict_GetItemWithError(lists, key);
     if (ops == NULL) {
         return PyErr_Occurred() ? -1 : 0;
     }
-    if (ops == (PyObject *)op) {
+    if (ops == op) {
         return PyDict_DelItem(lists, key) < 0 ? -1 : 1;
-    }
-    if (PyDict_CheckExact(ops)) {
-        int found = PyDict_Contains(ops, (PyObject *)op);
-        if (found <= 0) {
-            return found;
-        }
-        Py_INCREF(ops);
-        int err = PyDict_DelItem(ops, (PyObject *)op);
-        if (err == 0 && PyDict_GET_SIZE(ops) == 0) {
-            err = PyDict_DelItem(lists, key);
-        }
-        Py_DECREF(ops);
-        return err < 0 ? -1 : 1;
-    }
-    if (!(Threshold_Check(ops) && threshold_ready(ops))) {
-        return 0;
     }
     Py_INCREF(ops);
     int result = -1;
+    if (PyDict_CheckExact(ops)) {
+        int found = PyDict_Contains(ops, op);
+        if (found <= 0) {
+            result = found;
+            goto done;
+        }
+        int err = PyDict_DelItem(ops, op);
+        if (err == 0 && PyDict_GET_SIZE(ops) == 0) {
+            err = PyDict_DelItem(lists, key);
+        }
+        result = err < 0 ? -1 : 1;
+        goto done;
+    }
+    if (!(Threshold_Check(ops) && threshold_ready(ops))) {
+        result = 0;
+        goto done;
+    }
     ThresholdObject *t = (ThresholdObject *)ops;
     PyObject *threshold = op_threshold_of(op, key);
     if (threshold == NULL) {
@@ -799,8 +904,12 @@ purge_entry(ListsObject *l, OpObject *op, PyObject *key)
             goto at_done;
         }
     }
-    if (waiting == (PyObject *)op) {
+    if (waiting == op) { /* (only compared: nothing read through it) */
         if (PyDict_DelItem(at, threshold) < 0) {
+            goto at_done;
+        }
+        if (!threshold_ready(ops)) { /* the threshold's code replaced a field: the reference */
+            result = discard_result(call_method0(ops, N.s_compact)) < 0 ? -1 : 1;
             goto at_done;
         }
         t->dead++;
@@ -814,7 +923,7 @@ purge_entry(ListsObject *l, OpObject *op, PyObject *key)
         }
     }
     else {
-        PyObject *args[4] = {ops, (PyObject *)op, N.missing, key};
+        PyObject *args[4] = {ops, op, N.missing, key};
         PyObject *r = PyObject_VectorcallMethod(N.s_pop, args, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET,
                                                 NULL);
         if (r == NULL) {
@@ -827,8 +936,22 @@ purge_entry(ListsObject *l, OpObject *op, PyObject *key)
             goto at_done;
         }
     }
-    if (PyDict_GET_SIZE(t->plain) == 0 && PyDict_GET_SIZE(t->at) == 0 &&
-        PyDict_DelItem(lists, key) < 0) {
+    int emptied = PyDict_GET_SIZE(at) == 0;
+    if (emptied && threshold_ready(ops)) {
+        emptied = PyDict_GET_SIZE(t->plain) == 0;
+    }
+    else if (emptied) { /* (a field replaced meanwhile: read as the reference reads it) */
+        PyObject *plain = PyObject_GetAttrString(ops, "plain");
+        if (plain == NULL) {
+            goto at_done;
+        }
+        emptied = PyObject_Not(plain);
+        Py_DECREF(plain);
+        if (emptied < 0) {
+            goto at_done;
+        }
+    }
+    if (emptied && PyDict_DelItem(lists, key) < 0) {
         goto at_done;
     }
     result = 1;
@@ -878,25 +1001,35 @@ lists_purge(ListsObject *l, Py_ssize_t limit)
     Py_DECREF(queue);
     Py_ssize_t purged = 0;
     Py_ssize_t result = -1;
+    PyObject *lists = Py_NewRef(l->lists); /* (the reference's local) */
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
-        OpObject *op = (OpObject *)PyList_GET_ITEM(batch, i);
-        PyObject *keys = op->keys;
+        PyObject *op = PyList_GET_ITEM(batch, i); /* (held by `batch`) */
+        PyObject *keys = Op_Check(op) ? Py_XNewRef(((OpObject *)op)->keys)
+                                      : PyObject_GetAttrString(op, "_keys");
         if (keys == NULL || !PyTuple_Check(keys)) {
-            PyErr_SetString(PyExc_TypeError, "a queued operation has no keys");
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "a queued operation has no keys");
+            }
+            Py_XDECREF(keys);
+            Py_DECREF(lists);
             goto done;
         }
-        Py_INCREF(keys);
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
-            int removed = purge_entry(l, op, PyTuple_GET_ITEM(keys, k));
+            int removed = purge_entry(lists, op, PyTuple_GET_ITEM(keys, k));
             if (removed < 0) {
                 Py_DECREF(keys);
+                Py_DECREF(lists);
                 goto done;
             }
             purged += removed;
         }
         Py_DECREF(keys);
-        op_mark_listed(op, 0);
+        if (entry_unlisted(op) < 0) {
+            Py_DECREF(lists);
+            goto done;
+        }
     }
+    Py_DECREF(lists);
     l->purged += purged;
     l->entries -= purged;
     result = purged;

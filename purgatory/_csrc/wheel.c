@@ -332,7 +332,8 @@ wheel_advance_clock(WheelObject *w, long long now)
     return 0;
 }
 
-/* The bucket of the lowest overflow level that covers `deadline` (borrowed) and its due tick. */
+/* The bucket of the lowest overflow level that covers `deadline` (a new reference) and its due
+ * tick. */
 static PyObject *
 wheel_overflow_bucket(WheelObject *w, long long deadline, long long *due)
 {
@@ -360,13 +361,14 @@ wheel_overflow_bucket(WheelObject *w, long long deadline, long long *due)
                 return NULL;
             }
             PyObject *slots = PyList_GET_ITEM(w->levels, level);
-            PyObject *bucket = PyList_GET_ITEM(slots, floormod(slot, size));
+            PyObject *bucket = Py_NewRef(PyList_GET_ITEM(slots, floormod(slot, size)));
             long long start = slot * span;
             *due = start - lead;
             BucketObject *b = (BucketObject *)bucket;
             if (b->expiration != start) {
                 b->expiration = start;
                 if (wheel_push(w, bucket, *due) < 0) {
+                    Py_DECREF(bucket);
                     return NULL;
                 }
             }
@@ -376,7 +378,9 @@ wheel_overflow_bucket(WheelObject *w, long long deadline, long long *due)
     }
 }
 
-/* add(entry, deadline): the due tick, or LLONG_MIN with an exception set. */
+/* add(entry, deadline): the due tick, or LLONG_MIN with an exception set. The bucket is held
+ * from the moment it is chosen: a push allocates (a collection may run code) and the insertion
+ * runs the entry's __hash__. */
 static long long
 wheel_add(WheelObject *w, PyObject *entry, long long deadline)
 {
@@ -386,7 +390,7 @@ wheel_add(WheelObject *w, PyObject *entry, long long deadline)
     PyObject *bucket;
     long long due;
     if (w->memo_low <= deadline && deadline < w->memo_high) {
-        bucket = w->memo_bucket;
+        bucket = Py_NewRef(w->memo_bucket);
         due = w->memo_due;
     }
     else {
@@ -396,16 +400,17 @@ wheel_add(WheelObject *w, PyObject *entry, long long deadline)
         }
         long long size = (long long)w->wheel_size;
         if (deadline <= current) {
-            bucket = w->overdue;
+            bucket = Py_NewRef(w->overdue);
             due = current;
         }
         else if (deadline < current + size) {
             PyObject *slots = PyList_GET_ITEM(w->levels, 0);
-            bucket = PyList_GET_ITEM(slots, floormod(deadline, size));
+            bucket = Py_NewRef(PyList_GET_ITEM(slots, floormod(deadline, size)));
             BucketObject *b = (BucketObject *)bucket;
             if (b->expiration != deadline) {
                 b->expiration = deadline;
                 if (wheel_push(w, bucket, deadline) < 0) {
+                    Py_DECREF(bucket);
                     return LLONG_MIN;
                 }
             }
@@ -419,13 +424,14 @@ wheel_add(WheelObject *w, PyObject *entry, long long deadline)
         else if (deadline < w->limit1) {
             long long span = w->span1;
             long long slot = floordiv(deadline, span);
-            bucket = PyList_GET_ITEM(w->slots1, floormod(slot, size));
+            bucket = Py_NewRef(PyList_GET_ITEM(w->slots1, floormod(slot, size)));
             long long start = slot * span;
             due = start - w->lead1;
             BucketObject *b = (BucketObject *)bucket;
             if (b->expiration != start) {
                 b->expiration = start;
                 if (wheel_push(w, bucket, due) < 0) {
+                    Py_DECREF(bucket);
                     return LLONG_MIN;
                 }
             }
@@ -448,7 +454,6 @@ wheel_add(WheelObject *w, PyObject *entry, long long deadline)
             }
         }
     }
-    Py_INCREF(bucket);
     if (PyDict_SetItem(bucket, entry, Py_None) < 0 || entry_set_bucket(entry, bucket) < 0) {
         Py_DECREF(bucket);
         return LLONG_MIN;

@@ -1,0 +1,478 @@
+"""User code that re-enters the purgatory from inside the purgatory's own calls (issue 33).
+
+A key's ``__hash__`` or ``__eq__``, a threshold's comparison, a generator of keys, a ``Mapping``,
+an event log, an operation class's ``__hash__``: each runs in the middle of a watch, a trigger or
+a timer's add, and may cancel, trigger, complete or shut down. The native core once held
+borrowed pointers across such calls (a use after free: run these under ``PYTHONMALLOC=debug``
+to see one crash) or took a path the reference does not; the pure modules had two of these bugs
+too. Each test drives one such scenario and checks what both builds must agree on: the return
+values, the counts, where every operation is, and the purgatory's invariants.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from typing import Any
+
+import pytest
+from helpers import FlagOperation, manual_purgatory
+
+from purgatory import DelayedOperationPurgatory, PurgatoryClosed
+from purgatory.testing import check_invariants
+
+
+class HostileKey:
+    """A key equal to every other `HostileKey` of its name, whose ``__hash__`` or ``__eq__``
+    runs `action` once, at its `at`-th call (1: the first)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.action: Callable[[], object] | None = None
+        self.on = "eq"
+        self.calls = 0
+        self.at = 1
+
+    def arm(self, action: Callable[[], object], on: str, at: int = 1) -> None:
+        self.action, self.on, self.calls, self.at = action, on, 0, at
+
+    def _maybe(self, on: str) -> None:
+        if self.action is not None and self.on == on:
+            self.calls += 1
+            if self.calls == self.at:
+                action, self.action = self.action, None
+                action()
+
+    def __hash__(self) -> int:
+        self._maybe("hash")
+        return hash(self.name)
+
+    def __eq__(self, other: object) -> bool:
+        self._maybe("eq")
+        return isinstance(other, HostileKey) and other.name == self.name
+
+    def __repr__(self) -> str:
+        return f"HostileKey({self.name!r})"
+
+
+class HostileThreshold(int):
+    """An int threshold whose ``<=`` and ``<`` run `action` once, when armed."""
+
+    action: Callable[[], object] | None = None
+
+    @classmethod
+    def arm(cls, action: Callable[[], object]) -> None:
+        cls.action = action
+
+    @classmethod
+    def _maybe(cls) -> None:
+        action = cls.action
+        if action is not None:
+            cls.action = None
+            action()
+
+    def __le__(self, other: object) -> bool:
+        self._maybe()
+        return int(self) <= other  # type: ignore[operator]
+
+    def __lt__(self, other: object) -> bool:
+        self._maybe()
+        return int(self) < other  # type: ignore[operator]
+
+    __hash__ = int.__hash__
+
+
+@pytest.fixture(autouse=True)
+def _disarmed() -> Iterator[None]:
+    HostileThreshold.action = None
+    yield
+    HostileThreshold.action = None
+
+
+def shut_down(purgatory: DelayedOperationPurgatory[Any]) -> None:
+    """`shutdown` run to its end from synchronous code (a driven clock has no reaper to await)."""
+    coroutine = purgatory.shutdown()
+    with pytest.raises(StopIteration):
+        coroutine.send(None)
+
+
+def counts(purgatory: DelayedOperationPurgatory[Any]) -> tuple[int, int, int, int, int]:
+    stats = purgatory.statistics()
+    return stats.watched, stats.delayed, stats.keys, stats.completed, stats.cancelled
+
+
+# -- row 1: a key's __eq__ cancels the key whose lone watcher it is looking at -------------------
+
+
+def test_key_eq_cancelling_the_key_while_its_released_lone_watcher_is_read() -> None:
+    _clock, p = manual_purgatory()
+    stored, probe = HostileKey("k"), HostileKey("k")
+    first = FlagOperation(10.0, "first")
+    assert not p.try_complete_else_watch(first, [stored], threshold=5)
+    assert p.check_and_complete(stored, 5) == 0  # released: its marks are a dict now
+    assert type(first._marks) is dict
+    del first  # the lists and the timer hold it alone
+    cancelled: list[str] = []  # (names only: nothing else holds the cancelled operation)
+    # 1st __eq__: the lists' lookup of `probe`; 2nd: the lookup in the lone watcher's marks
+    stored.arm(lambda: cancelled.extend(op.name for op in p.cancel_for_key(probe)), "eq", at=2)
+    second = FlagOperation(10.0, "second")
+    assert not p.try_complete_else_watch(second, [probe])
+    gc.collect()
+    assert cancelled == ["first"]
+    assert p._lists.watching(probe) == [second]
+    assert counts(p) == (1, 1, 1, 0, 1)
+    check_invariants(p)
+    second.ready = True
+    assert p.check_and_complete(probe) == 1
+    check_invariants(p)
+
+
+# -- row 2: a key's __eq__ triggers another key at its threshold during a trigger -----------------
+
+
+@pytest.mark.parametrize("on", ["eq", "hash"])
+def test_key_triggering_the_other_key_while_the_lone_watchers_marks_are_read(on: str) -> None:
+    _clock, p = manual_purgatory()
+    k1, k2, probe = HostileKey("k1"), HostileKey("k2"), HostileKey("k1")
+    op = FlagOperation(10.0)
+    assert not p.try_complete_else_watch(op, {k1: 5, k2: 7})
+    released: list[int] = []
+    if on == "eq":  # 1st: the lists' lookup; 2nd: the marks'
+        k1.arm(lambda: released.append(p.check_and_complete(k2, 7)), "eq", at=2)
+    else:  # 1st: the lists' lookup; 2nd: the marks'
+        probe.arm(lambda: released.append(p.check_and_complete(k2, 7)), "hash", at=2)
+    assert p.check_and_complete(probe, 5) == 0
+    gc.collect()
+    assert released == [0]
+    assert op._marks == {k1: None, k2: None}
+    assert counts(p) == (2, 1, 2, 0, 0)
+    check_invariants(p)
+    op.ready = True
+    assert p.check_and_complete(k2, 7) == 1
+    assert p.purge() == 1
+    assert counts(p) == (0, 0, 0, 1, 0)
+    check_invariants(p)
+
+
+def test_key_triggering_the_other_key_while_a_purge_reads_the_marks() -> None:
+    """The purge reads an operation's threshold for each key it leaves: the same lookup."""
+    _clock, p = manual_purgatory()
+    k1, k2 = HostileKey("k1"), HostileKey("k2")
+    op = FlagOperation(10.0, "mixed")
+    other = FlagOperation(10.0, "other")
+    assert not p.try_complete_else_watch(op, {k1: 5, k2: 7})
+    assert not p.try_complete_else_watch(other, {k1: 6, k2: 8})  # ThresholdWatchers on both
+    assert op.force_complete()
+    seen: list[int] = []
+    k1.arm(lambda: seen.append(p.check_and_complete(k2, 8)), "hash")
+    assert p.purge() == 1  # the trigger of k2 took the finished operation off k2 itself
+    gc.collect()
+    assert seen == [0]
+    assert counts(p) == (2, 1, 2, 1, 0)
+    check_invariants(p)
+
+
+# -- row 3: an operation class's __hash__, assigned after its first watch, shuts the purgatory down
+
+
+class LateHash(FlagOperation):
+    """A class whose __hash__ is assigned once its first operation was watched."""
+
+
+def test_operation_hash_assigned_later_shutting_down_while_timed() -> None:
+    _clock, p = manual_purgatory()
+    assert not p.try_complete_else_watch(LateHash(10.0), ["a"])  # the class is admitted
+    fired: list[bool] = []
+
+    def hostile_hash(self: object) -> int:
+        if not fired:
+            fired.append(True)
+            shut_down(p)
+            gc.collect()  # the timer's old wheel, a cycle, is collected here
+        return object.__hash__(self)
+
+    LateHash.__hash__ = hostile_hash  # type: ignore[method-assign]
+    try:
+        op = LateHash(10.0)
+        assert not p.try_complete_else_watch(op, ["b"])
+        gc.collect()
+        assert fired == [True]
+        assert op.is_cancelled
+        assert p.closed
+        assert counts(p) == (0, 0, 0, 0, 2)
+        assert op._bucket is None
+        check_invariants(p)
+        with pytest.raises(PurgatoryClosed):
+            op._outcome()
+    finally:
+        del LateHash.__hash__
+
+
+# -- row 5: the operation completed while its watch reads the keys -------------------------------
+
+
+class _CompletingMapping(Mapping[Hashable, Any]):
+    def __init__(self, op: FlagOperation) -> None:
+        self.op = op
+
+    def __getitem__(self, key: Hashable) -> Any:
+        return None
+
+    def __iter__(self) -> Iterator[Hashable]:
+        self.op.ready = True
+        self.op.force_complete()
+        yield "k"
+
+    def __len__(self) -> int:
+        return 1
+
+
+class _CompletingLog:
+    """An event log whose record_watch completes the operation it records."""
+
+    def record_watch(self, purgatory: str, op: Any, *args: Any) -> None:
+        op.ready = True
+        op.force_complete()
+
+    def record_end(self, *args: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def _completing_generator(op: FlagOperation) -> Iterator[Hashable]:
+    op.ready = True
+    op.force_complete()
+    yield "k"
+
+
+def _completing_threshold(op: FlagOperation) -> dict[Hashable, Any]:
+    threshold = HostileThreshold(5)
+
+    def complete() -> None:
+        op.ready = True
+        op.force_complete()
+
+    HostileThreshold.arm(complete)
+    return {"k": threshold}
+
+
+def _completing_key_hash(op: FlagOperation) -> list[Hashable]:
+    key = HostileKey("k")
+
+    def complete() -> None:
+        op.ready = True
+        op.force_complete()
+
+    key.arm(complete, "hash")
+    return [key]
+
+
+def _completing_key_hash_tuple(op: FlagOperation) -> tuple[Hashable, ...]:
+    return tuple(_completing_key_hash(op))
+
+
+@pytest.mark.parametrize(
+    "keys_of",
+    [
+        _completing_generator,
+        _CompletingMapping,
+        _completing_threshold,
+        _completing_key_hash,
+        _completing_key_hash_tuple,
+        None,  # the event log's record_watch
+    ],
+)
+def test_operation_completed_while_its_watch_reads_the_keys(
+    keys_of: Callable[[FlagOperation], Any] | None,
+) -> None:
+    _clock, p = manual_purgatory(event_log=_CompletingLog() if keys_of is None else None)
+    op = FlagOperation(10.0)
+    keys = ["k"] if keys_of is None else keys_of(op)
+    assert p.try_complete_else_watch(op, keys)
+    assert op.is_completed
+    assert counts(p) == (0, 0, 0, 1, 0)
+    assert getattr(op, "_listed", 0) == 0  # (never registered: never written)
+    check_invariants(p)
+
+
+# -- row 9: numbers beyond a C integer ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "timeout"),
+    [
+        ({"purge_interval": 2**64}, 1e-3),
+        ({"purge_interval": 2**200}, 1e-3),
+        ({"purge_interval": 2**64, "tick": 1e-20}, 1e-12),
+        ({"tick": 1e-20}, 1e-12),
+    ],
+)
+def test_arguments_beyond_a_c_integer(options: dict[str, Any], timeout: float) -> None:
+    """Accepted as the reference accepts them (a C integer cannot hold 2**64, nor the ticks in
+    a second of 1e-20 s: such an interval never trips, such a linger is the largest count)."""
+    clock, p = manual_purgatory(**options)
+    ops = [FlagOperation(timeout) for _ in range(3)]
+    for i, op in enumerate(ops):
+        assert not p.try_complete_else_watch(op, [i])
+    ops[0].ready = True
+    assert p.check_and_complete(0) == 1
+    clock.advance(timeout * 2)
+    assert [op.is_expired for op in ops] == [False, True, True]
+    assert counts(p)[1:] == (0, 2, 1, 0)
+    check_invariants(p)
+
+
+# -- row 10: an object that is not a DelayedOperation but has its fields --------------------------
+
+
+class Impostor:
+    """Carries an operation's fields and methods, without being a DelayedOperation."""
+
+    __slots__ = (
+        "_bucket",
+        "_deadline",
+        "_future",
+        "_keys",
+        "_listed",
+        "_marks",
+        "_owner",
+        "_result",
+        "_state",
+        "_timeout",
+        "tries",
+    )
+    _is_async = False
+
+    def __init__(self) -> None:
+        self._state = 0
+        self._owner = None
+        self._bucket = None
+        self._future = None
+        self._timeout = 10.0
+        self.tries = 0
+
+    def try_complete(self) -> bool:
+        self.tries += 1
+        return False
+
+
+@pytest.mark.parametrize("shape", ["lone", "set", "threshold"])
+def test_an_impostor_watched_then_triggered(shape: str) -> None:
+    _clock, p = manual_purgatory()
+    impostor = Impostor()
+    if shape != "lone":
+        other = FlagOperation(10.0)
+        p.try_complete_else_watch(other, {"k": 3} if shape == "threshold" else ["k"])
+    assert not p.try_complete_else_watch(impostor, ["k"])
+    assert p.check_and_complete("k") == 0
+    assert p.check_and_complete("k", 5) == 0
+    assert impostor.tries == 4
+    assert p.statistics().keys == 1
+
+
+# -- row 11: a shutdown from a key's __hash__ / __eq__ while the watch registers -----------------
+
+
+@pytest.mark.parametrize("on", ["hash", "eq"])
+@pytest.mark.parametrize("first", [True, False])
+def test_shutdown_from_a_key_while_registering(on: str, first: bool) -> None:
+    _clock, p = manual_purgatory()
+    # `eq` needs a key equal to another one already watched: an operation on "k"
+    stored, probe = HostileKey("k"), HostileKey("k")
+    earlier = FlagOperation(10.0, "earlier")
+    assert not p.try_complete_else_watch(earlier, [stored])
+    target = stored if on == "eq" else probe
+    target.arm(lambda: shut_down(p), on)
+    op = FlagOperation(10.0)
+    keys = (probe, "other") if first else ("other", probe)
+    assert not p.try_complete_else_watch(op, keys)
+    assert p.closed
+    assert op.is_cancelled
+    assert earlier.is_cancelled
+    with pytest.raises(PurgatoryClosed):
+        op._outcome()
+    assert counts(p) == (0, 0, 0, 0, 2)
+    check_invariants(p)
+
+
+@pytest.mark.asyncio
+async def test_shutdown_from_a_key_wakes_the_awaiter() -> None:
+    _clock, p = manual_purgatory()
+    key = HostileKey("k")
+    key.arm(lambda: shut_down(p), "hash")
+    with pytest.raises(PurgatoryClosed):
+        await p.watch(FlagOperation(10.0), [key])
+    check_invariants(p)
+
+
+# -- row 12: a threshold whose comparison cancels its own key during the release ------------------
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_threshold_comparison_cancelling_its_key_during_the_release(in_order: bool) -> None:
+    _clock, p = manual_purgatory()
+    low, high = FlagOperation(10.0, "low"), FlagOperation(10.0, "high")
+    # in order: a run of 5, 6; out of order: 6 in the run, 5 in the heap
+    first, second = (low, high) if in_order else (high, low)
+    for op in (first, second):
+        threshold = HostileThreshold(5 if op is low else 6)
+        assert not p.try_complete_else_watch(op, ["k"], threshold=threshold)
+    cancelled: list[Any] = []
+    HostileThreshold.arm(lambda: cancelled.extend(p.cancel_for_key("k")))
+    assert p.check_and_complete("k", 10) == 0
+    assert sorted(op.name for op in cancelled) == ["high", "low"]
+    assert counts(p) == (0, 0, 0, 0, 2)
+    check_invariants(p)
+
+
+def test_threshold_comparison_cancelling_its_key_lone_watcher() -> None:
+    _clock, p = manual_purgatory()
+    op = FlagOperation(10.0)
+    assert not p.try_complete_else_watch(op, ["k"], threshold=HostileThreshold(5))
+    HostileThreshold.arm(lambda: p.cancel_for_key("k"))
+    assert p.check_and_complete("k", 10) == 0
+    assert op.is_cancelled
+    assert counts(p) == (0, 0, 0, 0, 1)
+    check_invariants(p)
+
+
+# -- the doors: every C entry that receives an operation checks its type --------------------------
+
+
+def test_timer_and_settle_refuse_what_is_not_an_operation() -> None:
+    _clock, p = manual_purgatory()
+    with pytest.raises((TypeError, AttributeError)):
+        p._settled(object(), "completed")
+    with pytest.raises((TypeError, AttributeError)):
+        p._timer.add(object())
+    check_invariants(p)
+
+
+# -- a key's code cancelling or triggering a key the operation is already on, as it registers -----
+
+
+@pytest.mark.parametrize("action", ["cancel", "trigger"])
+def test_key_acting_on_a_key_the_watch_registered_already(action: str) -> None:
+    """The operation is on its first key when the second key's __hash__ cancels that first key
+    (or triggers it, completing the operation): it is counted off that list before its count
+    was written, and ends as if before registration."""
+    _clock, p = manual_purgatory()
+    first, second = HostileKey("a"), HostileKey("b")
+    op = FlagOperation(10.0)
+    if action == "cancel":
+        second.arm(lambda: p.cancel_for_key(first), "hash")
+    else:
+
+        def ready_then_trigger() -> None:
+            op.ready = True
+            p.check_and_complete(first)
+
+        second.arm(ready_then_trigger, "hash")
+    completed = p.try_complete_else_watch(op, (first, second))
+    assert completed is (action == "trigger")
+    assert op.is_cancelled is (action == "cancel")
+    assert counts(p) == (0, 0, 0, int(action == "trigger"), int(action == "cancel"))
+    assert op._listed == 0
+    check_invariants(p)
