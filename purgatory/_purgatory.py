@@ -471,7 +471,7 @@ class DelayedOperationPurgatory(_PurgatoryCore, Generic[Op]):
         """A key's ``__hash__`` or ``__eq__`` (or a threshold's comparison) completed `op` or
         shut the purgatory down while `op` was being registered, before it had an owner (so no
         `_settled` counted it): it leaves the lists and ends as if before registration, the
-        reference both builds share (issue 33)."""
+        reference both builds share."""
         if self._closed:  # the lists were drained under the registration: drained again
             self._lists.drain()
         else:

@@ -250,7 +250,7 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
         plain = self.plain
         # A comparison may run a threshold's own code (a class of the user's), which may cancel
         # or trigger this key: the head compared is taken only if it is still the head, else
-        # the loop looks again (issue 33).
+        # the loop looks again.
         while True:
             if run:
                 threshold = run[0]

@@ -154,7 +154,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
         op._marks = marks
         op._keys = keys
         # Counted from zero and added to at the end: a key's __hash__ / __eq__ may cancel or
-        # trigger a key `op` is on already, which counts it off meanwhile (issue 33).
+        # trigger a key `op` is on already, which counts it off meanwhile.
         op._listed = 0
         listed = len(keys)  # less one per key given twice
         try:
@@ -261,7 +261,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
         marks = ops._marks
         if type(marks) is dict:
             # The lookup runs the key's __eq__, user code that may change the key's watchers
-            # (cancel them, trigger them): joined as they are after it (issue 33).
+            # (cancel them, trigger them): joined as they are after it.
             lone_plain = marks.get(key) is None
             now = self._lists.get(key)
             if now is not ops:

@@ -162,7 +162,7 @@ lists_left(ListsObject *l, OpObject *op)
 
 /* The reference's lists hold whatever was watched: an object that is not a DelayedOperation but
  * has its fields (`_state`, `_listed`, `_keys`, `_marks`) is read and written as Python does,
- * never through the C layout (issue 33). These run only for such objects. */
+ * never through the C layout. These run only for such objects. */
 
 /* `o._state` (an int) into *state: 0, or -1 with an exception set. */
 static int
@@ -619,7 +619,7 @@ done:
 
 /* The threshold of `op` on `key` (a new reference; None: plain), from its marks. The lookup runs
  * the key's __eq__, which may replace the marks (a trigger of another key releases `op` there):
- * the dict is held across it (issue 33). Not an operation: the reference's `threshold_of`. */
+ * the dict is held across it. Not an operation: the reference's `threshold_of`. */
 static PyObject *
 op_threshold_of(PyObject *o, PyObject *key)
 {
