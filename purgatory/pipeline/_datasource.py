@@ -353,8 +353,8 @@ def check_worker_python(spark: SparkSession) -> None:
     the session's context started, else ``python3`` from ``PATH``: outside the virtualenv, the
     first read fails in 40 lines of worker traceback ending in ``No module named 'purgatory'``.
     On a local master (or a Spark Connect server this process started), that Python is run
-    once, here, to import the package (``spark.submit.pyFiles`` on its path, as the workers
-    have them). Workers elsewhere (a cluster, a remote Spark Connect server) are not checked.
+    once, here, to import the package and pyarrow and numpy (``spark.submit.pyFiles`` on its
+    path, as the workers have them). Workers elsewhere (a cluster, a remote Spark Connect server) are not checked.
 
     Raises:
         WorkerPythonError: It cannot import the package; the message names it and the fix.
@@ -391,15 +391,16 @@ def _local_context(spark: SparkSession) -> Any:
 
 @functools.cache
 def _import_problem(python: str, paths: tuple[str, ...], pythonpath: str) -> str | None:
-    """Why `python` cannot ``import purgatory`` (with `paths` before `pythonpath`), or None;
-    asked once per Python and path."""
+    """Why `python` cannot import what the sources' tasks need (this package, pyarrow, numpy;
+    pyspark comes from Spark), with `paths` before `pythonpath`, or None; asked once per
+    Python and path."""
     found = shutil.which(python)
     if found is None:
         return "not found on PATH" if os.sep not in python else "no such executable"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *filter(None, [pythonpath])])}
     try:
         done = subprocess.run(
-            [found, "-c", "import purgatory"],
+            [found, "-c", "import purgatory, pyarrow, numpy"],
             capture_output=True,
             text=True,
             timeout=120,
