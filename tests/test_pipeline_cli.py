@@ -808,9 +808,7 @@ def test_start_errors_in_a_process_of_its_own(tmp_path: Path) -> None:
             assert not (tmp_path / "t").exists()
 
 
-def test_a_jvm_that_dies_at_its_start_is_named_by_its_cause(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_jvm_that_dies_at_its_start_is_named_by_its_cause() -> None:
     """spark-submit's and the JVM's own words, as `JvmStartError` takes its first line."""
     cause = _spark._cause
     said = [
@@ -825,6 +823,8 @@ def test_a_jvm_that_dies_at_its_start_is_named_by_its_cause(
         "\tat org.apache.spark.deploy.SparkSubmit.error(SparkSubmit.scala:1)",
     ]
     assert cause(said).startswith("org.apache.spark.SparkException: Master must either be")
+    heap = ["Error occurred during initialization of VM", "Too small maximum heap"]
+    assert cause(heap) == "Error occurred during initialization of VM: Too small maximum heap"
     assert "said nothing" in cause([])
     error = _spark.JvmStartError(said)
     assert _cli.one_line(error).startswith(
@@ -864,3 +864,33 @@ def test_a_damaged_event_log_is_named_before_spark(
     fails(argv, capsys, file, said)
     generate = ["generate", "--from-log", tmp_path / "events", "--out", tmp_path / "t"]
     fails(generate, capsys, file, said)
+
+
+def test_a_jvm_that_dies_at_its_start_says_why_in_one_line(tmp_path: Path) -> None:
+    """Through pyspark's real launch (spark-submit's scripts), a java that passes the check
+    (``-version``: 17) but dies at its start, as a JVM that cannot reserve its heap does: its
+    stderr was dropped, leaving "Java gateway process exited before sending its port number"."""
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = -version ]; then echo \'openjdk version "17.0.9"\' >&2; exit 0; fi\n'
+        "echo 'Error occurred during initialization of VM' >&2\n"
+        "echo 'Could not reserve enough space for object heap' >&2\n"
+        "exit 1\n"
+    )
+    java.chmod(0o755)
+    env = {**os.environ, "JAVA_HOME": str(tmp_path / "jdk")}
+    env.pop("SPARK_REMOTE", None)
+    started = time.monotonic()
+    done = run_process(
+        sys.executable, "-m", "purgatory.pipeline", "generate", "--out", tmp_path / "t",
+        cwd=tmp_path, env=env, timeout=300,
+    )  # fmt: skip
+    assert time.monotonic() - started < 120
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        "purgatory.pipeline generate: error: JvmStartError: Spark's JVM exited at its start: "
+        "Error occurred during initialization of VM: Could not reserve enough space for object "
+        "heap (--verbose shows the full trace)"
+    ]

@@ -354,7 +354,8 @@ def check_worker_python(spark: SparkSession) -> None:
     first read fails in 40 lines of worker traceback ending in ``No module named 'purgatory'``.
     On a local master (or a Spark Connect server this process started), that Python is run
     once, here, to import the package and pyarrow and numpy (``spark.submit.pyFiles`` on its
-    path, as the workers have them). Workers elsewhere (a cluster, a remote Spark Connect server) are not checked.
+    path, as the workers have them). Workers elsewhere (a cluster, a remote Spark Connect
+    server) are not checked.
 
     Raises:
         WorkerPythonError: It cannot import the package; the message names it and the fix.

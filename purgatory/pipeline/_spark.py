@@ -333,10 +333,17 @@ def _cause(said: list[str]) -> str:
     """The line of what a JVM said at its start that names why it stopped: the first error
     line (not a stack frame), without "Exception in thread "main"" before it."""
     lines = [line.strip() for line in said if line.strip() and not line.startswith("\tat ")]
-    found = next((line for line in lines if _CAUSE.search(line)), lines[0] if lines else None)
-    if found is None:
+    at = next((i for i, line in enumerate(lines) if _CAUSE.search(line)), 0)
+    if not lines:
         return "it said nothing (is the Spark installation complete?)"
-    return re.sub(r'^Exception in thread "[^"]*"\s*', "", found)[:400]
+    found = re.sub(r'^Exception in thread "[^"]*"\s*', "", lines[at])
+    if found.startswith(_GENERIC) and at + 1 < len(lines):  # the JVM says why on the next line
+        found = f"{found.rstrip('.')}: {lines[at + 1]}"
+    return found[:400]
+
+
+#: A JVM's lines that say it stopped, not why.
+_GENERIC: Final = ("Error occurred during initialization of VM", "Error: Could not create the")
 
 
 def _forget_gateway() -> None:
@@ -503,13 +510,23 @@ def stop_on_interrupt(spark: SparkSession) -> None:
         first = not _INTERRUPTED.is_set()
         _INTERRUPTED.set()
         if first:
-            logging.getLogger().addFilter(_not_py4j)
+            _silence_py4j()
             threading.Thread(
                 target=_cancel, args=(spark,), name="purgatory-interrupt", daemon=True
             ).start()
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, handler)
+
+
+def _silence_py4j() -> None:
+    """Drop what Py4J logs from now on: on its own loggers (``py4j.clientserver``: a connection
+    the interrupt broke, shut down), and on the root logger, where it logs a send that failed."""
+    logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)
+    root = logging.getLogger()
+    root.addFilter(_not_py4j)
+    for handler in root.handlers:
+        handler.addFilter(_not_py4j)
 
 
 def _not_py4j(record: logging.LogRecord) -> bool:
