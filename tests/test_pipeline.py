@@ -532,7 +532,7 @@ def test_a_rerun_group_publishes_its_event_log_once(tmp_path: Path) -> None:
 
 
 def test_register_data_sources_refuses_workers_without_the_package(
-    spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A session built without ``PYSPARK_PYTHON`` runs its workers on the ``python3`` of PATH;
     outside the virtualenv, its first read used to fail in 40 lines of worker traceback. The
@@ -543,7 +543,9 @@ def test_register_data_sources_refuses_workers_without_the_package(
     system = shutil.which("python3", path="/usr/bin:/bin")
     if system is None or os.path.realpath(system) == os.path.realpath(sys.executable):
         pytest.skip("no system python3 apart from the tests' interpreter")
-    assert run_process(system, "-c", "import purgatory", timeout=60).returncode != 0
+    monkeypatch.chdir(tmp_path)  # (not the checkout, which `python -c` would import from)
+    bare = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    assert run_process(system, "-c", "import purgatory", env=bare, timeout=60).returncode != 0
     monkeypatch.delitem(_datasource._REGISTERED, spark, raising=False)
     monkeypatch.setattr(spark.sparkContext, "pythonExec", "python3")  # as without PYSPARK_PYTHON
     monkeypatch.setenv("PATH", f"/usr/bin:/bin:{os.environ['PATH']}")
@@ -558,7 +560,7 @@ def test_register_data_sources_refuses_workers_without_the_package(
     )
     assert f"set PYSPARK_PYTHON={sys.executable} before the session is built" in message
     assert spark not in _datasource._REGISTERED
-    monkeypatch.undo()  # the tests' PATH and PYTHONPATH: this interpreter imports the package
+    monkeypatch.undo()  # the tests' PATH, PYTHONPATH and directory: this interpreter imports it
     _datasource._import_problem.cache_clear()
     monkeypatch.delitem(_datasource._REGISTERED, spark, raising=False)
     register_data_sources(spark)
