@@ -144,26 +144,12 @@ def get_session(
         # The explicit option wins; pyspark would refuse the two together.
         print(f"purgatory.pipeline: --master {master}: SPARK_REMOTE ignored", file=sys.stderr)
         del os.environ["SPARK_REMOTE"]
-    check_master(master)
-    check_java()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     submitted = running_under_spark_submit()
-    if submitted:
-        if master is not None:
-            print(
-                f"purgatory.pipeline: --master {master} ignored: spark-submit chose the master",
-                file=sys.stderr,
-            )
-        if ui:
-            settings["spark.ui.enabled"] = "true"
-    else:
-        settings["spark.master"] = master or "local[*]"
-        settings["spark.app.name"] = app
-        settings["spark.ui.enabled"] = "true" if ui else "false"
-        settings["spark.ui.showConsoleProgress"] = "true" if _terminal() else "false"
-        if is_local_master(master):
-            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-            settings.update(_local_settings(master))
+    if not submitted:  # (else spark-submit's JVM runs, with its master)
+        check_master(master)
+        check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    settings.update(_driver_settings(master, app, ui=ui, submitted=submitted))
     if server is not None:
         settings.update(_server_settings(conf or {}))
     archive: class_archive.Plan | None = None
@@ -189,6 +175,29 @@ def get_session(
     if server is not None:
         return _connect_to_server(session, settings)
     return session
+
+
+def _driver_settings(master: str | None, app: str, *, ui: bool, submitted: bool) -> dict[str, str]:
+    """The driver's settings: under spark-submit, the web UI if asked for (spark-submit chose
+    the rest); else the master, the app's name, the web UI and progress bar, and for a
+    ``local[...]`` master loopback only (`_local_settings`)."""
+    if submitted:
+        if master is not None:
+            print(
+                f"purgatory.pipeline: --master {master} ignored: spark-submit chose the master",
+                file=sys.stderr,
+            )
+        return {"spark.ui.enabled": "true"} if ui else {}
+    settings = {
+        "spark.master": master or "local[*]",
+        "spark.app.name": app,
+        "spark.ui.enabled": "true" if ui else "false",
+        "spark.ui.showConsoleProgress": "true" if _terminal() else "false",
+    }
+    if is_local_master(master):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        settings.update(_local_settings(master))
+    return settings
 
 
 def _remote(settings: Mapping[str, str], url: str) -> SparkSession:
@@ -291,10 +300,13 @@ def _classic(app: str, settings: Mapping[str, str], quiet_start: bool) -> SparkS
         try:
             gateway = launch(conf, popen_kwargs={"stderr": write})
         except PySparkRuntimeError as exc:
-            os.close(write)
-            said = relay.failed()
-            raise JvmStartError(said) from exc
-        os.close(write)  # (the JVM has its own copy)
+            failed: PySparkRuntimeError | None = exc
+        else:
+            failed = None
+        finally:
+            os.close(write)  # (the JVM has its own copy)
+        if failed is not None:
+            raise JvmStartError(relay.failed()) from failed
         SparkContext._gateway = gateway
         SparkContext._jvm = gateway.jvm
     else:
