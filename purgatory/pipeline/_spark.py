@@ -114,7 +114,10 @@ def get_session(
 
     - Spark Connect: `remote` (``sc://host:port``, or ``local``/``local[N]`` for a server
       started in this process, as pyspark's ``--remote``), a `master` ``sc://host:port``, or no
-      master and ``SPARK_REMOTE`` set. A remote server runs the jobs: no Java is needed here.
+      master and ``SPARK_REMOTE`` set. A remote server runs the jobs: no Java is needed here,
+      and it must accept connections now (pyspark's client would retry for minutes). A server
+      started here listens on 127.0.0.1 only, at a free port, with no web UI, and serves only
+      clients with its token (`_server_settings`).
     - a classic master (default ``local[*]``), unless spark-submit already chose one. With a
       ``local[...]`` master the driver binds 127.0.0.1 only, and the shuffle has as many
       partitions as there are cores (adaptive execution coalesces them further): a small job
@@ -126,6 +129,12 @@ def get_session(
 
     The Python workers run this interpreter (``PYSPARK_PYTHON``, unless set), so the package
     and its dependencies are the ones installed here. `conf` is applied last.
+
+    Raises:
+        InputError: What can be checked before Spark starts, in one line: a master or
+            ``--remote`` of no known form, no usable java (`JavaMissing`), no Connect server at
+            the URL, a busy port named for a server started here.
+        JvmStartError: The JVM started here exited at its start (its cause, in one line).
     """
     settings: dict[str, str] = dict(_SQL)
     url = connect_url(master, remote)
