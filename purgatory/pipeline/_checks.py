@@ -2,16 +2,22 @@
 
 Starting Spark costs seconds, and Spark reports a missing path, a torn Parquet file or an event
 log given as a trace as pages of JVM and Py4J traces. These checks look at the local files first
-(pure Python, plus pyarrow's Parquet footer reader) and raise `InputError` with one line that
-names the file, so the command line can stop before a session exists.
+(pure Python, plus pyarrow's Parquet footer reader; the first and last lines of JSON Lines
+event logs, the framing of Arrow ones) and raise `InputError` with one line that names the
+file, so the command line can stop before a session exists. `check_spark_start` does the same
+for what Spark's start needs: a master URL of a known form, a usable java, a Spark Connect
+server that accepts connections, a free port for one started here; Spark's own words for
+these come late (a silent retry of minutes, a 47-line ``BindException``) or not at all (a
+JVM's stderr dropped at its start).
 
 Only local paths are checked: a path with a scheme (``hdfs://``, ``s3a://``) is left to Spark,
 and so is a path without one under ``spark-submit``, whose default filesystem may be a cluster's.
 What needs the data (nulls, duplicate ids, timeouts beyond the timer's horizon) stays in the
 validation scan of `purgatory.pipeline.load_trace`; `horizon_limits` gives it its limits.
 
-Imports only the standard library and the core package; pyarrow is imported where a Parquet
-file is read, so the command line can say what is missing when the Spark extra is not installed.
+Imports only the standard library and the core package; pyarrow (and the event-log reader) is
+imported where a file is read, so the command line can say what is missing when the Spark extra
+is not installed.
 """
 
 from __future__ import annotations
