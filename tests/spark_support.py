@@ -448,3 +448,60 @@ def until(done: Any, job: subprocess.Popen[bytes], said: Path, seconds: float = 
         if job.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(f"follow job: {said.read_text()[-3000:]}")
         time.sleep(0.2)
+
+
+# -- what a process tree listens on --------------------------------------------------------------
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every process below it (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def listening(root: int) -> list[tuple[str, int]]:
+    """The TCP sockets `root`'s process tree listens on, as (address, port): its sockets'
+    inodes (/proc/PID/fd) looked up in /proc/net/tcp and tcp6 (psutil is not a dependency)."""
+    inodes: set[int] = set()
+    for pid in process_tree(root):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if target.startswith("socket:["):
+                        inodes.add(int(target[8:-1]))
+    found = []
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for row in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] != "0A" or int(fields[9]) not in inodes:  # 0A: LISTEN
+                continue
+            address, port = fields[1].split(":")
+            raw = bytes.fromhex(address)  # 32-bit words in host (little-endian) order
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found.append((socket.inet_ntop(family, raw), int(port, 16)))
+    return found
+
+
+def loopback(address: str) -> bool:
+    return address.startswith("127.") or address in ("::1", "::ffff:127.0.0.1")
+
+
+def environment(pid: int) -> dict[str, str]:
+    """The environment process `pid` started with (/proc/PID/environ)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {key.decode(errors="replace"): value.decode(errors="replace") for key, value in pairs}

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from helpers import FlagOperation
+from helpers import FlagOperation, run_process
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
@@ -524,3 +526,42 @@ def test_a_rerun_group_publishes_its_event_log_once(tmp_path: Path) -> None:
     files = list(tmp_path.glob("*.jsonl"))
     assert len(files) == 1
     assert len(files[0].read_text().splitlines()) == 500
+
+
+# -- the data sources on a user's own session ---------------------------------------------------
+
+
+def test_register_data_sources_refuses_workers_without_the_package(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A session built without ``PYSPARK_PYTHON`` runs its workers on the ``python3`` of PATH;
+    outside the virtualenv, its first read used to fail in 40 lines of worker traceback. The
+    tests' session, made to run the system's python3 (no purgatory, no pyarrow there), is
+    refused at registration in one line that says the fix; with this interpreter it registers."""
+    from purgatory.pipeline import _datasource, register_data_sources
+
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    if system is None or os.path.realpath(system) == os.path.realpath(sys.executable):
+        pytest.skip("no system python3 apart from the tests' interpreter")
+    monkeypatch.chdir(tmp_path)  # (not the checkout, which `python -c` would import from)
+    bare = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    assert run_process(system, "-c", "import purgatory", env=bare, timeout=60).returncode != 0
+    monkeypatch.delitem(_datasource._REGISTERED, spark, raising=False)
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", "python3")  # as without PYSPARK_PYTHON
+    monkeypatch.setenv("PATH", f"/usr/bin:/bin:{os.environ['PATH']}")
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # (the tests' own path to the worktree)
+    _datasource._import_problem.cache_clear()
+    with pytest.raises(_datasource.WorkerPythonError) as refused:
+        register_data_sources(spark)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "Spark's Python workers run python3 (ModuleNotFoundError: No module named 'purgatory')"
+    )
+    assert f"set PYSPARK_PYTHON={sys.executable} before the session is built" in message
+    assert spark not in _datasource._REGISTERED
+    monkeypatch.undo()  # the tests' PATH, PYTHONPATH and directory: this interpreter imports it
+    _datasource._import_problem.cache_clear()
+    monkeypatch.delitem(_datasource._REGISTERED, spark, raising=False)
+    register_data_sources(spark)
+    assert spark in _datasource._REGISTERED

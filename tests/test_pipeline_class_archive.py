@@ -274,14 +274,16 @@ def test_a_real_driver_saves_in_the_background_uses_and_replaces_what_it_cannot_
     good = published.read_bytes()
 
     # A job that starts from it (and fails on a bad event log): one line on stderr, nothing of
-    # the JVM's or Spark's start before it.
+    # the JVM's or Spark's start before it. (The bad line is between two good ones: a bad first
+    # or last line is found before Spark starts.)
     (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "a.jsonl").write_text("{oops\n")
+    anchor = '{"v":2,"anchor":{"clock":1.0,"utc":1800000000.0}}\n'
+    (tmp_path / "bad" / "a.jsonl").write_text(f"{anchor}{{oops\n{anchor}")
     bad = ["analyze", "--log", "bad", "--out", "analysis", "--master", "local[1]"]
     second = pipeline(*bad, cwd=tmp_path, env=env)
     assert second.returncode == 2, second.stderr
     assert second.stderr.splitlines() == [
-        "purgatory.pipeline analyze: error: event log file bad/a.jsonl: line 1: not JSON "
+        "purgatory.pipeline analyze: error: event log file bad/a.jsonl: line 2: not JSON "
         "(Expecting property name enclosed in double quotes, column 2)"
     ]
     assert published.read_bytes() == good  # mapped: kept as it is

@@ -14,8 +14,10 @@ import doctest
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,9 +25,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from helpers import FlagOperation, run_process
-from spark_support import write_trace
+from spark_support import BASE_UTC, record_at, write_trace
 
-from purgatory import DelayedOperationPurgatory
+from purgatory import ArrowEventLog, DelayedOperationPurgatory
 from purgatory.pipeline import (
     W1,
     ReplayConfig,
@@ -710,3 +712,202 @@ def test_remote_reaches_the_session(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setattr(_spark, "get_session", session)
     assert _cli.main(["generate", "--out", str(tmp_path / "t"), "--remote", "local[2]"]) == 1
     assert (seen["master"], seen["remote"]) == (None, "local[2]")
+
+
+# -- Spark's start, checked before it: one line within seconds, no JVM -------------------------
+
+
+def test_a_misspelt_master(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = fails(["generate", "--out", tmp_path / "t", "--master", "locl[2]"], capsys, "locl[2]")
+    assert "not a master URL Spark knows" in line
+    for good in ("local", "local[*]", "local[2]", "local[2,3]", "spark://h:7077", "yarn"):
+        _checks.check_master(good)
+
+
+def test_a_bad_local_remote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = fails(["generate", "--out", tmp_path / "t", "--remote", "locl[2]"], capsys, "locl[2]")
+    assert "not a Spark Connect URL" in line
+
+
+def test_a_java_home_without_java(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Spark's launcher takes JAVA_HOME's java even with a good one on PATH."""
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
+    line = fails(["generate", "--out", tmp_path / "t"], capsys, tmp_path / "no-jdk")
+    assert "has no bin/java" in line
+
+
+def test_a_java_too_old(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text("#!/bin/sh\necho 'openjdk version \"11.0.2\" 2019-01-15' >&2\n")
+    java.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    line = fails(["generate", "--out", tmp_path / "t"], capsys, tmp_path / "jdk")
+    assert "is Java 11: Spark needs Java 17 or later" in line
+
+
+def test_no_java_at_all(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    fails(["generate", "--out", tmp_path / "t"], capsys, "Java not found")
+
+
+def test_the_java_here_passes() -> None:
+    """The one the tests' Spark runs (a release number read from its ``-version``)."""
+    assert os.access(_checks.check_java(), os.X_OK)
+
+
+def reserved_port() -> socket.socket:
+    """A loopback port bound but not listening: a connection to it is refused."""
+    reserved = socket.socket()
+    reserved.bind(("127.0.0.1", 0))
+    return reserved
+
+
+def test_no_connect_server_at_the_url(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """pyspark's client retried this for minutes without a word."""
+    with reserved_port() as reserved:
+        port = reserved.getsockname()[1]
+        started = time.monotonic()
+        line = fails(
+            ["generate", "--out", tmp_path / "t", "--remote", f"sc://127.0.0.1:{port}"],
+            capsys,
+            f"no Spark Connect server at 127.0.0.1:{port} (connection refused)",
+        )
+        assert time.monotonic() - started < 60  # (refused at once; generous for a busy host)
+    assert "--remote" in line
+    nowhere = ["generate", "--out", tmp_path / "t", "--remote", "sc://no-such-host.invalid"]
+    fails(nowhere, capsys, "no Spark Connect server at no-such-host.invalid:15002 (unknown host")
+
+
+def test_a_busy_port_for_a_local_connect_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Spark said this in a 47-line BindException, after the JVM had started."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = ["generate", "--out", tmp_path / "t", "--remote", "local[2]"]
+        line = fails(
+            [*argv, "--conf", f"spark.connect.grpc.binding.port={port}"],
+            capsys,
+            f"cannot start a Spark Connect server on 127.0.0.1:{port}: address already in use",
+        )
+    assert "drop --conf spark.connect.grpc.binding.port" in line
+
+
+def test_start_errors_in_a_process_of_its_own(tmp_path: Path) -> None:
+    """As a user sees them: one line on stderr, exit status 2, and no JVM (the process is
+    done long before one could have started)."""
+    with reserved_port() as reserved:
+        cases = [
+            (["--remote", f"sc://localhost:{reserved.getsockname()[1]}"], {}, "connection refused"),
+            (["--master", "locl[2]"], {}, "not a master URL"),
+            ([], {"JAVA_HOME": str(tmp_path / "nope")}, "has no bin/java"),
+        ]
+        for where, env, said in cases:
+            started = time.monotonic()
+            done = run_process(
+                sys.executable, "-m", "purgatory.pipeline", "generate", "--out",
+                tmp_path / "t", *where, cwd=tmp_path, env={**os.environ, **env}, timeout=120,
+            )  # fmt: skip
+            assert time.monotonic() - started < 60, said
+            assert done.returncode == 2, done.stderr
+            (line,) = done.stderr.splitlines()
+            assert said in line, line
+            assert not (tmp_path / "t").exists()
+
+
+def test_a_jvm_that_dies_at_its_start_is_named_by_its_cause() -> None:
+    """spark-submit's and the JVM's own words, as `JvmStartError` takes its first line."""
+    cause = _spark._cause
+    said = [
+        "Unrecognized VM option 'NoSuchOption'",
+        "Error: Could not create the Java Virtual Machine.",
+        "Error: A fatal exception has occurred. Program will exit.",
+    ]
+    assert cause(said) == "Unrecognized VM option 'NoSuchOption'"
+    said = [
+        'Exception in thread "main" org.apache.spark.SparkException: Master must either be '
+        "yarn or start with spark, k8s, or local",
+        "\tat org.apache.spark.deploy.SparkSubmit.error(SparkSubmit.scala:1)",
+    ]
+    assert cause(said).startswith("org.apache.spark.SparkException: Master must either be")
+    heap = ["Error occurred during initialization of VM", "Too small maximum heap"]
+    assert cause(heap) == "Error occurred during initialization of VM: Too small maximum heap"
+    assert "said nothing" in cause([])
+    error = _spark.JvmStartError(said)
+    assert _cli.one_line(error).startswith(
+        "JvmStartError: Spark's JVM exited at its start: org.apache.spark.SparkException"
+    )
+    assert "SparkSubmit.scala" in str(error)  # all it said, for --verbose
+
+
+# -- event logs whose edges show they are damaged: before Spark ---------------------------------
+
+
+def recorded(directory: Path) -> tuple[Path, Path]:
+    """A JSON Lines and an Arrow event log of a few operations in `directory`."""
+    record_at(directory, "p", BASE_UTC, 30)
+    record_at(directory, "q", BASE_UTC, 30, recorder=ArrowEventLog)
+    return next(directory.glob("*.jsonl")), next(directory.glob("*.arrows"))
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ("jsonl cut", "last line: not JSON"),
+        ("jsonl garbage", "line 1: not JSON"),
+        ("arrows cut", "unreadable Arrow stream (Expected to be able to read"),
+        ("arrows garbage", "unreadable Arrow stream"),
+    ],
+)
+def test_a_damaged_event_log_is_named_before_spark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, said: str
+) -> None:
+    jsonl, arrows = recorded(tmp_path / "events")
+    argv = ["analyze", "--log", tmp_path / "events", "--out", tmp_path / "o"]
+    _checks.check_event_logs(str(tmp_path / "events"))  # whole: they pass
+    file = jsonl if damage.startswith("jsonl") else arrows
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) - 50] if damage.endswith("cut") else b"\x00garbage\n" + data)
+    fails(argv, capsys, file, said)
+    generate = ["generate", "--from-log", tmp_path / "events", "--out", tmp_path / "t"]
+    fails(generate, capsys, file, said)
+
+
+def test_a_jvm_that_dies_at_its_start_says_why_in_one_line(tmp_path: Path) -> None:
+    """Through pyspark's real launch (spark-submit's scripts), a java that passes the check
+    (``-version``: 17) but dies at its start, as a JVM that cannot reserve its heap does: its
+    stderr was dropped, leaving "Java gateway process exited before sending its port number"."""
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = -version ]; then echo \'openjdk version "17.0.9"\' >&2; exit 0; fi\n'
+        "echo 'Error occurred during initialization of VM' >&2\n"
+        "echo 'Could not reserve enough space for object heap' >&2\n"
+        "exit 1\n"
+    )
+    java.chmod(0o755)
+    env = {**os.environ, "JAVA_HOME": str(tmp_path / "jdk")}
+    env.pop("SPARK_REMOTE", None)
+    started = time.monotonic()
+    done = run_process(
+        sys.executable, "-m", "purgatory.pipeline", "generate", "--out", tmp_path / "t",
+        cwd=tmp_path, env=env, timeout=300,
+    )  # fmt: skip
+    assert time.monotonic() - started < 120
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        "purgatory.pipeline generate: error: JvmStartError: Spark's JVM exited at its start: "
+        "Error occurred during initialization of VM: Could not reserve enough space for object "
+        "heap (--verbose shows the full trace)"
+    ]

@@ -15,7 +15,11 @@ windows of a batch ``analyze`` (``spark.readStream.format``).
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,12 +35,19 @@ from spark_support import (
     BASE_UTC,
     QUICK_JVM,
     connect_server,
+    environment,
+    follow_command,
     follow_killed_and_restarted,
+    follow_logs,
+    listening,
+    loopback,
     pipeline,
+    process_tree,
     record_at,
     spark_env,
     spark_submit,
     standalone_cluster,
+    until,
 )
 
 from purgatory import ArrowEventLog, DelayedOperationPurgatory
@@ -203,3 +214,70 @@ def test_follow_killed_and_restarted_gives_the_batch_windows(
         for side in ("driver", "executor"):
             where += ["--conf", f"spark.{side}.extraJavaOptions={QUICK_JVM}"]
     follow_killed_and_restarted(spark, where, tmp_path)
+
+
+@pytest.mark.parametrize("where", [["--master", "local[2]"], ["--remote", "local[2]"]])
+def test_a_local_job_listens_on_loopback_only_and_stops_at_ctrl_c_in_one_line(
+    where: list[str], tmp_path: Path
+) -> None:
+    """``analyze --follow`` on a driver started here, or a Spark Connect server started here:
+    while it runs, every socket of its processes listens on loopback, none on the web UI's
+    4040, and a Connect server's JVM has a token to demand of its clients; Ctrl-C, the documented
+    way to stop it, ends it with one line (it printed 48 lines of Py4J traces before)."""
+    log, out, checkpoint = tmp_path / "events", tmp_path / "live", tmp_path / "checkpoint"
+    follow_logs(log, 0)
+    said, errors = tmp_path / "follow.out", tmp_path / "follow.err"
+    with said.open("w") as stdout, errors.open("w") as stderr:
+        job = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "purgatory.pipeline",
+                *follow_command(log, out, checkpoint),
+                *where,
+            ],
+            cwd=tmp_path,
+            env=spark_env(),
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+        )
+        try:
+            until(lambda: any((out / "windows").glob("batch-*.parquet")), job, said)
+            sockets = listening(job.pid)
+            java = [pid for pid in process_tree(job.pid) if b"java" in command_of(pid)]
+            tokens = [environment(pid).get("SPARK_CONNECT_AUTHENTICATE_TOKEN") for pid in java]
+            job.send_signal(signal.SIGINT)
+            job.wait(timeout=120)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait(timeout=60)
+    assert java, "no JVM below the job"
+    assert sockets, "no listening socket found"
+    assert all(loopback(address) for address, _ in sockets), sockets
+    assert 4040 not in {port for _, port in sockets}, sockets
+    if where[0] == "--remote":  # (the server's Python client sends it)
+        assert all(token is not None and len(token) >= 32 for token in tokens), tokens
+    assert job.returncode == 130, errors.read_text()[-3000:]
+    assert errors.read_text() == "purgatory.pipeline analyze: error: interrupted\n"
+    deadline = time.monotonic() + 60  # the JVM ends once the driver's pipe to it closes
+    while any(running(pid) for pid in java) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in java if running(pid)], "a JVM outlived its job"
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (one its parent has not reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def command_of(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

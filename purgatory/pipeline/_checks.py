@@ -2,16 +2,22 @@
 
 Starting Spark costs seconds, and Spark reports a missing path, a torn Parquet file or an event
 log given as a trace as pages of JVM and Py4J traces. These checks look at the local files first
-(pure Python, plus pyarrow's Parquet footer reader) and raise `InputError` with one line that
-names the file, so the command line can stop before a session exists.
+(pure Python, plus pyarrow's Parquet footer reader; the first and last lines of JSON Lines
+event logs, the framing of Arrow ones) and raise `InputError` with one line that names the
+file, so the command line can stop before a session exists. `check_spark_start` does the same
+for what Spark's start needs: a master URL of a known form, a usable java, a Spark Connect
+server that accepts connections, a free port for one started here; Spark's own words for
+these come late (a silent retry of minutes, a 47-line ``BindException``) or not at all (a
+JVM's stderr dropped at its start).
 
 Only local paths are checked: a path with a scheme (``hdfs://``, ``s3a://``) is left to Spark,
 and so is a path without one under ``spark-submit``, whose default filesystem may be a cluster's.
 What needs the data (nulls, duplicate ids, timeouts beyond the timer's horizon) stays in the
 validation scan of `purgatory.pipeline.load_trace`; `horizon_limits` gives it its limits.
 
-Imports only the standard library and the core package; pyarrow is imported where a Parquet
-file is read, so the command line can say what is missing when the Spark extra is not installed.
+Imports only the standard library and the core package; pyarrow (and the event-log reader) is
+imported where a file is read, so the command line can say what is missing when the Spark extra
+is not installed.
 """
 
 from __future__ import annotations
@@ -21,7 +27,12 @@ import importlib.util
 import json
 import math
 import os
+import re
+import shutil
+import socket
 import struct
+import subprocess
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -32,18 +43,28 @@ if TYPE_CHECKING:
     from ._replay import ReplayConfig
 
 __all__ = (
+    "CONNECT_PORT",
     "EVENT_LOG_SUFFIXES",
     "EXTRA_MODULES",
     "FOLLOW_SETTINGS",
+    "JAVA_RELEASE",
     "TRACE_COLUMNS",
     "InputError",
+    "JavaMissing",
     "check_apart",
     "check_checkpoint",
     "check_configs",
+    "check_connect_server",
     "check_directory",
     "check_event_logs",
+    "check_java",
+    "check_local_remote",
+    "check_master",
     "check_output",
+    "check_port_free",
+    "check_spark_start",
     "check_trace",
+    "connect_endpoint",
     "connect_url",
     "files_here",
     "horizon_limits",
@@ -65,6 +86,13 @@ _INSTALL: Final = "pip install 'asyncio-purgatory[spark]'"
 
 class InputError(ValueError):
     """A path, file or setting that a command cannot use; the message is one line."""
+
+
+class JavaMissing(InputError, RuntimeError):
+    """Spark cannot start here: no ``java``, a ``JAVA_HOME`` without one, or a Java too old.
+
+    (A `RuntimeError` too, as it was before the checks of Spark's start moved here.)
+    """
 
 
 def missing_extra(modules: Sequence[str] = EXTRA_MODULES) -> str | None:
@@ -106,6 +134,211 @@ def files_here(master: str | None, remote: str | None = None) -> bool:
         return True
     host = url.removeprefix("sc://").split("/", 1)[0].rsplit(":", 1)[0].split(";", 1)[0]
     return host in _LOOPBACK or host.startswith("127.")
+
+
+# -- what Spark needs to start, checked before it starts -----------------------------------------
+
+#: The master URLs Spark accepts (``SparkContext``'s and spark-submit's forms); ``sc://`` URLs
+#: are Spark Connect's and handled apart.
+_MASTER: Final = re.compile(
+    r"local(\[(\*|[1-9]\d*)(,\s*[1-9]\d*)?\])?"
+    r"|local-cluster\[\s*[1-9]\d*\s*,\s*[1-9]\d*\s*,\s*[1-9]\d*\s*\]"
+    r"|spark://[^\s/]+(:\d+)?(,[^\s/]+(:\d+)?)*"
+    r"|yarn|k8s://\S+"
+)
+#: The oldest Java Spark 4 runs on.
+JAVA_RELEASE: Final = 17
+
+
+def check_master(master: str | None, what: str = "--master") -> None:
+    """Check the form of a classic master URL (``None``: the default) before a JVM starts.
+
+    A misspelt master otherwise starts a JVM whose spark-submit refuses it on a stderr that the
+    start drops: all one sees is "Java gateway process exited before sending its port number".
+
+    Raises:
+        InputError: Not a form Spark accepts.
+    """
+    if master is None or _MASTER.fullmatch(master.strip()) or master.startswith("sc://"):
+        return
+    raise InputError(
+        f"{what} {master}: not a master URL Spark knows (local, local[N], local[*], "
+        "spark://HOST:PORT, yarn, k8s://HOST:PORT, or sc://HOST:PORT for Spark Connect)"
+    )
+
+
+def check_local_remote(url: str) -> None:
+    """Check a ``--remote`` that starts a Spark Connect server here (``local``, ``local[N]``).
+
+    Raises:
+        InputError: Another form.
+    """
+    if _MASTER.fullmatch(url.strip()) and url.strip().startswith("local") and "-" not in url:
+        return
+    raise InputError(
+        f"--remote {url}: not a Spark Connect URL (sc://HOST:PORT) nor a local server to start "
+        "here (local, local[N], local[*])"
+    )
+
+
+def check_java(environ: dict[str, str] | None = None) -> str:
+    """The ``java`` a Spark started here runs, checked: it exists and is Java 17 or later.
+
+    Spark's launcher takes ``$JAVA_HOME/bin/java`` when ``JAVA_HOME`` is set (even if it is
+    wrong and a good java is on ``PATH``), else the ``java`` on ``PATH``. Run once per java:
+    ``java -version`` takes a fraction of a second.
+
+    Raises:
+        JavaMissing: No java, a ``JAVA_HOME`` without one, one that does not run, or one older
+            than 17; the message says which and what to do.
+    """
+    env = os.environ if environ is None else environ
+    home = env.get("JAVA_HOME")
+    if home:
+        java = os.path.join(home, "bin", "java")
+        if not os.access(java, os.X_OK):
+            raise JavaMissing(
+                f"JAVA_HOME={home} has no bin/java: point JAVA_HOME at a Java {JAVA_RELEASE} or "
+                "later installation, or unset it to use the java on PATH"
+            )
+    else:
+        found = shutil.which("java", path=env.get("PATH"))
+        if found is None:
+            raise JavaMissing(
+                f"Java not found: Spark needs Java {JAVA_RELEASE} or later on PATH or in "
+                "JAVA_HOME (for example: apt-get install openjdk-17-jre-headless)"
+            )
+        java = found
+    release = _java_release(os.path.realpath(java))
+    where = f"JAVA_HOME={home}" if home else java
+    if isinstance(release, str):
+        raise JavaMissing(f"{where}: java does not run ({release})")
+    if release < JAVA_RELEASE:
+        raise JavaMissing(
+            f"{where} is Java {release}: Spark needs Java {JAVA_RELEASE} or later (set "
+            "JAVA_HOME to one)"
+        )
+    return java
+
+
+@functools.cache
+def _java_release(java: str) -> int | str:
+    """The feature release of `java` (8 for ``1.8.0_x``, 17 for ``17.0.15``), or why it did
+    not say; cached per executable."""
+    try:
+        done = subprocess.run(
+            [java, "-version"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc) or type(exc).__name__
+    said = done.stderr + done.stdout
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', said)
+    if done.returncode != 0 or found is None:
+        lines = [line.strip() for line in said.splitlines() if line.strip()]
+        return lines[0] if lines else f"exit status {done.returncode}"
+    major = int(found.group(1))
+    return int(found.group(2) or 0) if major == 1 else major
+
+
+#: Spark Connect's port when a URL gives none.
+CONNECT_PORT: Final = 15002
+
+
+def connect_endpoint(url: str) -> tuple[str, int]:
+    """The host and port of an ``sc://HOST[:PORT][/;params]`` URL (port 15002 by default).
+
+    Raises:
+        InputError: Not such a URL.
+    """
+    parsed = urllib.parse.urlparse(url.strip())
+    try:
+        port = parsed.port
+    except ValueError:
+        port = -1
+    if parsed.scheme != "sc" or not parsed.hostname or port == -1:
+        raise InputError(f"{url}: not a Spark Connect URL (sc://HOST:PORT)")
+    return parsed.hostname, CONNECT_PORT if port is None else port
+
+
+def check_connect_server(url: str, seconds: float = 10.0) -> None:
+    """Check that something accepts connections where a Spark Connect URL points.
+
+    pyspark's client retries an unreachable server for minutes without a word; a plain TCP
+    connection says at once (or within `seconds`) whether anything listens there.
+
+    Raises:
+        InputError: Nothing listens there, or the host is unknown or unreachable.
+    """
+    host, port = connect_endpoint(url)
+    try:
+        with socket.create_connection((host, port), timeout=seconds):
+            return
+    except socket.gaierror as exc:
+        reason = f"unknown host ({exc.strerror})"
+    except TimeoutError:
+        reason = f"no answer within {seconds:g} s"
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+    raise InputError(
+        f"no Spark Connect server at {host}:{port} ({reason}): start one, or give the URL of a "
+        "running one (--remote / --master / SPARK_REMOTE)"
+    )
+
+
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    """Check that a server can listen on `port` of `host` (a Spark Connect server started here).
+
+    Raises:
+        InputError: The port is taken (or not a port); Spark's own error is a 47-line
+            ``BindException`` after the JVM has started.
+    """
+    if not 0 <= port <= 65535:
+        raise InputError(f"spark.connect.grpc.binding.port {port}: not a port (0-65535)")
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise InputError(
+                f"cannot start a Spark Connect server on {host}:{port}: "
+                f"{(exc.strerror or str(exc)).lower()} (another server holds it?): free it, or "
+                "drop --conf spark.connect.grpc.binding.port (a free port is chosen)"
+            ) from None
+
+
+def check_spark_start(
+    master: str | None, remote: str | None, conf: dict[str, str] | None = None
+) -> None:
+    """Everything a session of `master` / `remote` needs that can be checked without starting
+    it, each failing in one line within seconds: a Spark Connect server that accepts
+    connections; for a server started here, a free port; else a master URL of a known form;
+    and for a JVM started here, a usable java.
+
+    Raises:
+        InputError: The first problem (`JavaMissing` for java).
+    """
+    url = connect_url(master, remote)
+    if url is not None and not url.startswith("local"):
+        check_connect_server(url)
+        return
+    if url is not None:
+        check_local_remote(url)
+        port = (conf or {}).get("spark.connect.grpc.binding.port", "0")
+        if not port.strip().isdigit():
+            raise InputError(f"spark.connect.grpc.binding.port {port!r}: not a port number")
+        check_port_free(int(port))
+    elif os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return  # spark-submit started the JVM and chose the master
+    else:
+        check_master(master)
+    check_java()
 
 
 def local_path(path: str) -> str | None:
@@ -280,9 +513,13 @@ def check_event_logs(path: str) -> None:
                 f"event log {path}: not an event log file (expected a name ending in "
                 f"{' or '.join(EVENT_LOG_SUFFIXES)}, or a directory of them)"
             )
+        _check_event_file(local)
         return
     files = list(_files(local))
-    if any(os.path.basename(f).endswith(EVENT_LOG_SUFFIXES) for f in files):
+    logs = [f for f in files if os.path.basename(f).endswith(EVENT_LOG_SUFFIXES)]
+    if logs:
+        for file in logs:
+            _check_event_file(file)
         return
     if any(f.endswith(".parquet") or _starts_with_magic(f) for f in files):
         raise InputError(
@@ -296,6 +533,82 @@ def check_event_logs(path: str) -> None:
             f"({still[0]}); flush or close the recorder first"
         )
     raise InputError(f"event log {path}: no event logs (*.jsonl, *.arrows) in this directory")
+
+
+#: How much of a JSON Lines file's start and end is read for its first and last lines.
+_EDGE: Final = 1 << 20
+
+
+def _check_event_file(file: str) -> None:
+    """Check what an event-log file shows cheaply, before Spark reads it whole: a JSON Lines
+    file's first and last lines (a copy cut short ends in half a line); an Arrow stream's
+    schema, its first batch, and the framing of every message (through a memory map: the
+    bodies are not read).
+
+    Raises:
+        InputError: What the reader would say in a Spark task, naming the file.
+    """
+    from ._eventfile import _arrow_records, _Columns, _jsonl_line
+    from ._frames import TraceError
+
+    try:
+        if file.endswith(".arrows"):
+            _check_arrow_stream(file, _arrow_records)
+            return
+        for number, raw in _edge_lines(file):
+            _jsonl_line(file, number, raw, _Columns(), {})
+    except TraceError as exc:
+        text = str(exc).replace(f"{file}: line 0:", f"{file}: last line:", 1)
+        raise InputError(text) from None
+    except OSError as exc:
+        raise InputError(f"event log file {file}: cannot read it: {exc.strerror}") from None
+
+
+def _check_arrow_stream(file: str, records: Any) -> None:
+    """An Arrow event-log stream's schema and first batch, checked by its reader (`records`),
+    then every message's framing: a stream cut short ends inside a message."""
+    import pyarrow as pa
+
+    from ._frames import TraceError
+
+    with pa.memory_map(file) as source:
+        next(records(file, source, False, {}), None)
+    with pa.memory_map(file) as source:
+        reader = pa.ipc.open_stream(source)
+        try:
+            while True:
+                reader.read_next_batch()
+        except StopIteration:
+            return
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            reason = (str(exc).strip().splitlines() or ["cut short"])[0]
+            raise TraceError(f"event log file {file}: unreadable Arrow stream ({reason})") from None
+
+
+def _edge_lines(file: str) -> list[tuple[int, bytes]]:
+    """A JSON Lines file's first non-blank line, numbered, and its last (numbered 0: its
+    number is unknown without reading the whole file); none for an empty file or one whose
+    first line is longer than what is read of it."""
+    with open(file, "rb") as f:
+        head = f.read(_EDGE)
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - _EDGE))
+        tail = f.read(_EDGE)
+    first = next(
+        ((n, line + b"\n") for n, line in enumerate(head.split(b"\n")[:-1], 1) if line.strip()),
+        None,
+    )
+    if first is None:  # no whole line: one line without its newline, or a very long one
+        return [(1, head)] if head.strip() and size <= _EDGE else []
+    edges = [first]
+    lines = tail.split(b"\n")
+    ending = lines.pop()  # after the last newline: a line cut short, or nothing
+    whole = [line for line in lines if line.strip()]
+    if ending.strip():
+        edges.append((0, ending))
+    elif whole and (size > _EDGE or len(whole) > 1 or whole[-1] + b"\n" != first[1]):
+        edges.append((0, whole[-1] + b"\n"))
+    return edges
 
 
 def _starts_with_magic(file: str) -> bool:

@@ -70,12 +70,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.verbose:
             raise
+        if _interrupted():  # a job cancelled by Ctrl-C fails with Spark's "cancelled" error
+            print(f"{where} interrupted", file=sys.stderr)
+            return 130
         bad_input = _is_input_error(exc)
         text = one_line(exc)
         if not bad_input:
             text += " (--verbose shows the full trace)"
         print(f"{where} {text}", file=sys.stderr)
         return 2 if bad_input else 1
+
+
+def _interrupted() -> bool:
+    spark = sys.modules.get(f"{__package__}._spark")
+    return bool(spark is not None and spark.interrupted())
 
 
 def _is_input_error(exc: BaseException) -> bool:

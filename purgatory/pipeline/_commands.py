@@ -25,6 +25,7 @@ from ._checks import (
     check_directory,
     check_event_logs,
     check_output,
+    check_spark_start,
     check_trace,
     connect_url,
     files_here,
@@ -105,7 +106,10 @@ def _shown(args: argparse.Namespace, path: str) -> str:
 
 
 def _session(args: argparse.Namespace) -> SparkSession:
-    from ._spark import get_session, quiet
+    """The command's session, once what it needs has been checked (`check_spark_start`); Ctrl-C
+    then stops its job without a trace (`stop_on_interrupt`)."""
+    check_spark_start(args.master, args.remote, dict(args.conf))
+    from ._spark import get_session, quiet, stop_on_interrupt
 
     spark = get_session(
         args.master,
@@ -117,6 +121,7 @@ def _session(args: argparse.Namespace) -> SparkSession:
     if not args.verbose:
         # Spark logs a failed task's traces itself, before the driver sees the error.
         quiet(spark, "FATAL")
+    stop_on_interrupt(spark)
     return spark
 
 

@@ -29,7 +29,11 @@ Options of ``purgatory-events``:
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import subprocess
+import sys
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -64,6 +68,8 @@ __all__ = (
     "TRACE_FORMAT",
     "EventsSource",
     "TraceSource",
+    "WorkerPythonError",
+    "check_worker_python",
     "list_files",
     "register_data_sources",
     "spark_struct",
@@ -318,9 +324,15 @@ def register_data_sources(spark: SparkSession) -> None:
     Then ``spark.read.format("purgatory-events").load(DIR)`` reads every event log under
     ``DIR`` (``spark.readStream`` follows it), and ``spark.read.format("purgatory-trace")``
     reads a trace. The schemas and options: ``docs/pipeline-schemas.md``.
+
+    Raises:
+        WorkerPythonError: The session runs its Python workers on this machine (a local
+            master, or a Spark Connect server started in this process) with a Python that
+            cannot import this package; the message says how to fix it.
     """
     if spark in _REGISTERED:
         return
+    check_worker_python(spark)
     spark.dataSource.register(EventsSource)
     spark.dataSource.register(TraceSource)
     _REGISTERED[spark] = None
@@ -328,3 +340,78 @@ def register_data_sources(spark: SparkSession) -> None:
 
 #: The sessions the sources are registered on (Spark warns of each registration again).
 _REGISTERED: weakref.WeakKeyDictionary[Any, None] = weakref.WeakKeyDictionary()
+
+
+class WorkerPythonError(RuntimeError):
+    """The Python a session's workers run cannot import this package (one line: the fix)."""
+
+
+def check_worker_python(spark: SparkSession) -> None:
+    """Check that the Python workers of `spark` can import this package, where they run here.
+
+    A data source runs in Spark's Python workers, which run ``PYSPARK_PYTHON`` as it was when
+    the session's context started, else ``python3`` from ``PATH``: outside the virtualenv, the
+    first read fails in 40 lines of worker traceback ending in ``No module named 'purgatory'``.
+    On a local master (or a Spark Connect server this process started), that Python is run
+    once, here, to import the package and pyarrow and numpy (``spark.submit.pyFiles`` on its
+    path, as the workers have them). Workers elsewhere (a cluster, a remote Spark Connect
+    server) are not checked.
+
+    Raises:
+        WorkerPythonError: It cannot import the package; the message names it and the fix.
+    """
+    context = _local_context(spark)
+    if context is None:
+        return
+    python = str(getattr(context, "pythonExec", None) or "python3")
+    files = context.getConf().get("spark.submit.pyFiles") or ""
+    paths = [p.removeprefix("file:") for p in files.split(",") if p]
+    problem = _import_problem(python, tuple(paths), os.environ.get("PYTHONPATH", ""))
+    if problem is not None:
+        raise WorkerPythonError(
+            f"Spark's Python workers run {python} ({problem}): set PYSPARK_PYTHON="
+            f"{sys.executable} before the session is built (or "
+            f"spark.sparkContext.pythonExec = {sys.executable!r}), or install this package "
+            f"in that Python"
+        )
+
+
+def _local_context(spark: SparkSession) -> Any:
+    """The SparkContext of `spark` when its Python workers run on this machine, else None."""
+    from pyspark import SparkContext
+
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        context = SparkContext._active_spark_context
+        if not os.environ.get("SPARK_LOCAL_REMOTE") or context is None:
+            return None  # a remote server's workers
+    else:
+        context = spark.sparkContext
+    master = str(context.master)
+    return context if master.startswith("local") and "cluster" not in master else None
+
+
+@functools.cache
+def _import_problem(python: str, paths: tuple[str, ...], pythonpath: str) -> str | None:
+    """Why `python` cannot import what the sources' tasks need (this package, pyarrow, numpy;
+    pyspark comes from Spark), with `paths` before `pythonpath`, or None; asked once per
+    Python and path."""
+    found = shutil.which(python)
+    if found is None:
+        return "not found on PATH" if os.sep not in python else "no such executable"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *filter(None, [pythonpath])])}
+    try:
+        done = subprocess.run(
+            [found, "-c", "import purgatory, pyarrow, numpy"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"cannot run it: {exc}"
+    if done.returncode == 0:
+        return None
+    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit status {done.returncode}"

@@ -10,9 +10,11 @@ Connect, whose client has no JVM).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
-import shutil
+import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -28,18 +30,30 @@ from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
 from . import _class_archive as class_archive
-from ._checks import connect_url
+from ._checks import (
+    InputError,
+    JavaMissing,
+    check_connect_server,
+    check_local_remote,
+    check_master,
+    check_port_free,
+    connect_url,
+)
+from ._checks import check_java as _check_java
 
 __all__ = (
     "JavaMissing",
+    "JvmStartError",
     "atomic_output",
     "check_java",
     "connect_url",
     "get_session",
+    "interrupted",
     "is_connect",
     "is_local_master",
     "quiet",
     "running_under_spark_submit",
+    "stop_on_interrupt",
     "utc_timestamps",
 )
 
@@ -52,24 +66,14 @@ _SQL: Final = {
 _LOCAL: Final = re.compile(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$")
 
 
-class JavaMissing(RuntimeError):
-    """Spark cannot start: no ``java`` was found."""
-
-
 def check_java() -> None:
-    """Raise `JavaMissing` with one clear line when neither ``JAVA_HOME`` nor ``PATH`` has java.
+    """Raise `JavaMissing` with one clear line when Spark's launcher would find no usable java:
+    none on ``PATH`` nor in ``JAVA_HOME``, a ``JAVA_HOME`` without one, or one older than 17.
 
-    Runs before Spark is started, whose own error for this is a long gateway traceback.
+    Runs before Spark is started, whose own error for these is "Java gateway process exited
+    before sending its port number" and nothing else.
     """
-    home = os.environ.get("JAVA_HOME")
-    if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
-        return
-    if shutil.which("java"):
-        return
-    raise JavaMissing(
-        "Java not found: Spark needs Java 17 or later on PATH or in JAVA_HOME "
-        "(for example: apt-get install openjdk-17-jre-headless)"
-    )
+    _check_java()
 
 
 def running_under_spark_submit() -> bool:
@@ -110,7 +114,10 @@ def get_session(
 
     - Spark Connect: `remote` (``sc://host:port``, or ``local``/``local[N]`` for a server
       started in this process, as pyspark's ``--remote``), a `master` ``sc://host:port``, or no
-      master and ``SPARK_REMOTE`` set. A remote server runs the jobs: no Java is needed here.
+      master and ``SPARK_REMOTE`` set. A remote server runs the jobs: no Java is needed here,
+      and it must accept connections now (pyspark's client would retry for minutes). A server
+      started here listens on 127.0.0.1 only, at a free port, with no web UI, and serves only
+      clients with its token (`_server_settings`).
     - a classic master (default ``local[*]``), unless spark-submit already chose one. With a
       ``local[...]`` master the driver binds 127.0.0.1 only, and the shuffle has as many
       partitions as there are cores (adaptive execution coalesces them further): a small job
@@ -122,48 +129,45 @@ def get_session(
 
     The Python workers run this interpreter (``PYSPARK_PYTHON``, unless set), so the package
     and its dependencies are the ones installed here. `conf` is applied last.
+
+    Raises:
+        InputError: What can be checked before Spark starts, in one line: a master or
+            ``--remote`` of no known form, no usable java (`JavaMissing`), no Connect server at
+            the URL, a busy port named for a server started here.
+        JvmStartError: The JVM started here exited at its start (its cause, in one line).
     """
     settings: dict[str, str] = dict(_SQL)
     url = connect_url(master, remote)
-    if url is not None:
-        if url.startswith("local"):  # pyspark starts a Connect server in this process
-            check_java()
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        builder: Any = SparkSession.builder.remote(url)
-        for key, value in {**settings, **(conf or {})}.items():
-            builder = builder.config(key, value)
-        session: SparkSession = builder.getOrCreate()
-        return session
-    if master is not None and os.environ.get("SPARK_REMOTE"):
+    if url is not None and not url.startswith("local"):
+        return _remote({**settings, **(conf or {})}, url)
+    server = url  # a Spark Connect server to start in this process, or None
+    if server is not None:
+        check_local_remote(server)
+        if running_under_spark_submit():
+            raise InputError(
+                f"--remote {server}: a Spark session already runs in this process "
+                "(spark-submit's, or one made before): use it, or give sc://HOST:PORT"
+            )
+        master = server.strip()
+    elif master is not None and os.environ.get("SPARK_REMOTE"):
         # The explicit option wins; pyspark would refuse the two together.
         print(f"purgatory.pipeline: --master {master}: SPARK_REMOTE ignored", file=sys.stderr)
         del os.environ["SPARK_REMOTE"]
-    check_java()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     submitted = running_under_spark_submit()
-    if submitted:
-        if master is not None:
-            print(
-                f"purgatory.pipeline: --master {master} ignored: spark-submit chose the master",
-                file=sys.stderr,
-            )
-        if ui:
-            settings["spark.ui.enabled"] = "true"
-    else:
-        settings["spark.master"] = master or "local[*]"
-        settings["spark.app.name"] = app
-        settings["spark.ui.enabled"] = "true" if ui else "false"
-        settings["spark.ui.showConsoleProgress"] = "true" if _terminal() else "false"
-        if is_local_master(master):
-            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-            settings.update(_local_settings(master))
+    if not submitted:  # (else spark-submit's JVM runs, with its master)
+        check_master(master)
+        check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    settings.update(_driver_settings(master, app, ui=ui, submitted=submitted))
+    if server is not None:
+        settings.update(_server_settings(conf or {}))
     archive: class_archive.Plan | None = None
     options = "spark.driver.extraJavaOptions"
     if options in settings and options not in (conf or {}):  # a local driver started here
         archive = class_archive.plan(settings[options])
         settings[options] = archive.options
     settings.update(conf or {})
+    session: SparkSession
     try:
         session = _classic(app, settings, quiet_start and not submitted)
     except PySparkRuntimeError:
@@ -177,6 +181,96 @@ def get_session(
     if archive is not None:
         _check_archive(archive)
     quiet(session, "WARN")
+    if server is not None:
+        return _connect_to_server(session, settings)
+    return session
+
+
+def _driver_settings(master: str | None, app: str, *, ui: bool, submitted: bool) -> dict[str, str]:
+    """The driver's settings: under spark-submit, the web UI if asked for (spark-submit chose
+    the rest); else the master, the app's name, the web UI and progress bar, and for a
+    ``local[...]`` master loopback only (`_local_settings`)."""
+    if submitted:
+        if master is not None:
+            print(
+                f"purgatory.pipeline: --master {master} ignored: spark-submit chose the master",
+                file=sys.stderr,
+            )
+        return {"spark.ui.enabled": "true"} if ui else {}
+    settings = {
+        "spark.master": master or "local[*]",
+        "spark.app.name": app,
+        "spark.ui.enabled": "true" if ui else "false",
+        "spark.ui.showConsoleProgress": "true" if _terminal() else "false",
+    }
+    if is_local_master(master):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        settings.update(_local_settings(master))
+    return settings
+
+
+def _remote(settings: Mapping[str, str], url: str) -> SparkSession:
+    """A session of the Spark Connect server at `url`, which must accept connections now:
+    pyspark's client would retry an unreachable one for minutes without a word."""
+    check_connect_server(url)
+    builder: Any = SparkSession.builder.remote(url)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    session: SparkSession = builder.getOrCreate()
+    return session
+
+
+#: The Spark Connect server's plugin, and the settings pyspark gives a server it starts.
+_SERVER: Final = {
+    "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+    "spark.sql.artifact.isolation.enabled": "true",
+    "spark.sql.artifact.isolation.alwaysApplyClassloader": "true",
+}
+
+
+def _server_settings(conf: Mapping[str, str]) -> dict[str, str]:
+    """What a Spark Connect server started here listens with: loopback only, a free port
+    (unless `conf` names one, checked free first), and a token every client must present.
+
+    pyspark's own ``remote("local")`` server listens on every interface at port 15002 with a
+    web UI on 4040. Here the token is made once per process (``SPARK_CONNECT_AUTHENTICATE_TOKEN``
+    unless set; the server's JVM inherits it, this process's client sends it), and the web UI
+    is off like a local driver's (``--ui`` starts it).
+    """
+    key = "spark.connect.grpc.binding.port"
+    try:
+        port = int(conf.get(key, "0"))
+    except ValueError:
+        raise InputError(f"{key} {conf[key]!r}: not a port number") from None
+    check_port_free(port)
+    token = conf.get("spark.connect.authenticate.token") or secrets.token_urlsafe(32)
+    os.environ.setdefault("SPARK_CONNECT_AUTHENTICATE_TOKEN", token)
+    return {
+        **_SERVER,
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        key: str(port),
+    }
+
+
+def _connect_to_server(server: SparkSession, settings: Mapping[str, str]) -> SparkSession:
+    """A Spark Connect session of the server that `server` (this process's driver) runs.
+
+    As pyspark's ``remote("local")`` does: Connect mode for the DataFrame API, and the server
+    stopped with the session (``SPARK_LOCAL_REMOTE``). The client goes to ``localhost``, the
+    host for which pyspark sends the token over a local (loopback-only) channel.
+    """
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    jvm: Any = server.sparkContext._jvm
+    service = getattr(jvm, "org.apache.spark.sql.connect.service.SparkConnectService$")
+    port = int(getattr(service, "MODULE$").localPort())
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    os.environ["SPARK_LOCAL_REMOTE"] = "1"
+    builder: Any = ConnectSession.builder.remote(f"sc://localhost:{port}")
+    for key, value in settings.items():
+        if key.startswith("spark.sql.") and not key.startswith("spark.sql.artifact."):
+            builder = builder.config(key, value)
+    session: SparkSession = builder.getOrCreate()
     return session
 
 
@@ -205,12 +299,23 @@ def _check_archive(archive: class_archive.Plan) -> None:
 
 def _classic(app: str, settings: Mapping[str, str], quiet_start: bool) -> SparkSession:
     """A classic session with `settings`; with `quiet_start`, its driver's JVM started here
-    with its stderr passed through a filter that drops what it says while it starts."""
+    with its stderr passed through a filter that holds back what it says while it starts
+    (its start-up lines are dropped; a JVM that dies at its start is reported by its cause)."""
     if quiet_start and SparkContext._gateway is None:
         conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
         launch: Any = launch_gateway  # (untyped)
-        gateway = launch(conf, popen_kwargs={"stderr": subprocess.PIPE})
-        relay = _StartFilter(gateway.proc.stderr)
+        read, write = os.pipe()
+        relay = _StartFilter(os.fdopen(read, "rb"))
+        try:
+            gateway = launch(conf, popen_kwargs={"stderr": write})
+        except PySparkRuntimeError as exc:
+            failed: PySparkRuntimeError | None = exc
+        else:
+            failed = None
+        finally:
+            os.close(write)  # (the JVM has its own copy)
+        if failed is not None:
+            raise JvmStartError(relay.failed()) from failed
         SparkContext._gateway = gateway
         SparkContext._jvm = gateway.jvm
     else:
@@ -228,6 +333,38 @@ def _classic(app: str, settings: Mapping[str, str], quiet_start: bool) -> SparkS
         if relay is not None:
             relay.started()
     return session
+
+
+class JvmStartError(PySparkRuntimeError):
+    """Spark's JVM exited before it started: the message's first line is its cause, as the
+    JVM (or spark-submit) said it; the lines after are all it said."""
+
+    def __init__(self, said: list[str]) -> None:
+        text = f"Spark's JVM exited at its start: {_cause(said)}"
+        super().__init__(message="\n".join([text, *said]))
+
+
+#: A JVM's or spark-submit's line that says why it stopped.
+_CAUSE: Final = re.compile(
+    r"(Error|Exception|error:|Unrecognized|Invalid|Could not|cannot|not found|No such)"
+)
+
+
+def _cause(said: list[str]) -> str:
+    """The line of what a JVM said at its start that names why it stopped: the first error
+    line (not a stack frame), without "Exception in thread "main"" before it."""
+    lines = [line.strip() for line in said if line.strip() and not line.startswith("\tat ")]
+    at = next((i for i, line in enumerate(lines) if _CAUSE.search(line)), 0)
+    if not lines:
+        return "it said nothing (is the Spark installation complete?)"
+    found = re.sub(r'^Exception in thread "[^"]*"\s*', "", lines[at])
+    if found.startswith(_GENERIC) and at + 1 < len(lines):  # the JVM says why on the next line
+        found = f"{found.rstrip('.')}: {lines[at + 1]}"
+    return found[:400]
+
+
+#: A JVM's lines that say it stopped, not why.
+_GENERIC: Final = ("Error occurred during initialization of VM", "Error: Could not create the")
 
 
 def _forget_gateway() -> None:
@@ -259,17 +396,33 @@ _START_NOISE: Final = re.compile(
 
 
 class _StartFilter:
-    """Passes a JVM's stderr on to ours, except the start-up lines (`_START_NOISE`) it prints
-    before `started`; a daemon thread reads it for the JVM's life."""
+    """Passes a JVM's stderr on to ours, except the start-up lines (`_START_NOISE`); what it
+    says before `started` is held back, and written then, or given by `failed` (a JVM that
+    died at its start). A daemon thread reads it for the JVM's life."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
         self._starting = threading.Event()
         self._starting.set()
-        threading.Thread(target=self._run, name="purgatory-jvm-stderr", daemon=True).start()
+        self._lock = threading.Lock()
+        self._held: list[bytes] = []
+        self._thread = threading.Thread(target=self._run, name="purgatory-jvm-stderr", daemon=True)
+        self._thread.start()
 
     def started(self) -> None:
-        self._starting.clear()
+        with self._lock:
+            self._starting.clear()
+            held, self._held = self._held, []
+        if held:
+            _write(b"".join(held))
+
+    def failed(self, seconds: float = 10.0) -> list[str]:
+        """What the JVM said (less its start-up lines), once it closed its stderr."""
+        self._thread.join(seconds)
+        with self._lock:
+            self._starting.clear()
+            held, self._held = self._held, []
+        return b"".join(held).decode("utf-8", errors="replace").splitlines()
 
     def _run(self) -> None:
         pending = b""
@@ -277,17 +430,35 @@ class _StartFilter:
             data = self._stream.read1(65536) if hasattr(self._stream, "read1") else b""
             if not data:
                 break
-            if not self._starting.is_set():
-                _write(pending + data)
-                pending = b""
-                continue
             lines = (pending + data).split(b"\n")
             pending = lines.pop()
-            kept = [line + b"\n" for line in lines if not _START_NOISE.match(line)]
+            with self._lock:
+                starting = self._starting.is_set()
+                kept = [line + b"\n" for line in lines if not _noise(line, starting)]
+                if starting:
+                    self._held += kept
+                    continue
+            if pending and not (pending.startswith(_PREFIX) or _PREFIX.startswith(pending)):
+                kept.append(pending)  # (a line in progress: a progress bar's)
+                pending = b""
             if kept:
                 _write(b"".join(kept))
-        if pending:
+        with self._lock:
+            if pending and self._starting.is_set():
+                self._held.append(pending)
+                pending = b""
+        if pending and not _ALWAYS_NOISE.match(pending):
             _write(pending)
+
+
+#: What the JVM of a Spark Connect server started here relays from pyspark's foreachBatch
+#: worker: a line per micro-batch, and its server's URL with the token in it.
+_ALWAYS_NOISE: Final = re.compile(rb"^Streaming (ForeachBatch|query listener) worker ")
+_PREFIX: Final = b"Streaming "
+
+
+def _noise(line: bytes, starting: bool) -> bool:
+    return bool(_ALWAYS_NOISE.match(line) or (starting and _START_NOISE.match(line)))
 
 
 def _write(data: bytes) -> None:
@@ -325,9 +496,71 @@ def is_connect(spark: SparkSession) -> bool:
 
 
 def quiet(spark: SparkSession, level: str) -> None:
-    """Set the driver's log level (a classic session's; a Connect server keeps its own)."""
+    """Set the driver's log level: a classic session's, or that of the Spark Connect server
+    this process started (a remote server keeps its own)."""
     if not is_connect(spark):
         spark.sparkContext.setLogLevel(level)
+    elif os.environ.get("SPARK_LOCAL_REMOTE") and SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.setLogLevel(level)
+
+
+#: Set by the handler `stop_on_interrupt` installs, at the first Ctrl-C.
+_INTERRUPTED: Final = threading.Event()
+
+
+def interrupted() -> bool:
+    """Whether Ctrl-C was pressed since `stop_on_interrupt` (a long job checks it between its
+    calls into Spark, to stop cleanly)."""
+    return _INTERRUPTED.is_set()
+
+
+def stop_on_interrupt(spark: SparkSession) -> None:
+    """Make Ctrl-C stop a command's job cleanly, with no trace on stderr.
+
+    pyspark's own handler cancels the jobs through the very Py4J connection the main thread is
+    waiting on: a reentrant call that fails, and Py4J logs that and the interrupt on the root
+    logger, 48 lines of traces. This one cancels the jobs from a thread of its own (on Spark
+    Connect: interrupts the session's operations), drops what Py4J logs from then on, and
+    raises `KeyboardInterrupt` in the main thread. A second Ctrl-C raises it again at once.
+    Only for the main thread of a command line: a library leaves signals to its application.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        first = not _INTERRUPTED.is_set()
+        _INTERRUPTED.set()
+        if first:
+            _silence_py4j()
+            threading.Thread(
+                target=_cancel, args=(spark,), name="purgatory-interrupt", daemon=True
+            ).start()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+
+
+def _silence_py4j() -> None:
+    """Drop what Py4J logs from now on: on its own loggers (``py4j.clientserver``: a connection
+    the interrupt broke, shut down), and on the root logger, where it logs a send that failed."""
+    logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)
+    root = logging.getLogger()
+    root.addFilter(_not_py4j)
+    for handler in root.handlers:
+        handler.addFilter(_not_py4j)
+
+
+def _not_py4j(record: logging.LogRecord) -> bool:
+    """A root-logger filter: Py4J's messages about a connection the interrupt broke go."""
+    return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
+def _cancel(spark: SparkSession) -> None:
+    with contextlib.suppress(Exception):
+        if is_connect(spark):
+            spark.interruptAll()
+        else:
+            spark.sparkContext.cancelAllJobs()
 
 
 @contextmanager
