@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test docs lint bench pipeline clean
+.PHONY: demo test sanitize leaks fuzz docs lint bench pipeline clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,31 @@ test: $(BIN)/python
 	PURGATORY_EXPECT_IMPLEMENTATION=native $(BIN)/python -m pytest
 	PURGATORY_NO_EXTENSIONS=1 PURGATORY_EXPECT_IMPLEMENTATION=python \
 		$(BIN)/python -m pytest -q $(CORE_TESTS)
+
+# The native core built with AddressSanitizer (out of the tree, in build/asan: the tree's own
+# build is untouched) and SANITIZE_TESTS run on it under PYTHONMALLOC=malloc with gcc's libasan
+# preloaded (tools/sanitize.sh says why each setting); any AddressSanitizer report, in the tests'
+# process or in one they start (the differential test's workers), fails it. The core's tests
+# but those of the Spark load model (a JVM does not run with libasan preloaded), and the
+# differential test with its hostile programs.
+SANITIZE_TESTS ?= $(filter-out tests/test_load_model.py,$(CORE_TESTS)) tests/test_differential.py
+sanitize: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test,examples,arrow]'
+	tools/sanitize.sh $(BIN)/python $(SANITIZE_TESTS)
+
+# The reference-leak tests (tests/test_leaks.py) on Debian's debug interpreter: tools/leaks.sh
+# installs python3.11-dbg from apt when it is missing, makes build/dbg-venv with the `leaks`
+# extra, and counts sys.gettotalrefcount() over each hot and error path.
+leaks:
+	tools/leaks.sh
+
+# The differential test, long: STEPS actions per test (the suite's default keeps it under a
+# minute), e.g. `make fuzz STEPS=1000000`. A crash or a difference prints the failing program.
+STEPS ?= 100000
+fuzz: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	PURGATORY_DIFFERENTIAL_STEPS=$(STEPS) $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/test_differential.py
 
 # Build the documentation site into build/site (strict: any warning fails the build). pytest
 # builds it too (tests/test_docs.py), so `make test` checks it.

@@ -14,15 +14,20 @@ compare with.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from differential_worker import HOSTILE_KINDS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,44 +42,94 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+#: How long a worker may take over one program before it is held to hang (a program the
+#: differential test draws runs in milliseconds; an AddressSanitizer build is slower).
+TIMEOUT = float(os.environ.get("PURGATORY_DIFFERENTIAL_TIMEOUT", "60"))
+
+
+class WorkerFailed(AssertionError):
+    """A worker died (a crash: a signal, an AddressSanitizer report) or hung over a program."""
+
+
 class Worker:
-    """A worker process of one implementation, fed programs one at a time."""
+    """A worker process of one implementation, fed programs one at a time.
+
+    A worker that dies or hangs over a program fails that program, with its exit status and the
+    end of its stderr (a fault's traceback, an AddressSanitizer report), and is started again
+    for the next one, so that hypothesis can go on shrinking the program that crashed it.
+    """
 
     def __init__(self, pure: bool) -> None:
-        env = dict(os.environ, PYTHONHASHSEED="0")
+        self.pure = pure
+        self.implementation = "python" if pure else "native"
+        self.start()
+
+    def start(self) -> None:
+        env = dict(os.environ, PYTHONHASHSEED="0", PYTHONFAULTHANDLER="1")
+        # Freed memory filled with a dead byte: an object used after it was freed crashes the
+        # worker rather than reading what happens to be left there (`make sanitize` sets
+        # PYTHONMALLOC=malloc for AddressSanitizer, which fills it itself).
+        env.setdefault("PYTHONMALLOC", "debug")
         env.pop("PURGATORY_NO_EXTENSIONS", None)
-        if pure:
+        if self.pure:
             env["PURGATORY_NO_EXTENSIONS"] = "1"
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives with the process
         self.process = subprocess.Popen(
             [sys.executable, str(WORKER)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=self.stderr,
             text=True,
             env=env,
             cwd=ROOT,
         )
-        self.implementation = json.loads(self.read())["implementation"]
+        self.implementation = json.loads(self.read(TIMEOUT))["implementation"]
 
-    def read(self) -> str:
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line:
-            code = self.process.wait()
-            raise AssertionError(f"the {self.implementation!r} worker died (exit {code})")
-        return line
+    def read(self, timeout: float) -> str:
+        stdout = self.process.stdout
+        assert stdout is not None
+        ready, _, _ = select.select([stdout], [], [], timeout)
+        line = stdout.readline() if ready else ""
+        if line:
+            return line
+        if not ready:
+            self.process.kill()
+        code = self.process.wait()
+        self.stderr.seek(0)
+        tail = self.stderr.read()[-6000:]
+        what = "hung" if not ready else f"died ({describe_exit(code)})"
+        raise WorkerFailed(f"the {self.implementation!r} worker {what}; its stderr:\n{tail}")
 
     def run(self, program: dict[str, Any]) -> Any:
+        if self.process.poll() is not None:
+            self.close()
+            self.start()
         assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(program) + "\n")
-        self.process.stdin.flush()
-        return json.loads(self.read())
+        try:
+            self.process.stdin.write(json.dumps(program) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died: read says how
+        return json.loads(self.read(TIMEOUT))
 
     def close(self) -> None:
-        assert self.process.stdin is not None
-        assert self.process.stdout is not None
-        self.process.stdin.close()
-        self.process.wait(timeout=30)
-        self.process.stdout.close()
+        if self.process.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        self.stderr.close()
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit status {code}"
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +160,41 @@ _PROGRAM = st.fixed_dictionaries(
     }
 )
 
+# Hostile programs: traps armed often (differential_worker.py's `arm`), hostile keys and
+# thresholds watched, triggered and cancelled, collections; among the plain actions.
+_ARM, _WATCH_HOSTILE, _TRIGGER_HOSTILE, _CANCEL_HOSTILE, _COLLECT = HOSTILE_KINDS
+_HOSTILE_KIND = st.sampled_from(
+    [_ARM] * 5
+    + [_WATCH_HOSTILE] * 6
+    + [_TRIGGER_HOSTILE] * 4
+    + [_CANCEL_HOSTILE] * 2
+    + [_COLLECT] * 3
+    + [0] * 3
+    + [1] * 2
+    + [2] * 2
+    + [3, 5, 5, 6, 7, 8, 11]
+    + list(range(14))
+)
+_HOSTILE_PROGRAM = st.fixed_dictionaries(
+    {
+        "actions": st.lists(
+            st.tuples(_HOSTILE_KIND, *[st.integers(0, 40)] * 3).map(list),
+            min_size=4,
+            max_size=60,
+        ),
+        "purge_interval": st.sampled_from([0, 1, 3, 1000]),
+        "wheel_size": st.sampled_from([2, 3, 4, 8, 1024]),
+        "log": st.booleans(),
+    }
+)
+
+#: The actions each test runs, as programs of a few to 60 actions (PURGATORY_DIFFERENTIAL_STEPS;
+#: the default keeps the module well under a minute; `make fuzz STEPS=1000000` for a long run).
+#: Hypothesis' programs have MEAN_ACTIONS actions on average (measured), so the examples are
+#: STEPS / MEAN_ACTIONS.
+STEPS = int(os.environ.get("PURGATORY_DIFFERENTIAL_STEPS", "6000"))
+MEAN_ACTIONS = 12
+
 
 def first_difference(a: Any, b: Any) -> str:
     if isinstance(a, list) and isinstance(b, list):
@@ -115,18 +205,42 @@ def first_difference(a: Any, b: Any) -> str:
     return f"native: {a!r}\npure: {b!r}"
 
 
-@settings(
-    max_examples=int(os.environ.get("PURGATORY_DIFFERENTIAL_EXAMPLES", "300")),
+def compare(workers: tuple[Worker, Worker], program: dict[str, Any]) -> None:
+    """Run `program` on both workers: a crash of either, or a difference, fails with the program
+    (one JSON line: ``python tests/differential_worker.py < program.json`` runs it again)."""
+    native, pure = workers
+    replay = f"the program: {json.dumps(program)}"
+    try:
+        a = native.run(program)
+        b = pure.run(program)
+    except WorkerFailed as exc:
+        raise WorkerFailed(f"{exc}\n{replay}") from None
+    assert a == b, f"{first_difference(a, b)}\n{replay}"
+
+
+_SETTINGS = settings(
+    max_examples=max(1, STEPS // MEAN_ACTIONS),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+
+
+@_SETTINGS
 @given(program=_PROGRAM)
 def test_both_implementations_behave_the_same(
     workers: tuple[Worker, Worker], program: dict[str, Any]
 ) -> None:
-    native, pure = workers
-    a, b = native.run(program), pure.run(program)
-    assert a == b, first_difference(a, b)
+    compare(workers, program)
+
+
+@_SETTINGS
+@given(program=_HOSTILE_PROGRAM)
+def test_both_implementations_survive_hostile_user_code_alike(
+    workers: tuple[Worker, Worker], program: dict[str, Any]
+) -> None:
+    """Keys, thresholds, callbacks and __del__ that re-enter the purgatory, and collections in
+    the middle of its calls: neither build crashes, and both do the same."""
+    compare(workers, program)
 
 
 def test_the_worker_observes_enough() -> None:
