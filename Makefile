@@ -36,9 +36,11 @@ test: $(BIN)/python
 # build is untouched) and SANITIZE_TESTS run on it under PYTHONMALLOC=malloc with gcc's libasan
 # preloaded (tools/sanitize.sh says why each setting); any AddressSanitizer report, in the tests'
 # process or in one they start (the differential test's workers), fails it. The core's tests
-# but those of the Spark load model (a JVM does not run with libasan preloaded), and the
-# differential test with its hostile programs.
-SANITIZE_TESTS ?= $(filter-out tests/test_load_model.py,$(CORE_TESTS)) tests/test_differential.py
+# but the Spark load model's (a JVM does not run with libasan preloaded) and the leak tests'
+# (without pymalloc they have nothing to count: `make leaks` runs them), and the differential
+# test with its hostile programs (PURGATORY_DIFFERENTIAL_STEPS sets its length here too).
+SANITIZE_TESTS ?= $(filter-out tests/test_load_model.py tests/test_leaks.py,$(CORE_TESTS)) \
+	tests/test_differential.py
 sanitize: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,examples,arrow]'
 	tools/sanitize.sh $(BIN)/python $(SANITIZE_TESTS)

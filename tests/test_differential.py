@@ -1,5 +1,5 @@
 """One behaviour: the native core and the pure-Python modules, driven by the same programs, must
-be indistinguishable to a user.
+be indistinguishable to a user, and no program may crash either.
 
 Hypothesis draws programs (watches of operations of every shape users write: plain, raising in
 any callback, re-entrant, falsely claiming, async; triggers with and without a value, forces,
@@ -7,6 +7,17 @@ cancels, timer passes with and without a budget, drains, purges, shutdowns, bad 
 two worker processes (tests/differential_worker.py), one per implementation, run each and
 print everything observable: results and exceptions with their messages, callbacks in order,
 error reports, event-log records, statistics, reprs, invariants. The traces must be equal.
+
+The hostile programs add user code that re-enters the purgatory from inside its own calls:
+keys whose __hash__ or __eq__, thresholds whose comparisons, callbacks and __del__ that
+trigger, cancel, shut down, force, watch, purge, drain or move the clock, and collections in
+the middle of it all (the worker's "hostile user code" says how). A worker that dies (a
+segfault, an AddressSanitizer report under `make sanitize`) or hangs fails the program, which
+is printed as one JSON line (``python tests/differential_worker.py < program.json`` replays
+it), and is replaced for the next one. The workers run with PYTHONMALLOC=debug, unless set, so
+that an object used after it was freed crashes rather than reads stale memory.
+
+PURGATORY_DIFFERENTIAL_STEPS sets the length of each test (`make fuzz STEPS=1000000`).
 
 Runs where the native core is built; with PURGATORY_NO_EXTENSIONS set there is nothing to
 compare with.
@@ -28,7 +39,7 @@ from typing import Any
 
 import pytest
 from differential_worker import HOSTILE_KINDS, lifetime_dependent
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import purgatory
@@ -235,8 +246,20 @@ def test_both_implementations_behave_the_same(
     compare(workers, program)
 
 
+def _program(*actions: list[int]) -> dict[str, Any]:
+    return {"actions": list(actions), "purge_interval": 0, "wheel_size": 8, "log": False}
+
+
 @_SETTINGS
 @given(program=_HOSTILE_PROGRAM)
+# Programs this vocabulary found crashing the native core (issue 33's rows), run every time.
+# Row 1: a threshold watch by an operation the purgatory alone holds, released by a trigger
+# (its marks a dict now); a key's second __eq__ (the lookup in those marks, as another
+# operation watches the key) cancels the key.
+@example(program=_program([15, 0, 8, 3], [16, 0, 4, 0], [14, 19, 3, 0], [15, 0, 0, 5]))
+# Row 2: a watch of {h0: 5, h1: 7}; a trigger of h0 at 5, whose second __eq__ (the lone
+# watcher's marks) triggers h1 at 7.
+@example(program=_program([15, 0, 3, 3], [14, 19, 1, 13], [16, 0, 2, 0]))
 def test_both_implementations_survive_hostile_user_code_alike(
     workers: tuple[Worker, Worker], program: dict[str, Any]
 ) -> None:
