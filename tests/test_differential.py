@@ -260,6 +260,10 @@ def _program(*actions: list[int]) -> dict[str, Any]:
 # Row 2: a watch of {h0: 5, h1: 7}; a trigger of h0 at 5, whose second __eq__ (the lone
 # watcher's marks) triggers h1 at 7.
 @example(program=_program([15, 0, 3, 3], [14, 19, 1, 13], [16, 0, 2, 0]))
+# Found by a random search over this vocabulary (then shrunk): a watch of {h0: T(0), h1: T(7)}
+# (hostile thresholds); a plain watch of h1 by another operation, whose lookup in the lone
+# watcher's marks runs a third __eq__ that triggers h1 at 7 (the marks replaced mid-lookup).
+@example(program=_program([15, 0, 22, 15], [14, 28, 33, 13], [15, 4, 39, 13]) | {"log": True})
 def test_both_implementations_survive_hostile_user_code_alike(
     workers: tuple[Worker, Worker], program: dict[str, Any]
 ) -> None:

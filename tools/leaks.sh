@@ -21,17 +21,28 @@ cd "$root"
 py=python3.11-dbg
 venv=build/dbg-venv
 
-if ! command -v "$py" >/dev/null; then
-    packages=(python3.11-dbg python3.11-dev python3.11-venv)
-    for package in "${packages[@]}"; do
-        if apt-cache policy "$package" | grep -q 'Candidate: (none)' ||
-            [[ -z $(apt-cache policy "$package") ]]; then
-            echo "leaks: apt has no candidate for $package (apt-cache policy $package)" >&2
-            exit 2
+# Whether apt can install each of the packages (a fresh machine may not have read its lists).
+candidates() {
+    local package
+    for package in "$@"; do
+        if [[ -z $(apt-cache policy "$package") ]] ||
+            apt-cache policy "$package" | grep -q 'Candidate: (none)'; then
+            return 1
         fi
     done
+}
+
+if ! command -v "$py" >/dev/null; then
+    packages=(python3.11-dbg python3.11-dev python3.11-venv)
     sudo=()
     if ((EUID != 0)); then sudo=(sudo); fi
+    if ! candidates "${packages[@]}"; then
+        "${sudo[@]}" apt-get update -q
+    fi
+    if ! candidates "${packages[@]}"; then
+        echo "leaks: apt has no candidate for one of ${packages[*]} (apt-cache policy)" >&2
+        exit 2
+    fi
     echo "leaks: installing ${packages[*]}"
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${packages[@]}"
 fi
