@@ -178,8 +178,11 @@ class World:
         self.p = DelayedOperationPurgatory[Op]("leaks", clock=self.clock, event_log=event_log)
 
     def new(self, event_log: Sink | None = None) -> DelayedOperationPurgatory[Op]:
-        """A purgatory on a clock of its own (a clock holds the purgatories it drives)."""
-        return DelayedOperationPurgatory[Op]("leaks", clock=ManualClock(), event_log=event_log)
+        """A purgatory on a clock of its own (a clock holds the purgatories it drives), with a
+        small wheel (one is made per iteration)."""
+        return DelayedOperationPurgatory[Op](
+            "leaks", clock=ManualClock(), wheel_size=8, event_log=event_log
+        )
 
     def watch(self, op: Op, keys: Any, threshold: Any = None) -> bool:
         return self.p.try_complete_else_watch(op, keys, threshold)
