@@ -265,6 +265,13 @@ def _program(*actions: list[int]) -> dict[str, Any]:
 # (hostile thresholds); a plain watch of h1 by another operation, whose lookup in the lone
 # watcher's marks runs a third __eq__ that triggers h1 at 7 (the marks replaced mid-lookup).
 @example(program=_program([15, 0, 22, 15], [14, 28, 33, 13], [15, 4, 39, 13]) | {"log": True})
+# Found so too. Row 3: the program's operation class watched (a generator of keys, a hostile
+# threshold), its __hash__ then assigned, which shuts the purgatory down and collects as the
+# next operation's watch hashes it.
+@example(program=_program([15, 2, 15, 37], [14, 7, 7, 15], [15, 30, 16, 20]))
+# Row 2 by __hash__: a watch of {h2: None, h1: 2}; a plain watch of h2 by another operation,
+# whose second __hash__ (the lookup in the lone watcher's marks) triggers h1 at 7.
+@example(program=_program([15, 20, 13, 30], [14, 18, 33, 13], [15, 26, 16, 30]))
 def test_both_implementations_survive_hostile_user_code_alike(
     workers: tuple[Worker, Worker], program: dict[str, Any]
 ) -> None:
