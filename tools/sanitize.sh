@@ -57,6 +57,9 @@ export PYTHONMALLOC=malloc
 export LD_PRELOAD="$libasan${LD_PRELOAD:+ $LD_PRELOAD}"
 export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:log_path=$root/$reports/asan"
 export PURGATORY_EXPECT_IMPLEMENTATION=native
+# Python's fault handler off: AddressSanitizer reports a fault with its C stack, and a second
+# handler of the same signal makes that report a "nested bug" without one.
+export PYTHONFAULTHANDLER=
 unset PURGATORY_NO_EXTENSIONS
 
 # The tests must import the instrumented build, not the tree's.
