@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test sanitize leaks fuzz docs lint bench pipeline clean
+.PHONY: demo test sanitize leaks fuzz fuzz-random docs lint bench pipeline clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,13 @@ fuzz: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	PURGATORY_DIFFERENTIAL_STEPS=$(STEPS) $(BIN)/python -m pytest -q -p no:cacheprovider \
 		tests/test_differential.py
+
+# The same programs from a seeded random generator (tools/fuzz_differential.py): STEPS actions
+# exactly, every failing program printed, crashes and differences counted apart.
+SEED ?= 0
+fuzz-random: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python tools/fuzz_differential.py $(STEPS) $(SEED)
 
 # Build the documentation site into build/site (strict: any warning fails the build). pytest
 # builds it too (tests/test_docs.py), so `make test` checks it.
