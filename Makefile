@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test quick docs lint bench pipeline clean
+.PHONY: demo test quick sanitize leaks fuzz fuzz-random docs lint bench pipeline clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,41 @@ test: $(BIN)/python
 quick: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	$(BIN)/python -m pytest -q --core-only --implementation=native
+
+# The native core built with AddressSanitizer (out of the tree, in build/asan: the tree's own
+# build is untouched) and SANITIZE_TESTS run on it under PYTHONMALLOC=malloc with gcc's libasan
+# preloaded (tools/sanitize.sh says why each setting); any AddressSanitizer report, in the tests'
+# process or in one they start (the differential test's workers), fails it. The core's tests on
+# the native core (the pure world runs no C) but the Spark load model's (a JVM does not run with
+# libasan preloaded) and the leak tests' (without pymalloc they have nothing to count: `make
+# leaks` runs them), and the differential
+# test with its hostile programs (PURGATORY_DIFFERENTIAL_STEPS sets its length here too).
+SANITIZE_TESTS ?= --core-only --implementation=native --ignore=tests/test_load_model.py \
+	--ignore=tests/test_leaks.py tests tests/test_differential.py
+sanitize: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test,examples,arrow]'
+	tools/sanitize.sh $(BIN)/python $(SANITIZE_TESTS)
+
+# The reference-leak tests (tests/test_leaks.py) on Debian's debug interpreter: tools/leaks.sh
+# installs python3.11-dbg from apt when it is missing, makes build/dbg-venv with the `leaks`
+# extra, and counts sys.gettotalrefcount() over each hot and error path.
+leaks:
+	tools/leaks.sh
+
+# The differential test, long: STEPS actions per test (the suite's default keeps it under a
+# minute), e.g. `make fuzz STEPS=1000000`. A crash or a difference prints the failing program.
+STEPS ?= 100000
+fuzz: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	PURGATORY_DIFFERENTIAL_STEPS=$(STEPS) $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/test_differential.py
+
+# The same programs from a seeded random generator (tools/fuzz_differential.py): STEPS actions
+# exactly, every failing program printed, crashes and differences counted apart.
+SEED ?= 0
+fuzz-random: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python tools/fuzz_differential.py $(STEPS) $(SEED)
 
 # Build the documentation site into build/site (strict: any warning fails the build). pytest
 # builds it too (tests/test_docs.py), so `make test` checks it.
