@@ -522,8 +522,10 @@ def expire_due(
         if state & FINISHED:
             continue
         op._state = state | EXPIRED_NOW
-        if op._listed:
+        if op._listed:  # the purge-queue protocol (`purgatory._watchers`)
             purge_queue[op] = None
+            if not op._listed:  # (its __hash__ took it off its last list meanwhile)
+                purge_queue.pop(op, None)
         expired += 1
         if ended is not None:
             ended += (op, outcome, now)

@@ -34,7 +34,9 @@ alive.
 
 The purge-queue protocol. The queue (`WatcherLists.queue`) is the one piece of the lists that
 code elsewhere writes, by one rule: whoever settles an operation whose ``_listed`` is not zero
-puts it in the queue (``queue[op] = None``), before any callback runs. The purgatory's
+puts it in the queue (``queue[op] = None``), before any callback runs, and takes it out again
+if the insertion (the operation's own ``__hash__``, user code) took it off its last list: the
+queue holds nothing that has left every list. The purgatory's
 ``_settled`` (a completion or a cancellation) and the timer pass's expiry loop
 (`purgatory._operation.expire_due`) do, on paths that run once per operation and cannot afford a
 call (the settle also counts the operation for the purge rule, `PurgeRule.owed`; a timer pass

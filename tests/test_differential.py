@@ -279,6 +279,11 @@ def _program(*actions: list[int]) -> dict[str, Any]:
 # Row 2 by __hash__: a watch of {h2: None, h1: 2}; a plain watch of h2 by another operation,
 # whose second __hash__ (the lookup in the lone watcher's marks) triggers h1 at 7.
 @example(program=_program([15, 20, 13, 30], [14, 18, 33, 13], [15, 26, 16, 30]))
+# Both builds alike: an operation's late __hash__ triggers its key as force_complete queues it
+# for the purge, taking it off its last list (the queue kept it, against the invariants).
+@example(
+    program=_program([15, 0, 0, 0], [14, 34, 0, 0], [0, 0, 0, 0], [3, 0, 0, 0]) | {"wheel_size": 2}
+)
 def test_both_implementations_survive_hostile_user_code_alike(
     workers: tuple[Worker, Worker], program: dict[str, Any]
 ) -> None:

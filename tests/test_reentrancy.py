@@ -208,6 +208,38 @@ def test_operation_hash_assigned_later_shutting_down_while_timed() -> None:
         del LateHash.__hash__
 
 
+@pytest.mark.parametrize("how", ["force_complete", "expiry"])
+def test_operation_hash_triggering_its_key_as_it_is_queued_for_the_purge(how: str) -> None:
+    """Settling an operation still on a list queues it for the purge (``queue[op] = None``):
+    the insertion runs the class's ``__hash__``, which here triggers the operation's key, and
+    the trigger takes the finished operation off its last list. The queue must not keep it
+    (found by the hostile differential test, on both builds alike)."""
+    clock, p = manual_purgatory()
+    op = LateHash(0.05)
+    assert not p.try_complete_else_watch(op, ["a"])
+    fired: list[int] = []
+
+    def hostile_hash(self: object) -> int:
+        if not fired:
+            fired.append(p.check_and_complete("a"))
+        return object.__hash__(self)
+
+    LateHash.__hash__ = hostile_hash  # type: ignore[method-assign]
+    try:
+        if how == "force_complete":
+            assert op.force_complete()
+        else:
+            clock.advance(0.1)
+        assert fired == [0]  # the trigger found it finished and dropped it
+        assert op.is_completed
+        assert op._listed == 0
+        check_invariants(p)
+        assert p.purge() == 0
+        check_invariants(p)
+    finally:
+        del LateHash.__hash__
+
+
 # -- row 5: the operation completed while its watch reads the keys -------------------------------
 
 

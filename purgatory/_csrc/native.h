@@ -529,6 +529,24 @@ dict_discard(PyObject *d, PyObject *key)
     return found;
 }
 
+/* queue[op] = None, the purge-queue protocol (`purgatory._watchers`), for an operation still on a
+ * list; the insertion runs op's __hash__, which may take op off its last list (a trigger of its
+ * key), so it is taken out again then: the queue holds nothing that has left every list. The
+ * reference does the same (`_purgatory._settled`, `_operation.expire_due`). 0, or -1 on error. */
+static int
+purge_queue_add(PyObject *queue, OpObject *op)
+{
+    Py_INCREF(queue);
+    Py_INCREF(op);
+    int err = PyDict_SetItem(queue, (PyObject *)op, Py_None);
+    if (err == 0 && op->listed == 0 && dict_discard(queue, (PyObject *)op) < 0) {
+        err = -1;
+    }
+    Py_DECREF(op);
+    Py_DECREF(queue);
+    return err;
+}
+
 /* `a op b` (Py_LT or Py_LE) as Python compares: ints that fit and floats in C, the rest by
  * their own comparison. 1, 0, or -1 on error. */
 static inline int

@@ -340,7 +340,7 @@ expire_loop(PyObject *due, PyObject *now, PyObject *outcome, PyObject *purge_que
         }
         Py_INCREF(item);
         op->state = state | ST_EXPIRED_NOW;
-        if (op->listed && PyDict_SetItem(purge_queue, item, Py_None) < 0) {
+        if (op->listed && purge_queue_add(purge_queue, op) < 0) {
             goto error;
         }
         expired++;

@@ -196,13 +196,8 @@ purgatory_settled_held(PyObject *self, OpObject *op, int cancelled)
     else {
         p->completed++;
     }
-    if (op->listed) {
-        PyObject *queue = Py_NewRef(p->purge_queue); /* (the insertion runs op's __hash__) */
-        int err = PyDict_SetItem(queue, (PyObject *)op, Py_None);
-        Py_DECREF(queue);
-        if (err < 0) {
-            return -1;
-        }
+    if (op->listed && purge_queue_add(p->purge_queue, op) < 0) {
+        return -1;
     }
     if (p->sink != Py_None) {
         PyObject *sink = Py_NewRef(p->sink);
