@@ -227,6 +227,21 @@ def first_difference(a: Any, b: Any) -> str:
     return f"native: {a!r}\npure: {b!r}"
 
 
+def key_changed_the_lists_midway(step: dict[str, Any]) -> bool:
+    """Whether a key's own ``__eq__`` / ``__hash__`` acted on the purgatory during the step.
+
+    Such a key runs in the middle of the watcher lists' own dict operations (a lookup, an
+    insertion), and the lists promise memory safety and one behaviour on both builds there, not
+    consistency: re-checking after every lookup of a user's key would cost every hot path for
+    code no real key runs (purgatory/_csrc/README.md). Both builds must still agree, and not
+    crash; every other trap (a threshold's comparison, an operation's ``__hash__``, callbacks,
+    ``__del__``) must leave the invariants whole."""
+    return any(
+        isinstance(entry, list) and entry[:1] == ["trap"] and entry[1] in ("eq", "hash")
+        for entry in step.get("log", ())
+    )
+
+
 def compare(workers: tuple[Worker, Worker], program: dict[str, Any]) -> None:
     """Run `program` on both workers: a crash of either, or a difference, fails with the program
     (one JSON line: ``python tests/differential_worker.py < program.json`` runs it again)."""
@@ -238,11 +253,16 @@ def compare(workers: tuple[Worker, Worker], program: dict[str, Any]) -> None:
     except WorkerFailed as exc:
         raise WorkerFailed(f"{exc}\n{replay}") from None
     snapshots = [step.get("final", step) for step in a if isinstance(step, dict)]
-    broken = [shot for shot in snapshots if shot.get("invariants", "ok") != "ok"]
+    broken = [
+        shot
+        for shot in snapshots
+        if shot.get("invariants", "ok") != "ok" and not key_changed_the_lists_midway(shot)
+    ]
     if lifetime_dependent(program):
         return  # run for crashes only (see differential_worker.py's "hostile user code")
     assert a == b, f"{first_difference(a, b)}\n{replay}"
-    # A bug both builds share (issue 33's rows 11 and 12) leaves them equal, not consistent.
+    # A bug both builds share (a shutdown from a key mid-watch, a threshold cancelling its own
+    # key) leaves them equal, not consistent.
     assert not broken, f"both builds broke an invariant: {json.dumps(broken[0])}\n{replay}"
 
 
