@@ -231,14 +231,21 @@ def test_code_lines_fit_the_page(block: Block) -> None:
     assert not long, f"{block.where}: {long}"
 
 
+def is_command_line_tool(path: Path) -> bool:
+    """Whether a module of the package (`path` relative to it) is a command-line tool's:
+    ``python -m purgatory`` (its ``__main__``) or the Spark pipeline."""
+    return path.parts[0] == "pipeline" or path.name == "__main__.py"
+
+
 def test_the_package_reports_only_as_the_errors_page_says() -> None:
     """docs/errors.md: the core never prints nor warns, and logs only on the ``purgatory`` logger.
 
-    (The Spark pipeline, a command-line tool, prints its progress and is not checked here.)
+    (The command-line tools, ``python -m purgatory`` and the Spark pipeline, print what they
+    are asked for and are not checked here.)
     """
     package = Path(purgatory.__file__).parent
     for path in sorted(package.rglob("*.py")):
-        if "pipeline" in path.relative_to(package).parts:
+        if is_command_line_tool(path.relative_to(package)):
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         for node in ast.walk(tree):
@@ -357,13 +364,13 @@ def literal_blocks(docstring: str) -> list[str]:
 
 
 def docstring_examples() -> dict[tuple[str, str, int], str]:
-    """Every example of the package's docstrings (the Spark pipeline's aside: its own tests run
-    it): (module, qualified name or "", index) -> code."""
+    """Every example of the package's docstrings (the command-line tools' aside: their own tests
+    run them): (module, qualified name or "", index) -> code."""
     found: dict[tuple[str, str, int], str] = {}
     package = Path(purgatory.__file__).parent
     for path in sorted(package.rglob("*.py")):
         parts = path.relative_to(package.parent).with_suffix("").parts
-        if "pipeline" in parts:
+        if is_command_line_tool(path.relative_to(package)):
             continue
         module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         tree = ast.parse(path.read_text(encoding="utf-8"))
