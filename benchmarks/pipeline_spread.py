@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .environment import describe_environment, load_average
-from .pipeline import RESULTS, ROOT, _tree_cpu_seconds
+from .pipeline import HAND_WRITTEN, RESULTS, ROOT, _tree_cpu_seconds, section_of
 
 BEGIN = "<!-- groups spread: written by `python -m benchmarks.pipeline_spread --write` -->"
 END = "<!-- groups spread: end -->"
@@ -427,12 +427,10 @@ def render(f: dict[str, Any]) -> str:
 
 def write(path: Path, section: str) -> None:
     """Put `section` in the results file in place of the old one, else before the analysis."""
-    from .pipeline import HAND_WRITTEN
-
     old = path.read_text() if path.exists() else ""
-    begin, end = old.find(BEGIN), old.find(END)
-    if begin >= 0 and end >= 0:
-        path.write_text(old[:begin] + section + old[end + len(END) + 1 :])
+    current = section_of(path, BEGIN, END)
+    if current:
+        path.write_text(old.replace(current, section))
         return
     at = old.find(HAND_WRITTEN)
     path.write_text(old + "\n" + section if at < 0 else old[:at] + section + "\n" + old[at:])
