@@ -176,9 +176,8 @@ def replay(
     result = work.mapInArrow(run, spark_schema(_JOB_SCHEMA))
     if operations:  # read twice: the operations, then the groups' rows
         result = result.persist(StorageLevel.MEMORY_AND_DISK)
-    groups = result.where(F.col("op_id").isNull()).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )  # the summary, then the tasks
+    # The groups' rows, read twice too: the summary, then the tasks' report.
+    groups = result.where(F.col("op_id").isNull()).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         summary = _summary(groups, grid)
         with (
