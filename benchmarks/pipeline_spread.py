@@ -404,8 +404,9 @@ def render(f: dict[str, Any]) -> str:
             lines.append(f"- {name}: **{best(slow) / best(fast):.2f}x**")
     lines += [
         "",
-        "The JVM's stages of each run (tasks, run s, task threads' CPU s, shuffle "
-        "read MB, the longest tasks' run s):",
+        "The JVM's stages of each run, those of 0.5 s or more (stage: tasks, run s, task "
+        "threads' CPU s, GC s, shuffle read MB, spilled MB in memory / on disk, the longest "
+        "tasks' run s):",
         "",
     ]
     for run in f["runs"]:
