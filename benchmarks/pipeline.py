@@ -24,6 +24,10 @@ and Java 17). ``--small`` measures small jobs instead (below). It measures, in o
    difference per operation is the recorder's cost (record_watch + record_end + formatting and
    writing its line).
 
+``python -m benchmarks.pipeline_spread`` measures how a replay's groups spread over the tasks
+(local[1], local[2], a standalone cluster of one and two workers), task by task; ``--write``
+keeps its section.
+
 ``--small [--write]``: what a user waits for a small job, Spark's start included: the command
 line (``python -m purgatory.pipeline``, a process of its own, on ``local[2]``) running
 ``analyze`` of 1 MB of JSON Lines event logs and ``replay`` of a 20,000-operation trace,
@@ -74,7 +78,9 @@ def _child_replay(trace: str, out: str, master: str, rows: str) -> dict[str, Any
     spark = get_session(master, "purgatory-bench", {"spark.driver.memory": "4g"})
     cpu = _tree_cpu_seconds(os.getpid())
     started = time.perf_counter()
-    summary = replay(spark, trace, out, [ReplayConfig()], overwrite=True, operations=rows == "rows")
+    summary = replay(
+        spark, trace, out, [ReplayConfig()], overwrite=True, operations=rows == "rows", tasks=None
+    )
     groups = [row.asDict() for row in summary.collect()]
     seconds = time.perf_counter() - started
     cpu = _tree_cpu_seconds(os.getpid()) - cpu
@@ -306,11 +312,16 @@ def render_small(f: dict[str, Any]) -> str:
 
 def _small_section(path: Path) -> str:
     """The small-jobs section of the existing results file, or ``""``."""
+    return section_of(path, SMALL_BEGIN, SMALL_END)
+
+
+def section_of(path: Path, begin_marker: str, end_marker: str) -> str:
+    """The section between two markers (included) of the existing results file, or ``""``."""
     if not path.exists():
         return ""
     old = path.read_text()
-    begin, end = old.find(SMALL_BEGIN), old.find(SMALL_END)
-    return "" if begin < 0 or end < 0 else old[begin : end + len(SMALL_END)] + "\n"
+    begin, end = old.find(begin_marker), old.find(end_marker)
+    return "" if begin < 0 or end < 0 else old[begin : end + len(end_marker)] + "\n"
 
 
 def write_small(path: Path, section: str) -> None:
@@ -426,7 +437,10 @@ def main(argv: list[str] | None = None) -> int:
     text = render(figures)
     print(text)
     if args.write:
-        RESULTS.write_text(text + "\n" + _small_section(RESULTS) + _hand_written_part(RESULTS))
+        from .pipeline_spread import BEGIN, END
+
+        kept = _small_section(RESULTS) + section_of(RESULTS, BEGIN, END)
+        RESULTS.write_text(text + "\n" + kept + _hand_written_part(RESULTS))
         print(f"wrote {RESULTS}")
     return 0
 

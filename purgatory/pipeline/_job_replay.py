@@ -1,29 +1,106 @@
 """The replay job: a trace under every configuration of a grid, on Spark.
 
-Each (purgatory, configuration) is one group: the trace is crossed with the configurations,
-hash-partitioned by group and sorted by arrival inside each partition, and the replay engine
-(`purgatory.pipeline._replay.replay_batches`) streams each partition's batches inside
-``mapInArrow``. Each group's summary comes from its own task, so the job needs no aggregation
-over every operation; writing every operation's row is optional.
+Each (purgatory, configuration) is one group. The driver counts each purgatory's operations and
+assigns the groups to the job's partitions, balanced by operation count (`_balance.assign`);
+the trace, joined with that small plan (which also crosses it with the configurations), is
+repartitioned so that each partition holds exactly its groups, sorted by arrival inside each
+partition, and the replay engine (`purgatory.pipeline._replay.replay_batches`) streams each
+partition's batches inside ``mapInArrow``. Each group's summary comes from its own task, so the
+job needs no aggregation over every operation; writing every operation's row is optional.
+
+Each task also says what it did: its partition, where it ran (host, Python worker), its groups,
+and the wall and CPU seconds of its Python worker, of which reading its input (the Arrow batches
+from the JVM, and waiting for them). The driver gathers these from the groups' rows after the
+job (`ReplayTask`) and prints one line per task on stderr, or hands them to `tasks`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
 
 import pyarrow as pa
-from pyspark import StorageLevel
+from pyspark import StorageLevel, TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from ._balance import assign, partition_keys
 from ._frames import read_errors, spark_schema
 from ._job_trace import load_trace, read_parquet
 from ._load import CostProfile
 from ._replay import OUTPUT_SCHEMA, ReplayConfig, replay_batches
-from ._spark import atomic_output
+from ._spark import atomic_output, is_connect
 from ._summary import COUNTS, GAUGES, REPLAY_SUMMARY_COLUMNS, STATS, share
 
-__all__ = ("replay",)
+__all__ = ("ReplayTask", "print_tasks", "replay")
+
+#: What each task adds to its groups' rows (null on the operations' rows): where the group ran,
+#: and the seconds its Python worker spent on it (wall, CPU; of which reading its input).
+TASK_SCHEMA: Final = pa.schema(
+    [
+        pa.field("task_partition", pa.int32()),
+        pa.field("task_host", pa.string()),
+        pa.field("task_pid", pa.int64()),
+        pa.field("task_seconds", pa.float64()),
+        pa.field("task_cpu_seconds", pa.float64()),
+        pa.field("task_input_seconds", pa.float64()),
+        pa.field("task_input_cpu_seconds", pa.float64()),
+    ]
+)
+_JOB_SCHEMA: Final = pa.schema([*OUTPUT_SCHEMA, *TASK_SCHEMA])
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayTask:
+    """What one task of a replay did, from its groups' rows.
+
+    Attributes:
+        partition: The Spark partition (one task each).
+        host: The host of its Python worker.
+        pid: Its Python worker's process id (one per executor core in use).
+        groups: Its groups, ``"<purgatory>@<config_id>"``, in the order it replayed them.
+        operations: The operations it replayed (over its groups).
+        seconds: Wall seconds in its Python worker, from its first input batch asked for to its
+            last group's summary.
+        cpu_seconds: CPU seconds of its Python worker in that time.
+        input_seconds: Of `seconds`, waiting for and decoding its input batches (the JVM reads,
+            shuffles and sorts; Arrow carries the batches over).
+        input_cpu_seconds: Of `cpu_seconds`, decoding its input batches in Python.
+    """
+
+    partition: int
+    host: str
+    pid: int
+    groups: tuple[str, ...]
+    operations: int
+    seconds: float
+    cpu_seconds: float
+    input_seconds: float
+    input_cpu_seconds: float
+
+    def describe(self, shown: int = 8) -> str:
+        """One line: partition, worker, groups (the first `shown`), operations and seconds."""
+        names = ", ".join(self.groups[:shown])
+        if len(self.groups) > shown:
+            names += f", ... ({len(self.groups) - shown} more)"
+        return (
+            f"task of partition {self.partition} (Python worker {self.pid} on {self.host}): "
+            f"{len(self.groups)} group{'s' if len(self.groups) != 1 else ''} ({names}), "
+            f"{self.operations:,} operations, {self.seconds:.1f} s wall, "
+            f"{self.cpu_seconds:.1f} s CPU (input: {self.input_seconds:.1f} s wall, "
+            f"{self.input_cpu_seconds:.1f} s CPU)"
+        )
+
+
+def print_tasks(tasks: Sequence[ReplayTask]) -> None:
+    """Each task's line on stderr (`replay`'s default report)."""
+    for task in tasks:
+        print(f"replay: {task.describe()}", file=sys.stderr)
 
 
 def replay(
@@ -37,12 +114,14 @@ def replay(
     overwrite: bool = False,
     costs: CostProfile | None = None,
     operations: bool = True,
+    tasks: Callable[[Sequence[ReplayTask]], object] | None = print_tasks,
+    balance: bool = True,
 ) -> DataFrame:
     """Replay a trace under every configuration; write ``summary/`` (and ``operations/``) to `out`.
 
     Args:
-        partitions: Spark partitions of the replay; default: Spark's shuffle partitions, which
-            adaptive query execution coalesces by size.
+        partitions: Spark partitions (tasks) of the replay; default: the session's default
+            parallelism (its executors' cores), at most one per group.
         event_log: A directory every executor can write to (a local path in local mode), where
             each group writes its event log.
         costs: A cost profile (the load model: each group served by one core); ``None``: the
@@ -50,12 +129,19 @@ def replay(
         operations: Also write every operation's row (``operations/``); the summary does not
             need them (each group's is computed inside its task), and the job runs faster
             without.
+        tasks: Called after the job with what each task did (`ReplayTask`, by partition);
+            default: `print_tasks` (a line per task on stderr); ``None``: nothing.
+        balance: Assign the groups to the partitions by operation count (the default).
+            ``False``: Spark's hash partitioning of the groups into Spark's shuffle partitions
+            (or `partitions`), which adaptive execution may coalesce; kept to measure against.
 
     Returns:
         The summary, read back from `out`.
     """
     if not configs:
         raise ValueError("replay needs at least one configuration")
+    if partitions is not None and partitions < 1:
+        raise ValueError(f"partitions must be >= 1, not {partitions}")
     trace = load_trace(spark, trace_path, configs)
     by_id = dict(enumerate(configs))
     grid = spark.createDataFrame(
@@ -66,29 +152,34 @@ def replay(
         "config_id int, tick double, wheel_size int, purge_interval int, timeout_scale double, "
         "rate_scale double, trigger string",
     )
-    # A group never spans two partitions (hash partitioning keeps equal keys together). By
-    # default the shuffle's partitions are Spark's (spark.sql.shuffle.partitions), which
-    # adaptive execution coalesces by size while keeping every core busy: a small replay does
-    # not pay for a task per empty partition.
-    crossed = trace.crossJoin(F.broadcast(grid.select("config_id")))
-    if partitions is None:
-        crossed = crossed.repartition("purgatory", "config_id")
+    if balance:
+        crossed = _balanced(spark, trace, by_id, partitions)
     else:
-        crossed = crossed.repartition(partitions, "purgatory", "config_id")
+        # Hash partitioning keeps a group in one partition, but places the groups blindly.
+        crossed = trace.crossJoin(F.broadcast(grid.select("config_id")))
+        if partitions is None:
+            crossed = crossed.repartition("purgatory", "config_id")
+        else:
+            crossed = crossed.repartition(partitions, "purgatory", "config_id")
     work = crossed.sortWithinPartitions("purgatory", "config_id", "arrival", "op_id").select(
         "purgatory", "config_id", "op_id", "arrival", "keys", "timeout", "condition_at"
     )
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return replay_batches(
-            batches, by_id, event_log_dir=event_log, costs=costs, operations=operations
+        return _reported(
+            batches,
+            lambda timed: replay_batches(
+                timed, by_id, event_log_dir=event_log, costs=costs, operations=operations
+            ),
         )
 
-    result = work.mapInArrow(run, spark_schema(OUTPUT_SCHEMA))
-    if operations:  # read twice: the operations, then the summary rows
+    result = work.mapInArrow(run, spark_schema(_JOB_SCHEMA))
+    if operations:  # read twice: the operations, then the groups' rows
         result = result.persist(StorageLevel.MEMORY_AND_DISK)
+    # The groups' rows, read twice too: the summary, then the tasks' report.
+    groups = result.where(F.col("op_id").isNull()).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        summary = _summary(result.where(F.col("op_id").isNull()), grid)
+        summary = _summary(groups, grid)
         with (
             atomic_output(spark, out, overwrite=overwrite) as staging,
             read_errors("trace file", trace_path),
@@ -105,10 +196,126 @@ def replay(
                     (F.col("ended_at") - F.col("watched_at")).alias("wait"),
                 ).write.parquet(f"{staging}/operations")
             summary.coalesce(1).write.parquet(f"{staging}/summary")
+            done = _tasks(groups) if tasks is not None else []
     finally:
+        groups.unpersist()
         if operations:
             result.unpersist()
+    if tasks is not None:
+        tasks(done)
     return read_parquet(spark, f"{out}/summary").orderBy("purgatory", "config_id")
+
+
+def _balanced(
+    spark: SparkSession,
+    trace: DataFrame,
+    by_id: dict[int, ReplayConfig],
+    partitions: int | None,
+) -> DataFrame:
+    """The trace crossed with the configurations, each group in the partition `assign` gave it.
+
+    The plan is a small table (purgatory, config_id, partition key) broadcast to the trace's
+    join; the join on ``purgatory`` alone also crosses each operation with every configuration.
+    ``repartition(n, key)`` with an explicit count is placed by ``pmod(hash(key), n)``, which
+    `partition_keys` inverts, and is not coalesced by adaptive execution.
+    """
+    counts = {
+        row["purgatory"]: int(row["count"]) for row in trace.groupBy("purgatory").count().collect()
+    }
+    weights = {(name, config_id): n for name, n in counts.items() for config_id in by_id}
+    n = partitions if partitions is not None else max(1, min(_parallelism(spark), len(weights)))
+    plan = assign(weights, n)
+    keys = partition_keys(n)
+    mapping = spark.createDataFrame(
+        [(name, config_id, keys[p]) for (name, config_id), p in sorted(plan.items())],
+        "purgatory string, config_id int, _partition_key int",
+    )
+    joined = trace.join(F.broadcast(mapping), "purgatory")
+    return joined.repartition(n, "_partition_key")
+
+
+def _parallelism(spark: SparkSession) -> int:
+    """The session's default parallelism: its executors' cores (local[N]: N).
+
+    Spark Connect has no SparkContext in the client: there it is the partition count of a
+    ``range`` (a leaf's default parallelism, the same figure on the server).
+    """
+    if not is_connect(spark):
+        return int(spark.sparkContext.defaultParallelism)
+    parts = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p"))
+    probe = parts.agg(F.max("p").alias("last"))  # (not max(spark_partition_id()): refused)
+    return int(probe.first()["last"]) + 1  # type: ignore[index]
+
+
+def _reported(
+    batches: Iterator[pa.RecordBatch],
+    engine: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+) -> Iterator[pa.RecordBatch]:
+    """Run `engine` on `batches` in a task; add `TASK_SCHEMA`'s columns to its batches.
+
+    A group's row gets the seconds since the previous group's row (the first: since the task
+    asked for its first batch), of which those spent in the input iterator (the engine reads a
+    batch ahead, so a batch that starts a group is counted to the group before).
+    """
+    context = TaskContext.get()
+    partition = context.partitionId() if context is not None else -1
+    host, pid = socket.gethostname(), os.getpid()
+    input_wall = input_cpu = 0.0
+
+    def timed() -> Iterator[pa.RecordBatch]:
+        nonlocal input_wall, input_cpu
+        source = iter(batches)
+        while True:
+            wall, cpu = time.perf_counter(), time.process_time()
+            batch = next(source, None)
+            input_wall += time.perf_counter() - wall
+            input_cpu += time.process_time() - cpu
+            if batch is None:
+                return
+            yield batch
+
+    last_wall, last_cpu = time.perf_counter(), time.process_time()
+    for batch in engine(timed()):
+        n = batch.num_rows
+        if batch.column("op_id").null_count < n:  # the operations' rows
+            extra = [pa.nulls(n, field.type) for field in TASK_SCHEMA]
+        else:  # a group's row
+            wall, cpu = time.perf_counter(), time.process_time()
+            values = [
+                partition,
+                host,
+                pid,
+                wall - last_wall,
+                cpu - last_cpu,
+                input_wall,
+                input_cpu,
+            ]
+            extra = [pa.array([v] * n, f.type) for v, f in zip(values, TASK_SCHEMA, strict=True)]
+            last_wall, last_cpu = wall, cpu
+            input_wall = input_cpu = 0.0
+        yield pa.RecordBatch.from_arrays([*batch.columns, *extra], schema=_JOB_SCHEMA)
+
+
+def _tasks(groups: DataFrame) -> list[ReplayTask]:
+    """Each task's `ReplayTask`, from its groups' rows (in the order it replayed them)."""
+    rows = groups.select("purgatory", "config_id", "operations", *TASK_SCHEMA.names).collect()
+    by_partition: dict[int, list[dict[str, Any]]] = {}
+    for row in sorted(rows, key=lambda r: (r["purgatory"], r["config_id"])):
+        by_partition.setdefault(row["task_partition"], []).append(row.asDict())
+    return [
+        ReplayTask(
+            partition=partition,
+            host=mine[0]["task_host"],
+            pid=mine[0]["task_pid"],
+            groups=tuple(f"{r['purgatory']}@{r['config_id']}" for r in mine),
+            operations=sum(r["operations"] for r in mine),
+            seconds=sum(r["task_seconds"] for r in mine),
+            cpu_seconds=sum(r["task_cpu_seconds"] for r in mine),
+            input_seconds=sum(r["task_input_seconds"] for r in mine),
+            input_cpu_seconds=sum(r["task_input_cpu_seconds"] for r in mine),
+        )
+        for partition, mine in sorted(by_partition.items())
+    ]
 
 
 def _summary(groups: DataFrame, grid: DataFrame) -> DataFrame:

@@ -228,7 +228,8 @@ def add_grid(parser: argparse.ArgumentParser, timeout: str, rate: str) -> None:
         "--partitions",
         type=positive_int,
         default=None,
-        help="default: Spark's shuffle partitions, coalesced by size",
+        help="tasks of the replay, the groups balanced over them by operation count "
+        "(default: the session's cores, at most one per group)",
     )
     group.add_argument(
         "--event-log", default=None, help="directory for the replay's event logs (default: none)"

@@ -1,0 +1,468 @@
+"""Independent groups spread over executors: where a replay's time goes, task by task.
+
+``python -m benchmarks.pipeline_spread [--operations 3000000] [--purgatories 8] [--cluster]
+[--repetitions 1] [--write]`` (the ``spark`` extra and Java 17). One seeded W1 trace (that of
+``benchmarks.pipeline``, smaller) is replayed under one configuration, summary only, each run a
+fresh driver process, alternated:
+
+- ``local[1]`` and ``local[2]`` with the groups balanced over the tasks (the job's default), and
+  ``local[2]`` with the groups hash-partitioned into Spark's shuffle partitions (the earlier job,
+  ``replay(..., balance=False)``);
+- with ``--cluster``: a standalone master on loopback with one, then two one-core workers (as
+  ``tests/test_pipeline_clusters.py`` starts them), the balanced job.
+
+Per run: the job's wall seconds; the CPU seconds of its processes (``/proc``: the driver's
+Python, the JVM, Spark's Python workers; on the cluster, each worker's tree: its executor JVM and
+Python workers); the JVM's own view from the web UI's REST API (this benchmark's sessions only
+turn the UI on): per stage, tasks, run time and the task threads' CPU; and each replay task's
+report (`purgatory.pipeline._job_replay.ReplayTask`): its groups, operations, its Python worker's
+wall and CPU seconds, of which reading its input batches. ``--write`` puts the section in
+PIPELINE_RESULTS.md between its markers (the other sections kept). The machine is shared: the
+load average is taken before and after each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .environment import describe_environment, load_average
+from .pipeline import HAND_WRITTEN, RESULTS, ROOT, _tree_cpu_seconds, section_of
+
+BEGIN = "<!-- groups spread: written by `python -m benchmarks.pipeline_spread --write` -->"
+END = "<!-- groups spread: end -->"
+
+
+def _process_cpu(root: int) -> dict[str, float]:
+    """CPU seconds so far of `root`'s tree by kind: ``driver`` (root itself), ``jvm`` (java
+    processes), ``python workers`` (everything else, exited children included via their
+    parents' cutime); Linux ``/proc``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    info: dict[int, tuple[int, str, list[int]]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as file:
+                text = file.read()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        info[int(entry)] = (int(fields[1]), name, [int(x) for x in fields[11:15]])
+    found = {"driver": 0.0, "jvm": 0.0, "python workers": 0.0}
+    for pid, (_, name, (utime, stime, cutime, cstime)) in info.items():
+        ancestor = pid
+        while ancestor not in (0, 1, root) and ancestor in info:
+            ancestor = info[ancestor][0]
+        if ancestor != root:
+            continue
+        if pid == root:
+            found["driver"] += (utime + stime) / tick
+        elif name == "java":  # its cutime would count the Python daemon once it is reaped
+            found["jvm"] += (utime + stime) / tick
+        else:
+            found["python workers"] += (utime + stime + cutime + cstime) / tick
+    return found
+
+
+def _stages(spark: Any) -> list[dict[str, Any]]:
+    """The finished stages of this application, from the web UI's REST API (this process's
+    session has the UI on), with the replay stage's tasks."""
+    sc = spark.sparkContext
+    base = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}"
+
+    def get(path: str) -> Any:
+        with urllib.request.urlopen(base + path, timeout=30) as response:
+            return json.load(response)
+
+    for _ in range(50):  # the status store follows the listener bus: wait for every stage
+        stages = get("/stages")
+        if stages and all(s["status"] in ("COMPLETE", "SKIPPED", "FAILED") for s in stages):
+            break
+        time.sleep(0.2)
+    found = []
+    for stage in sorted(stages, key=lambda s: s["stageId"]):
+        if stage["status"] != "COMPLETE":
+            continue
+        row = {
+            "stage": stage["stageId"],
+            "tasks": stage["numTasks"],
+            "run_seconds": stage["executorRunTime"] / 1e3,
+            "cpu_seconds": stage["executorCpuTime"] / 1e9,
+            "input_mb": stage["inputBytes"] / 1e6,
+            "shuffle_read_mb": stage["shuffleReadBytes"] / 1e6,
+            "shuffle_write_mb": stage["shuffleWriteBytes"] / 1e6,
+            "gc_seconds": stage["jvmGcTime"] / 1e3,
+            "spilled_mb": stage["memoryBytesSpilled"] / 1e6,
+            "disk_spilled_mb": stage["diskBytesSpilled"] / 1e6,
+            "task_seconds": [],
+        }
+        if row["run_seconds"] > 1.0:  # the tasks of the stages that matter
+            tasks = get(f"/stages/{stage['stageId']}/{stage['attemptId']}/taskList?length=500")
+            row["task_seconds"] = sorted(
+                (t["taskMetrics"]["executorRunTime"] / 1e3 for t in tasks if "taskMetrics" in t),
+                reverse=True,
+            )
+        found.append(row)
+    return found
+
+
+def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, Any]:
+    """In a fresh process: one summary-only replay; wall, CPU by process, stages, tasks."""
+    from purgatory.pipeline import ReplayConfig, get_session, replay
+
+    conf = {"spark.driver.memory": "2g"}
+    if master.startswith("spark://"):
+        conf |= {
+            "spark.executor.memory": "768m",
+            "spark.executorEnv.PYTHONPATH": str(ROOT),
+            "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        }
+    spark = get_session(master, f"purgatory-spread-{partitioning}", conf, ui=True)
+    cpu = _process_cpu(os.getpid())
+    reported: list[Any] = []
+    started = time.perf_counter()
+    summary = replay(
+        spark,
+        trace,
+        out,
+        [ReplayConfig()],
+        overwrite=True,
+        operations=False,
+        balance=partitioning == "balanced",
+        tasks=reported.extend,
+    )
+    operations = sum(row["operations"] for row in summary.collect())
+    seconds = time.perf_counter() - started
+    after = _process_cpu(os.getpid())
+    stages = _stages(spark)
+    spark.stop()
+    return {
+        "master": master,
+        "partitioning": partitioning,
+        "seconds": seconds,
+        "operations": operations,
+        "cpu": {kind: after[kind] - cpu[kind] for kind in after},
+        "stages": stages,
+        "tasks": [
+            {
+                "partition": t.partition,
+                "pid": t.pid,
+                "groups": list(t.groups),
+                "operations": t.operations,
+                "seconds": t.seconds,
+                "cpu_seconds": t.cpu_seconds,
+                "input_seconds": t.input_seconds,
+                "input_cpu_seconds": t.input_cpu_seconds,
+            }
+            for t in reported
+        ],
+    }
+
+
+def _run(
+    trace: str, out: str, master: str, partitioning: str, *, label: str, workers: list[int]
+) -> dict[str, Any]:
+    """One child run, with the load average before and after and the workers' CPU seconds."""
+    load = load_average()
+    worker_cpu = [_tree_cpu_seconds(pid) for pid in workers]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.pipeline_spread",
+            "--child",
+            trace,
+            out,
+            master,
+            partitioning,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode:
+        raise SystemExit(f"{label} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    run: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    run["label"] = label
+    run["load_before"], run["load_after"] = load, load_average()
+    if workers:
+        run["cpu"]["cluster workers (executor JVMs, Python workers)"] = sum(
+            _tree_cpu_seconds(pid) - before for pid, before in zip(workers, worker_cpu, strict=True)
+        )
+    print(
+        f"{label}: {run['seconds']:.1f} s, CPU "
+        + ", ".join(f"{k} {v:.1f}" for k, v in run["cpu"].items())
+        + f" (load {load} -> {run['load_after']})",
+        flush=True,
+    )
+    for task in run["tasks"]:
+        print(
+            f"  partition {task['partition']}: {len(task['groups'])} groups "
+            f"{task['operations']:,} ops, {task['seconds']:.1f} s wall, "
+            f"{task['cpu_seconds']:.1f} s CPU, input {task['input_seconds']:.1f} s",
+            flush=True,
+        )
+    return run
+
+
+@contextmanager
+def _standalone(work: Path, workers: int) -> Iterator[tuple[str, list[int]]]:
+    """A standalone master and `workers` one-core workers on loopback (as the tests' cluster);
+    yields the master's URL and the workers' process ids."""
+    import socket
+
+    from pyspark.find_spark_home import _find_spark_home
+
+    def port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    spark_class = str(Path(_find_spark_home()) / "bin" / "spark-class")
+    env = {
+        **os.environ,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYTHONPATH": str(ROOT),
+        "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    }
+    url = f"spark://127.0.0.1:{port()}"
+    started: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    work.mkdir(parents=True, exist_ok=True)
+
+    def start(name: str, args: list[str], ready: str) -> subprocess.Popen[bytes]:
+        log = work / f"{name}.log"
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                [spark_class, *args], stdout=out, stderr=subprocess.STDOUT, env=env
+            )
+        started.append((process, log))
+        deadline = time.monotonic() + 180
+        while ready not in log.read_text(errors="replace"):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{name} did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        return process
+
+    try:
+        host, master_port = "127.0.0.1", url.rsplit(":", 1)[1]
+        start(
+            "master",
+            [
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                host,
+                "--port",
+                master_port,
+                "--webui-port",
+                str(port()),
+            ],
+            "I have been elected leader",
+        )
+        pids = []
+        for i in range(1, workers + 1):
+            worker = start(
+                f"worker-{i}",
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    host,
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--webui-port",
+                    str(port()),
+                    "--work-dir",
+                    str(work / f"worker-{i}"),
+                    url,
+                ],
+                "Successfully registered with master",
+            )
+            pids.append(worker.pid)
+        yield url, pids
+    finally:
+        for process, _ in reversed(started):
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Generate the trace; the local runs, alternated; the cluster runs (``--cluster``)."""
+    from purgatory.pipeline import W1, generate, get_session
+
+    env = describe_environment()
+    trace = str(work / "trace")
+    w1 = W1(
+        purgatories=args.purgatories, operations=args.operations // args.purgatories, chunk=250_000
+    )
+    spark = get_session("local[2]", "purgatory-spread-generate", {"spark.driver.memory": "2g"})
+    generate(spark, w1, trace, overwrite=True)
+    spark.stop()
+    runs = []
+    local = [
+        ("local[1]", "balanced", "local[1], balanced"),
+        ("local[2]", "balanced", "local[2], balanced"),
+        ("local[2]", "hash", "local[2], hash-partitioned (before)"),
+    ]
+    for _ in range(args.repetitions if args.local else 0):
+        for master, partitioning, label in local:
+            runs.append(
+                _run(trace, str(work / "out"), master, partitioning, label=label, workers=[])
+            )
+    if args.cluster:
+        for workers in (1, 2):
+            with _standalone(work / f"cluster-{workers}", workers) as (url, pids):
+                for _ in range(args.repetitions):
+                    label = f"standalone, {workers} one-core worker{'s' if workers > 1 else ''}"
+                    runs.append(
+                        _run(trace, str(work / "out"), url, "balanced", label=label, workers=pids)
+                    )
+    return {
+        "environment": env,
+        "operations": w1.purgatories * w1.operations,
+        "purgatories": w1.purgatories,
+        "runs": runs,
+    }
+
+
+def render(f: dict[str, Any]) -> str:
+    """The Markdown section of a run."""
+    env = f["environment"]
+    by_label: dict[str, list[dict[str, Any]]] = {}
+    for run in f["runs"]:
+        by_label.setdefault(run["label"], []).append(run)
+
+    def best(label: str) -> float:
+        return float(min(run["seconds"] for run in by_label[label]))
+
+    lines = [
+        BEGIN,
+        "## Groups spread over executors",
+        "",
+        "`python -m benchmarks.pipeline_spread --write` (see its docstring): a W1 trace of "
+        f"**{f['operations']:,} operations** over {f['purgatories']} purgatories (8 independent "
+        "groups under one configuration), summary only, each run a driver process of its own, "
+        "alternated. CPU seconds from `/proc`; the JVM's stages from the web UI's REST API "
+        "(task run time and the task threads' CPU); per task, the replay's own report "
+        "(its Python worker's wall and CPU seconds, of which reading its input batches).",
+        "",
+        f"- {env['date']}; Python {env['python']}, {env['cpu_model']}, {env['cpu_count']} CPUs "
+        f"**shared with other helpers' work** (the load average before and after each run is in "
+        f"the table); {env['git']}.",
+        "",
+        "| run | wall s | CPU s: driver / JVM / Python workers (/ cluster workers) | tasks: "
+        "groups, operations, Python wall s (CPU s; input wall s) | load before -> after |",
+        "|---|---:|---|---|---|",
+    ]
+    for run in f["runs"]:
+        cpu = " / ".join(f"{v:.1f}" for v in run["cpu"].values())
+        tasks = "; ".join(
+            f"p{t['partition']}: {len(t['groups'])}, {t['operations']:,}, {t['seconds']:.1f} "
+            f"({t['cpu_seconds']:.1f}; {t['input_seconds']:.1f})"
+            for t in run["tasks"]
+        )
+        lines.append(
+            f"| {run['label']} | {run['seconds']:.1f} | {cpu} | {tasks} | "
+            f"{run['load_before']} -> {run['load_after']} |"
+        )
+    lines += ["", "Speed-ups (the fastest run of each):", ""]
+    pairs = [
+        ("local[2], balanced", "local[1], balanced", "local[1] -> local[2], balanced"),
+        (
+            "local[2], hash-partitioned (before)",
+            "local[1], balanced",
+            "local[1] -> local[2], hash-partitioned",
+        ),
+        (
+            "standalone, 2 one-core workers",
+            "standalone, 1 one-core worker",
+            "standalone, 1 -> 2 workers",
+        ),
+    ]
+    for fast, slow, name in pairs:
+        if fast in by_label and slow in by_label:
+            lines.append(f"- {name}: **{best(slow) / best(fast):.2f}x**")
+    lines += [
+        "",
+        "The JVM's stages of each run, those of 0.5 s or more (stage: tasks, run s, task "
+        "threads' CPU s, GC s, shuffle read MB, spilled MB in memory / on disk, the longest "
+        "tasks' run s):",
+        "",
+    ]
+    for run in f["runs"]:
+        stages = "; ".join(
+            f"{s['stage']}: {s['tasks']}, {s['run_seconds']:.1f}, {s['cpu_seconds']:.1f}, "
+            f"{s['gc_seconds']:.1f}, {s['shuffle_read_mb']:.0f}, "
+            f"{s['spilled_mb']:.0f} / {s['disk_spilled_mb']:.0f}"
+            + (
+                f", [{', '.join(f'{x:.1f}' for x in s['task_seconds'][:4])}]"
+                if s["task_seconds"]
+                else ""
+            )
+            for s in run["stages"]
+            if s["run_seconds"] >= 0.5
+        )
+        lines.append(f"- {run['label']}: {stages}")
+    return "\n".join([*lines, "", END, ""])
+
+
+def write(path: Path, section: str) -> None:
+    """Put `section` in the results file in place of the old one, else before the analysis."""
+    old = path.read_text() if path.exists() else ""
+    current = section_of(path, BEGIN, END)
+    if current:
+        path.write_text(old.replace(current, section))
+        return
+    at = old.find(HAND_WRITTEN)
+    path.write_text(old + "\n" + section if at < 0 else old[:at] + section + "\n" + old[at:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline_spread")
+    parser.add_argument("--operations", type=int, default=3_000_000)
+    parser.add_argument("--purgatories", type=int, default=8)
+    parser.add_argument("--repetitions", type=int, default=1)
+    parser.add_argument("--cluster", action="store_true", help="also a standalone cluster")
+    parser.add_argument("--no-local", dest="local", action="store_false", help="no local[N] runs")
+    parser.add_argument("--work", default=None, help="directory for the trace (default: temp)")
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--write", action="store_true", help="write PIPELINE_RESULTS.md")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(_child(*args.child)))
+        return 0
+    work = Path(args.work or tempfile.mkdtemp(prefix="purgatory-spread-"))
+    figures = measure(args, work)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
+    text = render(figures)
+    print(text)
+    if args.write:
+        write(RESULTS, text)
+        print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
