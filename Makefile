@@ -17,14 +17,14 @@ demo: $(BIN)/python
 # Set up and run the tests: lint, types, then pytest once: the whole suite on the default build
 # (the native core, which the install compiles: a build that fell back to the pure modules fails
 # test_implementations.py), the core's test modules a second time on the pure-Python modules in
-# the same run (tests/implementations.py; their ids end in [python]). About 10 minutes on a quiet
-# 2-core machine.
+# the same run (tests/implementations.py; their ids end in [python]), one pytest worker per core
+# (pytest-xdist; a module's tests stay on one worker). About 10 minutes on a quiet 2-core machine.
 test: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,docs,examples,spark]'
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	PURGATORY_EXPECT_IMPLEMENTATION=native $(BIN)/python -m pytest
+	PURGATORY_EXPECT_IMPLEMENTATION=native $(BIN)/python -m pytest -n auto --dist loadfile
 
 # The edit-test loop: the core's tests on the default build only, no lint (about a minute).
 quick: $(BIN)/python

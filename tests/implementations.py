@@ -42,6 +42,7 @@ NOT_CORE = (
     "test_metrics_recipe.py",
     "test_release.py",
     "test_asgi_servers.py",
+    "test_load_model.py",
     "test_examples.py",
     "test_packaging.py",
     "test_differential.py",
