@@ -310,11 +310,6 @@ def render_small(f: dict[str, Any]) -> str:
     return "\n".join([*lines, "", SMALL_END, ""])
 
 
-def _small_section(path: Path) -> str:
-    """The small-jobs section of the existing results file, or ``""``."""
-    return section_of(path, SMALL_BEGIN, SMALL_END)
-
-
 def section_of(path: Path, begin_marker: str, end_marker: str) -> str:
     """The section between two markers (included) of the existing results file, or ``""``."""
     if not path.exists():
@@ -324,10 +319,11 @@ def section_of(path: Path, begin_marker: str, end_marker: str) -> str:
     return "" if begin < 0 or end < 0 else old[begin : end + len(end_marker)] + "\n"
 
 
-def write_small(path: Path, section: str) -> None:
-    """Put `section` in the results file: in place of the old one, else before the analysis."""
+def write_section(path: Path, section: str, begin_marker: str, end_marker: str) -> None:
+    """Put `section` in the results file: in place of the old one between the same markers,
+    else before the analysis written by hand."""
     old = path.read_text() if path.exists() else ""
-    current = _small_section(path)
+    current = section_of(path, begin_marker, end_marker)
     if current:
         path.write_text(old.replace(current, section))
         return
@@ -364,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         text = render_small(figures)
         print(text)
         if args.write:
-            write_small(RESULTS, text)
+            write_section(RESULTS, text, SMALL_BEGIN, SMALL_END)
             print(f"wrote {RESULTS}")
         return 0
     if args.engine_only is not None:
@@ -439,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         from .pipeline_spread import BEGIN, END
 
-        kept = _small_section(RESULTS) + section_of(RESULTS, BEGIN, END)
+        kept = section_of(RESULTS, SMALL_BEGIN, SMALL_END) + section_of(RESULTS, BEGIN, END)
         RESULTS.write_text(text + "\n" + kept + _hand_written_part(RESULTS))
         print(f"wrote {RESULTS}")
     return 0

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .environment import describe_environment, load_average
-from .pipeline import HAND_WRITTEN, RESULTS, ROOT, _tree_cpu_seconds, section_of
+from .pipeline import RESULTS, ROOT, _tree_cpu_seconds, write_section
 
 BEGIN = "<!-- groups spread: written by `python -m benchmarks.pipeline_spread --write` -->"
 END = "<!-- groups spread: end -->"
@@ -426,17 +426,6 @@ def render(f: dict[str, Any]) -> str:
     return "\n".join([*lines, "", END, ""])
 
 
-def write(path: Path, section: str) -> None:
-    """Put `section` in the results file in place of the old one, else before the analysis."""
-    old = path.read_text() if path.exists() else ""
-    current = section_of(path, BEGIN, END)
-    if current:
-        path.write_text(old.replace(current, section))
-        return
-    at = old.find(HAND_WRITTEN)
-    path.write_text(old + "\n" + section if at < 0 else old[:at] + section + "\n" + old[at:])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline_spread")
     parser.add_argument("--operations", type=int, default=3_000_000)
@@ -459,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render(figures)
     print(text)
     if args.write:
-        write(RESULTS, text)
+        write_section(RESULTS, text, BEGIN, END)
         print(f"wrote {RESULTS}")
     return 0
 

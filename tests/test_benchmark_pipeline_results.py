@@ -21,14 +21,14 @@ def test_the_analysis_below_the_marker_survives_a_new_run(tmp_path: Path) -> Non
 def test_the_groups_spread_section_is_replaced_in_place_and_kept_by_a_throughput_run(
     tmp_path: Path,
 ) -> None:
-    from benchmarks.pipeline import section_of
-    from benchmarks.pipeline_spread import BEGIN, END, write
+    from benchmarks.pipeline import section_of, write_section
+    from benchmarks.pipeline_spread import BEGIN, END
 
     results = tmp_path / "PIPELINE_RESULTS.md"
     results.write_text(f"# figures\n\n{HAND_WRITTEN}\nwhy\n")
-    write(results, f"{BEGIN}\nfirst\n{END}\n")
+    write_section(results, f"{BEGIN}\nfirst\n{END}\n", BEGIN, END)
     assert results.read_text() == f"# figures\n\n{BEGIN}\nfirst\n{END}\n\n{HAND_WRITTEN}\nwhy\n"
-    write(results, f"{BEGIN}\nsecond\n{END}\n")
+    write_section(results, f"{BEGIN}\nsecond\n{END}\n", BEGIN, END)
     assert results.read_text() == f"# figures\n\n{BEGIN}\nsecond\n{END}\n\n{HAND_WRITTEN}\nwhy\n"
     assert section_of(results, BEGIN, END) == f"{BEGIN}\nsecond\n{END}\n"
 

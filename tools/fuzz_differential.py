@@ -5,7 +5,7 @@ first failure to shrink it, this draws them from a seeded random generator, coun
 exactly, goes on past a failure and prints every failing program (one JSON line each, which
 ``python tests/differential_worker.py < program.json`` replays; the test's ``@example`` takes
 it too). Crashes and differences are counted apart. Its programs, run on the native worker
-alone before issue 33's fixes, crashed it three times in 330,714 steps (seed 2: rows 2 and 3,
+alone before the re-entrancy fixes, crashed it three times in 330,714 steps (seed 2: rows 2 and 3,
 the test's examples), where hypothesis' runs of up to 30,000 steps had found no crash.
 
 Usage: python tools/fuzz_differential.py STEPS [SEED]
