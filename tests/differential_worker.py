@@ -598,6 +598,12 @@ ACTIONS = (
 )
 
 
+def arms_a_trap(program: dict[str, Any]) -> bool:
+    """Whether `program` arms a trap at all: user code of its that re-enters the purgatory."""
+    arm_kind = ACTIONS.index(arm)
+    return any(kind % len(ACTIONS) == arm_kind for kind, _, _, _ in program["actions"])
+
+
 def lifetime_dependent(program: dict[str, Any]) -> bool:
     """Whether `program` arms a trap on a __del__ (its trace depends on when objects die)."""
     arm_kind = ACTIONS.index(arm)
