@@ -159,6 +159,7 @@ def spark_schema(schema: pa.Schema) -> T.StructType:
         "int64": T.LongType(),
         "double": T.DoubleType(),
         "list<item: string>": T.ArrayType(T.StringType()),
+        "binary": T.BinaryType(),
     }
     return T.StructType([T.StructField(f.name, mapping[str(f.type)], f.nullable) for f in schema])
 

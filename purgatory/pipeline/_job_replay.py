@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import pyarrow as pa
 from pyspark import StorageLevel, TaskContext
@@ -36,6 +36,9 @@ from ._load import CostProfile
 from ._replay import OUTPUT_SCHEMA, ReplayConfig, replay_batches
 from ._spark import atomic_output, is_connect
 from ._summary import COUNTS, GAUGES, REPLAY_SUMMARY_COLUMNS, STATS, share
+
+if TYPE_CHECKING:
+    from ._shards import Boundary
 
 __all__ = ("ReplayTask", "print_tasks", "replay")
 
@@ -116,6 +119,9 @@ def replay(
     operations: bool = True,
     tasks: Callable[[Sequence[ReplayTask]], object] | None = print_tasks,
     balance: bool = True,
+    shards: int = 1,
+    warmup: float = 0.0,
+    boundaries: Callable[[Sequence[Boundary]], object] | None | Literal["print"] = "print",
 ) -> DataFrame:
     """Replay a trace under every configuration; write ``summary/`` (and ``operations/``) to `out`.
 
@@ -135,6 +141,15 @@ def replay(
             ``False``: Spark's hash partitioning of the groups into Spark's shuffle partitions
             (or `partitions`), which adaptive execution may coalesce; kept to measure against.
 
+        shards: Split each group into this many time shards, replayed by separate tasks with
+            the same result (`purgatory.pipeline._shards`: each shard's warm-up is checked at
+            its boundary, and a boundary whose check fails is replayed sequentially and said).
+            1 (the default): each group is one task.
+        warmup: With `shards`: seconds of replay time added to each shard's warm-up beyond the
+            longest timeout (a loaded core's backlog).
+        boundaries: With `shards`: called with every boundary checked; default: a line each
+            on stderr; ``None``: nothing.
+
     Returns:
         The summary, read back from `out`.
     """
@@ -142,6 +157,23 @@ def replay(
         raise ValueError("replay needs at least one configuration")
     if partitions is not None and partitions < 1:
         raise ValueError(f"partitions must be >= 1, not {partitions}")
+    if shards != 1:
+        from ._job_shards import print_boundaries, replay_split
+
+        return replay_split(
+            spark,
+            trace_path,
+            out,
+            configs,
+            shards,
+            warmup=warmup,
+            partitions=partitions,
+            overwrite=overwrite,
+            costs=costs,
+            operations=operations,
+            tasks=tasks,
+            boundaries=print_boundaries if boundaries == "print" else boundaries,
+        )
     trace = load_trace(spark, trace_path, configs)
     by_id = dict(enumerate(configs))
     grid = spark.createDataFrame(
@@ -250,6 +282,7 @@ def _parallelism(spark: SparkSession) -> int:
 def _reported(
     batches: Iterator[pa.RecordBatch],
     engine: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    schema: pa.Schema = _JOB_SCHEMA,
 ) -> Iterator[pa.RecordBatch]:
     """Run `engine` on `batches` in a task; add `TASK_SCHEMA`'s columns to its batches.
 
@@ -293,7 +326,7 @@ def _reported(
             extra = [pa.array([v] * n, f.type) for v, f in zip(values, TASK_SCHEMA, strict=True)]
             last_wall, last_cpu = wall, cpu
             input_wall = input_cpu = 0.0
-        yield pa.RecordBatch.from_arrays([*batch.columns, *extra], schema=_JOB_SCHEMA)
+        yield pa.RecordBatch.from_arrays([*batch.columns, *extra], schema=schema)
 
 
 def _tasks(groups: DataFrame) -> list[ReplayTask]:

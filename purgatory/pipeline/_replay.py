@@ -321,6 +321,13 @@ class _Group:
         if self.check:
             check_invariants(purgatory)
 
+    def prepare(self, t: float) -> None:
+        """Run what comes before an arrival due at `t` (the start of `arrive`, which may follow:
+        it then finds nothing more to run). A time shard's boundary is taken here."""
+        if self.heap and self.heap[0][0] <= t:
+            self.run_until(t)
+        self.clock.advance_to(t)
+
     def drain(self) -> None:
         """Run the clock on until nothing is timed and no condition is pending."""
         self.run_until(math.inf)
@@ -442,7 +449,9 @@ class _LoadedGroup(_Group):
         self.load = load
         self.costs = costs
         self.busy_until = 0.0
-        self.busy = 0.0
+        # Busy seconds in units of `BUSY_UNIT`, an integer: summed exactly, so that the time
+        # shards of a split replay add up to the unsplit sum (floats would round differently).
+        self.busy = 0
         self.start = math.nan
         # Timer-pass lateness in nanoseconds -> passes that late (bounded by the passes run).
         self.late: dict[int, int] = {}
@@ -466,7 +475,7 @@ class _LoadedGroup(_Group):
         """Book an event served from `start` for `cost` seconds; note when the next pass is due."""
         end = start + cost
         self.busy_until = end
-        self.busy += cost
+        self.busy += int(cost * _PER_UNIT)
         raw = self.load.next_pass_at()
         if ran_pass:
             if raw <= start:
@@ -496,7 +505,7 @@ class _LoadedGroup(_Group):
                 self.start = free
             self.batch = free
             self.busy_until = free + costs.iteration
-            self.busy += costs.iteration
+            self.busy += int(costs.iteration * _PER_UNIT)
             if self.owed:
                 self.owed = False
                 self._serve_pass()
@@ -508,7 +517,7 @@ class _LoadedGroup(_Group):
             self.start = wake
         self.batch = wake
         self.busy_until = wake + costs.wake + costs.iteration
-        self.busy += costs.wake + costs.iteration
+        self.busy += int((costs.wake + costs.iteration) * _PER_UNIT)
 
     def _serve_pass(self) -> None:
         """The reaper's pass, at the start of the iteration after its timer's."""
@@ -544,6 +553,10 @@ class _LoadedGroup(_Group):
         tries = self.attempts - attempts - done
         cost = costs.dispatch + tries * costs.attempt + done * costs.completion
         self._served(start, cost, False)
+
+    def prepare(self, t: float) -> None:
+        """Serve what comes before an arrival due at `t` (`run_until`: `arrive` may follow)."""
+        self.run_until(t)
 
     def run_until(self, t: float) -> None:
         """Serve what comes before an arrival due at `t`: the rest of the current iteration's
@@ -600,7 +613,13 @@ class _LoadedGroup(_Group):
     def load_stats(self) -> list[float]:
         span = self.busy_until - self.start if self.busy_until > self.start else 0.0
         late = sorted(self.late.items())
-        return [self.busy, span, *(_rank(late, p) / 1e9 for p in (0.5, 0.99, 1.0))]
+        return [self.busy / _UNITS, span, *(_rank(late, p) / 1e9 for p in (0.5, 0.99, 1.0))]
+
+
+#: A loaded group's busy time is counted in units of 2**-90 s: every cost (at most `MAX_COST`, a
+#: double of 53 bits) from 2**-37 s (7 ps) up is a whole number of them, so the sum is exact.
+_PER_UNIT: Final = 2.0**90
+_UNITS: Final = 1 << 90  # (an int over an int divides with one rounding)
 
 
 def _nearest_rank(p: float, n: int) -> int:

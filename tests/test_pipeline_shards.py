@@ -1,0 +1,222 @@
+"""One group split into time shards (`purgatory.pipeline._shards`): the same as one replay.
+
+The engine's tests compare `split_table` (the shards replayed in this process, as the Spark
+job's tasks replay them) with `replay_table` (one replay) on every operation's row and every
+summary figure, exactly, on traces made to stress the split: timeouts as long as a shard,
+bursts of simultaneous arrivals (one on a boundary), a loaded core whose backlog crosses a
+boundary, Kafka's purge counter, which no warm-up rebuilds (the check fails, the boundary is
+replayed sequentially, and said). The Spark test runs the job both ways on the shared session.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+
+from purgatory.pipeline import W1, CostProfile, ReplayConfig, replay, replay_table
+from purgatory.pipeline._generate import chunk_plan, generate_chunk
+from purgatory.pipeline._shards import Boundary, ShardRange, _merge_ranges, split_table
+
+MS = 1e-3
+#: A core loaded by round costs: a watch costs 0.2 ms, so 6,000 arrivals a second need 120 %
+#: of it, and a backlog builds during each burst of the overload trace.
+LOADED = CostProfile(
+    dispatch=0.02 * MS,
+    wake=0.01 * MS,
+    watch=0.15 * MS,
+    watch_key=0.01 * MS,
+    attempt=0.005 * MS,
+    completion=0.02 * MS,
+    expiry=0.01 * MS,
+    timer_pass=0.02 * MS,
+    purged_entry=0.001 * MS,
+    iteration=0.005 * MS,
+)
+
+
+def w1_trace(**changes: Any) -> pa.Table:
+    w1 = W1(**{"purgatories": 1, "operations": 4000, "rate": 2000.0, "seed": 3, **changes})
+    return pa.Table.from_batches([generate_chunk(w1, c) for c in chunk_plan(w1)])
+
+
+def rows_of(table: pa.Table) -> list[dict[str, Any]]:
+    """Every row (operations', then the groups'), in one order; NaN made comparable."""
+    rows = table.to_pylist()
+    for row in rows:
+        for name, value in row.items():
+            if isinstance(value, float) and math.isnan(value):
+                row[name] = "nan"
+    return sorted(
+        rows, key=lambda r: (r["purgatory"], r["config_id"], r["op_id"] is None, r["op_id"] or 0)
+    )
+
+
+def assert_split_is_exact(
+    trace: pa.Table,
+    configs: dict[int, ReplayConfig],
+    shards: int,
+    *,
+    costs: CostProfile | None = None,
+    extra: float = 0.0,
+) -> list[Boundary]:
+    """The split replay equals the unsplit one on every row and figure; its boundaries."""
+    unsplit = replay_table(trace, configs, costs=costs)
+    split, boundaries = split_table(trace, configs, shards, costs=costs, extra=extra)
+    expected, got = rows_of(unsplit), rows_of(split)
+    assert len(got) == len(expected)
+    summary = [r for r in expected if r["op_id"] is None]
+    assert [r for r in got if r["op_id"] is None] == summary
+    assert got == expected
+    assert len(boundaries) == len(configs) * (shards - 1)
+    return boundaries
+
+
+def test_split_equals_unsplit_with_every_boundary_matched() -> None:
+    # Purging at every pass (purge_interval 0), a warm-up rebuilds the whole state: under
+    # four configurations (coarse tick, small wheel with cascades, scaled timeouts and rate,
+    # force trigger), every boundary matches and nothing is replayed twice.
+    trace = w1_trace(never=0.2, key_skew=1.0)
+    configs = {
+        0: ReplayConfig(purge_interval=0),
+        1: ReplayConfig(tick=0.01, wheel_size=8, purge_interval=0, timeout_scale=0.5),
+        2: ReplayConfig(purge_interval=0, rate_scale=2.0, trigger="force"),
+        3: ReplayConfig(purge_interval=0, timeout_scale=3.0),
+    }
+    boundaries = assert_split_is_exact(trace, configs, 4)
+    assert all(b.matched for b in boundaries), [b.describe() for b in boundaries]
+
+
+def test_timeouts_as_long_as_a_shard() -> None:
+    # 2,000 arrivals a second in 4 shards of 0.5 s, timeouts up to 0.5 s (never met: every
+    # operation waits its whole timeout): the warm-up is the whole previous shard.
+    rng = np.random.default_rng(5)
+    n = 4000
+    arrivals = np.sort(rng.uniform(0.0, 2.0, n))
+    timeouts = rng.choice([0.0, 0.001, 0.05, 0.5], n)
+    conditions = np.where(rng.random(n) < 0.5, arrivals + rng.uniform(0, 0.6, n), np.nan)
+    trace = trace_of(arrivals, timeouts, conditions, rng)
+    boundaries = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=0)}, 4)
+    assert all(b.matched for b in boundaries), [b.describe() for b in boundaries]
+
+
+def test_bursts_one_on_a_boundary() -> None:
+    # Bursts of 200 simultaneous arrivals; the shard boundaries fall on bursts (an arrival of
+    # the trace), so a burst's operations are split between a shard and its successor's input:
+    # the successor's own and the previous shard's end, where it stops.
+    rng = np.random.default_rng(6)
+    bursts = np.repeat(np.arange(0.0, 2.0, 0.1), 200)
+    quiet = rng.uniform(0.0, 2.0, 1000)
+    arrivals = np.sort(np.concatenate([bursts, quiet]))
+    n = len(arrivals)
+    timeouts = rng.choice([0.01, 0.1, 0.3], n)
+    conditions = np.where(rng.random(n) < 0.7, arrivals + rng.exponential(0.05, n), np.nan)
+    trace = trace_of(arrivals, timeouts, conditions, rng)
+    boundaries = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=0)}, 5)
+    assert all(b.matched for b in boundaries), [b.describe() for b in boundaries]
+    assert any(b.at in set(np.arange(0.0, 2.0, 0.1)) for b in boundaries)  # one on a burst
+
+
+def overload_trace() -> pa.Table:
+    """Bursts of 6,000 arrivals a second for 0.2 s (120 % of the loaded core), then 0.3 s at
+    1,000: a backlog builds in each burst and is worked off in the quiet part after it."""
+    rng = np.random.default_rng(7)
+    parts = []
+    for start in np.arange(0.0, 2.0, 0.5):
+        parts.append(rng.uniform(start, start + 0.2, 1200))
+        parts.append(rng.uniform(start + 0.2, start + 0.5, 300))
+    arrivals = np.sort(np.concatenate(parts))
+    n = len(arrivals)
+    timeouts = np.full(n, 0.1)
+    conditions = np.where(rng.random(n) < 0.8, arrivals + rng.exponential(0.02, n), np.nan)
+    return trace_of(arrivals, timeouts, conditions, rng)
+
+
+def test_overload_backlog_across_a_boundary_with_a_longer_warmup() -> None:
+    # The loaded core is behind when a boundary comes (each shard ends inside a burst), so one
+    # longest timeout of warm-up misses its backlog; a warm-up 0.5 s longer reaches back to a
+    # quiet part where the core was idle, and every boundary matches.
+    trace = overload_trace()
+    unsplit = replay_table(trace, {0: ReplayConfig(purge_interval=0)}, costs=LOADED)
+    summary = unsplit.filter(pa.compute.is_null(unsplit["op_id"])).to_pylist()[0]
+    assert summary["missed"] > 0  # overloaded: operations served late
+    boundaries = assert_split_is_exact(
+        trace, {0: ReplayConfig(purge_interval=0)}, 4, costs=LOADED, extra=0.5
+    )
+    assert all(b.matched for b in boundaries), [b.describe() for b in boundaries]
+
+
+def test_a_failed_check_falls_back_to_sequential_and_says_so() -> None:
+    # The same overload with one longest timeout of warm-up only: the warm-up's core starts
+    # idle where the unsplit core had a backlog, the pending operations differ, each such
+    # boundary is replayed sequentially, reported, and the result is still exact.
+    trace = overload_trace()
+    boundaries = assert_split_is_exact(
+        trace, {0: ReplayConfig(purge_interval=0)}, 4, costs=LOADED, extra=0.0
+    )
+    failed = [b for b in boundaries if not b.matched]
+    assert failed
+    assert all("pending" in b.parts or "core" in b.parts for b in failed)
+    assert "replayed sequentially" in failed[0].describe()
+
+
+def test_kafkas_purge_counter_is_history_a_warmup_cannot_rebuild() -> None:
+    # With Kafka's purge interval (1000), the count of operations finished since the last
+    # purge, and the finished entries still listed, go back further than any warm-up: the
+    # check sees it, and the split replay is exact by replaying those boundaries sequentially.
+    trace = w1_trace()
+    boundaries = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=1000)}, 3)
+    assert [b.matched for b in boundaries] == [False, False]
+    assert all("purge" in b.parts for b in boundaries)
+
+
+def test_mismatched_boundaries_join_their_shards_only() -> None:
+    current = {("p", 0, k): ShardRange(k, float(k) if k else -math.inf, k + 1.0) for k in range(5)}
+    current[("p", 0, 4)] = ShardRange(4, 4.0, math.inf)
+    merged, replaced = _merge_ranges(current, {("p", 0, 2), ("p", 0, 4)})
+    assert merged == {("p", 0, 1): ShardRange(1, 1.0, 3.0), ("p", 0, 3): ShardRange(3, 3.0, math.inf)}
+    assert replaced == {("p", 0, k) for k in (1, 2, 3, 4)}
+
+
+def trace_of(
+    arrivals: np.ndarray, timeouts: np.ndarray, conditions: np.ndarray, rng: np.random.Generator
+) -> pa.Table:
+    """A trace of one purgatory on 50 keys, 1-3 keys per operation (NaN condition: never)."""
+    n = len(arrivals)
+    keys = [[f"k{k}" for k in rng.choice(50, int(rng.integers(1, 4)), replace=False)] for _ in range(n)]
+    return pa.table(
+        {
+            "purgatory": pa.array(["p"] * n),
+            "op_id": pa.array(np.arange(n), pa.int64()),
+            "arrival": pa.array(arrivals, pa.float64()),
+            "keys": pa.array(keys, pa.list_(pa.string())),
+            "timeout": pa.array(timeouts, pa.float64()),
+            "condition_at": pa.array(conditions, pa.float64(), from_pandas=True),
+        }
+    )
+
+
+def test_spark_split_job_equals_the_unsplit_job(spark: SparkSession, tmp_path: Path) -> None:
+    # Two purgatories under two configurations in 3 shards each on local[2]: with purges at
+    # every pass every boundary matches; with Kafka's interval they are replayed sequentially
+    # (a second job), said in the report, and both jobs' outputs equal the unsplit job's.
+    trace = w1_trace(purgatories=2, operations=1500)
+    pq.write_table(trace, tmp_path / "trace.parquet")
+    path = str(tmp_path / "trace.parquet")
+    configs = [ReplayConfig(purge_interval=0), ReplayConfig(purge_interval=1000, tick=0.002)]
+    replay(spark, path, str(tmp_path / "one"), configs, tasks=None)
+    said: list[Boundary] = []
+    replay(spark, path, str(tmp_path / "split"), configs, tasks=None, shards=3, boundaries=said.extend)
+    for part in ("summary", "operations"):
+        expected = pq.read_table(tmp_path / "one" / part).to_pylist()
+        got = pq.read_table(tmp_path / "split" / part).to_pylist()
+        order = lambda r: (r["purgatory"], r["config_id"], r.get("op_id") or 0)  # noqa: E731
+        assert sorted(got, key=order) == sorted(expected, key=order)
+    assert len(said) == 2 * 2 * 2
+    assert {(b.config_id, b.matched) for b in said} == {(0, True), (1, False)}
