@@ -203,10 +203,10 @@ def trace_of(
 
 
 def test_spark_split_job_equals_the_unsplit_job(spark: SparkSession, tmp_path: Path) -> None:
-    # Two purgatories under two configurations in 3 shards each on local[2]: with purges at
+    # A purgatory under two configurations in 3 shards each on local[2]: with purges at
     # every pass every boundary matches; with Kafka's interval they are replayed sequentially
     # (a second job), said in the report, and both jobs' outputs equal the unsplit job's.
-    trace = w1_trace(purgatories=2, operations=1500)
+    trace = w1_trace(operations=1500)
     pq.write_table(trace, tmp_path / "trace.parquet")
     path = str(tmp_path / "trace.parquet")
     configs = [ReplayConfig(purge_interval=0), ReplayConfig(purge_interval=1000, tick=0.002)]
@@ -218,5 +218,5 @@ def test_spark_split_job_equals_the_unsplit_job(spark: SparkSession, tmp_path: P
         got = pq.read_table(tmp_path / "split" / part).to_pylist()
         order = lambda r: (r["purgatory"], r["config_id"], r.get("op_id") or 0)  # noqa: E731
         assert sorted(got, key=order) == sorted(expected, key=order)
-    assert len(said) == 2 * 2 * 2
+    assert len(said) == 2 * 2
     assert {(b.config_id, b.matched) for b in said} == {(0, True), (1, False)}

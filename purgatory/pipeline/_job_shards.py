@@ -242,8 +242,10 @@ def _operations(
         "ended_at",
     ]
     parts = []
-    for result, todo in rounds:
-        kept = sorted(todo & final)
+    # (A shard joined with its successors keeps its key: take each from the last job.)
+    latest = {key: i for i, (_, todo) in enumerate(rounds) for key in todo}
+    for i, (result, todo) in enumerate(rounds):
+        kept = sorted(key for key in todo & final if latest[key] == i)
         if not kept:
             continue
         keys = spark.createDataFrame(
