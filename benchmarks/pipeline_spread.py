@@ -41,6 +41,10 @@ from .pipeline import RESULTS, ROOT, _tree_cpu_seconds, write_section
 
 BEGIN = "<!-- groups spread: written by `python -m benchmarks.pipeline_spread --write` -->"
 END = "<!-- groups spread: end -->"
+SHARDS_BEGIN = (
+    "<!-- time shards: written by `python -m benchmarks.pipeline_spread --shards N --write` -->"
+)
+SHARDS_END = "<!-- time shards: end -->"
 
 
 def _process_cpu(root: int) -> dict[str, float]:
@@ -119,7 +123,11 @@ def _stages(spark: Any) -> list[dict[str, Any]]:
 
 
 def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, Any]:
-    """In a fresh process: one summary-only replay; wall, CPU by process, stages, tasks."""
+    """In a fresh process: one summary-only replay; wall, CPU by process, stages, tasks.
+
+    `partitioning`: ``balanced`` or ``hash`` (the groups), or ``shards:N:P`` (each group in N
+    time shards, purge interval P; N = 1: unsplit).
+    """
     from purgatory.pipeline import ReplayConfig, get_session, replay
 
     conf = {"spark.driver.memory": "2g"}
@@ -132,16 +140,23 @@ def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, An
     spark = get_session(master, f"purgatory-spread-{partitioning}", conf, ui=True)
     cpu = _process_cpu(os.getpid())
     reported: list[Any] = []
+    boundaries: list[Any] = []
+    config, shards = ReplayConfig(), 1
+    if partitioning.startswith("shards:"):
+        _, count, interval = partitioning.split(":")
+        config, shards = ReplayConfig(purge_interval=int(interval)), int(count)
     started = time.perf_counter()
     summary = replay(
         spark,
         trace,
         out,
-        [ReplayConfig()],
+        [config],
         overwrite=True,
         operations=False,
-        balance=partitioning == "balanced",
+        balance=partitioning != "hash",
         tasks=reported.extend,
+        shards=shards,
+        boundaries=boundaries.extend,
     )
     operations = sum(row["operations"] for row in summary.collect())
     seconds = time.perf_counter() - started
@@ -155,6 +170,7 @@ def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, An
         "operations": operations,
         "cpu": {kind: after[kind] - cpu[kind] for kind in after},
         "stages": stages,
+        "boundaries": [b.describe() for b in boundaries],
         "tasks": [
             {
                 "partition": t.partition,
@@ -307,14 +323,17 @@ def _standalone(work: Path, workers: int) -> Iterator[tuple[str, list[int]]]:
 
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Generate the trace; the local runs, alternated; the cluster runs (``--cluster``)."""
+    """Generate the trace; the local runs, alternated; the cluster runs (``--cluster``).
+
+    With ``--shards N``: one purgatory, unsplit on ``local[1]`` and in N time shards on
+    ``local[2]`` (purge interval ``--purge-interval``), alternated.
+    """
     from purgatory.pipeline import W1, generate, get_session
 
     env = describe_environment()
     trace = str(work / "trace")
-    w1 = W1(
-        purgatories=args.purgatories, operations=args.operations // args.purgatories, chunk=250_000
-    )
+    purgatories = 1 if args.shards else args.purgatories
+    w1 = W1(purgatories=purgatories, operations=args.operations // purgatories, chunk=250_000)
     spark = get_session("local[2]", "purgatory-spread-generate", {"spark.driver.memory": "2g"})
     generate(spark, w1, trace, overwrite=True)
     spark.stop()
@@ -324,6 +343,15 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ("local[2]", "balanced", "local[2], balanced"),
         ("local[2]", "hash", "local[2], hash-partitioned (before)"),
     ]
+    if args.shards:
+        local = [
+            ("local[1]", f"shards:1:{args.purge_interval}", "one group, local[1], unsplit"),
+            (
+                "local[2]",
+                f"shards:{args.shards}:{args.purge_interval}",
+                f"one group, local[2], {args.shards} time shards",
+            ),
+        ]
     for _ in range(args.repetitions if args.local else 0):
         for master, partitioning, label in local:
             runs.append(
@@ -341,6 +369,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "environment": env,
         "operations": w1.purgatories * w1.operations,
         "purgatories": w1.purgatories,
+        "shards": args.shards,
+        "purge_interval": args.purge_interval,
         "runs": runs,
     }
 
@@ -426,6 +456,51 @@ def render(f: dict[str, Any]) -> str:
     return "\n".join([*lines, "", END, ""])
 
 
+def render_shards(f: dict[str, Any]) -> str:
+    """The Markdown section of a ``--shards`` run."""
+    env = f["environment"]
+    by_label: dict[str, list[dict[str, Any]]] = {}
+    for run in f["runs"]:
+        by_label.setdefault(run["label"], []).append(run)
+    lines = [
+        SHARDS_BEGIN,
+        "## One group split by time",
+        "",
+        f"`python -m benchmarks.pipeline_spread --shards {f['shards']} --purge-interval "
+        f"{f['purge_interval']} --operations {f['operations']} --write`: one W1 purgatory of "
+        f"**{f['operations']:,} operations** under one configuration (purge interval "
+        f"{f['purge_interval']}), summary only, unsplit on `local[1]` and in {f['shards']} time "
+        "shards on `local[2]`, each run a driver process of its own, alternated.",
+        "",
+        f"- {env['date']}; Python {env['python']}, {env['cpu_model']}, {env['cpu_count']} CPUs "
+        "**shared with other helpers' work** (the load average before and after each run is in "
+        f"the table); {env['git']}.",
+        "",
+        "| run | wall s | CPU s: driver / JVM / Python workers | tasks: shards, operations "
+        "replayed (warm-ups included), Python wall s (CPU s) | boundaries matched | load before "
+        "-> after |",
+        "|---|---:|---|---|---|---|",
+    ]
+    for run in f["runs"]:
+        cpu = " / ".join(f"{v:.1f}" for v in run["cpu"].values())
+        tasks = "; ".join(
+            f"p{t['partition']}: {len(t['groups'])}, {t['operations']:,}, {t['seconds']:.1f} "
+            f"({t['cpu_seconds']:.1f})"
+            for t in run["tasks"]
+        )
+        said = run.get("boundaries", [])
+        matched = sum("matched" in line for line in said)
+        lines.append(
+            f"| {run['label']} | {run['seconds']:.1f} | {cpu} | {tasks} | "
+            f"{matched} of {len(said)} | {run['load_before']} -> {run['load_after']} |"
+        )
+    labels = list(by_label)
+    if len(labels) == 2:
+        slow, fast = (min(r["seconds"] for r in by_label[label]) for label in labels)
+        lines += ["", f"Speed-up (the fastest run of each): **{slow / fast:.2f}x**"]
+    return "\n".join([*lines, "", SHARDS_END, ""])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline_spread")
     parser.add_argument("--operations", type=int, default=3_000_000)
@@ -436,6 +511,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=None, help="directory for the trace (default: temp)")
     parser.add_argument("--json", default=None, help="also write the figures here")
     parser.add_argument("--write", action="store_true", help="write PIPELINE_RESULTS.md")
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=0,
+        help="one purgatory instead: unsplit on local[1], in this many time shards on local[2]",
+    )
+    parser.add_argument(
+        "--purge-interval",
+        type=int,
+        default=0,
+        help="with --shards: the configuration's purge interval (0: purge at every pass, where "
+        "a warm-up rebuilds the state; Kafka's 1000: every boundary falls back)",
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -445,10 +533,11 @@ def main(argv: list[str] | None = None) -> int:
     figures = measure(args, work)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
-    text = render(figures)
+    text = render_shards(figures) if args.shards else render(figures)
     print(text)
     if args.write:
-        write_section(RESULTS, text, BEGIN, END)
+        begin, end = (SHARDS_BEGIN, SHARDS_END) if args.shards else (BEGIN, END)
+        write_section(RESULTS, text, begin, end)
         print(f"wrote {RESULTS}")
     return 0
 

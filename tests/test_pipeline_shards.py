@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 from pyspark.sql import SparkSession
 
 from purgatory.pipeline import W1, CostProfile, ReplayConfig, replay, replay_table
@@ -180,7 +179,10 @@ def test_mismatched_boundaries_join_their_shards_only() -> None:
     current = {("p", 0, k): ShardRange(k, float(k) if k else -math.inf, k + 1.0) for k in range(5)}
     current[("p", 0, 4)] = ShardRange(4, 4.0, math.inf)
     merged, replaced = _merge_ranges(current, {("p", 0, 2), ("p", 0, 4)})
-    assert merged == {("p", 0, 1): ShardRange(1, 1.0, 3.0), ("p", 0, 3): ShardRange(3, 3.0, math.inf)}
+    assert merged == {
+        ("p", 0, 1): ShardRange(1, 1.0, 3.0),
+        ("p", 0, 3): ShardRange(3, 3.0, math.inf),
+    }
     assert replaced == {("p", 0, k) for k in (1, 2, 3, 4)}
 
 
@@ -189,7 +191,9 @@ def trace_of(
 ) -> pa.Table:
     """A trace of one purgatory on 50 keys, 1-3 keys per operation (NaN condition: never)."""
     n = len(arrivals)
-    keys = [[f"k{k}" for k in rng.choice(50, int(rng.integers(1, 4)), replace=False)] for _ in range(n)]
+    keys = [
+        [f"k{k}" for k in rng.choice(50, int(rng.integers(1, 4)), replace=False)] for _ in range(n)
+    ]
     return pa.table(
         {
             "purgatory": pa.array(["p"] * n),
@@ -212,7 +216,9 @@ def test_spark_split_job_equals_the_unsplit_job(spark: SparkSession, tmp_path: P
     configs = [ReplayConfig(purge_interval=0), ReplayConfig(purge_interval=1000, tick=0.002)]
     replay(spark, path, str(tmp_path / "one"), configs, tasks=None)
     said: list[Boundary] = []
-    replay(spark, path, str(tmp_path / "split"), configs, tasks=None, shards=3, boundaries=said.extend)
+    replay(
+        spark, path, str(tmp_path / "split"), configs, tasks=None, shards=3, boundaries=said.extend
+    )
     for part in ("summary", "operations"):
         expected = pq.read_table(tmp_path / "one" / part).to_pylist()
         got = pq.read_table(tmp_path / "split" / part).to_pylist()

@@ -162,6 +162,8 @@ def _replayed(
         overwrite=args.overwrite,
         costs=costs,
         operations=not args.summary_only,
+        shards=getattr(args, "shards", 1),
+        warmup=getattr(args, "warmup", 0.0),
     )
     rows = [row.asDict() for row in summary.collect()]
     print_replay_summary(rows, costs)

@@ -121,7 +121,7 @@ def replay(
     balance: bool = True,
     shards: int = 1,
     warmup: float = 0.0,
-    boundaries: Callable[[Sequence[Boundary]], object] | None | Literal["print"] = "print",
+    boundaries: Callable[[Sequence[Boundary]], object] | Literal["print"] | None = "print",
 ) -> DataFrame:
     """Replay a trace under every configuration; write ``summary/`` (and ``operations/``) to `out`.
 
@@ -158,6 +158,8 @@ def replay(
     if partitions is not None and partitions < 1:
         raise ValueError(f"partitions must be >= 1, not {partitions}")
     if shards != 1:
+        if event_log is not None:
+            raise ValueError("a replay split into time shards writes no event log")
         from ._job_shards import print_boundaries, replay_split
 
         return replay_split(

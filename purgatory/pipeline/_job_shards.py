@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -114,7 +115,7 @@ def replay_split(
         counts[name] = int(row["n"])
         points = [float(row["first"]), *(float(q) for q in row["quantiles"])] if shards > 1 else []
         # (`shard_bounds` of the quantiles: distinct arrivals past the first.)
-        bounds = shard_bounds(sorted(points), len(points)) if points else []
+        bounds = shard_bounds(np.sort(points), len(points)) if points else []
         starts = [-math.inf, *bounds]
         ends = [*starts[1:], math.inf]
         for config_id in by_id:
@@ -124,8 +125,19 @@ def replay_split(
     rounds: list[tuple[DataFrame, set[Key]]] = []
 
     def run(todo: Mapping[Key, ShardRange]) -> dict[Key, Mapping[str, Any]]:
-        result = _run(spark, trace, by_id, todo, longest, counts, n_tasks, warmup, costs, operations)
-        rows = {
+        result = _run(
+            spark,
+            trace,
+            by_id=by_id,
+            todo=todo,
+            longest=longest,
+            counts=counts,
+            n_tasks=n_tasks,
+            warmup=warmup,
+            costs=costs,
+            operations=operations,
+        )
+        rows: dict[Key, Mapping[str, Any]] = {
             (r["purgatory"], r["config_id"], r["shard"]): r.asDict()
             for r in result.where(F.col("op_id").isNull()).collect()
         }
@@ -164,6 +176,7 @@ def replay_split(
 def _run(
     spark: SparkSession,
     trace: DataFrame,
+    *,
     by_id: Mapping[int, ReplayConfig],
     todo: Mapping[Key, ShardRange],
     longest: Mapping[str, float],
@@ -217,15 +230,11 @@ def _run(
     def replay(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return _reported(
             batches,
-            lambda timed: replay_shards(
-                timed, configs, ranges, costs=costs, operations=operations
-            ),
+            lambda timed: replay_shards(timed, configs, ranges, costs=costs, operations=operations),
             _JOB_SCHEMA,
         )
 
-    return work.mapInArrow(replay, spark_schema(_JOB_SCHEMA)).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
+    return work.mapInArrow(replay, spark_schema(_JOB_SCHEMA)).persist(StorageLevel.MEMORY_AND_DISK)
 
 
 def _operations(

@@ -232,6 +232,22 @@ def add_grid(parser: argparse.ArgumentParser, timeout: str, rate: str) -> None:
         "(default: the session's cores, at most one per group)",
     )
     group.add_argument(
+        "--shards",
+        type=positive_int,
+        default=1,
+        help="split each group into this many time shards replayed by separate tasks, with "
+        "the same result (each boundary checked; one that fails is replayed sequentially and "
+        "said); default: 1, a group is one task",
+    )
+    group.add_argument(
+        "--warmup",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --shards: replay seconds added to each shard's warm-up beyond the longest "
+        "timeout (a loaded core's backlog)",
+    )
+    group.add_argument(
         "--event-log", default=None, help="directory for the replay's event logs (default: none)"
     )
     group.add_argument(

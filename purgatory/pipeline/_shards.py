@@ -40,6 +40,7 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, Final
 
 import numpy as np
@@ -47,6 +48,7 @@ import pyarrow as pa
 
 from ._load import CostProfile
 from ._replay import (
+    _UNITS,
     OUTPUT_SCHEMA,
     ReplayConfig,
     _Group,
@@ -55,7 +57,6 @@ from ._replay import (
     _nearest_rank,
     _new_group,
     _rank,
-    _UNITS,
 )
 
 __all__ = (
@@ -137,6 +138,36 @@ class _Shard:
         self.base: list[int] = [0, 0, 0, 0]
         self.busy_base = 0
         group.keep = False
+
+    def feed(
+        self,
+        op_id: int,
+        keys: tuple[str, ...],
+        timeout: float,
+        condition_at: float | None,
+        arrival: float,
+    ) -> None:
+        """One row of the shard's input: a warm-up operation, one of its own, or the first of
+        the next shard (where it stops; the rows after it are ignored)."""
+        if self.stopped:
+            return
+        config = self.group.config
+        rate = config.rate_scale
+        t = arrival if rate == 1.0 else arrival / rate
+        condition = condition_at
+        if condition is not None and rate != 1.0:
+            condition = t + (condition - arrival)
+        shard = self.shard
+        if arrival >= shard.end:
+            if not self.started:
+                self.begin(t)
+            self.end(t)
+            return
+        if arrival >= shard.start and not self.started:
+            self.begin(t)
+        if not self.started:
+            self.warmup_ops += 1
+        self.group.arrive(op_id, keys, timeout * config.timeout_scale, condition, t)
 
     def begin(self, t: float) -> None:
         """Take the start fingerprint before the first own arrival (at `t`), and forget what the
@@ -293,25 +324,7 @@ def replay_shards(
                 )
                 current = _Shard(group, ranges[ident], operations)
             assert current is not None
-            if current.stopped:
-                continue
-            config = current.group.config
-            rate = config.rate_scale
-            t = arrival if rate == 1.0 else arrival / rate
-            condition = condition_at
-            if condition is not None and rate != 1.0:
-                condition = t + (condition - arrival)
-            shard = current.shard
-            if arrival >= shard.end:
-                if not current.started:
-                    current.begin(t)
-                current.end(t)
-                continue
-            if arrival >= shard.start and not current.started:
-                current.begin(t)
-            if not current.started:
-                current.warmup_ops += 1
-            current.group.arrive(op_id, keys, timeout * config.timeout_scale, condition, t)
+            current.feed(op_id, keys, timeout, condition_at, arrival)
             if len(current.group.out) >= output_rows:
                 yield _with_shard(current.group.take_rows(), index)
     if current is not None:
@@ -422,7 +435,7 @@ def check_boundaries(
     """Each boundary of the shards' rows (one group's, in shard order), checked."""
     ordered = sorted(rows, key=lambda r: r["shard"])
     out = []
-    for before, after in zip(ordered, ordered[1:], strict=False):
+    for before, after in pairwise(ordered):
         key = (after["purgatory"], after["config_id"], after["shard"])
         parts = differing(before["shard_end"], after["shard_start"])
         out.append(
@@ -451,7 +464,7 @@ def merge_shards(rows: Sequence[Mapping[str, Any]], loaded: bool) -> dict[str, A
     lateness = np.sort(
         np.concatenate([np.frombuffer(r["shard_lateness"], np.float64) for r in ordered])
     )
-    out: dict[str, Any] = {name: None for name in OUTPUT_SCHEMA.names}
+    out: dict[str, Any] = dict.fromkeys(OUTPUT_SCHEMA.names)
     out["purgatory"], out["config_id"] = first["purgatory"], first["config_id"]
     ended, expired = len(waits), len(lateness)
     out.update(
@@ -530,11 +543,15 @@ def settle(
         boundaries = _boundaries(current, rows)
         bad = [b for b in boundaries if not b.matched]
         if not bad:
-            return current, rows, sorted(
-                failed + boundaries, key=lambda b: (b.purgatory, b.config_id, b.at)
+            return (
+                current,
+                rows,
+                sorted(failed + boundaries, key=lambda b: (b.purgatory, b.config_id, b.at)),
             )
         failed += bad
-        merged, replaced = _merge_ranges(current, {(b.purgatory, b.config_id, b.shard) for b in bad})
+        merged, replaced = _merge_ranges(
+            current, {(b.purgatory, b.config_id, b.shard) for b in bad}
+        )
         for key in replaced:
             del current[key]
             rows.pop(key, None)
@@ -644,7 +661,7 @@ def split_table(
         for config_id in configs:
             arrivals[(name, config_id)] = times
     ranges = plan_ranges(arrivals, shards)
-    ops: dict[Key, list[pa.RecordBatch]] = {}
+    ops: dict[Key, list[dict[str, Any]]] = {}
 
     def run(todo: Mapping[Key, ShardRange]) -> dict[Key, Mapping[str, Any]]:
         found: dict[Key, Mapping[str, Any]] = {}
@@ -663,13 +680,13 @@ def split_table(
                     if row["op_id"] is None:
                         found[key] = row
                     else:
-                        ops.setdefault(key, []).append(row)  # type: ignore[arg-type]
+                        ops.setdefault(key, []).append(row)
         return found
 
     final, rows, boundaries = settle(ranges, run)
     out_rows: list[dict[str, Any]] = []
     for key in sorted(final):
-        out_rows += ops.get(key, [])  # type: ignore[arg-type]
+        out_rows += ops.get(key, [])
     names = OUTPUT_SCHEMA.names
     ops_table = pa.Table.from_pylist(
         [{n: r[n] for n in names} for r in out_rows], schema=OUTPUT_SCHEMA
