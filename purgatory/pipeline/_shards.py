@@ -201,10 +201,8 @@ class _Shard:
         now = [stats.timer_passes, stats.purges, stats.purged, group.attempts]
         passes, purges, purged, attempts = (b - a for a, b in zip(self.base, now, strict=True))
         summary = group.summary()
-        busy = began = free = 0.0
-        late = b""
-        busy_units = ""
-        began, free = math.nan, math.nan
+        busy, late, busy_units = 0.0, b"", ""
+        began = free = math.nan
         if isinstance(group, _LoadedGroup):
             busy_units = str(group.busy - self.busy_base)
             busy = (group.busy - self.busy_base) / _UNITS
