@@ -213,7 +213,7 @@ def test_spark_split_job_equals_the_unsplit_job(
     # A purgatory under two configurations in 3 shards each on local[2]: with purges at every
     # pass every boundary matches; with Kafka's interval they are replayed sequentially (a
     # second job), and the job says so on stderr; both outputs equal the unsplit job's.
-    trace = w1_trace(operations=1200)
+    trace = w1_trace(operations=1200, rate=500.0)  # boundaries 0.8 s apart: past a warm-up
     pq.write_table(trace, tmp_path / "trace.parquet")
     path = str(tmp_path / "trace.parquet")
     configs = [ReplayConfig(purge_interval=0), ReplayConfig(purge_interval=1000, tick=0.002)]
