@@ -237,7 +237,7 @@ def add_grid(parser: argparse.ArgumentParser, timeout: str, rate: str) -> None:
         default=1,
         help="split each group into this many time shards replayed by separate tasks, with "
         "the same result (each boundary checked; one that fails is replayed sequentially and "
-        "said); default: 1, a group is one task",
+        "said); 1: a group is one task",
     )
     group.add_argument(
         "--warmup",
