@@ -229,3 +229,8 @@ def test_spark_split_job_equals_the_unsplit_job(
     assert len(said) == 2 * 2, said
     assert all(line.endswith("matched") for line in said if "p0000@0 " in line), said
     assert all(line.endswith("replayed sequentially") for line in said if "p0000@1 " in line)
+
+
+def test_a_split_replay_writes_no_event_log(spark: SparkSession, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="writes no event log"):
+        replay(spark, str(tmp_path), str(tmp_path / "o"), [ReplayConfig()], shards=2, event_log="x")
