@@ -207,7 +207,7 @@ def test_a_bad_line_is_one_line_naming_file_and_line(spark: SparkSession, tmp_pa
         spark.read.format("purgatory-events").load(str(tmp_path)).count()
     assert str(error.value) == (
         f"event log file {tmp_path}/bad.jsonl: line 2: field 'outcome' is not a known outcome "
-        "('vanished'; known: completed, expired, cancelled, drained, refused, open) "
+        "('vanished'; known: completed, expired, cancelled, drained, refused, open, watched) "
         "(purgatory='p', id='7')"
     )
 
