@@ -530,8 +530,8 @@ class FileRecorder:
             return
         self._clock = None
         self.anchor_error = (
-            f"an operation ended (or was watched) at {ended_at!r} while the recorder's clock read {now!r}: "
-            "the purgatory has another clock, so no UTC anchor is written"
+            f"an operation ended (or was watched) at {ended_at!r} while the recorder's clock "
+            f"read {now!r}: the purgatory has another clock, so no UTC anchor is written"
         )
 
     def _take_anchor(self, new_file: bool) -> bool:

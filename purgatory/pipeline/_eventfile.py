@@ -433,14 +433,14 @@ def event_batches(
             "wall clock), so its operations cannot be placed in UTC"
         )
     clocks, offsets = _spans(anchors)
-    for batch in batches:
+    for records in batches:
         if not watches:
             import pyarrow.compute as pc
 
-            batch = batch.filter(pc.not_equal(batch.column("outcome"), "watched"))
-            if not batch.num_rows:
+            records = records.filter(pc.not_equal(records.column("outcome"), "watched"))  # noqa: PLW2901
+            if not records.num_rows:
                 continue
-        yield _with_utc(batch, name, clocks, offsets)
+        yield _with_utc(records, name, clocks, offsets)
 
 
 def anchor_batches(

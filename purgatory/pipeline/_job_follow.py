@@ -206,20 +206,22 @@ def follow(
     with task_errors():
         spark.conf.set(key, str(partitions))  # (a query keeps what it started with)
         try:
-            watched.append(_Watched(writer.start(), report, written, window_file))
+            watched.append(
+                _Watched(writer.start(), report=report, written=written, where=window_file)
+            )
             if used is not None:
                 watched.append(
                     _start_stuck(
                         spark,
-                        log_path,
-                        out,
-                        checkpoint,
-                        used,
-                        watermark,
-                        window,
-                        once,
-                        interval,
-                        report_stuck,
+                        log_path=log_path,
+                        out=out,
+                        checkpoint=checkpoint,
+                        grace=used,
+                        watermark=watermark,
+                        window=window,
+                        once=once,
+                        interval=interval,
+                        report=report_stuck,
                     )
                 )
             _watch(spark, watched, out, poll=poll)
@@ -237,6 +239,7 @@ class _Watched:
     def __init__(
         self,
         query: Any,
+        *,
         report: Callable[[dict[str, Any], list[dict[str, Any]] | None], None] | None,
         written: dict[int, list[dict[str, Any]]],
         where: Callable[[str, int], str],
@@ -255,6 +258,7 @@ class _Watched:
 
 def _start_stuck(
     spark: SparkSession,
+    *,
     log_path: str,
     out: str,
     checkpoint: str,
@@ -298,7 +302,14 @@ def _start_stuck(
             spark.conf.unset(key)
         else:
             spark.conf.set(key, before)
-    return _Watched(query, report, written, stuck_file, _OBSERVED_STUCK, order)
+    return _Watched(
+        query,
+        report=report,
+        written=written,
+        where=stuck_file,
+        observed=_OBSERVED_STUCK,
+        order=order,
+    )
 
 
 def _grace(

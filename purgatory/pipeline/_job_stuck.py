@@ -39,13 +39,12 @@ from typing import TYPE_CHECKING, Any, Final
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
 
 from ._eventfile import NOT_ENDED
 
 if TYPE_CHECKING:
-    import pandas as pd
     from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 __all__ = (
@@ -132,8 +131,8 @@ class StuckOperations(StatefulProcessor):
         self.op = handle.getValueState("op", _STATE)
 
     def handleInputRows(
-        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
-    ) -> Iterator[pd.DataFrame]:
+        self, key: Any, rows: Iterator[Any], timerValues: TimerValues
+    ) -> Iterator[Any]:
         watch: dict[str, Any] | None = None
         end: dict[str, Any] | None = None
         for frame in rows:
@@ -161,7 +160,7 @@ class StuckOperations(StatefulProcessor):
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
-    ) -> Iterator[pd.DataFrame]:
+    ) -> Iterator[Any]:
         if not self.op.exists():
             return
         state = self.op.get()
@@ -176,8 +175,9 @@ class StuckOperations(StatefulProcessor):
 
     def _report(
         self, key: Any, state: Any, status: str, at: int, end: dict[str, Any] | None
-    ) -> pd.DataFrame:
-        import pandas as pd
+    ) -> Any:
+        """One report as a pandas frame of one row."""
+        import pandas as pd  # type: ignore[import-untyped]
 
         purgatory, recorder, ident = key
         return pd.DataFrame(
