@@ -625,6 +625,8 @@ def follow_args(tmp_path: Path, *more: object) -> list[object]:
         (("--checkpoint", "c", "--watermark", "-1"), "--watermark must be a finite number"),
         (("--checkpoint", "c", "--interval", "0"), "--interval must be a finite number"),
         (("--checkpoint", "c", "--window", "nan"), "--window must be a finite number"),
+        (("--checkpoint", "c", "--stuck", "--grace", "-1"), "--grace must be a finite number"),
+        (("--checkpoint", "c", "--stuck", "--tick", "inf"), "--tick must be a finite number"),
     ],
 )
 def test_follow_options_are_checked_before_spark(
@@ -634,7 +636,9 @@ def test_follow_options_are_checked_before_spark(
     fails(follow_args(tmp_path, *more), capsys, said)
 
 
-@pytest.mark.parametrize("option", ["--checkpoint", "--once", "--state-partitions"])
+@pytest.mark.parametrize(
+    "option", ["--checkpoint", "--once", "--state-partitions", "--stuck", "--grace"]
+)
 def test_follow_options_need_follow(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str
 ) -> None:
@@ -643,6 +647,7 @@ def test_follow_options_need_follow(
     values: dict[str, list[object]] = {
         "--checkpoint": [tmp_path / "c"],
         "--state-partitions": ["2"],
+        "--grace": ["0.5"],
     }
     value = values.get(option, [])
     argv = ["analyze", "--log", tmp_path / "events", "--out", tmp_path / "o", option, *value]

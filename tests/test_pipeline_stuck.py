@@ -1,19 +1,25 @@
 """``analyze --follow --stuck``: operations watched whose end never came, reported live.
 
 On the tests' local[2] session, with event logs written by real purgatories (recorders with
-``watch_records=True``): a server in a process of its own killed while operations wait; a
-recorder made to lose some end records; a clean purgatory, which must report nothing. Then a
-job stopped and started again from its checkpoint, one of its batches re-run as after a kill
-between its write and its commit: no report lost or doubled, and a late end said once.
+``watch_records=True``) into one directory: a server in a process of its own killed while
+operations wait; a recorder made to lose some end records; a clean purgatory, which must report
+nothing; a host whose recorder is driven at known times. One job (``--once`` from the command
+line) reads them; then, its last batch's commit removed as a kill between the batch's write and
+its commit leaves it, more records come and the job is started again from its checkpoint: no
+report lost or doubled, and an end that came after its report is said once, as late. The two
+runs are shared by the tests of this module (`scenario`): two runs of a streaming job are most
+of their time.
 
 Deterministic: the reports are driven by event time (each record's own time and the watermark
-it moves), never by the wall clock; a recording at a known later UTC time moves the watermark
+it moves), never by the wall clock; recordings at known later UTC times move the watermark
 past every deadline plus the grace (`advance`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -21,6 +27,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +37,7 @@ from pyspark.sql import SparkSession
 from spark_support import record_at, spark_env
 
 from purgatory import ArrowEventLog, DelayedOperationPurgatory, JsonLinesEventLog
+from purgatory.pipeline._cli import main
 from purgatory.pipeline._job_follow import follow
 
 #: The settings of every job here: a grace of 0.5 s, the watermark 4 s behind the newest record.
@@ -139,67 +147,6 @@ def advance(events: Path, utc: float) -> None:
     record_at(events, "heartbeat", utc, 2)
 
 
-def run_once(
-    spark: SparkSession, events: Path, out: Path, checkpoint: Path
-) -> list[dict[str, Any]]:
-    """A ``--once`` job with the stuck report; every report its batches wrote, in order."""
-    reports: list[dict[str, Any]] = []
-    follow(
-        spark,
-        str(events),
-        str(out),
-        str(checkpoint),
-        window=WINDOW,
-        watermark=WATERMARK,
-        once=True,
-        poll=0.2,
-        stuck=True,
-        grace=GRACE,
-        report_stuck=lambda _progress, rows: reports.extend(rows or []),
-    )
-    return reports
-
-
-def written(spark: SparkSession, out: Path) -> list[tuple[str, str, str]]:
-    """Every report in ``out/stuck/`` as (purgatory, id, status), sorted (duplicates kept)."""
-    if not (out / "stuck").exists():
-        return []
-    rows = spark.read.parquet(str(out / "stuck")).collect()
-    return sorted((row["purgatory"], row["id"], row["status"]) for row in rows)
-
-
-def test_killed_server_and_lost_ends_are_reported_and_a_clean_run_is_not(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    events, out = tmp_path / "events", tmp_path / "live"
-    killed_server(events)
-    dropping_and_clean(events)
-    advance(events, time.time() + 120)  # past every deadline (30 s at most) + grace + watermark
-    reports = run_once(spark, events, out, tmp_path / "checkpoint")
-    expected = [("dropping", i, "stuck") for i in ("1", "4")]
-    expected += [("server", str(i), "stuck") for i in range(4, 8)]
-    assert written(spark, out) == sorted(expected)
-    assert sorted((r["purgatory"], r["id"], r["status"]) for r in reports) == sorted(expected)
-    for row in reports:
-        assert row["keys"] == (
-            [f"k{int(row['id']) % 2}", "all"] if row["purgatory"] == "server" else [f"k{row['id']}"]
-        )
-        assert row["recorder"].startswith(row["purgatory"] + "-")
-        timeout = 30.0 if row["purgatory"] == "server" else 0.05
-        watched_to_deadline = (row["deadline_utc"] - row["watched_utc"]).total_seconds()
-        assert watched_to_deadline == pytest.approx(timeout, abs=0.002)
-        # Reported once the watermark (newest record - 4 s) passed deadline + grace.
-        assert row["overdue_seconds"] >= GRACE
-        assert row["overdue_seconds"] == pytest.approx(
-            (row["reported_utc"] - row["deadline_utc"]).total_seconds(), abs=0.001
-        )
-        assert row["grace_seconds"] == GRACE
-        assert row["outcome"] is None
-        assert row["ended_utc"] is None
-        assert row["window_start"] % WINDOW == 0
-        assert row["window_start"] <= row["deadline_utc"].timestamp() < row["window_start"] + 2
-
-
 class Controlled:
     """A recorder with watch records driven at known times: a host whose clock read 1000 when
     UTC was `utc` (``time.time`` patched by `monkeypatch`); every watch has a 1 s timeout."""
@@ -222,43 +169,163 @@ class Controlled:
         self.log.record_end("ctl", self.ops.pop(ident), "completed", self.now)
 
 
+#: The controlled host's UTC time at its clock's 1000 (2027-01-15 08:00:00): after every real
+#: recording of the tests, so its records move the watermark past theirs.
+BASE = 1_800_000_000.0
+
+
+@dataclass
+class Scenario:
+    said: str
+    """What the first run (the command line) printed."""
+    first: list[dict[str, Any]]
+    """The reports the first run wrote (read back from its files)."""
+    second: list[dict[str, Any]]
+    """The reports the second run's batches wrote (the re-run batch's included)."""
+    written: list[tuple[str, str, str]]
+    """Every report in ``stuck/`` at the end, as (purgatory, id, status), sorted."""
+    rows: list[dict[str, Any]]
+    """Every report in ``stuck/`` at the end."""
+
+
+def reports(spark: SparkSession, out: Path) -> list[dict[str, Any]]:
+    if not (out / "stuck").exists():
+        return []
+    return [row.asDict() for row in spark.read.parquet(str(out / "stuck")).collect()]
+
+
+@pytest.fixture(scope="module")
+def scenario(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    work = tmp_path_factory.mktemp("stuck")
+    events, out, checkpoint = work / "events", work / "live", work / "checkpoint"
+    killed_server(events)
+    dropping_and_clean(events)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        host = Controlled(events, BASE, monkeypatch)
+        for i in range(4):
+            host.watch(i, i * 0.1)
+        host.end(0, 0.5)
+        host.end(1, 0.6)
+        host.log.flush()
+        advance(events, BASE + 10)
+        said = io.StringIO()
+        with contextlib.redirect_stdout(said):
+            code = main(
+                [
+                    *("analyze", "--follow", "--once", "--stuck", "--grace", str(GRACE)),
+                    *("--log", str(events), "--out", str(out), "--checkpoint", str(checkpoint)),
+                    *("--window", str(WINDOW), "--watermark", str(WATERMARK)),
+                    *("--interval", "1", "--master", "local[2]"),
+                ]
+            )
+        assert code == 0, said.getvalue()
+        first = reports(spark, out)
+        commits = sorted(
+            (p for p in (checkpoint / "stuck" / "commits").iterdir() if p.name.isdigit()),
+            key=lambda p: int(p.name),
+        )
+        # The last batch (which reported) wrote its file, then was killed before its commit.
+        commits[-1].unlink()
+        commits[-1].with_name(f".{commits[-1].name}.crc").unlink(missing_ok=True)
+        host.end(2, 20.0)
+        host.watch(4, 20.0)
+        host.log.flush()
+        advance(events, BASE + 30)
+        second: list[dict[str, Any]] = []
+        follow(
+            spark,
+            str(events),
+            str(out),
+            str(checkpoint),
+            window=WINDOW,
+            watermark=WATERMARK,
+            once=True,
+            poll=0.2,
+            stuck=True,
+            grace=GRACE,
+            report_stuck=lambda _progress, rows: second.extend(rows or []),
+        )
+    rows = reports(spark, out)
+    written = sorted((row["purgatory"], row["id"], row["status"]) for row in rows)
+    return Scenario(said.getvalue(), first, second, written, rows)
+
+
+def ids(scenario: Scenario, purgatory: str) -> list[tuple[str, str]]:
+    return [(i, status) for name, i, status in scenario.written if name == purgatory]
+
+
+def test_a_killed_servers_waiting_operations_are_reported(scenario: Scenario) -> None:
+    """Ops 4 to 7 waited (30 s) when the server was killed; 0 and 1 completed, 2 and 3 expired
+    before it: only the four are reported, each once, with their keys and deadlines."""
+    assert ids(scenario, "server") == [(str(i), "stuck") for i in range(4, 8)]
+    for row in scenario.rows:
+        if row["purgatory"] != "server":
+            continue
+        assert row["keys"] == [f"k{int(row['id']) % 2}", "all"]
+        assert row["recorder"].startswith("server-")
+        waited = (row["deadline_utc"] - row["watched_utc"]).total_seconds()
+        assert waited == pytest.approx(30.0, abs=0.002)
+        # Reported once the watermark (the newest record read - 4 s) passed deadline + grace.
+        assert row["overdue_seconds"] >= GRACE
+        overdue = (row["reported_utc"] - row["deadline_utc"]).total_seconds()
+        assert row["overdue_seconds"] == pytest.approx(overdue, abs=0.001)
+        assert row["grace_seconds"] == GRACE
+        assert row["outcome"] is None
+        assert row["ended_utc"] is None
+        assert row["window_start"] % WINDOW == 0
+        assert 0 <= row["deadline_utc"].timestamp() - row["window_start"] < WINDOW
+
+
+def test_operations_whose_end_records_were_lost_are_reported(scenario: Scenario) -> None:
+    """op1 (expired) and op4 (completed) lost their end records: reported, and their ``open``
+    records (the recorder closed with them pending) did not end them."""
+    assert ids(scenario, "dropping") == [("1", "stuck"), ("4", "stuck")]
+    assert [row["keys"] for row in scenario.rows if row["purgatory"] == "dropping"] in (
+        [["k1"], ["k4"]],
+        [["k4"], ["k1"]],
+    )
+
+
+def test_a_clean_run_reports_nothing(scenario: Scenario) -> None:
+    """Every end recorded (an Arrow recorder), and the heartbeats (no watch records): none."""
+    assert ids(scenario, "clean") == []
+    assert ids(scenario, "heartbeat") == []
+    assert {name for name, _, _ in scenario.written} == {"server", "dropping", "ctl"}
+
+
+def test_the_command_line_prints_each_report(scenario: Scenario) -> None:
+    """The first run's reports, as the command line printed them: one table row each."""
+    said = scenario.said
+    assert "8 reported, 0 ended late after their report (grace 0.5 s past the deadline)" in said
+    table = [line.split() for line in said.splitlines() if "  stuck  " in line]
+    printed = sorted((line[0], line[2], line[3]) for line in table)
+    expected = [("ctl", "2", "k2"), ("ctl", "3", "k3"), ("dropping", "1", "k1")]
+    expected += [("dropping", "4", "k4")]
+    expected += [("server", str(i), f"k{i % 2},all") for i in range(4, 8)]
+    assert printed == expected
+
+
 def test_a_restart_from_the_checkpoint_neither_loses_nor_doubles_a_report(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    scenario: Scenario,
 ) -> None:
-    """Two ``--once`` runs, the first one's last batch re-run by the second (its commit removed,
-    as a kill between the batch's write and its commit leaves it): each report once; an end
-    that comes after its operation was reported is a ``late_end`` row, once."""
-    events, out, checkpoint = tmp_path / "events", tmp_path / "live", tmp_path / "checkpoint"
-    base = 1_800_000_000.0
-    host = Controlled(events, base, monkeypatch)
-    for i in range(4):
-        host.watch(i, i * 0.1)
-    host.end(0, 0.5)
-    host.end(1, 0.6)
-    host.log.flush()
-    advance(events, base + 10)
-    first = run_once(spark, events, out, checkpoint)
-    assert sorted((r["id"], r["status"]) for r in first) == [("2", "stuck"), ("3", "stuck")]
-    commits = sorted(
-        (p for p in (checkpoint / "stuck" / "commits").iterdir() if p.name.isdigit()),
-        key=lambda p: int(p.name),
-    )
-    # The last batch (which reported) wrote its file, then was killed before its commit.
-    commits[-1].unlink()
-    commits[-1].with_name(f".{commits[-1].name}.crc").unlink(missing_ok=True)
-    host.end(2, 20.0)
-    host.watch(4, 20.0)
-    host.log.flush()
-    advance(events, base + 30)
-    second = run_once(spark, events, out, checkpoint)
-    assert written(spark, out) == sorted(
-        [
-            ("ctl", "2", "stuck"),
-            ("ctl", "3", "stuck"),
-            ("ctl", "2", "late_end"),
-            ("ctl", "4", "stuck"),
-        ]
-    )
-    late = next(r for r in second if r["status"] == "late_end")
-    assert late["outcome"] == "completed"
-    assert late["overdue_seconds"] == pytest.approx(20.0 - 1.2)
+    """The first run reported ctl 2 and 3; its last batch re-ran in the second run and wrote
+    the same file again; ctl 2's end then came (20 s, after its report: ``late_end``) and
+    ctl 4 was watched and never ended. Each report is in ``stuck/`` once."""
+    assert ids(scenario, "ctl") == [
+        ("2", "late_end"),
+        ("2", "stuck"),
+        ("3", "stuck"),
+        ("4", "stuck"),
+    ]
+    first = sorted((r["purgatory"], r["id"]) for r in scenario.first)
+    assert ("ctl", "2") in first
+    assert ("ctl", "3") in first
+    late = [r for r in scenario.second if r["status"] == "late_end"]
+    assert len(late) == 1
+    assert late[0]["outcome"] == "completed"
+    assert late[0]["overdue_seconds"] == pytest.approx(20.0 - 1.2)
+    assert late[0]["ended_utc"].timestamp() == pytest.approx(BASE + 20.0)
+    # The re-run batch reported again what the first run's last batch had: written once.
+    again = {(r["purgatory"], r["id"]) for r in scenario.second if r["status"] == "stuck"}
+    assert again >= set(first)
+    assert len(scenario.written) == len(set(scenario.written))
