@@ -329,3 +329,23 @@ def test_a_restart_from_the_checkpoint_neither_loses_nor_doubles_a_report(
     again = {(r["purgatory"], r["id"]) for r in scenario.second if r["status"] == "stuck"}
     assert again >= set(first)
     assert len(scenario.written) == len(set(scenario.written))
+
+
+def test_the_default_grace_is_four_ticks_plus_the_measured_p99_lateness(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Expired operations that ended 0, 1, ..., 99 ms after their deadlines: p99 98.01 ms
+    (exact, interpolated); the grace adds 4 ticks. Measured once, then kept in the checkpoint."""
+    from purgatory.pipeline._job_follow import _grace
+
+    log = JsonLinesEventLog(tmp_path / "events", clock=None)
+    for i in range(100):
+        op = FlagOperation(1.0)
+        log.record_watch("p", op, ("k",), None, float(i), i + 1.0)
+        log.record_end("p", op, "expired", i + 1.0 + i / 1000)
+    log.close()
+    checkpoint = str(tmp_path / "checkpoint")
+    grace = _grace(spark, str(tmp_path / "events"), checkpoint, None, 0.002)
+    assert grace == pytest.approx(4 * 0.002 + 0.09801)
+    assert _grace(spark, str(tmp_path / "nothing"), checkpoint, None, 1.0) == grace  # kept
+    assert _grace(spark, str(tmp_path / "nothing"), checkpoint, 0.25, 1.0) == 0.25  # given

@@ -459,7 +459,7 @@ def _run_follow(args: argparse.Namespace) -> int:
         print(
             f"\nstuck operations in {_shown(args, args.out).rstrip('/')}/stuck/: "
             f"{stuck_count[0]} reported, {stuck_count[1]} ended late after their report "
-            f"(grace {grace:g} s past the deadline)"
+            f"(grace {grace:.3g} s past the deadline)"
         )
     state = (last.get("stateOperators") or [{}])[0].get("numRowsTotal", 0)
     print(
