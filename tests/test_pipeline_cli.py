@@ -636,9 +636,7 @@ def test_follow_options_are_checked_before_spark(
     fails(follow_args(tmp_path, *more), capsys, said)
 
 
-@pytest.mark.parametrize(
-    "option", ["--checkpoint", "--once", "--state-partitions", "--stuck", "--grace"]
-)
+@pytest.mark.parametrize("option", ["--checkpoint", "--once", "--state-partitions"])
 def test_follow_options_need_follow(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str
 ) -> None:
@@ -647,11 +645,27 @@ def test_follow_options_need_follow(
     values: dict[str, list[object]] = {
         "--checkpoint": [tmp_path / "c"],
         "--state-partitions": ["2"],
-        "--grace": ["0.5"],
     }
     value = values.get(option, [])
     argv = ["analyze", "--log", tmp_path / "events", "--out", tmp_path / "o", option, *value]
     fails(argv, capsys, f"{option} is an option of --follow")
+
+
+@pytest.mark.parametrize(
+    ("more", "said"),
+    [
+        (("--grace", "0.5"), "--grace is an option of --stuck"),
+        (("--stuck", "--since", "2026-11-24"), "--stuck reads every record: not with --since"),
+        (("--stuck", "--grace", "nan"), "--grace must be a finite number of seconds >= 0"),
+    ],
+)
+def test_batch_stuck_options_are_checked_before_spark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], more: tuple[str, ...], said: str
+) -> None:
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "a.jsonl").write_text("{}\n")
+    argv = ["analyze", "--log", tmp_path / "events", "--out", tmp_path / "o", *more]
+    fails(argv, capsys, said)
 
 
 def test_follow_paths_are_checked_before_spark(

@@ -37,6 +37,7 @@ from pyspark.sql import SparkSession
 from spark_support import record_at, spark_env
 
 from purgatory import ArrowEventLog, DelayedOperationPurgatory, JsonLinesEventLog
+from purgatory.pipeline import analyze
 from purgatory.pipeline._cli import main
 from purgatory.pipeline._job_follow import follow
 
@@ -186,6 +187,8 @@ class Scenario:
     """Every report in ``stuck/`` at the end, as (purgatory, id, status), sorted."""
     rows: list[dict[str, Any]]
     """Every report in ``stuck/`` at the end."""
+    batch: list[dict[str, Any]]
+    """What a batch ``analyze --stuck`` of the same files reports."""
 
 
 def reports(spark: SparkSession, out: Path) -> list[dict[str, Any]]:
@@ -247,7 +250,17 @@ def scenario(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> S
         )
     rows = reports(spark, out)
     written = sorted((row["purgatory"], row["id"], row["status"]) for row in rows)
-    return Scenario(said.getvalue(), first, second, written, rows)
+    analyze(
+        spark,
+        str(events),
+        str(work / "batch"),
+        window=WINDOW,
+        stuck=True,
+        grace=GRACE,
+        watermark=WATERMARK,
+    )
+    batch = reports(spark, work / "batch")
+    return Scenario(said.getvalue(), first, second, written, rows, batch)
 
 
 def ids(scenario: Scenario, purgatory: str) -> list[tuple[str, str]]:
@@ -349,3 +362,39 @@ def test_the_default_grace_is_four_ticks_plus_the_measured_p99_lateness(
     assert grace == pytest.approx(4 * 0.002 + 0.09801)
     assert _grace(spark, str(tmp_path / "nothing"), checkpoint, None, 1.0) == grace  # kept
     assert _grace(spark, str(tmp_path / "nothing"), checkpoint, 0.25, 1.0) == 0.25  # given
+
+
+def test_a_batch_analysis_reports_what_the_follow_job_still_holds_stuck(
+    scenario: Scenario,
+) -> None:
+    """``analyze --stuck`` of the same files, with the same grace and watermark: the follow
+    job's ``stuck`` reports but the one whose end came late, the same operations, keys,
+    watches, deadlines and windows."""
+
+    def operation(row: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(
+            row[name]
+            for name in (
+                "purgatory",
+                "recorder",
+                "id",
+                "keys",
+                "window_start",
+                "window_utc",
+                "watched_utc",
+                "deadline_utc",
+                "grace_seconds",
+            )
+        )
+
+    ended = {(r["purgatory"], r["id"]) for r in scenario.rows if r["status"] == "late_end"}
+    live = sorted(
+        operation(r)
+        for r in scenario.rows
+        if r["status"] == "stuck" and (r["purgatory"], r["id"]) not in ended
+    )
+    assert len(live) == 8
+    assert sorted(operation(r) for r in scenario.batch) == live
+    for row in scenario.batch:
+        assert row["status"] == "stuck"
+        assert row["overdue_seconds"] >= GRACE

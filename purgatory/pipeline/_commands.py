@@ -297,7 +297,8 @@ def _analyze_options(parser: argparse.ArgumentParser) -> None:
         "--stuck",
         action="store_true",
         help="also report, into OUT/stuck/, the operations whose end has not come by their "
-        "deadline plus --grace (logs of recorders made with watch_records=True)",
+        "deadline plus --grace (logs of recorders made with watch_records=True); without "
+        "--follow, those of every record read, once the newest is --watermark S past it",
     )
     live.add_argument(
         "--grace",
@@ -336,9 +337,17 @@ def run_analyze(args: argparse.Namespace) -> int:
         return _run_follow(args)
     given = [
         name
-        for name in ("checkpoint", "once", "state_partitions", "stuck", "grace")
+        for name in ("checkpoint", "once", "state_partitions")
         if getattr(args, name) not in (None, False)
     ]
+    if args.grace is not None and not args.stuck:
+        raise InputError("--grace is an option of --stuck")
+    _check_stuck(args)
+    if args.stuck and (args.since is not None or args.until is not None):
+        raise InputError(
+            "--stuck reads every record: not with --since or --until (a range would part "
+            "watches from their ends)"
+        )
     if given:
         raise InputError(f"--{given[0].replace('_', '-')} is an option of --follow")
     if _paths(args, "log", "out"):
@@ -357,16 +366,33 @@ def run_analyze(args: argparse.Namespace) -> int:
         since=args.since,
         until=args.until,
         overwrite=args.overwrite,
+        stuck=args.stuck,
+        grace=args.grace,
+        tick=args.tick,
+        watermark=args.watermark,
     )
     print_table([row.asDict() for row in summary.collect()], ANALYSIS_COLUMNS)
     keys = read_parquet(spark, f"{args.out}/keys").orderBy("peak_waiters", ascending=False)
     print("\nkeys with the most waiters:")
     print_table([row.asDict() for row in keys.limit(10).collect()], KEY_COLUMNS)
+    if args.stuck:
+        stuck = read_parquet(spark, f"{args.out}/stuck").orderBy("purgatory", "deadline_utc")
+        found = [row.asDict() for row in stuck.collect()]
+        print(f"\nstuck operations ({len(found)}): watched, no end by deadline + grace")
+        if found:
+            print_table(found, STUCK_COLUMNS)
     windows = read_parquet(spark, f"{args.out}/windows")
     if windows.where(windows["time_base"] == "clock").limit(1).count():
         print("\nwindows: in seconds of the purgatory's clock for logs without a UTC anchor")
     print(f"\nanalysis in {_shown(args, args.out)} ({_since(started)})")
     return 0
+
+
+def _check_stuck(args: argparse.Namespace) -> None:
+    for name in ("grace", "tick", "watermark"):
+        value = getattr(args, name)
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise InputError(f"--{name} must be a finite number of seconds >= 0, got {value!r}")
 
 
 def _check_follow(args: argparse.Namespace) -> None:
@@ -389,10 +415,7 @@ def _check_follow(args: argparse.Namespace) -> None:
         raise InputError(
             f"--interval must be a finite number of seconds > 0, got {args.interval!r}"
         )
-    for name in ("grace", "tick"):
-        value = getattr(args, name)
-        if value is not None and not (value >= 0 and math.isfinite(value)):
-            raise InputError(f"--{name} must be a finite number of seconds >= 0, got {value!r}")
+    _check_stuck(args)
     if _paths(args, "log", "out", "checkpoint"):
         local = local_path(args.log)
         if local is not None and not os.path.isdir(local):

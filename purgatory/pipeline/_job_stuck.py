@@ -54,6 +54,7 @@ __all__ = (
     "STUCK_SCHEMA",
     "StuckOperations",
     "grace_from_lateness",
+    "stuck_now",
     "stuck_operations",
 )
 
@@ -274,3 +275,56 @@ def grace_from_lateness(records: DataFrame, tick: float) -> tuple[float, float |
     row = late.agg(F.percentile("late", 0.99).alias("p99")).first()
     p99 = None if row is None or row["p99"] is None else float(row["p99"])
     return GRACE_TICKS * tick + (p99 or 0.0), p99
+
+
+def stuck_now(records: DataFrame, *, grace: float, watermark: float, window: float) -> DataFrame:
+    """The batch counterpart of `stuck_operations`: over every record at once (read with watch
+    records and UTC times), the operations watched with no end record whose deadline plus
+    `grace` the follow job's watermark would have passed (the newest record's time less
+    `watermark` seconds). What a ``--once`` job reads of the same files reports as ``stuck``
+    the same operations, less those it then saw end late (``late_end``), which are ended here."""
+    outcome = F.col("outcome")
+    at = F.when(outcome.isin(*NOT_ENDED), F.col("watched_utc")).otherwise(F.col("ended_utc"))
+    recorder = F.regexp_extract(F.col("file"), r"([^/]+)-[0-9]+\.(jsonl|arrows)$", 1)
+    key = ["purgatory", "recorder", "id"]
+    timed = records.select(
+        "purgatory",
+        recorder.alias("recorder"),
+        "id",
+        "keys",
+        "outcome",
+        _ms("watched_utc").alias("watched_ms"),
+        _ms("deadline_utc").alias("deadline_ms"),
+        F.floor(F.unix_micros(at) / 1000).cast("long").alias("_t"),
+    ).where(F.col("_t").isNotNull())
+    cut = timed.agg((F.max("_t") - round(watermark * 1000)).alias("reported_ms"))
+    ended = timed.where(~outcome.isin(*NOT_ENDED)).select(*key).distinct()
+    watched = (
+        timed.where(outcome.isin(*NOT_ENDED) & F.col("deadline_ms").isNotNull())
+        .groupBy(*key)
+        .agg(
+            F.first("keys").alias("keys"),
+            F.min("watched_ms").alias("watched_ms"),
+            F.min("deadline_ms").alias("deadline_ms"),
+        )
+    )
+    deadline = F.col("deadline_ms") / 1000
+    return (
+        watched.join(ended, key, "left_anti")
+        .crossJoin(cut)
+        .where(F.col("deadline_ms") + round(grace * 1000) <= F.col("reported_ms"))
+        .select(
+            *key,
+            "keys",
+            F.lit("stuck").alias("status"),
+            (F.floor(deadline / window) * window).alias("window_start"),
+            F.timestamp_seconds(F.floor(deadline / window) * window).alias("window_utc"),
+            _utc("watched_ms").alias("watched_utc"),
+            _utc("deadline_ms").alias("deadline_utc"),
+            _utc("reported_ms").alias("reported_utc"),
+            ((F.col("reported_ms") - F.col("deadline_ms")) / 1000).alias("overdue_seconds"),
+            F.lit(float(grace)).alias("grace_seconds"),
+            F.lit(None).cast("string").alias("outcome"),
+            F.lit(None).cast("timestamp").alias("ended_utc"),
+        )
+    )
