@@ -33,6 +33,7 @@ operation reported. Raise ``--watermark`` above how late a recorder publishes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
@@ -102,13 +103,16 @@ _REPORT: Final = StructType(
         StructField("ended_ms", LongType()),
     ]
 )
-#: An operation's state: its watch, and when it was reported (-1: not yet).
+#: An operation's state: its watch, when it was reported (-1: not yet), and an end already
+#: read that came after its deadline plus the grace (-1 and null: none).
 _STATE: Final = StructType(
     [
         StructField("keys", ArrayType(StringType())),
         StructField("watched_ms", LongType()),
         StructField("deadline_ms", LongType()),
         StructField("reported_ms", LongType()),
+        StructField("ended_ms", LongType()),
+        StructField("outcome", StringType()),
     ]
 )
 
@@ -134,6 +138,10 @@ class StuckOperations(StatefulProcessor):
     def handleInputRows(
         self, key: Any, rows: Iterator[Any], timerValues: TimerValues
     ) -> Iterator[Any]:
+        """Read an operation's records: a watch (or ``open``) record starts its timer; an end
+        within the grace forgets it; an end past the grace waits for the timer (the operation
+        was stuck at its deadline plus the grace, in event time, however the records were
+        batched); an end after the report is said as ``late_end``."""
         watch: dict[str, Any] | None = None
         end: dict[str, Any] | None = None
         for frame in rows:
@@ -143,25 +151,42 @@ class StuckOperations(StatefulProcessor):
                 elif end is None or record["ended_ms"] < end["ended_ms"]:
                     end = record
         state = self.op.get() if self.op.exists() else None
-        if end is not None:
-            if state is None:
-                return  # watched and ended in this batch (or never watched with a record)
-            for timer in list(self.handle.listTimers()):
-                self.handle.deleteTimer(timer)
-            self.op.clear()
-            if state[3] >= 0:
-                yield self._report(key, state, "late_end", end["ended_ms"], end)
+        if state is None:
+            if watch is None or _missing(watch["deadline_ms"]):
+                return  # an end never watched with a record; no finite deadline
+            keys = list(watch["keys"]) if watch["keys"] is not None else []
+            deadline = int(watch["deadline_ms"])
+            late = end is not None and int(end["ended_ms"]) > deadline + self.grace_ms
+            if end is not None and not late:
+                return  # watched and ended in time, both in this batch: nothing to keep
+            self.op.update(
+                (
+                    keys,
+                    int(watch["watched_ms"]),
+                    deadline,
+                    -1,
+                    int(end["ended_ms"]) if end is not None else -1,
+                    end["outcome"] if end is not None else None,
+                )
+            )
+            self.handle.registerTimer(deadline + self.grace_ms)
             return
-        if watch is None or state is not None or watch["deadline_ms"] is None:
-            return  # (a later watch or open record of a known operation; no finite deadline)
-        keys = list(watch["keys"]) if watch["keys"] is not None else []
-        deadline = int(watch["deadline_ms"])
-        self.op.update((keys, int(watch["watched_ms"]), deadline, -1))
-        self.handle.registerTimer(deadline + self.grace_ms)
+        if end is None or state[4] >= 0:
+            return  # another watch or open record, or its end already read
+        ended = int(end["ended_ms"])
+        if state[3] >= 0:  # reported: the end came late
+            self._forget()
+            yield self._report(key, state, "late_end", ended, end["outcome"])
+        elif ended <= state[2] + self.grace_ms:
+            self._forget()  # in time
+        else:  # past the grace, before the report: reported with it when the timer fires
+            self.op.update((*state[:4], ended, end["outcome"]))
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[Any]:
+        """Deadline plus grace passed with no end in time: report it (and its late end, if
+        read already); a reported operation's keeping timer: forget it."""
         if not self.op.exists():
             return
         state = self.op.get()
@@ -170,14 +195,22 @@ class StuckOperations(StatefulProcessor):
             self.op.clear()
             return
         now = timerValues.getCurrentWatermarkInMs()
-        self.op.update((state[0], state[1], state[2], now))
-        self.handle.registerTimer(now + self.keep_ms)
         yield self._report(key, state, "stuck", now, None)
+        if state[4] >= 0:
+            self.op.clear()
+            yield self._report(key, state, "late_end", state[4], state[5])
+            return
+        self.op.update((*state[:3], now, -1, None))
+        self.handle.registerTimer(now + self.keep_ms)
 
-    def _report(
-        self, key: Any, state: Any, status: str, at: int, end: dict[str, Any] | None
-    ) -> Any:
-        """One report as a pandas frame of one row."""
+    def _forget(self) -> None:
+        for timer in list(self.handle.listTimers()):
+            self.handle.deleteTimer(timer)
+        self.op.clear()
+
+    def _report(self, key: Any, state: Any, status: str, at: int, outcome: str | None) -> Any:
+        """One report as a pandas frame of one row (`at`: the watermark that reported it, or
+        the end's time for a ``late_end``)."""
         import pandas as pd  # type: ignore[import-untyped]
 
         purgatory, recorder, ident = key
@@ -191,13 +224,18 @@ class StuckOperations(StatefulProcessor):
                 "watched_ms": [state[1]],
                 "deadline_ms": [state[2]],
                 "reported_ms": [at],
-                "outcome": [None if end is None else end["outcome"]],
-                "ended_ms": pd.array([None if end is None else end["ended_ms"]], "Int64"),
+                "outcome": [outcome],
+                "ended_ms": pd.array([at if status == "late_end" else None], "Int64"),
             }
         )
 
     def close(self) -> None:
         pass
+
+
+def _missing(value: Any) -> bool:
+    """A null of a pandas column (an integer column with nulls is a float one: NaN)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _ms(column: str) -> Any:
@@ -244,6 +282,77 @@ def stuck_operations(
         "Append",
         "EventTime",
     )
+    return _reports(reports, grace, window)
+
+
+def grace_from_lateness(records: DataFrame, tick: float) -> tuple[float, float | None]:
+    """The default grace: `GRACE_TICKS` ticks plus the p99 of how late the expired operations
+    of `records` (a batch read) ended after their deadlines; and that p99 (``None``: no expired
+    operation, none added). Exact (``percentile``), on what the logs hold when the job starts."""
+    late = records.where(F.col("outcome") == "expired").select(
+        F.greatest(F.col("ended_at") - F.col("deadline"), F.lit(0.0)).alias("late")
+    )
+    row = late.agg(F.percentile("late", 0.99).alias("p99")).first()
+    p99 = None if row is None or row["p99"] is None else float(row["p99"])
+    return GRACE_TICKS * tick + (p99 or 0.0), p99
+
+
+def stuck_now(records: DataFrame, *, grace: float, watermark: float, window: float) -> DataFrame:
+    """The batch counterpart of `stuck_operations`, over every record at once (read with watch
+    records and UTC times): the operations with a watch record whose deadline plus `grace` the
+    follow job's watermark would have passed (the newest record's time less `watermark`
+    seconds) with no end by then: ``stuck``, and ``late_end`` for those whose end came after.
+    What a ``--once`` follow job of the same files reports, row for row (``reported_utc`` and a
+    ``stuck`` row's ``overdue_seconds``: at the newest record less `watermark`, where the job
+    says when its watermark passed)."""
+    outcome = F.col("outcome")
+    at = F.when(outcome.isin(*NOT_ENDED), F.col("watched_utc")).otherwise(F.col("ended_utc"))
+    recorder = F.regexp_extract(F.col("file"), r"([^/]+)-[0-9]+\.(jsonl|arrows)$", 1)
+    key = ["purgatory", "recorder", "id"]
+    timed = records.select(
+        "purgatory",
+        recorder.alias("recorder"),
+        "id",
+        "keys",
+        "outcome",
+        _ms("watched_utc").alias("watched_ms"),
+        _ms("deadline_utc").alias("deadline_ms"),
+        _ms("ended_utc").alias("ended_ms"),
+        F.floor(F.unix_micros(at) / 1000).cast("long").alias("_t"),
+    ).where(F.col("_t").isNotNull())
+    cut = timed.agg((F.max("_t") - round(watermark * 1000)).alias("_cut"))
+    ends = (
+        timed.where(~outcome.isin(*NOT_ENDED))
+        .groupBy(*key)
+        .agg(F.min_by("outcome", "ended_ms").alias("outcome"), F.min("ended_ms").alias("ended_ms"))
+    )
+    due = F.col("deadline_ms") + round(grace * 1000)
+    operations = (
+        timed.where(outcome.isin(*NOT_ENDED) & F.col("deadline_ms").isNotNull())
+        .groupBy(*key)
+        .agg(
+            F.first("keys").alias("keys"),
+            F.min("watched_ms").alias("watched_ms"),
+            F.min("deadline_ms").alias("deadline_ms"),
+        )
+        .join(ends, key, "left")
+        .crossJoin(cut)
+        .where((due <= F.col("_cut")) & (F.col("ended_ms").isNull() | (F.col("ended_ms") > due)))
+    )
+    stuck = operations.select(
+        *key, "keys", "watched_ms", "deadline_ms", F.lit("stuck").alias("status"),
+        F.col("_cut").alias("reported_ms"), F.lit(None).cast("string").alias("outcome"),
+        F.lit(None).cast("long").alias("ended_ms"),
+    )  # fmt: skip
+    late = operations.where(F.col("ended_ms").isNotNull()).select(
+        *key, "keys", "watched_ms", "deadline_ms", F.lit("late_end").alias("status"),
+        F.col("ended_ms").alias("reported_ms"), "outcome", "ended_ms",
+    )  # fmt: skip
+    return _reports(stuck.unionByName(late), grace, window)
+
+
+def _reports(reports: DataFrame, grace: float, window: float) -> DataFrame:
+    """`STUCK_SCHEMA`'s columns of the processor's rows (`_REPORT`)."""
     deadline = F.col("deadline_ms") / 1000
     return reports.select(
         "purgatory",
@@ -262,69 +371,4 @@ def stuck_operations(
         F.lit(float(grace)).alias("grace_seconds"),
         "outcome",
         _utc("ended_ms").alias("ended_utc"),
-    )
-
-
-def grace_from_lateness(records: DataFrame, tick: float) -> tuple[float, float | None]:
-    """The default grace: `GRACE_TICKS` ticks plus the p99 of how late the expired operations
-    of `records` (a batch read) ended after their deadlines; and that p99 (``None``: no expired
-    operation, none added). Exact (``percentile``), on what the logs hold when the job starts."""
-    late = records.where(F.col("outcome") == "expired").select(
-        F.greatest(F.col("ended_at") - F.col("deadline"), F.lit(0.0)).alias("late")
-    )
-    row = late.agg(F.percentile("late", 0.99).alias("p99")).first()
-    p99 = None if row is None or row["p99"] is None else float(row["p99"])
-    return GRACE_TICKS * tick + (p99 or 0.0), p99
-
-
-def stuck_now(records: DataFrame, *, grace: float, watermark: float, window: float) -> DataFrame:
-    """The batch counterpart of `stuck_operations`: over every record at once (read with watch
-    records and UTC times), the operations watched with no end record whose deadline plus
-    `grace` the follow job's watermark would have passed (the newest record's time less
-    `watermark` seconds). What a ``--once`` job reads of the same files reports as ``stuck``
-    the same operations, less those it then saw end late (``late_end``), which are ended here."""
-    outcome = F.col("outcome")
-    at = F.when(outcome.isin(*NOT_ENDED), F.col("watched_utc")).otherwise(F.col("ended_utc"))
-    recorder = F.regexp_extract(F.col("file"), r"([^/]+)-[0-9]+\.(jsonl|arrows)$", 1)
-    key = ["purgatory", "recorder", "id"]
-    timed = records.select(
-        "purgatory",
-        recorder.alias("recorder"),
-        "id",
-        "keys",
-        "outcome",
-        _ms("watched_utc").alias("watched_ms"),
-        _ms("deadline_utc").alias("deadline_ms"),
-        F.floor(F.unix_micros(at) / 1000).cast("long").alias("_t"),
-    ).where(F.col("_t").isNotNull())
-    cut = timed.agg((F.max("_t") - round(watermark * 1000)).alias("reported_ms"))
-    ended = timed.where(~outcome.isin(*NOT_ENDED)).select(*key).distinct()
-    watched = (
-        timed.where(outcome.isin(*NOT_ENDED) & F.col("deadline_ms").isNotNull())
-        .groupBy(*key)
-        .agg(
-            F.first("keys").alias("keys"),
-            F.min("watched_ms").alias("watched_ms"),
-            F.min("deadline_ms").alias("deadline_ms"),
-        )
-    )
-    deadline = F.col("deadline_ms") / 1000
-    return (
-        watched.join(ended, key, "left_anti")
-        .crossJoin(cut)
-        .where(F.col("deadline_ms") + round(grace * 1000) <= F.col("reported_ms"))
-        .select(
-            *key,
-            "keys",
-            F.lit("stuck").alias("status"),
-            (F.floor(deadline / window) * window).alias("window_start"),
-            F.timestamp_seconds(F.floor(deadline / window) * window).alias("window_utc"),
-            _utc("watched_ms").alias("watched_utc"),
-            _utc("deadline_ms").alias("deadline_utc"),
-            _utc("reported_ms").alias("reported_utc"),
-            ((F.col("reported_ms") - F.col("deadline_ms")) / 1000).alias("overdue_seconds"),
-            F.lit(float(grace)).alias("grace_seconds"),
-            F.lit(None).cast("string").alias("outcome"),
-            F.lit(None).cast("timestamp").alias("ended_utc"),
-        )
     )
