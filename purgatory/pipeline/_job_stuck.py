@@ -16,14 +16,19 @@ report, whenever and however they are read.
 
 What the report says (``stuck/batch-<id>.parquet``, a row per report, `STUCK_SCHEMA`):
 
-- ``stuck``: watched, and no end by ``deadline + grace`` (``overdue_seconds``: how far past
-  its deadline the watermark was when it was reported);
-- ``late_end``: an operation reported stuck whose end then arrived (``overdue_seconds``: how
-  long after its deadline it ended; ``outcome``, ``ended_utc``). A report is never taken back
-  (the table is append-only, as Parquet readers need); the late end is a row of its own, so a
-  reader that wants "stuck now" takes the ``stuck`` rows without a ``late_end`` row. A reported
-  operation's state is kept `KEEP` seconds of event time after its report for that, then
-  dropped (a later end is then not said).
+- ``stuck``: watched, and no end by ``deadline + grace`` in event time: none read, or one read
+  whose time is later than that (``overdue_seconds``: how far past its deadline the watermark
+  was when it was reported);
+- ``late_end``: the end of an operation reported stuck (``overdue_seconds``: how long after its
+  deadline it ended; ``outcome``, ``ended_utc``): at once with its ``stuck`` row if the end was
+  read first, else when it comes. A report is never taken back (the table is append-only, as
+  Parquet readers need), so a reader that wants "stuck now" takes the ``stuck`` rows without a
+  ``late_end`` row. A reported operation is kept `KEEP` seconds of event time for its end,
+  then dropped (a later end is then not said).
+
+The rows do not depend on how the records were batched (only a ``stuck`` row's
+``reported_utc`` and ``overdue_seconds`` do: when the watermark passed it), and `stuck_now`
+computes them in one batch (``analyze --stuck``).
 
 An ``open`` record (a recorder closed with the operation pending) is no end: it counts as a watch.
 A record older than the watermark when it is read is dropped by Spark (counted in the progress'
