@@ -316,7 +316,7 @@ def test_a_clean_run_reports_nothing(scenario: Scenario) -> None:
 def test_the_command_line_prints_each_report(scenario: Scenario) -> None:
     """The first run's reports, as the command line printed them: one table row each."""
     said = scenario.said
-    assert "9 reported, 1 ended late after their report (grace 2 s past the deadline)" in said
+    assert "9 reported (no end by deadline + 2 s), 1 of them ended since (late_end)" in said
     table = [line.split() for line in said.splitlines() if "  stuck  " in line]
     printed = sorted((line[0], line[2], line[3]) for line in table)
     expected = [("ctl", "2", "k2"), ("ctl", "3", "k3"), ("ctl", "5", "k5")]

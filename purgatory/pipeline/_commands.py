@@ -481,8 +481,8 @@ def _run_follow(args: argparse.Namespace) -> int:
     if grace is not None:
         print(
             f"\nstuck operations in {_shown(args, args.out).rstrip('/')}/stuck/: "
-            f"{stuck_count[0]} reported, {stuck_count[1]} ended late after their report "
-            f"(grace {grace:.3g} s past the deadline)"
+            f"{stuck_count[0]} reported (no end by deadline + {grace:.3g} s), "
+            f"{stuck_count[1]} of them ended since (late_end)"
         )
     state = (last.get("stateOperators") or [{}])[0].get("numRowsTotal", 0)
     print(

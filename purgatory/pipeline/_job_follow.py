@@ -179,11 +179,11 @@ def follow(
         .load(log_path)
         .select(*_READ)
     )
-    # (The watermark is on each window's start: a window is written once the newest window
-    # started `watermark` seconds after it, i.e. ended that long after it.)
     used: float | None = None
     if stuck:
         used = _grace(spark, log_path, checkpoint, grace, tick)
+    # (The watermark is on each window's start: a window is written once the newest window
+    # started `watermark` seconds after it, i.e. ended that long after it.)
     windows = window_counts(
         window_events(operations, window).withWatermark("window_utc", _delay(watermark)), window
     ).observe(_OBSERVED, F.count(F.lit(1)).alias("rows"))
@@ -204,29 +204,31 @@ def follow(
         partitions = min(int(before or STATE_PARTITIONS), STATE_PARTITIONS)
     watched: list[_Watched] = []
     with task_errors():
-        spark.conf.set(key, str(partitions))  # (a query keeps what it started with)
         try:
-            watched.append(
-                _Watched(writer.start(), report=report, written=written, where=window_file)
-            )
-            if used is not None:
+            spark.conf.set(key, str(partitions))  # (a query keeps what it started with)
+            try:
                 watched.append(
-                    _start_stuck(
-                        spark,
-                        log_path=log_path,
-                        out=out,
-                        checkpoint=checkpoint,
-                        grace=used,
-                        watermark=watermark,
-                        window=window,
-                        once=once,
-                        interval=interval,
-                        report=report_stuck,
-                    )
+                    _Watched(writer.start(), report=report, written=written, where=window_file)
                 )
+                if used is not None:
+                    watched.append(
+                        _start_stuck(
+                            spark,
+                            log_path=log_path,
+                            out=out,
+                            checkpoint=checkpoint,
+                            grace=used,
+                            watermark=watermark,
+                            window=window,
+                            once=once,
+                            interval=interval,
+                            report=report_stuck,
+                        )
+                    )
+            finally:
+                spark.conf.set(key, before or "200")
             _watch(spark, watched, out, poll=poll)
         finally:
-            spark.conf.set(key, before or "200")
             for one in watched:
                 if one.query.isActive:
                     one.query.stop()
