@@ -61,7 +61,8 @@ SERVER = textwrap.dedent(
         ops[0].ready = ops[1].ready = True
         purgatory.check_and_complete("k0")
         purgatory.check_and_complete("k1")
-        await asyncio.sleep(0.2)  # ops 2 and 3 expire; 4 to 7 wait 30 s
+        while not (ops[2].is_expired and ops[3].is_expired):  # 4 to 7 wait 30 s
+            await asyncio.sleep(0.01)
         log.flush()  # (a server publishes what it has, as a periodic flush would)
         print("ready", flush=True)
         await asyncio.sleep(600)
@@ -119,7 +120,7 @@ class DroppingEnds:
 
 async def six_operations(name: str, event_log: Any) -> None:
     """Six operations of 50 ms in a real purgatory: the even ones completed, the odd ones
-    expired; the purgatory shut down after."""
+    expired; the purgatory shut down once they all ended."""
     purgatory = DelayedOperationPurgatory[FlagOperation](name, event_log=event_log)
     ops = [FlagOperation(0.05, f"op{i}") for i in range(6)]
     for i, op in enumerate(ops):
@@ -127,7 +128,8 @@ async def six_operations(name: str, event_log: Any) -> None:
     for i in (0, 2, 4):
         ops[i].ready = True
         purgatory.check_and_complete(f"k{i}")
-    await asyncio.sleep(0.15)
+    while not all(op.is_completed for op in ops):  # (the odd ones expire)
+        await asyncio.sleep(0.01)
     await purgatory.shutdown()
 
 
