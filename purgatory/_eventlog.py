@@ -60,6 +60,11 @@ class JsonLinesEventLog(FileRecorder):
             installed (numbers then appear as their shortest decimal text, ``1`` for ``1.0``),
             else in Python; ``"python"``: always in Python (numbers as Python's ``repr``). The
             lines mean the same either way.
+        watch_records: Also write a *watch record* for each operation as it is watched
+            (outcome ``watched``, ``ended_at`` null), then its end record as usual: a reader
+            that follows the published files (``analyze --follow --stuck``) knows of every
+            operation watched, and so of those whose end never comes (a killed process, a lost
+            wake-up). Twice the records; the pipeline's batch readers skip watch records.
 
     Raises:
         ValueError: `max_bytes` or `buffer_lines` is < 1, or `render` is unknown.
@@ -78,6 +83,7 @@ class JsonLinesEventLog(FileRecorder):
         op_id: Callable[[Any], int | str] | None = None,
         key: Callable[[Hashable], str] = str,
         clock: Callable[[], float] | None = time.monotonic,
+        watch_records: bool = False,
         render: Literal["auto", "python"] = "auto",
     ) -> None:
         if render not in ("auto", "python"):
@@ -92,6 +98,7 @@ class JsonLinesEventLog(FileRecorder):
             op_id=op_id,
             key=key,
             clock=clock,
+            watch_records=watch_records,
         )
         self._arrow = _pyarrow_compute() if render == "auto" else None
         self._key_cache: dict[tuple[Hashable, ...], str] = {}

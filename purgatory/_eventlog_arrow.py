@@ -89,6 +89,11 @@ class ArrowEventLog(FileRecorder):
         clock: The purgatory's clock, read (with ``time.time()``) once per batch to anchor the
             log to UTC; default ``time.monotonic``, the clock of asyncio's event loops.
             ``None``: no anchors.
+        watch_records: Also write a *watch record* for each operation as it is watched
+            (outcome ``watched``, ``ended_at`` null), then its end record as usual: a reader
+            that follows the published files (``analyze --follow --stuck``) knows of every
+            operation watched, and so of those whose end never comes (a killed process, a lost
+            wake-up). Twice the records; the pipeline's batch readers skip watch records.
 
     Raises:
         ValueError: `max_bytes` or `buffer_lines` is < 1.
@@ -108,6 +113,7 @@ class ArrowEventLog(FileRecorder):
         op_id: Callable[[Any], int | str] | None = None,
         key: Callable[[Hashable], str] = str,
         clock: Callable[[], float] | None = time.monotonic,
+        watch_records: bool = False,
     ) -> None:
         self._pa = _pyarrow()
         self._schema = arrow_schema()
@@ -121,6 +127,7 @@ class ArrowEventLog(FileRecorder):
             op_id=op_id,
             key=key,
             clock=clock,
+            watch_records=watch_records,
         )
 
     # -- rendering ----------------------------------------------------------------------------
@@ -194,8 +201,9 @@ def _doubles(pa: Any, values: list[Any]) -> Any:
     return _from_buffer(pa, pa.float64(), len(values), packed)
 
 
-#: The outcomes a batch may hold (`purgatory.EventLog`'s, and "open" at `close`), as indices.
-_OUTCOMES: Final = ("completed", "expired", "cancelled", "refused", "open", "drained")
+#: The outcomes a batch may hold (`purgatory.EventLog`'s, "open" at `close`, "watched" for a
+#: watch record), as indices.
+_OUTCOMES: Final = ("completed", "expired", "cancelled", "refused", "open", "drained", "watched")
 _OUTCOME_INDEX: Final = {outcome: i for i, outcome in enumerate(_OUTCOMES)}
 
 

@@ -54,7 +54,14 @@ from ._events import WATCH_ITEMS, EventSink, Outcome, thresholds_of
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
 
-__all__ = ("ANCHOR_DRIFT", "EVENT_LOG_VERSION", "SAME_CLOCK", "Batch", "FileRecorder")
+__all__ = (
+    "ANCHOR_DRIFT",
+    "EVENT_LOG_VERSION",
+    "SAME_CLOCK",
+    "WATCHED",
+    "Batch",
+    "FileRecorder",
+)
 
 #: The schema version of every record; bumped on any incompatible change.
 EVENT_LOG_VERSION: Final = 2
@@ -64,6 +71,9 @@ ANCHOR_DRIFT: Final = 0.001
 #: Seconds an operation's end time may differ from the recorder's `clock` for the two to be
 #: taken as one clock (they are read microseconds apart; a pause of the process can add more).
 SAME_CLOCK: Final = 1.0
+#: The outcome of a *watch record* (``watch_records=True``): the operation was watched at
+#: ``watched_at`` and had not ended when the record was taken (its end record follows).
+WATCHED: Final = "watched"
 
 
 @final
@@ -174,6 +184,24 @@ class _Pending:
             self.deadlines.update((op, given.pop(op)) for op in ops if op in given)
         return unmatched
 
+    def add_watches(self, stream: _Stream, ops: list[Any], fields: bool) -> None:
+        """A *watch record* (outcome ``watched``, no end) for each of `stream`'s just-watched
+        `ops`, which stay open: their values are copied, not moved."""
+        n = len(ops)
+        self.names.extend(repeat(stream.name, n))
+        self.ops.extend(ops)
+        self.keys.extend(map(stream.keys.__getitem__, ops))
+        self.marks.extend(map(stream.marks.__getitem__, ops))
+        self.at.extend(map(stream.at.__getitem__, ops))
+        self.ids.extend(map(stream.ids.__getitem__, ops))
+        self.outcomes.extend(repeat(WATCHED, n))
+        self.ended.extend(repeat(None, n))
+        if fields:
+            self.fields.extend(map(stream.fields.__getitem__, ops))
+        if stream.deadlines:
+            given = stream.deadlines
+            self.deadlines.update((op, given[op]) for op in ops if op in given)
+
     def take(self, n: int) -> Batch:
         """The columns of the first `n` operations (at most), which leave the batch."""
         ops = self.ops[:n]
@@ -187,8 +215,12 @@ class _Pending:
         if self.deadlines:
             given = self.deadlines
             deadlines = [
-                given.pop(op, deadline) for op, deadline in zip(ops, deadlines, strict=True)
+                given.get(op, deadline) for op, deadline in zip(ops, deadlines, strict=True)
             ]
+            # (A watch record leaves its deadline for the operation's end record.)
+            for op, outcome in zip(ops, self.outcomes[:n], strict=True):
+                if outcome != WATCHED:
+                    given.pop(op, None)
         batch = Batch(
             self.names[:n],
             self.ids[:n],
@@ -242,6 +274,7 @@ class FileRecorder:
         "_suffix",
         "_token",
         "_unchecked",
+        "_watch_records",
         "anchor_error",
         "closed_files",
         "lost_lines",
@@ -260,6 +293,7 @@ class FileRecorder:
         op_id: Callable[[Any], int | str] | None,
         key: Callable[[Hashable], str],
         clock: Callable[[], float] | None,
+        watch_records: bool = False,
     ) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1, got {max_bytes!r}")
@@ -275,6 +309,7 @@ class FileRecorder:
         self._fields = fields
         self._op_id = op_id
         self._key = key
+        self._watch_records = watch_records
         # Per purgatory name: its open operations and its part of the batch.
         self._streams: dict[str, _Stream] = {}
         # The batch being filled.
@@ -335,6 +370,8 @@ class FileRecorder:
             stream.fields[op] = self._fields(op)
         if not deadline == watched_at + op._timeout:  # noqa: SIM201 - NaN too
             stream.deadlines[op] = deadline
+        if self._watch_records:
+            self._watched(stream, [op], watched_at)
 
     def record_end(
         self, purgatory: str, op: DelayedOperation[Any], outcome: Outcome, ended_at: float
@@ -455,6 +492,18 @@ class FileRecorder:
         stream.next_id += len(ops)
         if self._fields is not None:
             stream.fields.update(zip(ops, map(self._fields, ops), strict=True))
+        if self._watch_records and ops:
+            self._watched(stream, ops, raw[3])
+
+    def _watched(self, stream: _Stream, ops: list[Any], first_at: float) -> None:
+        """Watch records for `ops` onto the batch (``watch_records``), written when it is full:
+        a reader then knows of an operation before it ends, and of one that never does."""
+        if self._unchecked:
+            self._check_clock(first_at)  # (a watch time was read just now too)
+        pending = self._pending
+        pending.add_watches(stream, ops, self._fields is not None)
+        while len(pending) >= self._limit:
+            self._write_batch()
 
     def _ended(self, stream: _Stream, ops: list[Any], outcomes: Any, ended: Any) -> None:
         """`ops` of `stream` ended (`outcomes`, at `ended`): onto the batch, written when full."""
@@ -467,7 +516,8 @@ class FileRecorder:
             self._write_batch()
 
     def _check_clock(self, ended_at: float) -> None:
-        """At the first end: is `clock` the purgatory's? (`ended_at` was read just now.)"""
+        """At the first end (or watch record): is `clock` the purgatory's? (`ended_at` was read
+        just now.)"""
         self._limit = self._buffer_lines
         self._unchecked = False
         for sink in self._sinks:
@@ -480,8 +530,8 @@ class FileRecorder:
             return
         self._clock = None
         self.anchor_error = (
-            f"an operation ended at {ended_at!r} while the recorder's clock read {now!r}: "
-            "the purgatory has another clock, so no UTC anchor is written"
+            f"an operation ended (or was watched) at {ended_at!r} while the recorder's clock "
+            f"read {now!r}: the purgatory has another clock, so no UTC anchor is written"
         )
 
     def _take_anchor(self, new_file: bool) -> bool:

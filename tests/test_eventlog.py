@@ -670,3 +670,73 @@ def test_a_batch_whose_rendering_raises_is_counted_lost(tmp_path: Path) -> None:
     ended(log, 1, start=2)
     log.close()
     assert [x["watched_at"] for x in lines(tmp_path)] == [0.0, 2.0]
+
+
+# -- watch records ----------------------------------------------------------------------------
+
+
+def watched_then_ended(log: JsonLinesEventLog | ArrowEventLog) -> None:
+    """Three watches (one with a deadline that is not watched_at + timeout), two ends, one
+    operation left open at close."""
+    a, b, c = FlagOperation(0.5, "a"), FlagOperation(0.25, "b"), FlagOperation(1.0, "c")
+    log.record_watch("produce", a, ("t-0",), None, 1.0, 1.5)
+    log.record_watch("produce", b, ("t-1",), (3,), 1.5, 1.875)  # a deadline given as is
+    log.record_watch("fetch", c, ("t-2",), None, 2.0, 3.0)
+    log.record_end("produce", b, "expired", 1.875)
+    log.record_end("produce", a, "completed", 1.125)
+    log.close()
+
+
+@pytest.mark.parametrize("buffer_lines", [1, 2, 100])
+def test_watch_records_come_before_each_end_in_both_formats(
+    tmp_path: Path, buffer_lines: int
+) -> None:
+    """``watch_records=True``: a ``watched`` record (no end time) as each operation is
+    watched, then its end record as without them; whatever the batches, the two formats say
+    the same and a given deadline is on both of an operation's records."""
+    json_log = JsonLinesEventLog(
+        tmp_path / "json", watch_records=True, clock=None, buffer_lines=buffer_lines
+    )
+    watched_then_ended(json_log)
+    arrow_log = ArrowEventLog(
+        tmp_path / "arrow", watch_records=True, clock=None, buffer_lines=buffer_lines
+    )
+    watched_then_ended(arrow_log)
+    said = [
+        (line["id"], line["outcome"], line["deadline"], line["ended_at"])
+        for line in strict_lines(tmp_path / "json")
+    ]
+    assert said == [
+        (0, "watched", 1.5, None),
+        (1, "watched", 1.875, None),
+        (0, "watched", 3.0, None),
+        (1, "expired", 1.875, 1.875),
+        (0, "completed", 1.5, 1.125),
+        (0, "open", 3.0, None),
+    ]
+    rows = arrow_rows(tmp_path / "arrow")
+    assert [(int(r["id"]), r["outcome"], r["deadline"], r["ended_at"]) for r in rows] == said
+    without = JsonLinesEventLog(tmp_path / "plain", clock=None, buffer_lines=buffer_lines)
+    watched_then_ended(without)
+    assert [line for line in strict_lines(tmp_path / "json") if line["outcome"] != "watched"] == (
+        strict_lines(tmp_path / "plain")
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_live_purgatorys_watch_records_are_anchored_before_any_end(
+    tmp_path: Path,
+) -> None:
+    """The first watch record checks the clock as a first end would: a file published while
+    every operation still waits (a process about to be killed) is anchored to UTC."""
+    log = JsonLinesEventLog(tmp_path, watch_records=True)
+    p = DelayedOperationPurgatory[FlagOperation]("live", event_log=log)
+    p.try_complete_else_watch(FlagOperation(30.0, "long"), ["k"])
+    log.flush()
+    anchor, line = every_line(tmp_path)
+    assert log.anchor_error is None
+    assert "anchor" in anchor
+    assert (line["outcome"], line["ended_at"], line["timeout"]) == ("watched", None, 30.0)
+    await p.shutdown()
+    log.close()
+    assert [x["outcome"] for x in lines(tmp_path)] == ["watched", "cancelled"]

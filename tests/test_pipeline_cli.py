@@ -625,6 +625,8 @@ def follow_args(tmp_path: Path, *more: object) -> list[object]:
         (("--checkpoint", "c", "--watermark", "-1"), "--watermark must be a finite number"),
         (("--checkpoint", "c", "--interval", "0"), "--interval must be a finite number"),
         (("--checkpoint", "c", "--window", "nan"), "--window must be a finite number"),
+        (("--checkpoint", "c", "--stuck", "--grace", "-1"), "--grace must be a finite number"),
+        (("--checkpoint", "c", "--stuck", "--tick", "inf"), "--tick must be a finite number"),
     ],
 )
 def test_follow_options_are_checked_before_spark(
@@ -647,6 +649,23 @@ def test_follow_options_need_follow(
     value = values.get(option, [])
     argv = ["analyze", "--log", tmp_path / "events", "--out", tmp_path / "o", option, *value]
     fails(argv, capsys, f"{option} is an option of --follow")
+
+
+@pytest.mark.parametrize(
+    ("more", "said"),
+    [
+        (("--grace", "0.5"), "--grace is an option of --stuck"),
+        (("--stuck", "--since", "2026-11-24"), "--stuck reads every record: not with --since"),
+        (("--stuck", "--grace", "nan"), "--grace must be a finite number of seconds >= 0"),
+    ],
+)
+def test_batch_stuck_options_are_checked_before_spark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], more: tuple[str, ...], said: str
+) -> None:
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "a.jsonl").write_text("{}\n")
+    argv = ["analyze", "--log", tmp_path / "events", "--out", tmp_path / "o", *more]
+    fails(argv, capsys, said)
 
 
 def test_follow_paths_are_checked_before_spark(

@@ -207,7 +207,7 @@ def test_a_bad_line_is_one_line_naming_file_and_line(spark: SparkSession, tmp_pa
         spark.read.format("purgatory-events").load(str(tmp_path)).count()
     assert str(error.value) == (
         f"event log file {tmp_path}/bad.jsonl: line 2: field 'outcome' is not a known outcome "
-        "('vanished'; known: completed, expired, cancelled, drained, refused, open) "
+        "('vanished'; known: completed, expired, cancelled, drained, refused, open, watched) "
         "(purgatory='p', id='7')"
     )
 
@@ -249,6 +249,36 @@ def test_non_finite_numbers_and_blank_lines_read_as_the_recorder_wrote_them() ->
     assert row["thresholds"] == '["Infinity"]'
     assert math.isinf(row["timeout"])
     assert row["utc_offset"] is None
+
+
+@pytest.mark.parametrize("recorder", [JsonLinesEventLog, ArrowEventLog])
+def test_watch_records_are_read_only_when_asked(
+    tmp_path: Path, recorder: type[JsonLinesEventLog] | type[ArrowEventLog]
+) -> None:
+    """A log with watch records reads as one without them (one row per operation) unless the
+    reader asks for them (``watchRecords``: `event_batches`' `watches`)."""
+    log = recorder(tmp_path, watch_records=True, clock=None)
+    ops = [FlagOperation(1.0) for _ in range(3)]
+    for i, op in enumerate(ops):
+        log.record_watch("p", op, ("k",), None, float(i), i + 1.0)
+    log.record_end("p", ops[0], "completed", 0.5)
+    log.close()  # ops 1 and 2: open
+    (path,) = [p for p in tmp_path.iterdir() if not p.name.endswith(".part")]
+
+    def outcomes(watches: bool) -> list[tuple[str, str]]:
+        with path.open("rb") as source:
+            batches = event_batches(path.name, source, watches=watches)
+            return [(row["id"], row["outcome"]) for b in batches for row in b.to_pylist()]
+
+    assert outcomes(False) == [("0", "completed"), ("1", "open"), ("2", "open")]
+    assert outcomes(True) == [
+        ("0", "watched"),
+        ("1", "watched"),
+        ("2", "watched"),
+        ("0", "completed"),
+        ("1", "open"),
+        ("2", "open"),
+    ]
 
 
 def test_trace_source_reads_what_load_trace_reads_and_refuses_the_same(

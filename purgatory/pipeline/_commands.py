@@ -46,6 +46,7 @@ from ._options import (
 from ._tables import (
     ANALYSIS_COLUMNS,
     KEY_COLUMNS,
+    STUCK_COLUMNS,
     WINDOW_COLUMNS,
     print_replay_summary,
     print_table,
@@ -295,6 +296,29 @@ def _analyze_options(parser: argparse.ArgumentParser) -> None:
         "shuffle partitions, at most 8; a checkpoint keeps its own)",
     )
     live.add_argument(
+        "--stuck",
+        action="store_true",
+        help="also report, into OUT/stuck/, the operations whose end has not come by their "
+        "deadline plus --grace (logs of recorders made with watch_records=True); without "
+        "--follow, those of every record read, once the newest is --watermark S past it",
+    )
+    live.add_argument(
+        "--grace",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds past its deadline an operation may end unreported (default: the "
+        "checkpoint's, else 4 ticks plus the p99 lateness of the expired operations already "
+        "logged, measured once and kept in the checkpoint)",
+    )
+    live.add_argument(
+        "--tick",
+        type=float,
+        default=0.001,
+        metavar="S",
+        help="the purgatories' tick, for the default --grace (default 0.001)",
+    )
+    live.add_argument(
         "--once",
         action="store_true",
         help="read what is there now, write what it completes, and exit (for a scheduler)",
@@ -313,7 +337,19 @@ def run_analyze(args: argparse.Namespace) -> int:
     _check_window(args)
     if args.follow:
         return _run_follow(args)
-    given = [name for name in ("checkpoint", "once", "state_partitions") if getattr(args, name)]
+    given = [
+        name
+        for name in ("checkpoint", "once", "state_partitions")
+        if getattr(args, name) not in (None, False)
+    ]
+    if args.grace is not None and not args.stuck:
+        raise InputError("--grace is an option of --stuck")
+    _check_stuck(args)
+    if args.stuck and (args.since is not None or args.until is not None):
+        raise InputError(
+            "--stuck reads every record: not with --since or --until (a range would part "
+            "watches from their ends)"
+        )
     if given:
         raise InputError(f"--{given[0].replace('_', '-')} is an option of --follow")
     if _paths(args, "log", "out"):
@@ -332,16 +368,33 @@ def run_analyze(args: argparse.Namespace) -> int:
         since=args.since,
         until=args.until,
         overwrite=args.overwrite,
+        stuck=args.stuck,
+        grace=args.grace,
+        tick=args.tick,
+        watermark=args.watermark,
     )
     print_table([row.asDict() for row in summary.collect()], ANALYSIS_COLUMNS)
     keys = read_parquet(spark, f"{args.out}/keys").orderBy("peak_waiters", ascending=False)
     print("\nkeys with the most waiters:")
     print_table([row.asDict() for row in keys.limit(10).collect()], KEY_COLUMNS)
+    if args.stuck:
+        stuck = read_parquet(spark, f"{args.out}/stuck").orderBy("purgatory", "deadline_utc")
+        found = [row.asDict() for row in stuck.collect()]
+        print(f"\nstuck operations ({len(found)}): watched, no end by deadline + grace")
+        if found:
+            print_table(found, STUCK_COLUMNS)
     windows = read_parquet(spark, f"{args.out}/windows")
     if windows.where(windows["time_base"] == "clock").limit(1).count():
         print("\nwindows: in seconds of the purgatory's clock for logs without a UTC anchor")
     print(f"\nanalysis in {_shown(args, args.out)} ({_since(started)})")
     return 0
+
+
+def _check_stuck(args: argparse.Namespace) -> None:
+    for name in ("grace", "tick", "watermark"):
+        value = getattr(args, name)
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise InputError(f"--{name} must be a finite number of seconds >= 0, got {value!r}")
 
 
 def _check_follow(args: argparse.Namespace) -> None:
@@ -364,6 +417,7 @@ def _check_follow(args: argparse.Namespace) -> None:
         raise InputError(
             f"--interval must be a finite number of seconds > 0, got {args.interval!r}"
         )
+    _check_stuck(args)
     if _paths(args, "log", "out", "checkpoint"):
         local = local_path(args.log)
         if local is not None and not os.path.isdir(local):
@@ -400,7 +454,17 @@ def _run_follow(args: argparse.Namespace) -> int:
             print_table(written, WINDOW_COLUMNS)
             sys.stdout.flush()
 
-    follow(
+    stuck_count = [0, 0]
+
+    def report_stuck(progress: dict[str, Any], written: list[dict[str, Any]] | None) -> None:
+        if written:
+            for row in written:
+                stuck_count[row["status"] != "stuck"] += 1
+            print(f"stuck batch {progress['batchId']}: {len(written)} reports", flush=True)
+            print_table(written, STUCK_COLUMNS)
+            sys.stdout.flush()
+
+    grace = follow(
         spark,
         args.log,
         args.out,
@@ -411,7 +475,17 @@ def _run_follow(args: argparse.Namespace) -> int:
         interval=args.interval,
         report=report,
         partitions=args.state_partitions,
+        stuck=args.stuck,
+        grace=args.grace,
+        tick=args.tick,
+        report_stuck=report_stuck,
     )
+    if grace is not None:
+        print(
+            f"\nstuck operations in {_shown(args, args.out).rstrip('/')}/stuck/: "
+            f"{stuck_count[0]} reported (no end by deadline + {grace:.3g} s), "
+            f"{stuck_count[1]} of them ended since (late_end)"
+        )
     state = (last.get("stateOperators") or [{}])[0].get("numRowsTotal", 0)
     print(
         f"\nwindows in {windows} ({_since(started)}); {state} still open: written once the "

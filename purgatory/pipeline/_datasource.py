@@ -23,6 +23,9 @@ Options of ``purgatory-events``:
 - ``includePartFiles`` (``false``): also read ``*.part`` files, still being written or left by a
   killed process, up to their last whole line or batch (batch reads only).
 - ``requireUtc`` (``false``): refuse a file whose operations have no UTC anchor.
+- ``watchRecords`` (``false``): also the *watch records* (outcome ``watched``) of recorders
+  made with ``watch_records=True``: a row as each operation was watched, before its end's row
+  (without it they are dropped: one row per operation).
 - ``anchors`` (``false``): one row per distinct UTC anchor of each file (``file``, ``clock``,
   ``utc``) instead of the operations.
 """
@@ -180,6 +183,7 @@ class _Files:
         self.partial = kind == "events" and _flag(options, "includePartFiles")
         self.require_utc = kind == "events" and _flag(options, "requireUtc")
         self.anchors = kind == "events" and _flag(options, "anchors")
+        self.watches = kind == "events" and _flag(options, "watchRecords")
 
     @property
     def what(self) -> str:
@@ -213,7 +217,11 @@ class _Files:
             else:
                 partial = partition.name.endswith(".part")
                 yield from event_batches(
-                    partition.name, source, partial=partial, require_utc=self.require_utc
+                    partition.name,
+                    source,
+                    partial=partial,
+                    require_utc=self.require_utc,
+                    watches=self.watches,
                 )
 
 

@@ -28,6 +28,7 @@ __all__ = (
     "ARROW_VERSION_KEY",
     "EVENTS_SCHEMA",
     "LOG_VERSIONS",
+    "NOT_ENDED",
     "OUTCOMES",
     "anchor_batches",
     "event_batches",
@@ -41,8 +42,12 @@ LOG_VERSIONS: Final = (1, 2)
 #: from version 2 on).
 ARROW_VERSION_KEY: Final = b"purgatory.event_log"
 #: The outcomes an operation's record may have. ``drained``: answered by the purgatory's
-#: ``drain()`` (recorders that know it); ``open``: still pending when the recorder closed.
-OUTCOMES: Final = ("completed", "expired", "cancelled", "drained", "refused", "open")
+#: ``drain()`` (recorders that know it); ``open``: still pending when the recorder closed;
+#: ``watched``: a watch record (``watch_records=True``), written as the operation was watched,
+#: its end record following (read only when asked: `event_batches`' ``watches``).
+OUTCOMES: Final = ("completed", "expired", "cancelled", "drained", "refused", "open", "watched")
+#: The outcomes of a record that is not an operation's end.
+NOT_ENDED: Final = ("open", "watched")
 
 _UTC: Final = pa.timestamp("us", tz="UTC")
 #: One row per operation: the record's version, its fields as the recorders write them
@@ -180,7 +185,7 @@ def _outcome_problem(outcome: Any, no_end: bool) -> str | None:
             f"field 'outcome' is not a known outcome ({outcome!r:.40}; known: "
             f"{', '.join(OUTCOMES)})"
         )
-    if outcome != "open" and no_end:
+    if outcome not in NOT_ENDED and no_end:
         return "field 'ended_at' is missing"
     return None
 
@@ -341,7 +346,8 @@ def _check_arrow(name: str, records: pa.RecordBatch, row: int) -> None:
         bad = pc.or_(bad, pc.is_null(records.column(column)))
     known = pc.is_in(records.column("outcome"), value_set=pa.array(OUTCOMES))
     ended = pc.or_(
-        pc.equal(records.column("outcome"), "open"), pc.is_valid(records.column("ended_at"))
+        pc.is_in(records.column("outcome"), value_set=pa.array(NOT_ENDED)),
+        pc.is_valid(records.column("ended_at")),
     )
     bad = pc.or_(bad, pc.invert(pc.and_(known, ended)))
     if not pc.any(bad).as_py():
@@ -392,7 +398,12 @@ def _lines(source: IO[bytes], chunk: int = 1 << 20) -> Iterator[bytes]:
 
 
 def event_batches(
-    name: str, source: IO[bytes], *, partial: bool = False, require_utc: bool = False
+    name: str,
+    source: IO[bytes],
+    *,
+    partial: bool = False,
+    require_utc: bool = False,
+    watches: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """The operations of one event-log file as batches of `EVENTS_SCHEMA`.
 
@@ -403,6 +414,8 @@ def event_batches(
         partial: A ``.part`` file still being written (or left by a killed process): a cut last
             line or batch is dropped instead of refused.
         require_utc: Refuse a file with operations and no anchor (its times have no UTC).
+        watches: Keep the watch records (outcome ``watched``); without it they are checked and
+            dropped, so every count of operations sees one record per operation, as before.
 
     Raises:
         TraceError: A bad record (file and line or row named), a stream that is not an event
@@ -420,8 +433,14 @@ def event_batches(
             "wall clock), so its operations cannot be placed in UTC"
         )
     clocks, offsets = _spans(anchors)
-    for batch in batches:
-        yield _with_utc(batch, name, clocks, offsets)
+    for records in batches:
+        if not watches:
+            import pyarrow.compute as pc
+
+            records = records.filter(pc.not_equal(records.column("outcome"), "watched"))  # noqa: PLW2901
+            if not records.num_rows:
+                continue
+        yield _with_utc(records, name, clocks, offsets)
 
 
 def anchor_batches(

@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from ._datasource import EVENTS_FORMAT, register_data_sources
 from ._eventfile import LOG_VERSIONS, OUTCOMES
 from ._frames import task_errors
+from ._job_stuck import grace_from_lateness, stuck_now
 from ._spark import atomic_output, utc_timestamps
 from ._summary import SHARED_SUMMARY_COLUMNS, outcome_summary
 
@@ -134,8 +135,13 @@ def analyze(
     since: datetime | None = None,
     until: datetime | None = None,
     overwrite: bool = False,
+    stuck: bool = False,
+    grace: float | None = None,
+    tick: float = 0.001,
+    watermark: float = 0.0,
 ) -> DataFrame:
-    """Analyse event logs: ``summary/``, ``keys/``, ``windows/`` and ``waits/`` under `out`.
+    """Analyse event logs: ``summary/``, ``keys/``, ``windows/`` and ``waits/`` under `out`
+    (and ``stuck/`` with `stuck`).
 
     - summary: per purgatory, the columns a replay's summary shares (`SHARED_SUMMARY_COLUMNS`),
       computed the same way (``peak_delayed`` from the watch and end times), and ``drained``;
@@ -150,6 +156,14 @@ def analyze(
     `since` and `until` (aware datetimes; naive ones are taken as UTC) keep the operations
     watched in ``[since, until)``; every log must then carry an anchor.
 
+    `stuck`: also ``stuck/`` (``._job_stuck.stuck_now``, the columns of ``analyze --follow
+    --stuck``'s table): the operations with a watch record and no end whose deadline plus
+    `grace` is at or before the newest record's time less `watermark` seconds (what a
+    ``--once`` follow job of the same files reports as stuck and did not see end late). Every
+    log must carry an anchor; `grace` defaults to `GRACE_TICKS` ticks of `tick` plus the p99
+    lateness of the expired operations; not with `since` or `until` (a range would part
+    watches from their ends).
+
     Returns:
         The summary, read back from `out`.
     """
@@ -159,6 +173,8 @@ def analyze(
     # the four tables read. (A cached plan outlives its files, so it is unpersisted whatever
     # happens.)
     ranged = since is not None or until is not None
+    if stuck and ranged:
+        raise ValueError("stuck reads every record: not with since or until")
     # With a UTC range every file must carry an anchor: its reader refuses one without.
     log = events(spark, log_path, require_utc=ranged)
     cached = log.select(*_ANALYSED).persist(StorageLevel.MEMORY_AND_DISK)
@@ -176,6 +192,17 @@ def analyze(
             ),
             "waits": _waits(log).orderBy("purgatory", "outcome", "bucket_ms"),
         }
+        if stuck:
+            if grace is None:
+                with task_errors():
+                    grace, _ = grace_from_lateness(log, tick)
+            records = spark.read.format(EVENTS_FORMAT).option("requireUtc", "true")
+            tables["stuck"] = stuck_now(
+                records.option("watchRecords", "true").load(log_path),
+                grace=grace,
+                watermark=watermark,
+                window=window,
+            ).orderBy("purgatory", "deadline_utc", "id")
         with (
             task_errors(),
             atomic_output(spark, out, overwrite=overwrite) as staging,

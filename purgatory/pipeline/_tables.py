@@ -72,6 +72,22 @@ WINDOW_COLUMNS: Final[Columns] = (
     ("cancelled", "cancelled", str),
     ("drained", "drained", str),
 )
+
+
+def _utc_time(t: Any) -> str:
+    return "-" if t is None else t.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+STUCK_COLUMNS: Final[Columns] = (
+    ("purgatory", "purgatory", str),
+    ("recorder", "recorder", str),
+    ("id", "id", str),
+    ("keys", "keys", lambda keys: ",".join(keys or ())),
+    ("status", "status", str),
+    ("deadline (UTC)", "deadline_utc", _utc_time),
+    ("overdue s", "overdue_seconds", lambda s: f"{s:.3f}"),
+    ("outcome", "outcome", lambda o: o or "-"),
+)
 KEY_COLUMNS: Final[Columns] = (
     ("purgatory", "purgatory", str),
     ("key", "key", str),
