@@ -452,6 +452,7 @@ def test_calibrate_quick_writes_a_profile_that_loads(
     assert not profile.constant
     assert profile.cost_shape[0] <= 1 <= profile.cost_shape[-1]
     assert 0 < profile.stall_basis < 0.01
+    assert 0 <= profile.stall_credit <= 0.03
     assert 0 <= profile.iteration < 0.01
     assert data["loop"] == "asyncio"
     assert data["python"].startswith("CPython") or data["python"]

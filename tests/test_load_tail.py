@@ -111,6 +111,23 @@ def test_stalls_lengthen_the_tail_without_adding_busy_time() -> None:
     assert stalled["busy"] / stalled["span"] < constant["busy"] / constant["span"]
 
 
+def test_a_loop_just_woken_is_not_stalled() -> None:
+    """The scheduler favours a thread that slept: within `stall_credit` of its wake-up an
+    event draws no stall. A loop that sleeps more often than the credit is never stalled."""
+    trace = w1_trace(30_000)
+    constant = replay_table(trace, CONFIG, costs=BASE)
+    stalled = replace(BASE, stall=STALLS, stall_basis=15 * US)
+    assert replay_table(trace, CONFIG, costs=replace(stalled, stall_credit=1.0)).equals(constant)
+    assert not replay_table(trace, CONFIG, costs=stalled).equals(constant)
+    # A credit of a millisecond: only the events of the longer busy spells are stalled, so
+    # the tail lies between none and stalls from every wake-up on.
+    late = [
+        gauges(replay_table(trace, CONFIG, costs=p, operations=False))["p0000"]["lateness_p99"]
+        for p in (BASE, replace(stalled, stall_credit=MS), stalled)
+    ]
+    assert late[0] < late[1] < late[2]
+
+
 def test_the_cost_factors_average_to_one() -> None:
     """The costs are means: a factor drawn uniformly averages to 1 (linear between the
     quantiles, scaled by the mean of that line)."""
@@ -161,7 +178,7 @@ def old_profile(tmp_path: Path) -> str:
     path = tmp_path / "old.json"
     data = BASE.to_json()
     data["version"] = 3
-    for name in ("cost_shape", "stall", "stall_basis"):
+    for name in ("cost_shape", "stall", "stall_basis", "stall_credit"):
         del data[name]
     path.write_text(json.dumps(data))
     return str(path)
@@ -182,7 +199,7 @@ def test_an_old_profile_loads_with_constant_costs_and_says_so(tmp_path: Path) ->
 
 
 def test_a_new_profile_round_trips(tmp_path: Path) -> None:
-    profile = replace(BASE, cost_shape=WIDE, stall=STALLS, stall_basis=15 * US)
+    profile = replace(BASE, cost_shape=WIDE, stall=STALLS, stall_basis=15 * US, stall_credit=MS)
     path = tmp_path / "new.json"
     path.write_text(json.dumps(profile.to_json()))
     loaded = load_profile(str(path))
@@ -203,6 +220,7 @@ def test_a_new_profile_round_trips(tmp_path: Path) -> None:
         ({"stall": [*(0.0,) * 12, 2.0]}, "stall holds 2.0, not seconds in [0, 1]"),
         ({"version": 5}, "version 5, expected 3 or 4"),
         ({"stall_basis": -1.0}, "'stall_basis' must be a number of seconds"),
+        ({"stall_credit": 2.0}, "'stall_credit' must be a number of seconds in [0, 1]"),
     ],
 )
 def test_bad_distributions_are_refused(changes: dict[str, object], said: str) -> None:

@@ -110,14 +110,19 @@ class _Sizes:
     spaced_expiries: int
     bulk_expiries: int
     wake_ups: int
+    #: Wake-ups after which the loop runs until preempted (`_stall_credit`).
+    bursts: int
     #: Callbacks timed one by one for the distributions (``cost_shape``, ``stall``): enough
     #: for a few at their 0.9999 quantile.
     events: int
 
 
-_FULL: Final = _Sizes(7, 15, 0.05, 20_000, 5_000, 50, 5_000, 1_000, 4_000, 1_000, 60_000)
-_QUICK: Final = _Sizes(5, 9, 0.15, 2_000, 500, 10, 500, 60, 500, 200, 5_000)
+_FULL: Final = _Sizes(7, 15, 0.05, 20_000, 5_000, 50, 5_000, 1_000, 4_000, 1_000, 60, 60_000)
+_QUICK: Final = _Sizes(5, 9, 0.15, 2_000, 500, 10, 500, 60, 500, 200, 15, 5_000)
 _KEYS: Final = 100
+#: A step held off the core longer than this (seconds of wall time beyond its CPU) was
+#: preempted, in `_stall_credit`: well above a timer's or a page fault's microseconds.
+PREEMPTED: Final = 1e-4
 #: Operations pending at a time while events are timed one by one (`_per_event`).
 _PENDING: Final = 1000
 #: Seconds below which a cost's imprecision is not worth another round: 10 ns, a few
@@ -283,6 +288,35 @@ async def _per_event(n: int) -> list[tuple[int, int]]:
     await done
     await purgatory.shutdown()
     return list(zip(cpus, walls, strict=True))
+
+
+async def _stall_credit(bursts: int, longest: float = 0.03, sleep: float = 0.005) -> float:
+    """How long a loop that woke from its selector runs before another process preempts it:
+    `bursts` times, the loop sleeps `sleep` seconds in its selector, then runs back-to-back
+    steps of work timed one by one until one is held off the core more than
+    `PREEMPTED` (wall minus CPU), or `longest` seconds have passed; the median of the
+    seconds run before it (`longest` if none was), in seconds.
+    """
+    offsets = []
+    cpu, wall = time.thread_time_ns, time.perf_counter_ns
+    for _ in range(bursts):
+        await asyncio.sleep(sleep)
+        woke = wall()
+        end = woke + round(longest * 1e9)
+        offset = longest
+        while True:
+            start, began = cpu(), wall()
+            total = 0
+            for i in range(300):
+                total += i
+            now = wall()
+            if now - began - (cpu() - start) > PREEMPTED * 1e9:
+                offset = (began - woke) / 1e9
+                break
+            if now >= end:
+                break
+        offsets.append(offset)
+    return statistics.median(offsets)
 
 
 def shape_and_stall(
@@ -646,6 +680,8 @@ def calibrate(
     latency = _quantiles(_run_list(loop, lambda: _wake_latency(sizes.wake_ups, resolution)))
     say("cost per event")
     shape, stall, basis = shape_and_stall(_run_timings(loop, lambda: _per_event(sizes.events)))
+    say("stall credit")
+    credit = _run(loop, lambda: _stall_credit(sizes.bursts))
     return CostProfile(
         **{kind: cost.value for kind, cost in costs.items()},
         application=application,
@@ -654,6 +690,7 @@ def calibrate(
         cost_shape=shape,
         stall=stall,
         stall_basis=basis,
+        stall_credit=credit,
         loop=loop,
         python=f"{platform.python_implementation()} {platform.python_version()}",
         machine=_machine(),

@@ -1,9 +1,10 @@
 """The load model's inputs: a cost profile (CPU seconds per event kind) and the clock it drives.
 
-Without a profile the replay runs in virtual time where the purgatory's own work costs nothing:
-an arrival rate changes only which events share an instant (the order at equal times) and the
-operations' arrival and condition times, never how late a timer pass or an answer comes, since
-no work queues behind other work. With one, each (purgatory, configuration) group is served
+Without a profile the replay runs in virtual time where the purgatory's own work costs nothing,
+so no work queues behind other work and a timer pass is never late: an arrival rate changes how
+many operations are pending at once (``watched()``, the tries per condition, the purges) and
+where each deadline falls within its tick (a condition in the last tick completes late or
+expires), not whether the core keeps up. With one, each (purgatory, configuration) group is served
 as one event loop on one core serves it, iteration by iteration: the loop collects the
 callbacks due (arrivals, conditions that fire, the reaper's timer), runs them in the order of
 their times, each keeping the core busy for what its work costs by the profile, and collects
@@ -144,6 +145,12 @@ class CostProfile:
     #: this is k times as likely to be held off the core (preemption comes per second run).
     #: 0: every event draws from `stall` as it is.
     stall_basis: float = 0.0
+    #: How long a loop that woke from its selector runs before another process preempts it,
+    #: in seconds: the scheduler favours a thread that slept (a loop that is often idle is
+    #: rarely held off mid-callback, a loop busy for longer is held off as often as `stall`
+    #: says). An event starting within this of the loop's last wake-up draws no stall. 0:
+    #: every event draws one.
+    stall_credit: float = 0.0
     loop: str = "asyncio"
     python: str = ""
     machine: str = ""
@@ -159,7 +166,7 @@ class CostProfile:
     def __post_init__(self) -> None:
         self._check_latency()
         self._check_spread()
-        for kind in (*COST_KINDS, "wake_resolution", "stall_basis"):
+        for kind in (*COST_KINDS, "wake_resolution", "stall_basis", "stall_credit"):
             value = getattr(self, kind)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"cost {kind!r} must be a number of seconds, got {value!r:.40}")
@@ -271,6 +278,7 @@ class CostProfile:
             "cost_shape": list(data.pop("cost_shape")),
             "stall": list(data.pop("stall")),
             "stall_basis": data.pop("stall_basis"),
+            "stall_credit": data.pop("stall_credit"),
             "rounds": data.pop("rounds"),
             "spread": data.pop("spread"),
             "costs": data,
@@ -297,6 +305,8 @@ class CostProfile:
                 for p in (0.99, 0.999, 1.0)
             )
             basis = f" (of events of {self.stall_basis * 1e6:.2f} us)" if self.stall_basis else ""
+            if self.stall_credit:
+                basis += f", none within {self.stall_credit * 1e3:.2f} ms of a wake-up"
             shape = f"; an event's cost over the mean {factors}; stall {stalls}{basis}"
         measured = ""
         if self.rounds:
@@ -343,6 +353,7 @@ def profile_from_json(data: Any, where: str) -> CostProfile:
         "cost_shape": data.get("cost_shape", []) if version >= 4 else [],
         "stall": data.get("stall", []) if version >= 4 else [],
         "stall_basis": data.get("stall_basis", 0.0) if version >= 4 else 0.0,
+        "stall_credit": data.get("stall_credit", 0.0) if version >= 4 else 0.0,
         "spread": data.get("spread", {}),  # (none in a profile of an older calibrate)
         "rounds": data.get("rounds", 0),
     }

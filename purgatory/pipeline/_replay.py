@@ -426,6 +426,7 @@ class _LoadedGroup(_Group):
         "seed",
         "shaped",
         "start",
+        "woke",
     )
 
     def __init__(
@@ -468,6 +469,8 @@ class _LoadedGroup(_Group):
         # whatever came before it in this replay (a replay split by time draws the same).
         self.seed = int.from_bytes(seed.digest()[8:16], "big")
         self.shaped = not costs.constant
+        # When the loop last woke from its selector (a stall comes only `stall_credit` later).
+        self.woke = -math.inf
 
     def _served(self, start: float, cost: float, ran_pass: bool, event: int) -> None:
         """Book an event served from `start` for `cost` seconds; note when the next pass is due.
@@ -479,7 +482,9 @@ class _LoadedGroup(_Group):
             costs = self.costs
             seed = self.seed
             cost *= costs.cost_factor(_unit(seed, 2 * event))
-            end = start + cost + costs.stall_at(_unit(seed, 2 * event + 1), cost)
+            end = start + cost
+            if start >= self.woke + costs.stall_credit:
+                end += costs.stall_at(_unit(seed, 2 * event + 1), cost)
         else:
             end = start + cost
         self.busy_until = end
@@ -523,6 +528,7 @@ class _LoadedGroup(_Group):
         wake += costs.latency(self.draw()) if costs.wake_latency else 0.0
         if math.isnan(self.start):  # (the group's span starts with the core's first work)
             self.start = wake
+        self.woke = wake
         self.batch = wake
         self.busy_until = wake + costs.wake + costs.iteration
         self.busy += costs.wake + costs.iteration
