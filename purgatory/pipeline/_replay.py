@@ -20,7 +20,12 @@ loop (`_LoadedGroup`), in the loop's turns: each turn collects the events due wh
 serves them in the order of their times, each when the core is free, with the clock moved
 there, keeping the core busy for what it costs; the reaper's pass comes at the start of the turn
 after its timer's. A timer pass then runs late, expiring whatever is due by the time it runs, as
-a late reaper does. With every cost zero this is exactly the plain replay.
+a late reaper does. With every cost zero this is exactly the plain replay. A profile's cost
+distributions (`purgatory.pipeline._load`) make each event cost its kind's mean times a drawn
+factor and hold the core for a drawn stall; each draw is a hash of the group and the event
+(its operation and kind, or a pass's tick), and a stall needs the loop to have run for the
+profile's credit since it last woke, a state that an idle moment resets: so a group's replay
+is the same in any task, and from any moment its core was idle.
 
 Each group's summary (counts, exact percentiles of the waits and of the expiry lateness) is
 computed here, inside the group's task, so the Spark job needs no aggregation over every
