@@ -152,6 +152,20 @@ def test_a_stall_is_as_likely_per_second_of_cpu() -> None:
     assert replace(profile, stall_basis=0.0).stall_at(1.0, 1 * US) == 6 * MS
 
 
+def test_the_drawn_stalls_average_to_the_measured_mean() -> None:
+    """The quantiles, linear up to the largest stall (one sample), overstate the mean: the
+    draws are scaled to the mean measured, per CPU second as the stalls come."""
+    profile = replace(BASE, stall=STALLS, stall_basis=10 * US, stall_mean=2 * US)
+    n = 200_000
+    for cost in (10 * US, 20 * US):
+        mean = sum(profile.stall_at((i + 0.5) / n, cost) for i in range(n)) / n
+        assert mean == pytest.approx(2 * US * cost / (10 * US), rel=0.01), cost
+    unscaled = replace(profile, stall_mean=0.0)
+    assert unscaled.stall_at(1.0, 10 * US) == STALLS[-1]
+    assert profile.stall_at(1.0, 10 * US) == pytest.approx(STALLS[-1] * profile.stall_scale)
+    assert profile.stall_scale < 1  # (these quantiles' mean is larger than 2 us)
+
+
 def test_the_draws_depend_on_the_event_not_on_the_draws_before_it() -> None:
     draws = [_unit(12345, e) for e in range(20_000)]
     assert draws == [_unit(12345, e) for e in range(20_000)]
@@ -178,7 +192,7 @@ def old_profile(tmp_path: Path) -> str:
     path = tmp_path / "old.json"
     data = BASE.to_json()
     data["version"] = 3
-    for name in ("cost_shape", "stall", "stall_basis", "stall_credit"):
+    for name in ("cost_shape", "stall", "stall_basis", "stall_credit", "stall_mean"):
         del data[name]
     path.write_text(json.dumps(data))
     return str(path)
@@ -199,12 +213,15 @@ def test_an_old_profile_loads_with_constant_costs_and_says_so(tmp_path: Path) ->
 
 
 def test_a_new_profile_round_trips(tmp_path: Path) -> None:
-    profile = replace(BASE, cost_shape=WIDE, stall=STALLS, stall_basis=15 * US, stall_credit=MS)
+    profile = replace(
+        BASE, cost_shape=WIDE, stall=STALLS, stall_basis=15 * US, stall_credit=MS, stall_mean=US
+    )
     path = tmp_path / "new.json"
     path.write_text(json.dumps(profile.to_json()))
     loaded = load_profile(str(path))
     assert loaded == profile
     assert loaded.shape_mean == profile.shape_mean
+    assert loaded.stall_scale == profile.stall_scale != 1.0
     assert not loaded.constant
     assert "p99.9 x" in loaded.describe()
 
@@ -221,6 +238,10 @@ def test_a_new_profile_round_trips(tmp_path: Path) -> None:
         ({"version": 5}, "version 5, expected 3 or 4"),
         ({"stall_basis": -1.0}, "'stall_basis' must be a number of seconds"),
         ({"stall_credit": 2.0}, "'stall_credit' must be a number of seconds in [0, 1]"),
+        (
+            {"stall": [0.0] * 13, "stall_mean": 1e-6},
+            "stall_mean is given, but stall's quantiles are all 0",
+        ),
     ],
 )
 def test_bad_distributions_are_refused(changes: dict[str, object], said: str) -> None:
@@ -233,7 +254,8 @@ def test_bad_distributions_are_refused(changes: dict[str, object], said: str) ->
 def test_timed_callbacks_give_the_shape_the_stall_and_its_basis() -> None:
     """99 callbacks of 1 us, one of 10 us held off the core 20 us more (nanoseconds)."""
     timings = [(1000, 1000)] * 99 + [(10_000, 30_000)]
-    shape, stall, basis = shape_and_stall(timings)
+    shape, stall, basis, stall_mean = shape_and_stall(timings)
+    assert stall_mean == pytest.approx(20e-6 / 100)
     mean = (99 * 1000 + 10_000) / 100
     assert basis == pytest.approx(mean * 1e-9)
     assert len(shape) == len(stall) == len(SHAPE_QUANTILES)

@@ -238,6 +238,7 @@ def test_the_quiet_machine_solves_to_its_costs_in_the_fewest_rounds(
     assert profile.stall[-1] == pytest.approx(1e-3)
     assert profile.stall[SHAPE_QUANTILES.index(0.999)] == 0.0
     assert profile.stall_credit == 0.004
+    assert profile.stall_mean == pytest.approx(1e-3 / n)
     assert "none within 4.00 ms of a wake-up" in profile.describe()
 
 

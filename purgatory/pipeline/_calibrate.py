@@ -40,7 +40,8 @@ once, callbacks are also timed one by one (`_per_event`: an arrival's and a cond
 on a busy loop, the operations created as it runs): their CPU over the mean gives the
 profile's ``cost_shape`` (quantiles: the callback that triggers a garbage collection, one after
 cold caches), their wall time beyond their CPU its ``stall`` (another process preempting the
-loop; as likely per CPU second, so ``stall_basis`` keeps the mean CPU of the callbacks timed).
+loop; as likely per CPU second, so ``stall_basis`` keeps the mean CPU of the callbacks timed,
+and ``stall_mean`` the stalls' mean, which the quantiles alone overstate).
 Those are distributions, not differences of runs, and are measured rather than solved; they
 are chosen over a distribution of the loop's batch lengths because a batch's length depends
 on the offered rate and the workload, which the replay knows and a profile cannot, while an
@@ -335,17 +336,20 @@ async def _stall_credit(bursts: int, longest: float = 0.03, sleep: float = 0.005
 
 def shape_and_stall(
     timings: Sequence[tuple[int, int]],
-) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+) -> tuple[tuple[float, ...], tuple[float, ...], float, float]:
     """From callbacks' (CPU, wall) nanoseconds, the profile's ``cost_shape`` (each callback's
     CPU over their mean, as quantiles at `SHAPE_QUANTILES`), ``stall`` (wall minus CPU, in
-    seconds, as quantiles) and ``stall_basis`` (their mean CPU, in seconds)."""
+    seconds, as quantiles), ``stall_basis`` (their mean CPU, in seconds) and ``stall_mean``
+    (the stalls' mean, in seconds)."""
     mean = statistics.fmean(c for c, _ in timings)
+    stalls = [max(0, w - c) / 1e9 for c, w in timings]
     shape = _quantiles([c / mean for c, _ in timings], SHAPE_QUANTILES)
-    stall = _quantiles([max(0, w - c) / 1e9 for c, w in timings], SHAPE_QUANTILES)
+    stall = _quantiles(stalls, SHAPE_QUANTILES)
     return (
         tuple(min(v, MAX_SHAPE) for v in shape),
         tuple(min(v, MAX_COST) for v in stall),
         min(mean / 1e9, MAX_COST),
+        min(statistics.fmean(stalls), MAX_COST),
     )
 
 
@@ -693,7 +697,9 @@ def calibrate(
     resolution = _resolution(loop)
     latency = _quantiles(_run_list(loop, lambda: _wake_latency(sizes.wake_ups, resolution)))
     say("cost per event")
-    shape, stall, basis = shape_and_stall(_run_timings(loop, lambda: _per_event(sizes.events)))
+    shape, stall, basis, stall_mean = shape_and_stall(
+        _run_timings(loop, lambda: _per_event(sizes.events))
+    )
     say("stall credit")
     credit = _run(loop, lambda: _stall_credit(sizes.bursts))
     return CostProfile(
@@ -705,6 +711,7 @@ def calibrate(
         stall=stall,
         stall_basis=basis,
         stall_credit=credit,
+        stall_mean=stall_mean,
         loop=loop,
         python=f"{platform.python_implementation()} {platform.python_version()}",
         machine=_machine(),

@@ -151,6 +151,10 @@ class CostProfile:
     #: says). An event starting within this of the loop's last wake-up draws no stall. 0:
     #: every event draws one.
     stall_credit: float = 0.0
+    #: The measured mean of the stalls, in seconds: the drawn stalls are scaled to it. The
+    #: quantiles alone overstate it (linear up to the largest, one sample, their mean came out
+    #: 1.6 to 1.8 times the sample's under load). 0: the quantiles' own mean is kept.
+    stall_mean: float = 0.0
     loop: str = "asyncio"
     python: str = ""
     machine: str = ""
@@ -162,11 +166,19 @@ class CostProfile:
     rounds: int = 0
     #: The mean of what `cost_shape` draws (1 without one): `cost_factor` divides by it.
     shape_mean: float = field(default=1.0, init=False, repr=False, compare=False)
+    #: What `stall_at` multiplies the quantiles' stall by: `stall_mean` over their mean.
+    stall_scale: float = field(default=1.0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._check_latency()
         self._check_spread()
-        for kind in (*COST_KINDS, "wake_resolution", "stall_basis", "stall_credit"):
+        for kind in (
+            *COST_KINDS,
+            "wake_resolution",
+            "stall_basis",
+            "stall_credit",
+            "stall_mean",
+        ):
             value = getattr(self, kind)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"cost {kind!r} must be a number of seconds, got {value!r:.40}")
@@ -194,6 +206,11 @@ class CostProfile:
             if not mean > 0:
                 raise ValueError("cost_shape's quantiles are all 0: an event's cost has no scale")
             object.__setattr__(self, "shape_mean", mean)
+        if self.stall and self.stall_mean > 0:
+            mean = _mean(SHAPE_QUANTILES, self.stall)
+            if not mean > 0:
+                raise ValueError("stall_mean is given, but stall's quantiles are all 0")
+            object.__setattr__(self, "stall_scale", self.stall_mean / mean)
 
     def _check_spread(self) -> None:
         spread = self.spread
@@ -251,7 +268,7 @@ class CostProfile:
             if cost <= 0:
                 return 0.0
             u = max(0.0, 1.0 - (1.0 - u) * basis / cost)
-        return _between(SHAPE_QUANTILES, self.stall, u)
+        return _between(SHAPE_QUANTILES, self.stall, u) * self.stall_scale
 
     @property
     def constant(self) -> bool:
@@ -267,7 +284,7 @@ class CostProfile:
     def to_json(self) -> dict[str, Any]:
         """The file's content: version, where it was measured, the costs in seconds."""
         data = asdict(self)
-        del data["shape_mean"]
+        del data["shape_mean"], data["stall_scale"]
         return {
             "version": PROFILE_VERSION,
             "loop": data.pop("loop"),
@@ -279,6 +296,7 @@ class CostProfile:
             "stall": list(data.pop("stall")),
             "stall_basis": data.pop("stall_basis"),
             "stall_credit": data.pop("stall_credit"),
+            "stall_mean": data.pop("stall_mean"),
             "rounds": data.pop("rounds"),
             "spread": data.pop("spread"),
             "costs": data,
@@ -305,6 +323,8 @@ class CostProfile:
                 for p in (0.99, 0.999, 1.0)
             )
             basis = f" (of events of {self.stall_basis * 1e6:.2f} us)" if self.stall_basis else ""
+            if self.stall_mean:
+                basis += f", mean {self.stall_mean * 1e6:.2f} us"
             if self.stall_credit:
                 basis += f", none within {self.stall_credit * 1e3:.2f} ms of a wake-up"
             shape = f"; an event's cost over the mean {factors}; stall {stalls}{basis}"
@@ -354,6 +374,7 @@ def profile_from_json(data: Any, where: str) -> CostProfile:
         "stall": data.get("stall", []) if version >= 4 else [],
         "stall_basis": data.get("stall_basis", 0.0) if version >= 4 else 0.0,
         "stall_credit": data.get("stall_credit", 0.0) if version >= 4 else 0.0,
+        "stall_mean": data.get("stall_mean", 0.0) if version >= 4 else 0.0,
         "spread": data.get("spread", {}),  # (none in a profile of an older calibrate)
         "rounds": data.get("rounds", 0),
     }
