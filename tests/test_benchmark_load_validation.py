@@ -85,3 +85,21 @@ def test_the_report_has_a_section_per_workload_and_scores_the_tail_by_variant() 
     # Past the knee nothing is scored.
     assert "| 3,000 (past) | 50.00 | 20.00 | 2.00 | 2.00 | 1.00/1.00/1.00 |" in text
     assert text.count("Below the knee: 0 cell(s) outside the target.") == 2
+    assert "Not a quiet machine" not in text
+    assert "The profile's CPU is not the runs'" not in text
+
+
+def test_the_report_says_when_the_machine_was_shared_or_the_profile_ran_under_another_load() -> (
+    None
+):
+    busy = section(0)
+    for row in busy["rows"]:
+        row["measured"]["waited"] = 0.6
+    busy["saturation"]["overload"] = {"predicted": 2000.0, "measured": 3000.0}
+    text = render(
+        [busy, section(1)],
+        CostProfile(*(1e-6,) * 9),
+        {"environment": "a machine", "took": 10.0, "seconds": 2.0},
+    )
+    assert text.count("**Not a quiet machine**: the loop waited for a CPU 60% of a run's") == 1
+    assert text.count("operations per CPU second at overload are -33.3 % from") == 1
