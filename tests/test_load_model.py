@@ -33,6 +33,7 @@ from purgatory.pipeline._load import (
     COST_KINDS,
     LATENCY_QUANTILES,
     PROFILE_VERSION,
+    SHAPE_QUANTILES,
     CostProfile,
     load_profile,
     profile_from_json,
@@ -363,7 +364,8 @@ GOOD: dict[str, Any] = {"version": 3, "loop": "asyncio", "costs": GOOD_COSTS}
     [
         ("{not json", "not JSON"),
         ([1, 2], "expected a JSON object"),
-        ({**GOOD, "version": 2}, "version 2, expected 3 (make a new one with"),
+        ({**GOOD, "version": 2}, "version 2, expected 3 or 4 (make a new one with"),
+        ({**GOOD, "version": True}, "version True, expected 3 or 4"),
         ({**GOOD, "wake_latency": [0.001]}, "wake_latency must be 11 quantiles"),
         (
             {**GOOD, "costs": {**GOOD_COSTS, "expiry": -1e-6}},
@@ -445,6 +447,12 @@ def test_calibrate_quick_writes_a_profile_that_loads(
     assert data["wake_resolution"] == 0.001  # Linux: epoll's milliseconds
     assert len(data["wake_latency"]) == len(LATENCY_QUANTILES)
     assert profile.wake_latency == tuple(sorted(profile.wake_latency))
+    # Each event's cost over the mean and its stall, as quantiles: a tail, not a constant.
+    assert len(data["cost_shape"]) == len(data["stall"]) == len(SHAPE_QUANTILES)
+    assert not profile.constant
+    assert profile.cost_shape[0] <= 1 <= profile.cost_shape[-1]
+    assert 0 < profile.stall_basis < 0.01
+    assert 0 <= profile.stall_credit <= 0.03
     assert 0 <= profile.iteration < 0.01
     assert data["loop"] == "asyncio"
     assert data["python"].startswith("CPython") or data["python"]
@@ -468,7 +476,8 @@ def test_the_spark_job_with_a_profile_equals_the_replay(
     path = tmp_path / "trace"
     path.mkdir()
     pq.write_table(trace, path / "part-0.parquet")
-    profile = costs(2e-4, application=0.0)
+    # With cost distributions: each group's draws are its own, whichever task replays it.
+    profile = replace(costs(2e-4, application=0.0), cost_shape=WIDE, stall=STALLS)
     configs = [CONFIGS[0], CONFIGS[1]]
     summary = replay(spark, str(path), str(tmp_path / "out"), configs, costs=profile)
     rows = {(r["purgatory"], r["config_id"]): r.asDict() for r in summary.collect()}
@@ -496,7 +505,17 @@ def test_the_spark_job_with_a_profile_equals_the_replay(
     assert not math.isnan(sum(r["pass_lateness_p50"] for r in rows.values()))
 
 
-@pytest.mark.parametrize("profile", [None, PROFILE], ids=["plain", "loaded"])
+#: A wide cost distribution (most events cost under the mean, one in a thousand 100 times it),
+#: and stalls (one event in a hundred held off the core 2 ms, one in ten thousand 10 ms).
+WIDE = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.0, 2.0, 5.0, 20.0, 100.0, 100.0, 200.0)
+STALLS = (0.0,) * 7 + (2 * MS, 2 * MS, 2 * MS, 5 * MS, 10 * MS, 10 * MS)
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [None, PROFILE, replace(PROFILE, cost_shape=WIDE, stall=STALLS)],
+    ids=["plain", "loaded", "distributions"],
+)
 def test_without_operation_rows_the_group_rows_are_the_same(profile: CostProfile | None) -> None:
     """The summary does not depend on keeping each operation's row (the loaded engine counts
     its completions without them)."""

@@ -24,7 +24,7 @@ from purgatory.pipeline._calibrate import (
     interleaved,
     solve,
 )
-from purgatory.pipeline._load import COST_KINDS, CostProfile, profile_from_json
+from purgatory.pipeline._load import COST_KINDS, SHAPE_QUANTILES, CostProfile, profile_from_json
 
 
 def test_a_round_runs_each_measurement_once_in_an_order_rotated_each_round() -> None:
@@ -182,6 +182,15 @@ def machine(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Machine]:
         return [1e-4] * n
 
     monkeypatch.setattr(_calibrate, "_wake_latency", latency)
+
+    async def per_event(n: int) -> list[tuple[int, int]]:
+        return [(3000, 3000)] * (n - 1) + [(30_000, 1_030_000)]
+
+    async def credit(bursts: int) -> float:
+        return 0.004
+
+    monkeypatch.setattr(_calibrate, "_per_event", per_event)
+    monkeypatch.setattr(_calibrate, "_stall_credit", credit)
     return make
 
 
@@ -219,6 +228,18 @@ def test_the_quiet_machine_solves_to_its_costs_in_the_fewest_rounds(
     assert profile.spread == pytest.approx(dict.fromkeys(want, 0.0), abs=1e-15)
     assert profile.noisy() == []
     assert "noisy" not in profile.describe()
+    # The distributions, from callbacks timed one by one: all 3 us but one of 30 us held off
+    # the core 1 ms; a stall only 4 ms after a wake-up.
+    n = _calibrate._QUICK.events
+    mean = (3000 * (n - 1) + 30_000) / n
+    assert profile.stall_basis == pytest.approx(mean * 1e-9)
+    assert profile.cost_shape[-1] == pytest.approx(30_000 / mean)
+    assert profile.cost_shape[0] == pytest.approx(3000 / mean)
+    assert profile.stall[-1] == pytest.approx(1e-3)
+    assert profile.stall[SHAPE_QUANTILES.index(0.999)] == 0.0
+    assert profile.stall_credit == 0.004
+    assert profile.stall_mean == pytest.approx(1e-3 / n)
+    assert "none within 4.00 ms of a wake-up" in profile.describe()
 
 
 def test_a_load_that_drifts_between_rounds_cancels_in_each_rounds_differences(

@@ -34,6 +34,21 @@ three), and ``expiry`` and ``timer_pass`` from two runs: one pass per expiry (ea
 tick of its own) and one pass for thousands; a spaced pass wakes an idle loop (its timer in one
 turn, its task in the next), so an idle wake-up (a turn and a dispatch included) and one more
 turn are taken out of it and a dispatch put back.
+
+The costs are means; what a loop near its knee suffers from is the events far from them. So,
+once, callbacks are also timed one by one (`_per_event`: an arrival's and a condition's work
+on a busy loop, the operations created as it runs): their CPU over the mean gives the
+profile's ``cost_shape`` (quantiles: the callback that triggers a garbage collection, one after
+cold caches), their wall time beyond their CPU its ``stall`` (another process preempting the
+loop; as likely per CPU second, so ``stall_basis`` keeps the mean CPU of the callbacks timed,
+and ``stall_mean`` the stalls' mean, which the quantiles alone overstate).
+Those are distributions, not differences of runs, and are measured rather than solved; they
+are chosen over a distribution of the loop's batch lengths because a batch's length depends
+on the offered rate and the workload, which the replay knows and a profile cannot, while an
+event's cost and its chance of being preempted do not. Last, ``stall_credit``
+(`_stall_credit`): how long a loop that woke from its selector runs before it is first
+preempted (the scheduler favours a thread that slept: under a load of 15 on 2 cores a loop
+sleeping between callbacks was held off 0.2 times its CPU, one running back to back 9 times).
 """
 
 from __future__ import annotations
@@ -46,14 +61,24 @@ import selectors
 import statistics
 import sys
 import time
+from array import array
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from .. import DelayedOperation, DelayedOperationPurgatory
-from ._load import LATENCY_QUANTILES, CostProfile
+from ._load import LATENCY_QUANTILES, MAX_COST, MAX_SHAPE, SHAPE_QUANTILES, CostProfile
 
-__all__ = ("LOOPS", "Estimate", "FlagOp", "calibrate", "estimate", "interleaved", "solve")
+__all__ = (
+    "LOOPS",
+    "Estimate",
+    "FlagOp",
+    "calibrate",
+    "estimate",
+    "interleaved",
+    "shape_and_stall",
+    "solve",
+)
 
 #: The loops a profile can be measured on.
 LOOPS: Final = ("asyncio", "uvloop")
@@ -100,11 +125,21 @@ class _Sizes:
     spaced_expiries: int
     bulk_expiries: int
     wake_ups: int
+    #: Wake-ups after which the loop runs until preempted (`_stall_credit`).
+    bursts: int
+    #: Callbacks timed one by one for the distributions (``cost_shape``, ``stall``): enough
+    #: for a few at their 0.9999 quantile.
+    events: int
 
 
-_FULL: Final = _Sizes(7, 15, 0.05, 20_000, 5_000, 50, 5_000, 1_000, 4_000, 1_000)
-_QUICK: Final = _Sizes(5, 9, 0.15, 2_000, 500, 10, 500, 60, 500, 200)
+_FULL: Final = _Sizes(7, 15, 0.05, 20_000, 5_000, 50, 5_000, 1_000, 4_000, 1_000, 60, 60_000)
+_QUICK: Final = _Sizes(5, 9, 0.15, 2_000, 500, 10, 500, 60, 500, 200, 15, 5_000)
 _KEYS: Final = 100
+#: A step held off the core longer than this (seconds of wall time beyond its CPU) was
+#: preempted, in `_stall_credit`: well above a timer's or a page fault's microseconds.
+PREEMPTED: Final = 1e-4
+#: Operations pending at a time while events are timed one by one (`_per_event`).
+_PENDING: Final = 1000
 #: Seconds below which a cost's imprecision is not worth another round: 10 ns, a few
 #: bytecodes, well below any cost a profile holds.
 NOISE_FLOOR: Final = 1e-8
@@ -216,11 +251,106 @@ async def _wake_latency(n: int, resolution: float) -> list[float]:
     return late
 
 
-def _quantiles(values: list[float]) -> tuple[float, ...]:
-    """`values`' quantiles at `LATENCY_QUANTILES` (nearest rank)."""
+def _quantiles(
+    values: Sequence[float], points: Sequence[float] = LATENCY_QUANTILES
+) -> tuple[float, ...]:
+    """`values`' quantiles at `points` (nearest rank)."""
     ordered = sorted(values)
     n = len(ordered)
-    return tuple(ordered[min(n - 1, max(0, math.ceil(p * n) - 1))] for p in LATENCY_QUANTILES)
+    return tuple(ordered[min(n - 1, max(0, math.ceil(p * n) - 1))] for p in points)
+
+
+async def _per_event(n: int) -> list[tuple[int, int]]:
+    """`n` callbacks all due at once on a busy loop, each doing an arrival's work and a
+    condition's on a purgatory (a new operation watched on three of `_KEYS` keys, and the one
+    watched `_PENDING` callbacks before completed by ``check_and_complete``): each callback's
+    (thread CPU, wall) nanoseconds, timed around it alone.
+
+    What the mean costs leave out: how unequal events are. Most cost about the same; a few
+    cost many times more (the one that triggers a garbage collection of what the loop keeps
+    alive; one after another process took the caches), and some are held off the core beyond
+    their CPU (preempted: wall time minus thread time). The operations are created during the
+    run and about `_PENDING` are pending at a time, as on a server, so that the collector
+    sees what it would there; the timings go to arrays allocated beforehand.
+    """
+    loop = asyncio.get_running_loop()
+    purgatory: DelayedOperationPurgatory[FlagOp] = DelayedOperationPurgatory("calibrate")
+    purgatory.try_complete_else_watch(FlagOp(60.0), ("k0",))  # the reaper started, not measured
+    done = loop.create_future()
+    pending: list[FlagOp | None] = [None] * _PENDING
+    cpus, walls = array("q", bytes(8 * n)), array("q", bytes(8 * n))
+    cpu, wall = time.thread_time_ns, time.perf_counter_ns
+    keys = [tuple(f"k{(i + j * 7) % _KEYS}" for j in range(3)) for i in range(_KEYS)]
+
+    def step(i: int) -> None:
+        start, began = cpu(), wall()
+        op = FlagOp(60.0)
+        slot = i % _PENDING
+        earlier = pending[slot]
+        pending[slot] = op
+        purgatory.try_complete_else_watch(op, keys[i % _KEYS])
+        if earlier is not None:
+            earlier.ready = True
+            purgatory.check_and_complete(keys[(i - _PENDING) % _KEYS][0])
+        cpus[i] = cpu() - start
+        walls[i] = wall() - began
+        if i == n - 1:
+            done.set_result(None)
+
+    when = loop.time()
+    for i in range(n):
+        loop.call_at(when + i * 1e-9, step, i)
+    await done
+    await purgatory.shutdown()
+    return list(zip(cpus, walls, strict=True))
+
+
+async def _stall_credit(bursts: int, longest: float = 0.03, sleep: float = 0.005) -> float:
+    """How long a loop that woke from its selector runs before another process preempts it:
+    `bursts` times, the loop sleeps `sleep` seconds in its selector, then runs back-to-back
+    steps of work timed one by one until one is held off the core more than
+    `PREEMPTED` (wall minus CPU), or `longest` seconds have passed; the median of the
+    seconds run before it (`longest` if none was), in seconds.
+    """
+    offsets = []
+    cpu, wall = time.thread_time_ns, time.perf_counter_ns
+    for _ in range(bursts):
+        await asyncio.sleep(sleep)
+        woke = wall()
+        end = woke + round(longest * 1e9)
+        offset = longest
+        while True:
+            start, began = cpu(), wall()
+            total = 0
+            for i in range(300):
+                total += i
+            now = wall()
+            if now - began - (cpu() - start) > PREEMPTED * 1e9:
+                offset = (began - woke) / 1e9
+                break
+            if now >= end:
+                break
+        offsets.append(offset)
+    return statistics.median(offsets)
+
+
+def shape_and_stall(
+    timings: Sequence[tuple[int, int]],
+) -> tuple[tuple[float, ...], tuple[float, ...], float, float]:
+    """From callbacks' (CPU, wall) nanoseconds, the profile's ``cost_shape`` (each callback's
+    CPU over their mean, as quantiles at `SHAPE_QUANTILES`), ``stall`` (wall minus CPU, in
+    seconds, as quantiles), ``stall_basis`` (their mean CPU, in seconds) and ``stall_mean``
+    (the stalls' mean, in seconds)."""
+    mean = statistics.fmean(c for c, _ in timings)
+    stalls = [max(0, w - c) / 1e9 for c, w in timings]
+    shape = _quantiles([c / mean for c, _ in timings], SHAPE_QUANTILES)
+    stall = _quantiles(stalls, SHAPE_QUANTILES)
+    return (
+        tuple(min(v, MAX_SHAPE) for v in shape),
+        tuple(min(v, MAX_COST) for v in stall),
+        min(mean / 1e9, MAX_COST),
+        min(statistics.fmean(stalls), MAX_COST),
+    )
 
 
 async def _working(n: int, spacing: float) -> float:
@@ -400,6 +530,17 @@ def _run_list(loop_kind: str, scenario: Callable[[], Awaitable[list[float]]]) ->
         loop.close()
 
 
+def _run_timings(
+    loop_kind: str, scenario: Callable[[], Awaitable[list[tuple[int, int]]]]
+) -> list[tuple[int, int]]:
+    """Run `scenario` on a fresh loop of `loop_kind`; the timings it took."""
+    loop = _new_loop(loop_kind)
+    try:
+        return loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+
 @dataclass(frozen=True, slots=True)
 class Estimate:
     """One cost solved from rounds of paired measurements."""
@@ -555,11 +696,22 @@ def calibrate(
     say("wake latency")
     resolution = _resolution(loop)
     latency = _quantiles(_run_list(loop, lambda: _wake_latency(sizes.wake_ups, resolution)))
+    say("cost per event")
+    shape, stall, basis, stall_mean = shape_and_stall(
+        _run_timings(loop, lambda: _per_event(sizes.events))
+    )
+    say("stall credit")
+    credit = _run(loop, lambda: _stall_credit(sizes.bursts))
     return CostProfile(
         **{kind: cost.value for kind, cost in costs.items()},
         application=application,
         wake_resolution=resolution,
         wake_latency=latency,
+        cost_shape=shape,
+        stall=stall,
+        stall_basis=basis,
+        stall_credit=credit,
+        stall_mean=stall_mean,
         loop=loop,
         python=f"{platform.python_implementation()} {platform.python_version()}",
         machine=_machine(),

@@ -1,7 +1,10 @@
 """The load model's inputs: a cost profile (CPU seconds per event kind) and the clock it drives.
 
 Without a profile the replay runs in virtual time where the purgatory's own work costs nothing,
-so an arrival rate changes nothing. With one, each (purgatory, configuration) group is served
+so no work queues behind other work and a timer pass is never late: an arrival rate changes how
+many operations are pending at once (``watched()``, the tries per condition, the purges) and
+where each deadline falls within its tick (a condition in the last tick completes late or
+expires), not whether the core keeps up. With one, each (purgatory, configuration) group is served
 as one event loop on one core serves it, iteration by iteration: the loop collects the
 callbacks due (arrivals, conditions that fire, the reaper's timer), runs them in the order of
 their times, each keeping the core busy for what its work costs by the profile, and collects
@@ -9,6 +12,17 @@ again; an idle loop sleeps in its selector until the next is due (rounded up to 
 resolution) and wakes that much later again as the operating system schedules it. Work queues
 behind work, the reaper's pass runs after the callbacks collected with its timer, and operations
 wait longer and expire more once the offered work exceeds the core.
+
+An event's cost is not constant on a real loop: most callbacks cost about the same, and a few
+cost many times more (a garbage collection, caches taken by another process), or are held
+off the core for a while (another process preempting the loop). Near the knee one such event
+delays a whole batch and the reaper behind it, and the backlog takes a long time to drain:
+that is where expiry lateness gets its tail. A profile of version 4 holds both as measured
+(``cost_shape``: an event's CPU cost over the mean, as quantiles; ``stall``: the seconds an
+event is held off the core beyond its CPU, as quantiles), and a replay draws every arrival's,
+condition's and timer pass's from them, by a hash of the group and the event (not from a
+sequence), so the same event gets the same draw however the replay is split. An older
+profile (version 3) has neither and is replayed with constant costs (its description says so).
 
 A profile is measured by ``python -m purgatory.pipeline calibrate`` (in `._calibrate`) on the
 machine and loop that matter, and stored as a small versioned JSON file.
@@ -31,16 +45,42 @@ __all__ = (
     "LATENCY_QUANTILES",
     "MAX_COST",
     "PROFILE_VERSION",
+    "SHAPE_QUANTILES",
     "CostProfile",
     "LoadClock",
     "load_profile",
 )
 
-#: The version of the profile file's layout; a file of another version is refused.
-PROFILE_VERSION: Final = 3
+#: The version of the profile file's layout written; a file of another version than
+#: `READABLE_VERSIONS` is refused.
+PROFILE_VERSION: Final = 4
+#: The versions read: 3 has no cost distributions (``cost_shape``, ``stall``) and is replayed
+#: with constant costs.
+READABLE_VERSIONS: Final = (3, 4)
 #: The probabilities at which a profile gives the scheduling latency of a wake-up
 #: (``wake_latency``): its quantiles, between which a replay draws its latencies.
 LATENCY_QUANTILES: Final = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 1.0)
+#: The probabilities at which a profile gives an event's cost over the mean (``cost_shape``)
+#: and its stall (``stall``): finer in the tail, where the rare long events are, than
+#: `LATENCY_QUANTILES`.
+SHAPE_QUANTILES: Final = (
+    0.0,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    0.9,
+    0.95,
+    0.99,
+    0.995,
+    0.999,
+    0.9995,
+    0.9999,
+    1.0,
+)
+#: The most an event may cost over the mean (a ``cost_shape`` quantile): beyond it the
+#: measurement was not of one callback.
+MAX_SHAPE: Final = 1e5
 #: The most one event may cost, in seconds of one core: a loop that spends more on a single
 #: callback is not serving a purgatory, and a larger figure is a broken profile (it would
 #: also carry the model's clock past what a double counts in nanoseconds).
@@ -91,6 +131,30 @@ class CostProfile:
     #: scheduling the thread that woke), in seconds: its quantiles at `LATENCY_QUANTILES`, as
     #: measured; a replay draws each wake-up's from them (seeded by the group). Empty: none.
     wake_latency: tuple[float, ...] = ()
+    #: An event's CPU cost over the mean cost of its kind, measured per callback on a busy
+    #: loop: its quantiles at `SHAPE_QUANTILES`. A replay draws a factor for each arrival,
+    #: condition and timer pass from them, scaled so that their mean is 1 (the costs above are
+    #: means, and stay so). Empty: every event costs exactly its kind's cost.
+    cost_shape: tuple[float, ...] = ()
+    #: How long an event is held off the core beyond its CPU (wall time minus thread time of
+    #: one callback on a busy loop: another process preempting the loop), in seconds: its
+    #: quantiles at `SHAPE_QUANTILES`, drawn per event as `cost_shape` is. Not CPU: it delays
+    #: the loop without adding to its busy time. Empty: none.
+    stall: tuple[float, ...] = ()
+    #: The mean CPU seconds of the callbacks `stall` was measured on: an event costing k times
+    #: this is k times as likely to be held off the core (preemption comes per second run).
+    #: 0: every event draws from `stall` as it is.
+    stall_basis: float = 0.0
+    #: How long a loop that woke from its selector runs before another process preempts it,
+    #: in seconds: the scheduler favours a thread that slept (a loop that is often idle is
+    #: rarely held off mid-callback, a loop busy for longer is held off as often as `stall`
+    #: says). An event starting within this of the loop's last wake-up draws no stall. 0:
+    #: every event draws one.
+    stall_credit: float = 0.0
+    #: The measured mean of the stalls, in seconds: the drawn stalls are scaled to it. The
+    #: quantiles alone overstate it (linear up to the largest, one sample, their mean came out
+    #: 1.6 to 1.8 times the sample's under load). 0: the quantiles' own mean is kept.
+    stall_mean: float = 0.0
     loop: str = "asyncio"
     python: str = ""
     machine: str = ""
@@ -100,11 +164,21 @@ class CostProfile:
     spread: dict[str, float] = field(default_factory=dict, hash=False)
     #: How many rounds of every measurement the costs are the medians of (0: not measured).
     rounds: int = 0
+    #: The mean of what `cost_shape` draws (1 without one): `cost_factor` divides by it.
+    shape_mean: float = field(default=1.0, init=False, repr=False, compare=False)
+    #: What `stall_at` multiplies the quantiles' stall by: `stall_mean` over their mean.
+    stall_scale: float = field(default=1.0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._check_latency()
         self._check_spread()
-        for kind in (*COST_KINDS, "wake_resolution"):
+        for kind in (
+            *COST_KINDS,
+            "wake_resolution",
+            "stall_basis",
+            "stall_credit",
+            "stall_mean",
+        ):
             value = getattr(self, kind)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"cost {kind!r} must be a number of seconds, got {value!r:.40}")
@@ -120,26 +194,23 @@ class CostProfile:
             object.__setattr__(self, kind, seconds)
 
     def _check_latency(self) -> None:
-        latency = self.wake_latency
-        if not isinstance(latency, tuple | list) or (
-            latency and len(latency) != len(LATENCY_QUANTILES)
+        for name, points, unit, top in (
+            ("wake_latency", LATENCY_QUANTILES, "seconds", MAX_COST),
+            ("cost_shape", SHAPE_QUANTILES, "factors", MAX_SHAPE),
+            ("stall", SHAPE_QUANTILES, "seconds", MAX_COST),
         ):
-            raise ValueError(
-                f"wake_latency must be {len(LATENCY_QUANTILES)} quantiles (at "
-                f"{', '.join(map(str, LATENCY_QUANTILES))}) or none, got {latency!r:.60}"
-            )
-        values = []
-        for value in latency:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"wake_latency holds a value that is not seconds: {value!r:.40}")
-            if not 0 <= value <= MAX_COST:
-                raise ValueError(
-                    f"wake_latency holds {value!r:.40}, not seconds in [0, {MAX_COST:g}]"
-                )
-            values.append(float(value))
-        if values != sorted(values):
-            raise ValueError(f"wake_latency's quantiles must not decrease, got {latency!r:.80}")
-        object.__setattr__(self, "wake_latency", tuple(values))
+            values = _quantiles(name, getattr(self, name), points, unit, top)
+            object.__setattr__(self, name, values)
+        if self.cost_shape:
+            mean = _mean(SHAPE_QUANTILES, self.cost_shape)
+            if not mean > 0:
+                raise ValueError("cost_shape's quantiles are all 0: an event's cost has no scale")
+            object.__setattr__(self, "shape_mean", mean)
+        if self.stall and self.stall_mean > 0:
+            mean = _mean(SHAPE_QUANTILES, self.stall)
+            if not mean > 0:
+                raise ValueError("stall_mean is given, but stall's quantiles are all 0")
+            object.__setattr__(self, "stall_scale", self.stall_mean / mean)
 
     def _check_spread(self) -> None:
         spread = self.spread
@@ -172,14 +243,38 @@ class CostProfile:
 
     def latency(self, u: float) -> float:
         """The wake-up latency at probability `u` in [0, 1] (linear between the quantiles)."""
-        values = self.wake_latency
-        if not values:
+        return _between(LATENCY_QUANTILES, self.wake_latency, u)
+
+    def cost_factor(self, u: float) -> float:
+        """An event's cost over its kind's mean at probability `u` in [0, 1] (linear between
+        the quantiles of `cost_shape`, scaled so that the factors' mean is 1); 1 without one."""
+        if not self.cost_shape:
+            return 1.0
+        return _between(SHAPE_QUANTILES, self.cost_shape, u) / self.shape_mean
+
+    def stall_at(self, u: float, cost: float) -> float:
+        """The stall of an event costing `cost` CPU seconds, at probability `u` in [0, 1], in
+        seconds; 0 without `stall`.
+
+        A stall is as likely per second of CPU: an event costing k times `stall_basis` is
+        stalled beyond x k times as often as a measured one, P(> x) = k P_measured(> x), so
+        its quantile at `u` is the measured one at 1 - (1 - u) / k (0 below the measured
+        quantile 0).
+        """
+        if not self.stall:
             return 0.0
-        points = LATENCY_QUANTILES
-        i = min(bisect.bisect_right(points, u), len(points) - 1)
-        lo, hi = points[i - 1], points[i]
-        share = (u - lo) / (hi - lo) if hi > lo else 0.0
-        return values[i - 1] + share * (values[i] - values[i - 1])
+        basis = self.stall_basis
+        if basis > 0:
+            if cost <= 0:
+                return 0.0
+            u = max(0.0, 1.0 - (1.0 - u) * basis / cost)
+        return _between(SHAPE_QUANTILES, self.stall, u) * self.stall_scale
+
+    @property
+    def constant(self) -> bool:
+        """Whether every event of a kind costs the same (no `cost_shape`, no `stall`: a
+        profile of version 3, or one made by hand): the replay's batches then have no tail."""
+        return not self.cost_shape and not self.stall
 
     @property
     def zero(self) -> bool:
@@ -189,6 +284,7 @@ class CostProfile:
     def to_json(self) -> dict[str, Any]:
         """The file's content: version, where it was measured, the costs in seconds."""
         data = asdict(self)
+        del data["shape_mean"], data["stall_scale"]
         return {
             "version": PROFILE_VERSION,
             "loop": data.pop("loop"),
@@ -196,6 +292,11 @@ class CostProfile:
             "machine": data.pop("machine"),
             "wake_resolution": data.pop("wake_resolution"),
             "wake_latency": list(data.pop("wake_latency")),
+            "cost_shape": list(data.pop("cost_shape")),
+            "stall": list(data.pop("stall")),
+            "stall_basis": data.pop("stall_basis"),
+            "stall_credit": data.pop("stall_credit"),
+            "stall_mean": data.pop("stall_mean"),
             "rounds": data.pop("rounds"),
             "spread": data.pop("spread"),
             "costs": data,
@@ -208,6 +309,25 @@ class CostProfile:
         if self.wake_latency:
             p50, p99 = (self.latency(p) * 1e6 for p in (0.5, 0.99))
             latency = f", wake latency p50 {p50:.0f} us, p99 {p99:.0f} us"
+        if self.constant:
+            shape = (
+                "; constant costs per event kind (no cost distributions in the profile: "
+                "calibrate's before version 4, or one made by hand)"
+            )
+        else:
+            factors = ", ".join(
+                f"p{100 * p:g} x{self.cost_factor(p):.2f}" for p in (0.5, 0.99, 0.999, 1.0)
+            )
+            stalls = ", ".join(
+                f"p{100 * p:g} {_between(SHAPE_QUANTILES, self.stall, p) * 1e6:.0f} us"
+                for p in (0.99, 0.999, 1.0)
+            )
+            basis = f" (of events of {self.stall_basis * 1e6:.2f} us)" if self.stall_basis else ""
+            if self.stall_mean:
+                basis += f", mean {self.stall_mean * 1e6:.2f} us"
+            if self.stall_credit:
+                basis += f", none within {self.stall_credit * 1e3:.2f} ms of a wake-up"
+            shape = f"; an event's cost over the mean {factors}; stall {stalls}{basis}"
         measured = ""
         if self.rounds:
             noisy = ", ".join(
@@ -219,7 +339,7 @@ class CostProfile:
             )
         return (
             f"{self.loop} loop, {self.machine or 'unknown machine'}; costs (us): {costs}; "
-            f"wake resolution {self.wake_resolution * 1e3:g} ms{latency}{measured}"
+            f"wake resolution {self.wake_resolution * 1e3:g} ms{latency}{shape}{measured}"
         )
 
 
@@ -228,9 +348,10 @@ def profile_from_json(data: Any, where: str) -> CostProfile:
     if not isinstance(data, dict):
         raise ValueError(f"cost profile {where}: expected a JSON object, got {data!r:.60}")
     version = data.get("version")
-    if version != PROFILE_VERSION:
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise ValueError(
-            f"cost profile {where}: version {version!r:.40}, expected {PROFILE_VERSION} "
+            f"cost profile {where}: version {version!r:.40}, expected "
+            f"{' or '.join(map(str, READABLE_VERSIONS))} "
             "(make a new one with: python -m purgatory.pipeline calibrate --out FILE)"
         )
     costs = data.get("costs")
@@ -248,6 +369,12 @@ def profile_from_json(data: Any, where: str) -> CostProfile:
     meta: dict[str, Any] = {
         "wake_resolution": data.get("wake_resolution", 0.0),
         "wake_latency": data.get("wake_latency", []),
+        # (Version 3 has no distributions: its costs are constant.)
+        "cost_shape": data.get("cost_shape", []) if version >= 4 else [],
+        "stall": data.get("stall", []) if version >= 4 else [],
+        "stall_basis": data.get("stall_basis", 0.0) if version >= 4 else 0.0,
+        "stall_credit": data.get("stall_credit", 0.0) if version >= 4 else 0.0,
+        "stall_mean": data.get("stall_mean", 0.0) if version >= 4 else 0.0,
         "spread": data.get("spread", {}),  # (none in a profile of an older calibrate)
         "rounds": data.get("rounds", 0),
     }
@@ -287,6 +414,47 @@ def load_profile(path: str) -> CostProfile:
     except ValueError as exc:
         raise ValueError(f"cost profile {path}: not JSON: {_one_line(exc)}") from None
     return profile_from_json(data, path)
+
+
+def _quantiles(
+    name: str, values: Any, points: tuple[float, ...], unit: str, top: float
+) -> tuple[float, ...]:
+    """`values` checked as quantiles at `points`, each `unit` in [0, `top`], not decreasing;
+    or none."""
+    if not isinstance(values, tuple | list) or (values and len(values) != len(points)):
+        raise ValueError(
+            f"{name} must be {len(points)} quantiles (at {', '.join(map(str, points))}) or "
+            f"none, got {values!r:.60}"
+        )
+    checked = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{name} holds a value that is not {unit}: {value!r:.40}")
+        if not 0 <= value <= top:
+            raise ValueError(f"{name} holds {value!r:.40}, not {unit} in [0, {top:g}]")
+        checked.append(float(value))
+    if checked != sorted(checked):
+        raise ValueError(f"{name}'s quantiles must not decrease, got {values!r:.80}")
+    return tuple(checked)
+
+
+def _between(points: tuple[float, ...], values: tuple[float, ...], u: float) -> float:
+    """The quantile function through (`points`, `values`) at `u` (linear between them); 0 if
+    there are none."""
+    if not values:
+        return 0.0
+    i = min(bisect.bisect_right(points, u), len(points) - 1)
+    lo, hi = points[i - 1], points[i]
+    share = (u - lo) / (hi - lo) if hi > lo else 0.0
+    return values[i - 1] + share * (values[i] - values[i - 1])
+
+
+def _mean(points: tuple[float, ...], values: tuple[float, ...]) -> float:
+    """The mean of what `_between` draws from a uniform `u`: the area under it."""
+    return sum(
+        (p1 - p0) * (v0 + v1) / 2
+        for p0, p1, v0, v1 in zip(points, points[1:], values, values[1:], strict=False)
+    )
 
 
 #: A profile file is a few hundred bytes.

@@ -20,7 +20,12 @@ loop (`_LoadedGroup`), in the loop's turns: each turn collects the events due wh
 serves them in the order of their times, each when the core is free, with the clock moved
 there, keeping the core busy for what it costs; the reaper's pass comes at the start of the turn
 after its timer's. A timer pass then runs late, expiring whatever is due by the time it runs, as
-a late reaper does. With every cost zero this is exactly the plain replay.
+a late reaper does. With every cost zero this is exactly the plain replay. A profile's cost
+distributions (`purgatory.pipeline._load`) make each event cost its kind's mean times a drawn
+factor and hold the core for a drawn stall; each draw is a hash of the group and the event
+(its operation and kind, or a pass's tick), and a stall needs the loop to have run for the
+profile's credit since it last woke, a state that an idle moment resets: so a group's replay
+is the same in any task, and from any moment its core was idle.
 
 Each group's summary (counts, exact percentiles of the waits and of the expiry lateness) is
 computed here, inside the group's task, so the Spark job needs no aggregation over every
@@ -430,7 +435,10 @@ class _LoadedGroup(_Group):
         "owed",
         "pass_due",
         "pass_raw",
+        "seed",
+        "shaped",
         "start",
+        "woke",
     )
 
     def __init__(
@@ -470,10 +478,29 @@ class _LoadedGroup(_Group):
         # The wake-ups' latencies, drawn from the profile's: the same for the same group.
         seed = hashlib.sha256(f"{name}\0{config_id}".encode("utf-8", "surrogatepass"))
         self.draw = random.Random(int.from_bytes(seed.digest()[:8], "big")).random
+        # Each event's cost and stall, drawn from the profile's distributions by a hash of this
+        # seed and the event (`_unit`): the same draw for the same event of the same group,
+        # whatever came before it in this replay (a replay split by time draws the same).
+        self.seed = int.from_bytes(seed.digest()[8:16], "big")
+        self.shaped = not costs.constant
+        # When the loop last woke from its selector (a stall comes only `stall_credit` later).
+        self.woke = -math.inf
 
-    def _served(self, start: float, cost: float, ran_pass: bool) -> None:
-        """Book an event served from `start` for `cost` seconds; note when the next pass is due."""
-        end = start + cost
+    def _served(self, start: float, cost: float, ran_pass: bool, event: int) -> None:
+        """Book an event served from `start` for `cost` seconds; note when the next pass is due.
+
+        `event` names it for its draws: with cost distributions in the profile it costs `cost`
+        times a drawn factor (mean 1), and holds the core for a drawn stall beyond that.
+        """
+        if self.shaped:
+            costs = self.costs
+            seed = self.seed
+            cost *= costs.cost_factor(_unit(seed, 2 * event))
+            end = start + cost
+            if start >= self.woke + costs.stall_credit:
+                end += costs.stall_at(_unit(seed, 2 * event + 1), cost)
+        else:
+            end = start + cost
         self.busy_until = end
         self.busy += int(cost * _PER_UNIT)
         raw = self.load.next_pass_at()
@@ -515,6 +542,7 @@ class _LoadedGroup(_Group):
         wake += costs.latency(self.draw()) if costs.wake_latency else 0.0
         if math.isnan(self.start):  # (the group's span starts with the core's first work)
             self.start = wake
+        self.woke = wake
         self.batch = wake
         self.busy_until = wake + costs.wake + costs.iteration
         self.busy += int((costs.wake + costs.iteration) * _PER_UNIT)
@@ -533,14 +561,16 @@ class _LoadedGroup(_Group):
         self.late[late] = self.late.get(late, 0) + 1
         costs = self.costs
         cost = costs.timer_pass + expired * costs.expiry + purged * costs.purged_entry
-        self._served(start, cost, True)
+        # (A pass is named by when it fell due, in nanoseconds.)
+        self._served(start, cost, True, 4 * round(due * 1e9) + _PASS)
 
     def _serve_condition(self, op: ReplayOperation) -> None:
         start = self.busy_until
         self.load.set(start)
         costs = self.costs
+        event = 4 * op.op_id + _CONDITION
         if op.ended:  # expired or completed already: the event finds nothing to do
-            self._served(start, costs.dispatch, False)
+            self._served(start, costs.dispatch, False, event)
             return
         op.ready = True
         attempts = self.attempts
@@ -552,7 +582,7 @@ class _LoadedGroup(_Group):
         done = len(self.waits) - finished
         tries = self.attempts - attempts - done
         cost = costs.dispatch + tries * costs.attempt + done * costs.completion
-        self._served(start, cost, False)
+        self._served(start, cost, False, event)
 
     def prepare(self, t: float) -> None:
         """Serve what comes before an arrival due at `t` (`run_until`: `arrive` may follow)."""
@@ -600,7 +630,7 @@ class _LoadedGroup(_Group):
             if condition is not None and condition < start + timeout + self.config.tick:
                 self.seq += 1
                 heappush(self.heap, (condition, self.seq, op))
-        self._served(start, cost, False)
+        self._served(start, cost, False, 4 * op_id + _ARRIVAL)
         if self.check:
             check_invariants(purgatory)
 
@@ -620,6 +650,23 @@ class _LoadedGroup(_Group):
 #: double of 53 bits) from 2**-37 s (7 ps) up is a whole number of them, so the sum is exact.
 _PER_UNIT: Final = 2.0**90
 _UNITS: Final = 1 << 90  # (an int over an int divides with one rounding)
+
+
+#: What an event's number (`_LoadedGroup._served`) ends with: 4 * op_id (or, for a timer pass,
+#: 4 * the nanosecond it fell due) plus its kind.
+_ARRIVAL: Final = 1
+_CONDITION: Final = 2
+_PASS: Final = 3
+_MASK: Final = (1 << 64) - 1
+
+
+def _unit(seed: int, event: int) -> float:
+    """A number in [0, 1) that looks uniform, a function of `seed` and `event` alone
+    (SplitMix64's finaliser): a draw that does not depend on the draws before it."""
+    z = (seed + event * 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return ((z ^ (z >> 31)) >> 11) * 2.0**-53
 
 
 def _nearest_rank(p: float, n: int) -> int:

@@ -1,0 +1,105 @@
+"""`benchmarks.load_validation`: its workloads' traces and the report it writes (the runs
+themselves are wall-clock measurements, not tested here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+
+from benchmarks.load_validation import VARIANTS, WORKLOADS, render
+from purgatory.pipeline._load import CostProfile
+
+
+def test_the_several_timeouts_workload_draws_each_timeout_seeded() -> None:
+    workload = WORKLOADS[1]
+    trace = workload.trace(20_000.0, 3_000)
+    assert trace.num_rows == 3_000
+    counts = pc.value_counts(trace["timeout"]).to_pylist()
+    shares = {row["values"]: row["counts"] / trace.num_rows for row in counts}
+    assert set(shares) == set(workload.timeouts) == {0.1, 0.3, 1.0}
+    assert all(0.28 < share < 0.39 for share in shares.values())
+    assert max(len(keys) for keys in trace["keys"].to_pylist()) == 4
+    assert workload.trace(20_000.0, 3_000).equals(trace)
+    # The W1 workload keeps its one timeout.
+    assert set(WORKLOADS[0].trace(20_000.0, 500)["timeout"].to_pylist()) == {0.2}
+
+
+def stats(late: float, utilisation: float = 0.5) -> dict[str, Any]:
+    return {
+        "operations": 1000,
+        "expired_share": 0.1,
+        "wait_p50": 0.02,
+        "wait_p99": 0.2,
+        "late_p99": late,
+        "utilisation": utilisation,
+        "cpu": 1.0,
+        "waited": 0.05,
+    }
+
+
+def section(index: int) -> dict[str, Any]:
+    rows = [
+        {
+            "rate": rate,
+            "measured": stats(measured, utilisation) | {"waited": 0.05},
+            "predicted": stats(predicted, utilisation),
+            "variants": dict.fromkeys(VARIANTS, 0.002),
+            "load": "1.00/1.00/1.00",
+        }
+        for rate, measured, predicted, utilisation in (
+            (1000.0, 0.003, 0.0031, 0.2),
+            (2000.0, 0.010, 0.0095, 0.9),
+            (3000.0, 0.050, 0.0200, 0.95),
+        )
+    ]
+    return {
+        "workload": WORKLOADS[index],
+        "rows": rows,
+        "saturation": {
+            "overload": {"predicted": 3100.0, "measured": 3000.0},
+            "knee": {"predicted": 2600.0, "measured": 2500.0},
+        },
+        "chart": Path(f"chart{index}.png"),
+    }
+
+
+def test_the_report_has_a_section_per_workload_and_scores_the_tail_by_variant() -> None:
+    profile = CostProfile(*(1e-6,) * 9)
+    text = render(
+        [section(0), section(1)],
+        profile,
+        {"environment": "a machine", "took": 10.0, "seconds": 2.0},
+    )
+    assert text.count("\n## ") == 2
+    assert "## W1" in text
+    assert "## several timeouts" in text
+    assert "timeouts 100 / 300 / 1000 ms (equally likely)" in text
+    assert "constant costs per event kind" in text  # the profile says it has no distributions
+    assert "![predicted against measured, several timeouts](chart1.png)" in text
+    # Below the knee (2,500/s) the full profile is within the target; the constant-costs
+    # variant (2 ms against 10 ms measured at 2,000/s) is not, and is marked.
+    assert "| 2,000 | 10.00 | 9.50 | **2.00** | **2.00** | 1.00/1.00/1.00 |" in text
+    assert "| 1,000 | 3.00 | 3.10 | 2.00 | 2.00 | 1.00/1.00/1.00 |" in text
+    # Past the knee nothing is scored.
+    assert "| 3,000 (past) | 50.00 | 20.00 | 2.00 | 2.00 | 1.00/1.00/1.00 |" in text
+    assert text.count("Below the knee: 0 cell(s) outside the target.") == 2
+    assert "Not a quiet machine" not in text
+    assert "The profile's CPU is not the runs'" not in text
+
+
+def test_the_report_says_when_the_machine_was_shared_or_the_profile_ran_under_another_load() -> (
+    None
+):
+    busy = section(0)
+    for row in busy["rows"]:
+        row["measured"]["waited"] = 0.6
+    busy["saturation"]["overload"] = {"predicted": 2000.0, "measured": 3000.0}
+    text = render(
+        [busy, section(1)],
+        CostProfile(*(1e-6,) * 9),
+        {"environment": "a machine", "took": 10.0, "seconds": 2.0},
+    )
+    assert text.count("**Not a quiet machine**: the loop waited for a CPU 60% of a run's") == 1
+    assert text.count("operations per CPU second at overload are -33.3 % from") == 1
