@@ -43,6 +43,7 @@ NOT_CORE = (
     "test_release.py",
     "test_asgi_servers.py",
     "test_load_model.py",
+    "test_load_tail.py",
     "test_examples.py",
     "test_packaging.py",
     "test_differential.py",
