@@ -488,11 +488,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
                     if not (ops.plain or at):
                         del lists[key]
                 elif type(ops) is ThresholdWatchers:  # the native core's: its own queue
-                    if ops.pop(op, _MISSING, key) is _MISSING:
-                        continue
-                    purged += 1
-                    if not (ops.plain or ops.at):
-                        del lists[key]
+                    purged += self._discard(key, op)
             op._listed = 0
         self._purged += purged
         self._entries -= purged
