@@ -38,9 +38,13 @@ or not at all when it has the *shape* of all of them (`shape_of`: the same types
 places, which compare whatever the values).
 
 Who does what. The container is the watcher lists' (`purgatory._watchers`), the only code that
-touches it: the two hot paths, queueing a threshold as an operation registers and releasing
-thresholds as a trigger comes, are taken inline there, on the fields below (their per-entry
-loops move whole, a call per entry would cost more than the work); the rest is here.
+touches it: on the pure build the two hot paths, queueing a threshold as an operation registers
+and releasing thresholds as a trigger comes, are taken inline there, on the fields below (their
+per-entry loops move whole, a call per entry would cost more than the work); the rest is here.
+The native core's `ThresholdWatchers` is a C type of its own (purgatory/_csrc/thresholds.c):
+the queue is a C ring (the run) and a C heap sifted by `heapq`'s own steps, so that the same
+comparisons run in the same order and release in the same order on both builds; ``run`` and
+``heap`` read as copies there. This class, `_PyThresholdWatchers`, is the reference, whole.
 """
 
 from __future__ import annotations

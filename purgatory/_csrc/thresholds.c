@@ -176,8 +176,12 @@ static int
 marks_heapify(ThresholdObject *t)
 {
     for (Py_ssize_t i = (t->heap_len >> 1) - 1; i >= 0; i--) {
-        if (i >= t->heap_len || marks_siftup(t, i) < 0) {
-            return i >= t->heap_len ? 0 : -1;
+        if (i >= t->heap_len) { /* (emptied by a comparison: `_heapq`'s message) */
+            PyErr_SetString(PyExc_IndexError, "index out of range");
+            return -1;
+        }
+        if (marks_siftup(t, i) < 0) {
+            return -1;
         }
     }
     return 0;
@@ -590,7 +594,7 @@ queue_forget(ThresholdObject *t)
 }
 
 /* Keep the values of `values` (n of them, from `start`) still in `at`, in order, at the front
- * (the others are released by the caller): how many, or -1. The lookups run the thresholds'
+ * (the others released, their slots NULL): how many, or -1. The lookups run the thresholds'
  * __hash__ / __eq__: `values` holds them all meanwhile. */
 static Py_ssize_t
 values_alive(PyObject *at, PyObject **values, Py_ssize_t start, Py_ssize_t n)
@@ -601,10 +605,13 @@ values_alive(PyObject *at, PyObject **values, Py_ssize_t start, Py_ssize_t n)
         if (alive < 0) {
             return -1;
         }
+        PyObject *v = values[i];
+        values[i] = NULL;
         if (alive) {
-            PyObject *v = values[i];
-            values[i] = NULL;
             values[start + kept++] = v;
+        }
+        else {
+            Py_DECREF(v);
         }
     }
     return kept;
@@ -641,12 +648,12 @@ threshold_compact(ThresholdObject *t)
         return -1;
     }
     Py_ssize_t run = values_alive(at, all, 0, n_run);
+    if (run >= 0 && changes != t->run_changes) { /* (as the reference's iteration of a deque) */
+        PyErr_SetString(PyExc_RuntimeError, "deque mutated during iteration");
+        run = -1;
+    }
     Py_ssize_t heap = run < 0 ? -1 : values_alive(at, all, n_run, n_heap);
     Py_DECREF(at);
-    if (heap >= 0 && changes != t->run_changes) { /* (as the reference's iteration of a deque) */
-        PyErr_SetString(PyExc_RuntimeError, "deque mutated during iteration");
-        heap = -1;
-    }
     Py_ssize_t cap = 8;
     while (heap >= 0 && cap < run) {
         cap <<= 1;
@@ -661,7 +668,7 @@ threshold_compact(ThresholdObject *t)
         return -1;
     }
     queue_install(t, new_run, run, cap, new_heap, heap, heap + 1);
-    values_release(all, n_run + n_heap); /* the dead ones */
+    values_release(all, n_run + n_heap); /* (every slot moved out or NULL by now) */
     int err = marks_heapify(t);
     Py_ssize_t waiting = t->at != NULL ? PyDict_GET_SIZE(t->at) : 0;
     t->dead = t->run_len + t->heap_len - waiting;
