@@ -674,3 +674,59 @@ def test_threshold_heap_order_as_heapq() -> None:
         heapq.heappush(expected, offset)
     assert (list(watchers.run), watchers.heap) == ([50], expected)
     check_invariants(p)
+
+
+class HashThreshold(int):
+    """An int threshold whose ``__hash__`` runs `action` at the `at`-th hash made once armed."""
+
+    action: Callable[[], object] | None = None
+    at = 0
+    made = 0
+
+    def __hash__(self) -> int:
+        cls = type(self)
+        if cls.action is not None:
+            cls.made += 1
+            if cls.made == cls.at:
+                action, cls.action = cls.action, None
+                action()
+        return int.__hash__(self)
+
+    def __eq__(self, other: object) -> bool:
+        return int(self) == other
+
+
+@pytest.mark.parametrize("action", ["trigger", "cancel"])
+def test_threshold_hash_acting_on_its_key_mid_compaction(action: str) -> None:
+    """The purge leaves three of five thresholds dead, which compacts the queue: its lookups
+    (``threshold in at``) hash every queued threshold, and the 7th hash (the compaction's
+    first) triggers the key past the live ones or cancels it. Both builds stop the compaction
+    as the reference's iteration of a changed deque does, and the live watchers are where the
+    nested call put them (the purge's counts are then off by what it took: README's known
+    limit for a threshold acting in the middle of the lists' own steps)."""
+    _clock, p = manual_purgatory()
+    ops = []
+    for offset in (10, 20, 30, 40, 50):
+        op = FlagOperation(10.0, str(offset))
+        assert not p.try_complete_else_watch(op, ["k"], threshold=HashThreshold(offset))
+        ops.append(op)
+    for op in ops[:3]:
+        op.force_complete()
+
+    def act() -> None:
+        if action == "trigger":
+            p.check_and_complete("k", 45)
+        else:
+            p.cancel_for_key("k")
+
+    HashThreshold.action, HashThreshold.at, HashThreshold.made = act, 7, 0
+    try:
+        with pytest.raises(RuntimeError, match="deque mutated during iteration"):
+            p._lists.purge(None)
+    finally:
+        HashThreshold.action = None
+    for op in ops:
+        op.attempts = 0
+    p.check_and_complete("k", 1000)
+    assert [op.name for op in ops if op.attempts] == (["40", "50"] if action == "trigger" else [])
+    assert [op.is_cancelled for op in ops[3:]] == [action == "cancel"] * 2
