@@ -232,69 +232,49 @@ register_at(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObje
     return register_join_at(l, op, key, ops, threshold);
 }
 
-/* register(op, keys, marks) with `keys` a tuple; -1 with nothing registered on error. */
+/* `op` on `key`'s list, at its threshold from `marks` (`mapping`: marks if a dict): 1 if added,
+ * 0 if it already watched the key, -1 on error. The key's watchers first, then its threshold:
+ * the reference's order of lookups. */
 static int
-lists_register(ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
+register_key(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObject *marks,
+             PyObject *mapping)
 {
-    set_field(&op->marks, marks);
-    set_field(&op->keys, keys);
-    /* counted from zero and added to at the end: a key's code may cancel or trigger a key `op`
-     * is on already, which counts it off meanwhile */
-    op_mark_listed(op, 0);
-    Py_ssize_t n = PyTuple_GET_SIZE(keys);
-    Py_ssize_t listed = n;
-    PyObject *mapping = PyDict_CheckExact(marks) ? marks : NULL;
-    /* the reference's `lists = self._lists`: held, whatever a key's code assigns meanwhile */
-    PyObject *lists = Py_NewRef(l->lists);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyTuple_GET_ITEM(keys, i);
-        /* the key's watchers first, then its threshold: the reference's order of lookups */
-        PyObject *ops = PyDict_GetItemWithError(lists, key);
-        if (ops == NULL && PyErr_Occurred()) {
-            goto fail;
-        }
-        Py_XINCREF(ops);
-        int added;
-        if (marks == Py_None) {
-            added = register_plain(l, lists, op, key, ops);
-        }
-        else {
-            PyObject *threshold = marks;
-            if (mapping != NULL) {
-                threshold = PyDict_GetItemWithError(mapping, key);
-                if (threshold == NULL) {
-                    if (!PyErr_Occurred()) {
-                        PyErr_SetObject(PyExc_KeyError, key);
-                    }
-                    Py_XDECREF(ops);
-                    goto fail;
-                }
+    PyObject *ops = PyDict_GetItemWithError(lists, key);
+    if (ops == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    Py_XINCREF(ops);
+    PyObject *threshold = marks;
+    if (mapping != NULL) {
+        threshold = PyDict_GetItemWithError(mapping, key);
+        if (threshold == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetObject(PyExc_KeyError, key);
             }
-            if (threshold == Py_None) {
-                added = register_plain(l, lists, op, key, ops);
-            }
-            else {
-                Py_INCREF(threshold);
-                added = register_at(l, lists, op, key, threshold, ops);
-                Py_DECREF(threshold);
-            }
-        }
-        Py_XDECREF(ops);
-        if (added < 0) {
-            goto fail;
-        }
-        if (added == 0) {
-            listed--;
+            Py_XDECREF(ops);
+            return -1;
         }
     }
-    Py_DECREF(lists);
-    op_mark_listed(op, op->listed + listed);
-    l->entries += listed;
-    return 0;
-fail:;
-    Py_DECREF(lists);
+    int added;
+    if (threshold == Py_None) {
+        added = register_plain(l, lists, op, key, ops);
+    }
+    else {
+        Py_INCREF(threshold);
+        added = register_at(l, lists, op, key, threshold, ops);
+        Py_DECREF(threshold);
+    }
+    Py_XDECREF(ops);
+    return added;
+}
+
+/* A registration that failed undone: `op` off every key of `keys` (`self._discard`), what was
+ * raised raised again (unless the undoing raised what is not an Exception). */
+static int
+register_undo(ListsObject *l, OpObject *op, PyObject *keys)
+{
     PyObject *exc = fetch_exception();
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(keys); i++) {
         PyObject *r = call_method2((PyObject *)l, N.s_discard, PyTuple_GET_ITEM(keys, i),
                                    (PyObject *)op);
         if (r != NULL) {
@@ -313,6 +293,33 @@ fail:;
     op_mark_listed(op, 0);
     restore_exception(exc);
     return -1;
+}
+
+/* register(op, keys, marks) with `keys` a tuple; -1 with nothing registered on error. */
+static int
+lists_register(ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
+{
+    set_field(&op->marks, marks);
+    set_field(&op->keys, keys);
+    /* counted from zero and added to at the end: a key's code may cancel or trigger a key `op`
+     * is on already, which counts it off meanwhile */
+    op_mark_listed(op, 0);
+    Py_ssize_t listed = PyTuple_GET_SIZE(keys);
+    PyObject *mapping = PyDict_CheckExact(marks) ? marks : NULL;
+    /* the reference's `lists = self._lists`: held, whatever a key's code assigns meanwhile */
+    PyObject *lists = Py_NewRef(l->lists);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(keys); i++) {
+        int added = register_key(l, lists, op, PyTuple_GET_ITEM(keys, i), marks, mapping);
+        if (added < 0) {
+            Py_DECREF(lists);
+            return register_undo(l, op, keys);
+        }
+        listed -= !added;
+    }
+    Py_DECREF(lists);
+    op_mark_listed(op, op->listed + listed);
+    l->entries += listed;
+    return 0;
 }
 
 /* -- the trigger -------------------------------------------------------------------------------- */
@@ -687,79 +694,81 @@ purge_entry(PyObject *lists, PyObject *op, PyObject *key)
     return result;
 }
 
-/* purge(limit): entries removed (limit < 0: all), or -1 on error. */
-static Py_ssize_t
-lists_purge(ListsObject *l, Py_ssize_t limit)
+/* The operations a purge visits, taken out of `queue` (held by the caller): all of them, or
+ * `limit` (`[queue.popitem()[0] for _ in range(limit)]`: the last ones, newest first). */
+static PyObject *
+purge_batch(PyObject *queue, Py_ssize_t limit)
 {
-    PyObject *queue = l->queue;
-    Py_INCREF(queue);
     PyObject *batch = PyDict_Keys(queue);
     if (batch == NULL) {
-        Py_DECREF(queue);
-        return -1;
+        return NULL;
     }
     Py_ssize_t size = PyList_GET_SIZE(batch);
     if (limit < 0 || size <= limit) {
         PyDict_Clear(queue);
+        return batch;
     }
-    else {
-        /* [queue.popitem()[0] for _ in range(limit)]: the last ones, newest first */
-        PyObject *taken = PyList_New(limit);
-        if (taken == NULL) {
-            Py_DECREF(batch);
-            Py_DECREF(queue);
+    PyObject *taken = PyList_New(limit);
+    for (Py_ssize_t i = 0; taken != NULL && i < limit; i++) {
+        PyObject *op = PyList_GET_ITEM(batch, size - 1 - i);
+        PyList_SET_ITEM(taken, i, Py_NewRef(op));
+        if (PyDict_DelItem(queue, op) < 0) {
+            Py_CLEAR(taken);
+        }
+    }
+    Py_DECREF(batch);
+    return taken;
+}
+
+/* One queued operation (held by the caller) off the lists of its keys: entries removed, or -1. */
+static Py_ssize_t
+purge_op(PyObject *lists, PyObject *op)
+{
+    PyObject *keys = Op_Check(op) ? Py_XNewRef(((OpObject *)op)->keys)
+                                  : PyObject_GetAttrString(op, "_keys");
+    if (keys == NULL || !PyTuple_Check(keys)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "a queued operation has no keys");
+        }
+        Py_XDECREF(keys);
+        return -1;
+    }
+    Py_ssize_t purged = 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
+        int removed = purge_entry(lists, op, PyTuple_GET_ITEM(keys, k));
+        if (removed < 0) {
+            Py_DECREF(keys);
             return -1;
         }
-        for (Py_ssize_t i = 0; i < limit; i++) {
-            PyObject *op = PyList_GET_ITEM(batch, size - 1 - i);
-            PyList_SET_ITEM(taken, i, Py_NewRef(op));
-            if (PyDict_DelItem(queue, op) < 0) {
-                Py_DECREF(taken);
-                Py_DECREF(batch);
-                Py_DECREF(queue);
-                return -1;
-            }
-        }
-        Py_SETREF(batch, taken);
+        purged += removed;
     }
+    Py_DECREF(keys);
+    return entry_unlisted(op) < 0 ? -1 : purged;
+}
+
+/* purge(limit): entries removed (limit < 0: all), or -1 on error. */
+static Py_ssize_t
+lists_purge(ListsObject *l, Py_ssize_t limit)
+{
+    PyObject *queue = Py_NewRef(l->queue);
+    PyObject *batch = purge_batch(queue, limit);
     Py_DECREF(queue);
+    if (batch == NULL) {
+        return -1;
+    }
     Py_ssize_t purged = 0;
-    Py_ssize_t result = -1;
     PyObject *lists = Py_NewRef(l->lists); /* (the reference's local) */
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
-        PyObject *op = PyList_GET_ITEM(batch, i); /* (held by `batch`) */
-        PyObject *keys = Op_Check(op) ? Py_XNewRef(((OpObject *)op)->keys)
-                                      : PyObject_GetAttrString(op, "_keys");
-        if (keys == NULL || !PyTuple_Check(keys)) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_TypeError, "a queued operation has no keys");
-            }
-            Py_XDECREF(keys);
-            Py_DECREF(lists);
-            goto done;
-        }
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
-            int removed = purge_entry(lists, op, PyTuple_GET_ITEM(keys, k));
-            if (removed < 0) {
-                Py_DECREF(keys);
-                Py_DECREF(lists);
-                goto done;
-            }
-            purged += removed;
-        }
-        Py_DECREF(keys);
-        if (entry_unlisted(op) < 0) {
-            Py_DECREF(lists);
-            goto done;
-        }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch) && purged >= 0; i++) {
+        Py_ssize_t removed = purge_op(lists, PyList_GET_ITEM(batch, i)); /* (held by `batch`) */
+        purged = removed < 0 ? -1 : purged + removed;
     }
     Py_DECREF(lists);
-    l->purged += purged;
-    l->entries -= purged;
-    result = purged;
-done:
     Py_DECREF(batch);
-    return result;
+    if (purged >= 0) {
+        l->purged += purged;
+        l->entries -= purged;
+    }
+    return purged;
 }
 
 /* -- the methods as Python sees them ------------------------------------------------------------ */
