@@ -329,13 +329,75 @@ lists_register(ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
 #define DROP_THRESHOLD 1 /* partial(ops.pop, key=key): ThresholdWatchers.pop */
 #define DROP_NOTHING 2   /* a lone watcher: its entry goes after the loop */
 
-/* What a trigger re-tries: the candidates (a list), the container they are dropped from and how
- * (`kind`), the lone watcher (`single`, borrowed: the key's `ops` itself, or NULL). */
+#define TRIGGER_SMALL 8
+
+/* What a trigger re-tries: the candidates (`n` strong references in `items`, the `small` array
+ * or a PyMem one: no Python list to allocate per trigger), the container they are dropped from
+ * and how (`kind`), the lone watcher (`single`, borrowed: the key's `ops` itself, or NULL). */
 typedef struct {
-    PyObject *key, *ops, *candidates, *container, *single;
+    PyObject *key, *ops, *container, *single;
+    PyObject **items;
+    Py_ssize_t n;
+    PyObject *small[TRIGGER_SMALL];
     int kind;
     Py_ssize_t done;
 } Trigger;
+
+/* Room for `n` candidates: 0, or -1. */
+static int
+trigger_room(Trigger *tr, Py_ssize_t n)
+{
+    tr->items = n <= TRIGGER_SMALL ? tr->small : PyMem_New(PyObject *, n);
+    if (tr->items == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* The candidates: the keys of `tr->container` (an exact dict: iterating it runs no code), or
+ * what iterating it gives (a ThresholdWatchers' __iter__, the reference's). 1, or -1. */
+static int
+trigger_snapshot(Trigger *tr)
+{
+    if (PyDict_CheckExact(tr->container)) {
+        if (trigger_room(tr, PyDict_GET_SIZE(tr->container)) < 0) {
+            return -1;
+        }
+        Py_ssize_t pos = 0;
+        PyObject *op, *value;
+        while (PyDict_Next(tr->container, &pos, &op, &value)) {
+            tr->items[tr->n++] = Py_NewRef(op);
+        }
+        return 1;
+    }
+    PyObject *list = PySequence_List(tr->container);
+    if (list == NULL || trigger_room(tr, PyList_GET_SIZE(list)) < 0) {
+        Py_XDECREF(list);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
+        tr->items[tr->n++] = Py_NewRef(PyList_GET_ITEM(list, i));
+    }
+    Py_DECREF(list);
+    return 1;
+}
+
+/* The candidates released (once the trigger no longer reads them). */
+static void
+trigger_forget(Trigger *tr)
+{
+    PyObject **items = tr->items;
+    Py_ssize_t n = tr->n;
+    tr->items = NULL;
+    tr->n = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_DECREF(items[i]);
+    }
+    if (items != tr->small) {
+        PyMem_Free(items);
+    }
+}
 
 /* `drop(op, _NOTHING_TO_POP) is None`: 1 if `op` was taken off, 0 if not, -1 on error. */
 static int
@@ -420,15 +482,11 @@ trigger_candidates(ListsObject *l, Trigger *tr, PyObject *reached)
         }
         tr->single = ops;
         tr->kind = DROP_NOTHING;
-        tr->candidates = PyList_New(1);
-        if (tr->candidates == NULL) {
-            return -1;
-        }
-        PyList_SET_ITEM(tr->candidates, 0, Py_NewRef(ops));
+        tr->items = tr->small;
+        tr->items[tr->n++] = Py_NewRef(ops);
         return 1;
     }
-    tr->candidates = PySequence_List(tr->container); /* (its iterator: cheaper than Keys) */
-    return tr->candidates == NULL ? -1 : 1;
+    return trigger_snapshot(tr);
 }
 
 /* A finished `item` found on the list: dropped from it, counted off the lists. */
@@ -572,8 +630,8 @@ trigger_tidy(ListsObject *l, Trigger *tr)
 static int
 trigger_loop(ListsObject *l, Trigger *tr, PyObject *attempt)
 {
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tr->candidates); i++) {
-        PyObject *item = Py_NewRef(PyList_GET_ITEM(tr->candidates, i));
+    for (Py_ssize_t i = 0; i < tr->n; i++) {
+        PyObject *item = Py_NewRef(tr->items[i]);
         int err = trigger_one(l, tr, item, attempt);
         Py_DECREF(item);
         if (err < 0) {
@@ -603,7 +661,7 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
     else if (go > 0 && trigger_loop(l, &tr, attempt) == 0 && trigger_end(l, lists, &tr) == 0) {
         completed = tr.done;
     }
-    Py_XDECREF(tr.candidates);
+    trigger_forget(&tr);
     Py_XDECREF(tr.container);
     Py_DECREF(tr.ops);
     Py_DECREF(lists);
