@@ -79,7 +79,9 @@ setup(
                     "operation.c",
                     "wheel.c",
                     "timer.c",
+                    "thresholds.c",
                     "watchers.c",
+                    "purge_rule.c",
                     "purgatory.c",
                 )
             ],

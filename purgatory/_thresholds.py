@@ -38,9 +38,13 @@ or not at all when it has the *shape* of all of them (`shape_of`: the same types
 places, which compare whatever the values).
 
 Who does what. The container is the watcher lists' (`purgatory._watchers`), the only code that
-touches it: the two hot paths, queueing a threshold as an operation registers and releasing
-thresholds as a trigger comes, are taken inline there, on the fields below (their per-entry
-loops move whole, a call per entry would cost more than the work); the rest is here.
+touches it: on the pure build the two hot paths, queueing a threshold as an operation registers
+and releasing thresholds as a trigger comes, are taken inline there, on the fields below (their
+per-entry loops move whole, a call per entry would cost more than the work); the rest is here.
+The native core's `ThresholdWatchers` is a C type of its own (purgatory/_csrc/thresholds.c):
+the queue is a C ring (the run) and a C heap sifted by `heapq`'s own steps, so that the same
+comparisons run in the same order and release in the same order on both builds; ``run`` and
+``heap`` read as copies there. This class, `_PyThresholdWatchers`, is the reference, whole.
 """
 
 from __future__ import annotations
@@ -117,36 +121,20 @@ def threshold_of(op: Any, key: Hashable) -> Any:
     return marks
 
 
-if TYPE_CHECKING or native is None:
-
-    class _ThresholdCore:
-        """One key's threshold watchers' fields (the native core gives them a C layout:
-        `purgatory._impl`)."""
-
-        __slots__ = (
-            "at",
-            "dead",
-            "heap",
-            "plain",
-            "run",
-            "shape",
-        )
-
-else:
-    _ThresholdCore = native.ThresholdCore
-
-
 @final
-class ThresholdWatchers(_ThresholdCore, Generic[Op]):
+class _PyThresholdWatchers(Generic[Op]):
     """The watchers of one key of which some watch at a threshold.
 
     ``plain`` holds the operations tried by every trigger of the key (watched without a
     threshold, or released); ``at`` maps each threshold still waiting to its operation (or list
     of operations); each of its thresholds is queued in ``run`` (increasing order) or ``heap``;
     ``dead`` counts the queued entries whose threshold has left ``at``.
+
+    The reference, whole: the native core's `ThresholdWatchers` is its own C type (the queue a
+    C ring and a C heap, sifted as `heapq` sifts), chosen by name at the end of this module.
     """
 
-    __slots__ = ()
+    __slots__ = ("at", "dead", "heap", "plain", "run", "shape")
 
     def __init__(self, plain: dict[Op, None]) -> None:
         self.plain = plain
@@ -209,8 +197,8 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
             same = same and shape_of(other) == shape
         self.shape = shape if same and shape is not _UNSURE else None
 
-    def add(self, op: Op, threshold: Any) -> None:
-        """Watch at `threshold` (``None``: plain).
+    def add(self, op: Op, threshold: Any) -> bool:
+        """Watch at `threshold` (``None``: plain); ``False`` if `op` already waited there.
 
         Raises:
             TypeError: `threshold` is not hashable, or does not compare with the key's other
@@ -220,7 +208,7 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
         """
         if threshold is None:
             self.plain[op] = None
-            return
+            return True
         at = self.at
         waiting = at.get(threshold)
         if waiting is None:
@@ -230,10 +218,15 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
             else:
                 self.push(threshold)
             at[threshold] = op
+        elif waiting is op:
+            return False
         elif type(waiting) is list:
+            if op in waiting:
+                return False
             waiting.append(op)
         else:
             at[threshold] = [waiting, op]
+        return True
 
     # Its loop runs once per threshold released: a call per step would cost more than a branch.
     def release(self, reached: Any, lists: _Lists) -> None:  # noqa: C901, PLR0912
@@ -345,12 +338,16 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
         self.dead = 0
 
     def compact(self) -> None:
-        """Drop the dead entries: the run keeps its order; the heap is made again."""
+        """Drop the dead entries: the run keeps its order; the heap is made again. In place: a
+        release in progress (a threshold's comparison may pop a watcher, which may compact)
+        goes on over the compacted queue, as the native core's does."""
         at = self.at
-        self.run = deque(threshold for threshold in self.run if threshold in at)
+        run = [threshold for threshold in self.run if threshold in at]
         heap = [threshold for threshold in self.heap if threshold in at]
-        heapq.heapify(heap)  # (these values were ordered against each other already)
-        self.heap = heap
+        self.run.clear()
+        self.run.extend(run)
+        self.heap[:] = heap
+        heapq.heapify(self.heap)  # (these values were ordered against each other already)
         self.dead = len(self.run) + len(self.heap) - len(at)
 
     def _check(self) -> None:
@@ -370,3 +367,23 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
         assert all(a <= b for a, b in itertools.pairwise(run)), "run out of order"
         for i in range(1, len(self.heap)):
             assert not self.heap[i] < self.heap[(i - 1) >> 1], "heap order broken"
+
+
+if TYPE_CHECKING or native is None:
+    ThresholdWatchers = _PyThresholdWatchers
+else:
+
+    @final
+    class ThresholdWatchers(native.ThresholdCore, Generic[Op]):  # type: ignore[no-redef]
+        """The native core's ThresholdWatchers: its queue, `add`, `release`, `pop`, `push`,
+        `unpush`, `clear` and `compact` are C; the cold reads (``len``, iteration, ``repr``,
+        `holds`, `check_orders`, `_check`) are the reference's own functions, which read
+        ``run`` and ``heap`` as copies."""
+
+        __slots__ = ()
+        __len__ = _PyThresholdWatchers.__len__
+        __iter__ = _PyThresholdWatchers.__iter__
+        __repr__ = _PyThresholdWatchers.__repr__
+        holds = _PyThresholdWatchers.holds
+        check_orders = _PyThresholdWatchers.check_orders
+        _check = _PyThresholdWatchers._check

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 from ._asyncio import report_exception, report_false_claim
 from ._impl import install, native
 from ._operation import DONE, EXPIRED_NOW, FINISHED
-from ._thresholds import ThresholdWatchers, check_orders, threshold_of
+from ._thresholds import ThresholdWatchers, _PyThresholdWatchers, check_orders, threshold_of
 
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
@@ -194,7 +194,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
                         continue
                 if ops is None:
                     lists[key] = op
-                elif type(ops) is ThresholdWatchers:
+                elif type(ops) is _PyThresholdWatchers:
                     # ThresholdWatchers.add, inline: a threshold queued in the run or the heap.
                     at = ops.at
                     waiting = at.get(threshold)
@@ -219,6 +219,9 @@ class WatcherLists(_ListsCore, Generic[Op]):
                             waiting.append(op)
                     else:
                         at[threshold] = [waiting, op]
+                elif type(ops) is ThresholdWatchers:  # the native core's: its own queue
+                    if not ops.add(op, threshold):
+                        listed -= 1
                 elif ops is op:
                     listed -= 1
                 else:
@@ -469,7 +472,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
                         purged += 1
                         if not ops:
                             del lists[key]
-                elif type(ops) is ThresholdWatchers:
+                elif type(ops) is _PyThresholdWatchers:
                     # ThresholdWatchers.pop, its common case inlined: alone at its threshold.
                     marks = op._marks
                     threshold = marks.get(key) if type(marks) is dict else marks
@@ -484,6 +487,8 @@ class WatcherLists(_ListsCore, Generic[Op]):
                     purged += 1
                     if not (ops.plain or at):
                         del lists[key]
+                elif type(ops) is ThresholdWatchers:  # the native core's: its own queue
+                    purged += self._discard(key, op)
             op._listed = 0
         self._purged += purged
         self._entries -= purged

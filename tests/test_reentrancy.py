@@ -12,6 +12,7 @@ values, the counts, where every operation is, and the purgatory's invariants.
 from __future__ import annotations
 
 import gc
+import heapq
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any
 
@@ -508,3 +509,224 @@ def test_key_acting_on_a_key_the_watch_registered_already(action: str) -> None:
     assert counts(p) == (0, 0, 0, int(action == "trigger"), int(action == "cancel"))
     assert op._listed == 0
     check_invariants(p)
+
+
+# -- the threshold heap: a comparison in the middle of a sift -------------------------------------
+
+
+class SiftThreshold(int):
+    """An int threshold whose ``<`` and ``<=`` run `action` at the `at`-th comparison made once
+    armed (both builds sift as `heapq` does: the same comparisons, in the same order)."""
+
+    action: Callable[[], object] | None = None
+    at = 0
+    made = 0
+
+    @classmethod
+    def arm(cls, action: Callable[[], object], at: int) -> None:
+        cls.action, cls.at, cls.made = action, at, 0
+
+    @classmethod
+    def _maybe(cls) -> None:
+        if cls.action is None:
+            return
+        cls.made += 1
+        if cls.made == cls.at:
+            action, cls.action = cls.action, None
+            action()
+
+    def __le__(self, other: object) -> bool:
+        self._maybe()
+        return int(self) <= other  # type: ignore[operator]
+
+    def __lt__(self, other: object) -> bool:
+        self._maybe()
+        return int(self) < other  # type: ignore[operator]
+
+    __hash__ = int.__hash__
+
+
+@pytest.fixture(autouse=True)
+def _sift_disarmed() -> Iterator[None]:
+    SiftThreshold.action = None
+    yield
+    SiftThreshold.action = None
+
+
+def heap_of(p: DelayedOperationPurgatory[Any], offsets: list[int]) -> list[FlagOperation]:
+    """Watchers of "k" at `offsets`: the first in the run, the others (lower) in the heap."""
+    ops = []
+    for offset in offsets:
+        op = FlagOperation(10.0, str(offset))
+        assert not p.try_complete_else_watch(op, ["k"], threshold=SiftThreshold(offset))
+        ops.append(op)
+    return ops
+
+
+def released(
+    p: DelayedOperationPurgatory[Any], ops: list[FlagOperation], reached: int
+) -> list[str]:
+    """The names of `ops` the next trigger of "k" at `reached` re-tries."""
+    for op in ops:
+        op.attempts = 0
+    p.check_and_complete("k", reached)
+    return [op.name for op in ops if op.attempts]
+
+
+def hostile(
+    p: DelayedOperationPurgatory[Any], action: str, cancelled: list[Any]
+) -> Callable[[], None]:
+    def act() -> None:
+        if action == "trigger":
+            p.check_and_complete("k", 20)
+        elif action == "cancel":
+            cancelled.extend(p.cancel_for_key("k"))
+        else:
+            raise TypeError("no order")
+
+    return act
+
+
+# The 12th comparison of the watch below is the push's second sift step: its first 10 are the
+# threshold's order check against the 5 queued (`check_orders`, both ways), the 11th the run's
+# tail against the heap's head.
+@pytest.mark.parametrize(
+    ("action", "raised", "left"),
+    [
+        ("cancel", RuntimeError, (0, 0, 0, 0, 5)),
+        ("raise", TypeError, (5, 5, 1, 0, 0)),
+        ("trigger", RuntimeError, (5, 5, 1, 0, 0)),
+    ],
+)
+def test_threshold_comparison_mid_push(
+    action: str, raised: type[Exception], left: tuple[int, ...]
+) -> None:
+    """A comparison in the middle of the heap's sift as a watch pushes its threshold cancels
+    the key (the heap emptied under the sift), raises, or triggers the key (the heap popped
+    under it): the watch fails as `heapq` fails on the reference's list ("list changed size"),
+    with nothing of the newcomer left, nothing freed under the sift, and what stayed queued
+    released in order. (After the trigger, the key's count of dead entries is one off on both
+    builds: the release popped the newcomer before it was in ``at``; README's known limit.)"""
+    _clock, p = manual_purgatory()
+    ops = heap_of(p, [100, 50, 40, 30, 20])
+    newcomer = FlagOperation(10.0, "10")
+    cancelled: list[Any] = []
+    SiftThreshold.arm(hostile(p, action, cancelled), at=12)
+    with pytest.raises(raised):
+        p.try_complete_else_watch(newcomer, ["k"], threshold=SiftThreshold(10))
+    assert SiftThreshold.action is None  # (it ran)
+    assert counts(p) == left
+    assert newcomer.attempts == 1
+    assert not newcomer.is_completed
+    if action != "trigger":
+        check_invariants(p)
+    if action == "cancel":
+        assert len(cancelled) == 5
+    else:
+        assert released(p, ops, 1000) == ["100", "50", "40", "30", "20"]
+
+
+@pytest.mark.parametrize(
+    ("action", "at", "outcome"),
+    [
+        ("cancel", 1, None),  # choosing the head: the key is gone, the loop ends
+        ("cancel", 3, RuntimeError),  # in the pop's sift: "list changed size"
+        ("trigger", 2, None),  # the head taken by the nested trigger: looked at again
+        ("raise", 2, TypeError),
+    ],
+)
+def test_threshold_comparison_mid_release(
+    action: str, at: int, outcome: type[Exception] | None
+) -> None:
+    """A release compares the heads and sifts the heap as it pops; a comparison there cancels
+    the key, triggers it, or raises: both builds stop or go on alike, nothing is freed under
+    the release, and what is still queued is released later, in order, once."""
+    _clock, p = manual_purgatory()
+    ops = heap_of(p, [100, 50, 40, 30, 20, 10])
+    cancelled: list[Any] = []
+    SiftThreshold.arm(hostile(p, action, cancelled), at=at)
+    if outcome is None:
+        assert p.check_and_complete("k", 35) == 0
+    else:
+        with pytest.raises(outcome):
+            p.check_and_complete("k", 35)
+    assert SiftThreshold.action is None
+    check_invariants(p)
+    if action == "cancel":
+        assert {op.name for op in cancelled} == {op.name for op in ops}
+        assert counts(p) == (0, 0, 0, 0, 6)
+    else:
+        assert released(p, ops, 1000) == [op.name for op in ops]
+        check_invariants(p)
+
+
+def test_threshold_heap_order_as_heapq() -> None:
+    """The native heap sifts as `heapq` does: out-of-order thresholds end in the same layout
+    (what a copy of ``heap`` shows) and are released in order, ties to the run."""
+    _clock, p = manual_purgatory()
+    offsets = [50, 7, 30, 2, 9, 30, 1, 8, 70, 3]
+    for index, offset in enumerate(offsets):
+        op = FlagOperation(10.0, f"{index}")
+        assert not p.try_complete_else_watch(op, ["k"], threshold=offset)
+    watchers = p._lists._lists["k"]
+    expected: list[int] = []
+    for offset in dict.fromkeys(offsets[1:]):  # (the second 30 joins the first's operations)
+        heapq.heappush(expected, offset)
+    assert (list(watchers.run), watchers.heap) == ([50], expected)
+    check_invariants(p)
+
+
+class HashThreshold(int):
+    """An int threshold whose ``__hash__`` runs `action` at the `at`-th hash made once armed."""
+
+    action: Callable[[], object] | None = None
+    at = 0
+    made = 0
+
+    def __hash__(self) -> int:
+        cls = type(self)
+        if cls.action is not None:
+            cls.made += 1
+            if cls.made == cls.at:
+                action, cls.action = cls.action, None
+                action()
+        return int.__hash__(self)
+
+    def __eq__(self, other: object) -> bool:
+        return int(self) == other
+
+
+@pytest.mark.parametrize("action", ["trigger", "cancel"])
+def test_threshold_hash_acting_on_its_key_mid_compaction(action: str) -> None:
+    """The purge leaves three of five thresholds dead, which compacts the queue: its lookups
+    (``threshold in at``) hash every queued threshold, and the 7th hash (the compaction's
+    first) triggers the key past the live ones or cancels it. Both builds stop the compaction
+    as the reference's iteration of a changed deque does, and the live watchers are where the
+    nested call put them (the purge's counts are then off by what it took: README's known
+    limit for a threshold acting in the middle of the lists' own steps)."""
+    _clock, p = manual_purgatory()
+    ops = []
+    for offset in (10, 20, 30, 40, 50):
+        op = FlagOperation(10.0, str(offset))
+        assert not p.try_complete_else_watch(op, ["k"], threshold=HashThreshold(offset))
+        ops.append(op)
+    for op in ops[:3]:
+        op.force_complete()
+
+    def act() -> None:
+        if action == "trigger":
+            p.check_and_complete("k", 45)
+        else:
+            p.cancel_for_key("k")
+
+    HashThreshold.action, HashThreshold.at, HashThreshold.made = act, 7, 0
+    try:
+        with pytest.raises(RuntimeError, match="deque mutated during iteration"):
+            p._lists.purge(None)
+    finally:
+        HashThreshold.action = None
+    for op in ops:
+        op.attempts = 0
+    p.check_and_complete("k", 1000)
+    assert [op.name for op in ops if op.attempts] == (["40", "50"] if action == "trigger" else [])
+    assert [op.is_cancelled for op in ops[3:]] == [action == "cancel"] * 2

@@ -12,7 +12,9 @@ static native_fn native_lookup(const char *name);
 #include "operation.c"
 #include "wheel.c"
 #include "timer.c"
+#include "thresholds.c"
 #include "watchers.c"
+#include "purge_rule.c"
 #include "purgatory.c"
 
 /* -- module-level functions with a C body -------------------------------------------------------- */
@@ -290,6 +292,8 @@ static PyTypeObject ThresholdType = {
     .tp_dealloc = threshold_dealloc,
     .tp_getset = threshold_getset,
     .tp_members = threshold_members,
+    .tp_methods = threshold_methods,
+    .tp_init = threshold_init,
 };
 
 static PyTypeObject ListsType = {

@@ -35,7 +35,7 @@
 
 /* Bumped whenever a field or a method moves between the C and the Python side: the Python
  * modules refuse a build of another version (a stale build after a checkout). */
-#define NATIVE_API_VERSION 2
+#define NATIVE_API_VERSION 3
 
 /* -- the operation's state bits (purgatory/_operation.py) ------------------------------------ */
 #define ST_ASYNC 1
@@ -121,34 +121,6 @@ typedef struct {
     Py_ssize_t delayed, expired, drained, passes;
     char closed, due_now;
 } TimerObject;
-
-typedef struct {
-    CORE_HEAD
-    PyObject *plain; /* dict */
-    PyObject *at;    /* dict */
-    PyObject *run;   /* deque */
-    PyObject *heap;  /* list */
-    PyObject *shape; /* the shape every queued threshold has (the reference's check) */
-    Py_ssize_t dead;
-    /* run.append and run.popleft, bound as the fields are checked (not seen from Python) */
-    PyObject *run_append, *run_popleft;
-} ThresholdObject;
-
-typedef struct {
-    CORE_HEAD
-    PyObject *lists; /* _lists: dict */
-    PyObject *queue; /* dict */
-    Py_ssize_t entries, purged;
-} ListsObject;
-
-typedef struct {
-    CORE_HEAD
-    PyObject *lists; /* _lists: ListsObject */
-    PyObject *timer; /* _timer */
-    PyObject *idle_at; /* _idle_at: the time bound's purge tick (an int), or inf */
-    Py_ssize_t interval, owed, purges, trip, linger;
-    char purging, requested, armed, bounded;
-} RuleObject;
 
 typedef struct {
     CORE_HEAD
@@ -388,7 +360,6 @@ call_op_method(PyObject *op, int which)
                                      1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 #define Bucket_Check(o) PyObject_TypeCheck((o), &BucketType)
-#define Threshold_Check(o) CORE_CHECK((o), ThresholdType)
 
 /* -- what the module keeps: interned names and the Python side's helpers ---------------------- */
 

@@ -1,87 +1,15 @@
-/* The watcher lists' hot methods (purgatory/_watchers.py: register, trigger, purge) over the
- * reference's own data: a key's watchers are the lone operation, an insertion-ordered dict used
- * as a set, or a ThresholdWatchers (purgatory/_thresholds.py, whose five fields are C fields
- * here). The rare shapes (a key growing from plain to thresholds, a list of operations under
- * one threshold, a failure half-way) call the reference's own methods for that step. */
+/* WatcherLists (purgatory/_watchers.py): every key's watchers, the trigger's re-tries and the
+ * purge, their hot methods in C over the reference's own data. A key's watchers are the lone
+ * operation, an insertion-ordered dict used as a set, or a ThresholdWatchers (thresholds.c). The
+ * rare shapes (a key growing from plain to thresholds, a failure half-way) call the reference's
+ * own methods for that step. */
 
-/* -- ThresholdWatchers' fields ------------------------------------------------------------------ */
-
-static int
-threshold_traverse(PyObject *self, visitproc visit, void *arg)
-{
-    ThresholdObject *t = (ThresholdObject *)self;
-    Py_VISIT(t->plain);
-    Py_VISIT(t->at);
-    Py_VISIT(t->run);
-    Py_VISIT(t->heap);
-    Py_VISIT(t->shape);
-    Py_VISIT(t->run_append);
-    Py_VISIT(t->run_popleft);
-    return 0;
-}
-
-static int
-threshold_clear(PyObject *self)
-{
-    ThresholdObject *t = (ThresholdObject *)self;
-    Py_CLEAR(t->plain);
-    Py_CLEAR(t->at);
-    Py_CLEAR(t->run);
-    Py_CLEAR(t->heap);
-    Py_CLEAR(t->shape);
-    Py_CLEAR(t->run_append);
-    Py_CLEAR(t->run_popleft);
-    return 0;
-}
-
-static void
-threshold_dealloc(PyObject *self)
-{
-    PyObject_GC_UnTrack(self);
-    threshold_clear(self);
-    Py_TYPE(self)->tp_free(self);
-}
-
-static PyGetSetDef threshold_getset[] = {
-    FIELD(ThresholdObject, shape, "shape"),
-    FIELD(ThresholdObject, plain, "plain"),
-    FIELD(ThresholdObject, at, "at"),
-    FIELD(ThresholdObject, run, "run"),
-    FIELD(ThresholdObject, heap, "heap"),
-    {NULL},
-};
-
-static PyMemberDef threshold_members[] = {
-    {"dead", Py_T_PYSSIZET, offsetof(ThresholdObject, dead), 0, NULL},
-    {NULL},
-};
-
-static int
-threshold_ready_check(ThresholdObject *t)
-{
-    Py_CLEAR(t->run_append);
-    Py_CLEAR(t->run_popleft);
-    if (t->run == NULL || (PyObject *)Py_TYPE(t->run) != N.deque_type) {
-        return 0;
-    }
-    t->run_append = PyObject_GetAttr(t->run, N.s_append);
-    t->run_popleft = PyObject_GetAttr(t->run, N.s_popleft);
-    if (t->run_append == NULL || t->run_popleft == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    return t->plain != NULL && PyDict_CheckExact(t->plain) && t->at != NULL &&
-           PyDict_CheckExact(t->at) && t->run != NULL && t->heap != NULL &&
-           PyList_CheckExact(t->heap);
-}
-
-static inline int
-threshold_ready(PyObject *o)
-{
-    ThresholdObject *t = (ThresholdObject *)o;
-    return t->ready || (t->ready = (char)threshold_ready_check(t));
-}
-
+typedef struct {
+    CORE_HEAD
+    PyObject *lists; /* _lists: dict */
+    PyObject *queue; /* dict */
+    Py_ssize_t entries, purged;
+} ListsObject;
 
 /* -- WatcherLists' fields ----------------------------------------------------------------------- */
 
@@ -215,6 +143,17 @@ entry_unlisted(PyObject *o)
     return err;
 }
 
+
+/* `lists.left(op)` for a threshold release given any lists object (thresholds.c). */
+static int
+release_left(PyObject *lists, PyObject *op)
+{
+    if (CORE_CHECK(lists, ListsType) && lists_ready((ListsObject *)lists)) {
+        return entry_left((ListsObject *)lists, op);
+    }
+    return discard_result(PyObject_CallMethod(lists, "left", "O", op));
+}
+
 /* -- registration ------------------------------------------------------------------------------- */
 
 /* `op` as a plain watcher of `key` (the plain path of register), whose watchers in `lists`
@@ -274,6 +213,9 @@ register_join_at(ListsObject *l, OpObject *op, PyObject *key, PyObject *ops, PyO
 /* `op` at `threshold` on `key`, whose watchers in `lists` were `ops` (NULL: none; both held by
  * the caller): 1 if added, 0 if it already watched the key, -1 on error. The threshold's
  * lookup and comparisons may run its own code: what they read is held across them. */
+
+/* `op` at `threshold` on `key`, whose watchers in `lists` were `ops` (NULL: none; both held by
+ * the caller): 1 if added, 0 if it already watched the key, -1 on error. */
 static int
 register_at(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObject *threshold,
             PyObject *ops)
@@ -284,153 +226,55 @@ register_at(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObje
     if (ops == (PyObject *)op) {
         return 0;
     }
-    int result = -1;
     if (Threshold_Check(ops) && threshold_ready(ops)) {
-        ThresholdObject *t = (ThresholdObject *)ops;
-        PyObject *at = t->at;
-        Py_INCREF(at);
-        PyObject *waiting = PyDict_GetItemWithError(at, threshold);
-        Py_XINCREF(waiting);
-        if (waiting == NULL) {
-            if (PyErr_Occurred()) {
-                goto at_done;
-            }
-            PyObject *run = t->run, *heap = t->heap, *append = t->run_append;
-            Py_INCREF(run);
-            Py_INCREF(heap);
-            Py_INCREF(append);
-            int in_run = 0;
-            if (PyList_GET_SIZE(heap) == 0) {
-                Py_ssize_t n = PyObject_Size(run);
-                if (n < 0) {
-                    goto queue_done;
-                }
-                if (n == 0) {
-                    in_run = 1;
-                }
-                else {
-                    PyObject *last = PySequence_GetItem(run, n - 1);
-                    if (last == NULL) {
-                        goto queue_done;
-                    }
-                    in_run = compare_values(last, threshold, Py_LE);
-                    Py_DECREF(last);
-                    if (in_run < 0) {
-                        goto queue_done;
-                    }
-                }
-            }
-            if (in_run) {
-                if (discard_result(call1(append, threshold)) < 0) {
-                    goto queue_done;
-                }
-            }
-            else if (discard_result(call2(N.heappush, heap, threshold)) < 0) {
-                PyObject *exc = fetch_exception();
-                PyObject *r = call_method1(ops, N.s_unpush, threshold);
-                if (r == NULL) {
-                    Py_DECREF(exc);
-                    goto queue_done;
-                }
-                Py_DECREF(r);
-                restore_exception(exc);
-                goto queue_done;
-            }
-            result = PyDict_SetItem(at, threshold, (PyObject *)op) < 0 ? -1 : 1;
-        queue_done:
-            Py_DECREF(run);
-            Py_DECREF(heap);
-            Py_DECREF(append);
-        }
-        else if (waiting == (PyObject *)op) {
-            result = 0;
-        }
-        else if (PyList_CheckExact(waiting)) {
-            int found = PySequence_Contains(waiting, (PyObject *)op);
-            result = found < 0 ? -1 : found ? 0 : (PyList_Append(waiting, (PyObject *)op) < 0 ? -1 : 1);
-        }
-        else {
-            PyObject *pair = PyList_New(2);
-            if (pair != NULL) {
-                PyList_SET_ITEM(pair, 0, Py_NewRef(waiting));
-                PyList_SET_ITEM(pair, 1, Py_NewRef((PyObject *)op));
-                result = PyDict_SetItem(at, threshold, pair) < 0 ? -1 : 1;
-                Py_DECREF(pair);
-            }
-        }
-    at_done:
-        Py_XDECREF(waiting);
-        Py_DECREF(at);
+        return threshold_add((ThresholdObject *)ops, (PyObject *)op, threshold);
     }
-    else {
-        result = register_join_at(l, op, key, ops, threshold);
-    }
-    return result;
+    return register_join_at(l, op, key, ops, threshold);
 }
 
-/* register(op, keys, marks) with `keys` a tuple; -1 with nothing registered on error. */
+/* `op` on `key`'s list, at its threshold from `marks` (`mapping`: marks if a dict): 1 if added,
+ * 0 if it already watched the key, -1 on error. The key's watchers first, then its threshold:
+ * the reference's order of lookups. */
 static int
-lists_register(ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
+register_key(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObject *marks,
+             PyObject *mapping)
 {
-    set_field(&op->marks, marks);
-    set_field(&op->keys, keys);
-    /* counted from zero and added to at the end: a key's code may cancel or trigger a key `op`
-     * is on already, which counts it off meanwhile */
-    op_mark_listed(op, 0);
-    Py_ssize_t n = PyTuple_GET_SIZE(keys);
-    Py_ssize_t listed = n;
-    PyObject *mapping = PyDict_CheckExact(marks) ? marks : NULL;
-    /* the reference's `lists = self._lists`: held, whatever a key's code assigns meanwhile */
-    PyObject *lists = Py_NewRef(l->lists);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyTuple_GET_ITEM(keys, i);
-        /* the key's watchers first, then its threshold: the reference's order of lookups */
-        PyObject *ops = PyDict_GetItemWithError(lists, key);
-        if (ops == NULL && PyErr_Occurred()) {
-            goto fail;
-        }
-        Py_XINCREF(ops);
-        int added;
-        if (marks == Py_None) {
-            added = register_plain(l, lists, op, key, ops);
-        }
-        else {
-            PyObject *threshold = marks;
-            if (mapping != NULL) {
-                threshold = PyDict_GetItemWithError(mapping, key);
-                if (threshold == NULL) {
-                    if (!PyErr_Occurred()) {
-                        PyErr_SetObject(PyExc_KeyError, key);
-                    }
-                    Py_XDECREF(ops);
-                    goto fail;
-                }
+    PyObject *ops = PyDict_GetItemWithError(lists, key);
+    if (ops == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    Py_XINCREF(ops);
+    PyObject *threshold = marks;
+    if (mapping != NULL) {
+        threshold = PyDict_GetItemWithError(mapping, key);
+        if (threshold == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetObject(PyExc_KeyError, key);
             }
-            if (threshold == Py_None) {
-                added = register_plain(l, lists, op, key, ops);
-            }
-            else {
-                Py_INCREF(threshold);
-                added = register_at(l, lists, op, key, threshold, ops);
-                Py_DECREF(threshold);
-            }
-        }
-        Py_XDECREF(ops);
-        if (added < 0) {
-            goto fail;
-        }
-        if (added == 0) {
-            listed--;
+            Py_XDECREF(ops);
+            return -1;
         }
     }
-    Py_DECREF(lists);
-    op_mark_listed(op, op->listed + listed);
-    l->entries += listed;
-    return 0;
-fail:;
-    Py_DECREF(lists);
+    int added;
+    if (threshold == Py_None) {
+        added = register_plain(l, lists, op, key, ops);
+    }
+    else {
+        Py_INCREF(threshold);
+        added = register_at(l, lists, op, key, threshold, ops);
+        Py_DECREF(threshold);
+    }
+    Py_XDECREF(ops);
+    return added;
+}
+
+/* A registration that failed undone: `op` off every key of `keys` (`self._discard`), what was
+ * raised raised again (unless the undoing raised what is not an Exception). */
+static int
+register_undo(ListsObject *l, OpObject *op, PyObject *keys)
+{
     PyObject *exc = fetch_exception();
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(keys); i++) {
         PyObject *r = call_method2((PyObject *)l, N.s_discard, PyTuple_GET_ITEM(keys, i),
                                    (PyObject *)op);
         if (r != NULL) {
@@ -451,6 +295,33 @@ fail:;
     return -1;
 }
 
+/* register(op, keys, marks) with `keys` a tuple; -1 with nothing registered on error. */
+static int
+lists_register(ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
+{
+    set_field(&op->marks, marks);
+    set_field(&op->keys, keys);
+    /* counted from zero and added to at the end: a key's code may cancel or trigger a key `op`
+     * is on already, which counts it off meanwhile */
+    op_mark_listed(op, 0);
+    Py_ssize_t listed = PyTuple_GET_SIZE(keys);
+    PyObject *mapping = PyDict_CheckExact(marks) ? marks : NULL;
+    /* the reference's `lists = self._lists`: held, whatever a key's code assigns meanwhile */
+    PyObject *lists = Py_NewRef(l->lists);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(keys); i++) {
+        int added = register_key(l, lists, op, PyTuple_GET_ITEM(keys, i), marks, mapping);
+        if (added < 0) {
+            Py_DECREF(lists);
+            return register_undo(l, op, keys);
+        }
+        listed -= !added;
+    }
+    Py_DECREF(lists);
+    op_mark_listed(op, op->listed + listed);
+    l->entries += listed;
+    return 0;
+}
+
 /* -- the trigger -------------------------------------------------------------------------------- */
 
 /* Kinds of `drop` in the reference's trigger. */
@@ -458,13 +329,83 @@ fail:;
 #define DROP_THRESHOLD 1 /* partial(ops.pop, key=key): ThresholdWatchers.pop */
 #define DROP_NOTHING 2   /* a lone watcher: its entry goes after the loop */
 
+#define TRIGGER_SMALL 8
+
+/* What a trigger re-tries: the candidates (`n` strong references in `items`, the `small` array
+ * or a PyMem one: no Python list to allocate per trigger), the container they are dropped from
+ * and how (`kind`), the lone watcher (`single`, borrowed: the key's `ops` itself, or NULL). */
+typedef struct {
+    PyObject *key, *ops, *container, *single;
+    PyObject **items;
+    Py_ssize_t n;
+    PyObject *small[TRIGGER_SMALL];
+    int kind;
+    Py_ssize_t done;
+} Trigger;
+
+/* Room for `n` candidates: 0, or -1. */
+static int
+trigger_room(Trigger *tr, Py_ssize_t n)
+{
+    tr->items = n <= TRIGGER_SMALL ? tr->small : PyMem_New(PyObject *, n);
+    if (tr->items == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* The candidates: the keys of `tr->container` (an exact dict: iterating it runs no code), or
+ * what iterating it gives (a ThresholdWatchers' __iter__, the reference's). 1, or -1. */
+static int
+trigger_snapshot(Trigger *tr)
+{
+    if (PyDict_CheckExact(tr->container)) {
+        if (trigger_room(tr, PyDict_GET_SIZE(tr->container)) < 0) {
+            return -1;
+        }
+        Py_ssize_t pos = 0;
+        PyObject *op, *value;
+        while (PyDict_Next(tr->container, &pos, &op, &value)) {
+            tr->items[tr->n++] = Py_NewRef(op);
+        }
+        return 1;
+    }
+    PyObject *list = PySequence_List(tr->container);
+    if (list == NULL || trigger_room(tr, PyList_GET_SIZE(list)) < 0) {
+        Py_XDECREF(list);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
+        tr->items[tr->n++] = Py_NewRef(PyList_GET_ITEM(list, i));
+    }
+    Py_DECREF(list);
+    return 1;
+}
+
+/* The candidates released (once the trigger no longer reads them). */
+static void
+trigger_forget(Trigger *tr)
+{
+    PyObject **items = tr->items;
+    Py_ssize_t n = tr->n;
+    tr->items = NULL;
+    tr->n = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_DECREF(items[i]);
+    }
+    if (items != tr->small) {
+        PyMem_Free(items);
+    }
+}
+
 /* `drop(op, _NOTHING_TO_POP) is None`: 1 if `op` was taken off, 0 if not, -1 on error. */
 static int
-trigger_drop(int kind, PyObject *container, PyObject *op, PyObject *key)
+trigger_drop(Trigger *tr, PyObject *op)
 {
-    if (kind == DROP_DICT) {
+    if (tr->kind == DROP_DICT) {
         PyObject *v;
-        int found = dict_pop(container, op, &v);
+        int found = dict_pop(tr->container, op, &v);
         if (found <= 0) {
             return found;
         }
@@ -472,8 +413,11 @@ trigger_drop(int kind, PyObject *container, PyObject *op, PyObject *key)
         Py_DECREF(v);
         return is_none;
     }
-    if (kind == DROP_THRESHOLD) {
-        PyObject *args[4] = {container, op, N.nothing_to_pop, key};
+    if (tr->kind == DROP_THRESHOLD && threshold_ready(tr->container)) {
+        return threshold_pop((ThresholdObject *)tr->container, op, tr->key);
+    }
+    if (tr->kind == DROP_THRESHOLD) { /* (a field replaced meanwhile: the method) */
+        PyObject *args[4] = {tr->container, op, N.nothing_to_pop, tr->key};
         PyObject *r = PyObject_VectorcallMethod(N.s_pop, args, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET,
                                                 NULL);
         if (r == NULL) {
@@ -486,164 +430,216 @@ trigger_drop(int kind, PyObject *container, PyObject *op, PyObject *key)
     return 0;
 }
 
-/* A released operation: into `plain`, or off the key if it finished through another key. */
+/* A lone watcher `ops` at a threshold: 1 if `reached` released it (made plain on the key), 0 if
+ * it waits on, or -1. */
 static int
-release_one(ListsObject *l, PyObject *plain, PyObject *op)
+trigger_lone(PyObject *ops, PyObject *key, PyObject *reached)
+{
+    PyObject *threshold = op_threshold_of(ops, key);
+    if (threshold == NULL) {
+        return -1;
+    }
+    if (threshold == Py_None) {
+        Py_DECREF(threshold);
+        return 1;
+    }
+    int reached_it = compare_values(threshold, reached, Py_LE);
+    Py_DECREF(threshold);
+    if (reached_it <= 0) {
+        return reached_it;
+    }
+    return discard_result(call2(N.release_lone, ops, key)) < 0 ? -1 : 1;
+}
+
+/* The candidates of a trigger of `tr->ops` (held): 1, or 0 when nothing is re-tried, or -1. */
+static int
+trigger_candidates(ListsObject *l, Trigger *tr, PyObject *reached)
+{
+    PyObject *ops = tr->ops;
+    if (PyDict_CheckExact(ops)) {
+        tr->container = Py_NewRef(ops);
+        tr->kind = DROP_DICT;
+    }
+    else if (Threshold_Check(ops) && threshold_ready(ops)) {
+        if (reached == Py_None) {
+            tr->container = Py_NewRef(ops); /* (its __iter__: the plain, then by threshold) */
+            tr->kind = DROP_THRESHOLD;
+        }
+        else {
+            if (threshold_release((ThresholdObject *)ops, reached, (PyObject *)l) < 0) {
+                return -1;
+            }
+            tr->container = Py_NewRef(((ThresholdObject *)ops)->plain);
+            tr->kind = DROP_DICT;
+        }
+    }
+    else {
+        if (reached != Py_None && Op_Check(ops)) {
+            int released = trigger_lone(ops, tr->key, reached);
+            if (released <= 0) {
+                return released;
+            }
+        }
+        tr->single = ops;
+        tr->kind = DROP_NOTHING;
+        tr->items = tr->small;
+        tr->items[tr->n++] = Py_NewRef(ops);
+        return 1;
+    }
+    return trigger_snapshot(tr);
+}
+
+/* A finished `item` found on the list: dropped from it, counted off the lists. */
+static int
+trigger_finished(ListsObject *l, Trigger *tr, PyObject *item)
+{
+    int dropped = trigger_drop(tr, item);
+    return dropped < 0 || (dropped && entry_left(l, item) < 0) ? -1 : 0;
+}
+
+/* An `item` whose try_complete raised `exc` (taken): reported, unless an interrupt. */
+static int
+trigger_raised(Trigger *tr, PyObject *item, PyObject *exc)
+{
+    if (is_interrupt(exc)) {
+        restore_exception(exc);
+        return -1;
+    }
+    PyObject *r = call3(N.report_attempt, item, tr->key, exc);
+    Py_DECREF(exc);
+    return discard_result(r);
+}
+
+/* `item`'s try_complete, and what its state says after it. */
+static int
+trigger_try(ListsObject *l, Trigger *tr, PyObject *item)
 {
     int state;
-    Py_INCREF(op); /* (the plain's insertion runs its __hash__: it may leave `waiting`) */
-    int err = entry_state(op, &state);
-    if (err == 0) {
-        err = state & ST_FINISHED ? entry_left(l, op) : PyDict_SetItem(plain, op, Py_None);
+    PyObject *claimed = call_op_method(item, M_TRY_COMPLETE);
+    if (claimed == NULL) {
+        return trigger_raised(tr, item, fetch_exception());
     }
-    Py_DECREF(op);
-    return err;
+    if (entry_state(item, &state) < 0) {
+        Py_DECREF(claimed);
+        return -1;
+    }
+    if (state & ST_FINISHED) {
+        Py_DECREF(claimed);
+        if (trigger_finished(l, tr, item) < 0) {
+            return -1;
+        }
+        tr->done += (state & ST_EXPIRED_NOW) == ST_DONE;
+        return 0;
+    }
+    int truth = PyObject_IsTrue(claimed);
+    PyObject *r = truth > 0 ? call2(N.report_false_claim, item, claimed) : NULL;
+    Py_DECREF(claimed);
+    if (truth < 0 || (truth > 0 && r == NULL)) {
+        return -1;
+    }
+    Py_XDECREF(r);
+    return 0;
 }
 
-/* Release every threshold <= reached of `t` into its plain watchers (finished ones leave). */
+/* One candidate re-tried (held by the caller): 0, or -1 on an error that ends the trigger. */
 static int
-trigger_release(ListsObject *l, ThresholdObject *t, PyObject *reached)
+trigger_one(ListsObject *l, Trigger *tr, PyObject *item, PyObject *attempt)
 {
-    PyObject *run = t->run, *heap = t->heap, *at = t->at, *plain = t->plain;
-    PyObject *popleft = t->run_popleft; /* (the run's, as the reference's local `run`) */
-    Py_INCREF(run);
-    Py_INCREF(heap);
-    Py_INCREF(at);
-    Py_INCREF(plain);
-    Py_INCREF(popleft);
-    int result = -1;
-    for (;;) {
-        PyObject *threshold = NULL;
-        Py_ssize_t in_run = PyObject_Size(run);
-        if (in_run < 0) {
-            goto done;
-        }
-        int from_heap;
-        if (in_run) {
-            threshold = PySequence_GetItem(run, 0);
-            if (threshold == NULL) {
-                goto done;
-            }
-            from_heap = 0;
-            if (PyList_GET_SIZE(heap)) {
-                PyObject *top = PyList_GET_ITEM(heap, 0);
-                Py_INCREF(top);
-                int lower = compare_values(top, threshold, Py_LT);
-                if (lower < 0) {
-                    Py_DECREF(top);
-                    Py_DECREF(threshold);
-                    goto done;
-                }
-                if (lower) {
-                    Py_SETREF(threshold, top);
-                    from_heap = 1;
-                }
-                else {
-                    Py_DECREF(top);
-                }
-            }
-        }
-        else if (PyList_GET_SIZE(heap)) {
-            threshold = Py_NewRef(PyList_GET_ITEM(heap, 0));
-            from_heap = 1;
-        }
-        else {
-            break;
-        }
-        int reached_it = compare_values(threshold, reached, Py_LE);
-        if (reached_it <= 0) {
-            Py_DECREF(threshold);
-            if (reached_it < 0) {
-                goto done;
-            }
-            break;
-        }
-        /* The comparisons may have run the threshold's own code, which may cancel or trigger
-         * this key: the head is taken only if it still is the head (the reference's check). */
-        int still_head;
-        if (from_heap) {
-            still_head = PyList_GET_SIZE(heap) && PyList_GET_ITEM(heap, 0) == threshold;
-        }
-        else {
-            PyObject *head = PyObject_Size(run) > 0 ? PySequence_GetItem(run, 0) : NULL;
-            if (head == NULL && PyErr_Occurred()) {
-                Py_DECREF(threshold);
-                goto done;
-            }
-            still_head = head == threshold;
-            Py_XDECREF(head);
-        }
-        if (!still_head) {
-            Py_DECREF(threshold);
-            continue;
-        }
-        PyObject *r = from_heap ? call1(N.heappop, heap) : PyObject_CallNoArgs(popleft);
-        if (r == NULL) {
-            Py_DECREF(threshold);
-            goto done;
-        }
-        Py_DECREF(r);
-        PyObject *waiting;
-        int found = dict_pop(at, threshold, &waiting);
-        Py_DECREF(threshold);
-        if (found <= 0) {
-            if (found < 0) {
-                goto done;
-            }
-            t->dead--;
-            continue;
-        }
-        int err = 0;
-        if (PyList_CheckExact(waiting)) { /* several under one threshold */
-            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(waiting) && err == 0; i++) {
-                err = release_one(l, plain, PyList_GET_ITEM(waiting, i));
-            }
-        }
-        else {
-            err = release_one(l, plain, waiting);
-        }
-        Py_DECREF(waiting);
-        if (err < 0) {
-            goto done;
-        }
+    int state;
+    if (entry_state(item, &state) < 0) {
+        return -1;
     }
-    result = 0;
-done:
-    Py_DECREF(run);
-    Py_DECREF(heap);
-    Py_DECREF(at);
-    Py_DECREF(plain);
-    Py_DECREF(popleft);
-    return result;
+    if (!state) {
+        return trigger_try(l, tr, item);
+    }
+    if (state & ST_FINISHED) {
+        return trigger_finished(l, tr, item);
+    }
+    return discard_result(call1(attempt, item));
 }
 
-/* The threshold of `op` on `key` (a new reference; None: plain), from its marks. The lookup runs
- * the key's __eq__, which may replace the marks (a trigger of another key releases `op` there):
- * the dict is held across it. Not an operation: the reference's `threshold_of`. */
-static PyObject *
-op_threshold_of(PyObject *o, PyObject *key)
+/* Whether the watchers `ops` (not a lone one) are none now: 1, 0, or -1. */
+static int
+trigger_emptied(ListsObject *l, Trigger *tr)
 {
-    if (!Op_Check(o)) {
-        return call2(N.threshold_of, o, key);
+    PyObject *ops = tr->ops;
+    if (PyDict_CheckExact(ops)) {
+        return PyDict_GET_SIZE(ops) == 0;
     }
-    PyObject *marks = ((OpObject *)o)->marks;
-    if (marks == NULL || marks == Py_None) {
-        Py_RETURN_NONE;
+    if (Threshold_Check(ops) && threshold_ready(ops)) {
+        ThresholdObject *t = (ThresholdObject *)ops;
+        return PyDict_GET_SIZE(t->plain) == 0 && PyDict_GET_SIZE(t->at) == 0;
     }
-    if (PyDict_CheckExact(marks)) {
-        Py_INCREF(marks);
-        PyObject *t = PyDict_GetItemWithError(marks, key);
-        Py_XINCREF(t);
-        Py_DECREF(marks);
-        if (t == NULL) {
-            if (PyErr_Occurred()) {
-                return NULL;
-            }
-            Py_RETURN_NONE;
+    return discard_result(call_method3((PyObject *)l, N.s_tidy, tr->key, ops, Py_None)) < 0 ? -1
+                                                                                            : 0;
+}
+
+/* `del lists[key]` if the key's watchers are still `tr->ops`: 1 if deleted, 0, or -1. */
+static int
+trigger_del_key(PyObject *lists, Trigger *tr)
+{
+    PyObject *now_ops = PyDict_GetItemWithError(lists, tr->key);
+    if (now_ops == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    if (now_ops != tr->ops) {
+        return 0;
+    }
+    return PyDict_DelItem(lists, tr->key) < 0 ? -1 : 1;
+}
+
+/* The end of a trigger (the callbacks ran: `ops` is read again as it is now): an emptied list,
+ * or a finished lone watcher, dropped. */
+static int
+trigger_end(ListsObject *l, PyObject *lists, Trigger *tr)
+{
+    if (tr->single == NULL) {
+        int emptied = trigger_emptied(l, tr);
+        return emptied <= 0 ? emptied : (trigger_del_key(lists, tr) < 0 ? -1 : 0);
+    }
+    int state;
+    if (entry_state(tr->single, &state) < 0) {
+        return -1;
+    }
+    if (state & ST_FINISHED) {
+        int deleted = trigger_del_key(lists, tr);
+        if (deleted != 0) {
+            return deleted < 0 || entry_left(l, tr->single) < 0 ? -1 : 0;
         }
-        return t;
     }
-    return Py_NewRef(marks);
+    return discard_result(call_method3((PyObject *)l, N.s_tidy, tr->key, tr->ops, tr->single));
+}
+
+/* After an error in the loop: `self._tidy(key, ops, single)`, then what was raised goes on. */
+static void
+trigger_tidy(ListsObject *l, Trigger *tr)
+{
+    PyObject *exc = fetch_exception();
+    PyObject *r = call_method3((PyObject *)l, N.s_tidy, tr->key, tr->ops,
+                               none_if_null(tr->single));
+    if (r == NULL) {
+        Py_DECREF(exc);
+    }
+    else {
+        Py_DECREF(r);
+        restore_exception(exc);
+    }
+}
+
+/* The loop: every candidate re-tried; 0, or -1 (tidied). */
+static int
+trigger_loop(ListsObject *l, Trigger *tr, PyObject *attempt)
+{
+    for (Py_ssize_t i = 0; i < tr->n; i++) {
+        PyObject *item = Py_NewRef(tr->items[i]);
+        int err = trigger_one(l, tr, item, attempt);
+        Py_DECREF(item);
+        if (err < 0) {
+            trigger_tidy(l, tr);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* trigger(key, reached, attempt): how many completed, or -1 on error. */
@@ -656,211 +652,77 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
         Py_DECREF(lists);
         return PyErr_Occurred() ? -1 : 0;
     }
-    Py_INCREF(ops);
-    PyObject *single = NULL; /* borrowed: `ops` itself */
-    PyObject *candidates = NULL;
-    PyObject *container = NULL;
-    int kind;
+    Trigger tr = {.key = key, .ops = Py_NewRef(ops)};
     Py_ssize_t completed = -1;
-    if (PyDict_CheckExact(ops)) {
-        candidates = PySequence_List(ops); /* (its iterator: cheaper than PyDict_Keys) */
-        container = Py_NewRef(ops);
-        kind = DROP_DICT;
+    int go = trigger_candidates(l, &tr, reached);
+    if (go == 0) {
+        completed = 0;
     }
-    else if (Threshold_Check(ops) && threshold_ready(ops)) {
-        ThresholdObject *t = (ThresholdObject *)ops;
-        if (reached == Py_None) {
-            candidates = PySequence_List(ops);
-            container = Py_NewRef(ops);
-            kind = DROP_THRESHOLD;
-        }
-        else {
-            if (trigger_release(l, t, reached) < 0) {
-                goto out;
-            }
-            container = Py_NewRef(t->plain);
-            candidates = PySequence_List(container);
-            kind = DROP_DICT;
-        }
+    else if (go > 0 && trigger_loop(l, &tr, attempt) == 0 && trigger_end(l, lists, &tr) == 0) {
+        completed = tr.done;
     }
-    else {
-        if (reached != Py_None && Op_Check(ops)) {
-            PyObject *threshold = op_threshold_of(ops, key);
-            if (threshold == NULL) {
-                goto out;
-            }
-            if (threshold != Py_None) {
-                int reached_it = compare_values(threshold, reached, Py_LE);
-                Py_DECREF(threshold);
-                if (reached_it < 0) {
-                    goto out;
-                }
-                if (!reached_it) {
-                    completed = 0;
-                    goto out;
-                }
-                if (discard_result(call2(N.release_lone, ops, key)) < 0) {
-                    goto out;
-                }
-            }
-            else {
-                Py_DECREF(threshold);
-            }
-        }
-        single = ops;
-        candidates = PyList_New(1);
-        if (candidates != NULL) {
-            PyList_SET_ITEM(candidates, 0, Py_NewRef(ops));
-        }
-        kind = DROP_NOTHING;
-    }
-    if (candidates == NULL) {
-        goto out;
-    }
-    Py_ssize_t done = 0;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(candidates); i++) {
-        PyObject *item = PyList_GET_ITEM(candidates, i);
-        int state;
-        int dropped;
-        Py_INCREF(item);
-        if (entry_state(item, &state) < 0) {
-            Py_DECREF(item);
-            goto tidy;
-        }
-        if (!state) {
-            PyObject *claimed = call_op_method(item, M_TRY_COMPLETE);
-            if (claimed == NULL) {
-                PyObject *exc = fetch_exception();
-                if (is_interrupt(exc)) {
-                    restore_exception(exc);
-                    Py_DECREF(item);
-                    goto tidy;
-                }
-                PyObject *r = call3(N.report_attempt, item, key, exc);
-                Py_DECREF(exc);
-                Py_DECREF(item);
-                if (r == NULL) {
-                    goto tidy;
-                }
-                Py_DECREF(r);
-                continue;
-            }
-            if (entry_state(item, &state) < 0) {
-                Py_DECREF(claimed);
-                Py_DECREF(item);
-                goto tidy;
-            }
-            if (state & ST_FINISHED) {
-                Py_DECREF(claimed);
-                dropped = trigger_drop(kind, container, item, key);
-                if (dropped < 0 || (dropped && entry_left(l, item) < 0)) {
-                    Py_DECREF(item);
-                    goto tidy;
-                }
-                if ((state & ST_EXPIRED_NOW) == ST_DONE) {
-                    done++;
-                }
-            }
-            else {
-                int truth = PyObject_IsTrue(claimed);
-                PyObject *r = NULL;
-                if (truth > 0) {
-                    r = call2(N.report_false_claim, item, claimed);
-                }
-                Py_DECREF(claimed);
-                if (truth < 0 || (truth > 0 && r == NULL)) {
-                    Py_DECREF(item);
-                    goto tidy;
-                }
-                Py_XDECREF(r);
-            }
-        }
-        else if (state & ST_FINISHED) {
-            dropped = trigger_drop(kind, container, item, key);
-            if (dropped < 0 || (dropped && entry_left(l, item) < 0)) {
-                Py_DECREF(item);
-                goto tidy;
-            }
-        }
-        else if (discard_result(call1(attempt, item)) < 0) {
-            Py_DECREF(item);
-            goto tidy;
-        }
-        Py_DECREF(item);
-    }
-    /* the end of the trigger (the callbacks ran: `ops` is read again as it is now) */
-    int single_state = 0;
-    if (single == NULL) {
-        int emptied;
-        if (PyDict_CheckExact(ops)) {
-            emptied = PyDict_GET_SIZE(ops) == 0;
-        }
-        else if (Threshold_Check(ops) && threshold_ready(ops)) {
-            ThresholdObject *t = (ThresholdObject *)ops;
-            emptied = PyDict_GET_SIZE(t->plain) == 0 && PyDict_GET_SIZE(t->at) == 0;
-        }
-        else if (discard_result(call_method3((PyObject *)l, N.s_tidy, key, ops, Py_None)) < 0) {
-            goto out;
-        }
-        else {
-            emptied = 0;
-        }
-        if (emptied) {
-            PyObject *now_ops = PyDict_GetItemWithError(lists, key);
-            if (now_ops == NULL && PyErr_Occurred()) {
-                goto out;
-            }
-            if (now_ops == ops && PyDict_DelItem(lists, key) < 0) {
-                goto out;
-            }
-        }
-    }
-    else if (entry_state(single, &single_state) < 0) {
-        goto out;
-    }
-    else if (single_state & ST_FINISHED) {
-        PyObject *now_ops = PyDict_GetItemWithError(lists, key);
-        if (now_ops == NULL && PyErr_Occurred()) {
-            goto out;
-        }
-        if (now_ops == ops) {
-            if (PyDict_DelItem(lists, key) < 0 || entry_left(l, single) < 0) {
-                goto out;
-            }
-        }
-        else if (discard_result(call_method3((PyObject *)l, N.s_tidy, key, ops, single)) < 0) {
-            goto out;
-        }
-    }
-    else if (discard_result(call_method3((PyObject *)l, N.s_tidy, key, ops, single)) < 0) {
-        goto out;
-    }
-    completed = done;
-    goto out;
-tidy:;
-    /* `self._tidy(key, ops, single)`, then what was raised goes on */
-    PyObject *exc = fetch_exception();
-    PyObject *r = call_method3((PyObject *)l, N.s_tidy, key, ops, none_if_null(single));
-    if (r == NULL) {
-        Py_DECREF(exc);
-    }
-    else {
-        Py_DECREF(r);
-        restore_exception(exc);
-    }
-out:
-    Py_XDECREF(candidates);
-    Py_XDECREF(container);
-    Py_DECREF(ops);
+    trigger_forget(&tr);
+    Py_XDECREF(tr.container);
+    Py_DECREF(tr.ops);
     Py_DECREF(lists);
     return completed;
 }
 
 /* -- the purge ---------------------------------------------------------------------------------- */
 
+/* `op` off a key's ThresholdWatchers `t` in the purge (held): the reference's inline common case
+ * (alone at its threshold: the entry deleted, one dead threshold more), else `t.pop`. 1 if an
+ * entry was removed, 0 if not, -1 on error; *at_then the `at` it looked in (a new reference). */
+static int
+purge_at(ThresholdObject *t, PyObject *op, PyObject *key, PyObject **at_then)
+{
+    PyObject *threshold = op_threshold_of(op, key);
+    if (threshold == NULL) {
+        return -1;
+    }
+    PyObject *at = *at_then = threshold_dict(t, t->at);
+    if (at == NULL) {
+        Py_DECREF(threshold);
+        return -1;
+    }
+    PyObject *waiting = NULL;
+    if (threshold != Py_None) {
+        waiting = PyDict_GetItemWithError(at, threshold);
+        if (waiting == NULL && PyErr_Occurred()) {
+            Py_DECREF(threshold);
+            return -1;
+        }
+    }
+    int result;
+    if (waiting == op) { /* (only compared: nothing read through it) */
+        result = PyDict_DelItem(at, threshold) < 0 || threshold_dead(t) < 0 ? -1 : 1;
+    }
+    else {
+        result = threshold_pop(t, op, key);
+    }
+    Py_DECREF(threshold);
+    return result;
+}
+
+/* `op` off `key`'s ThresholdWatchers `ops` (held), the key dropped once it has none. */
+static int
+purge_threshold(PyObject *lists, PyObject *ops, PyObject *op, PyObject *key)
+{
+    PyObject *at = NULL;
+    int removed = purge_at((ThresholdObject *)ops, op, key, &at);
+    /* `not (ops.plain or at)`: the plain as it is now, the `at` looked in */
+    PyObject *plain = ((ThresholdObject *)ops)->plain;
+    if (removed > 0 && PyDict_GET_SIZE(at) == 0 && (plain == NULL || PyDict_GET_SIZE(plain) == 0) &&
+        PyDict_DelItem(lists, key) < 0) {
+        removed = -1;
+    }
+    Py_XDECREF(at);
+    return removed;
+}
+
 /* Take `op` off `key`'s list in `lists` (the lists' dict, held by the caller) in the purge: 1 if
  * an entry was removed, 0 if not, -1 on error. Lookups run the key's, the threshold's and the
- * operation's __hash__ / __eq__: `ops`, `at` and the threshold are held across them. */
+ * operation's __hash__ / __eq__: what they read is held across them. */
 static int
 purge_entry(PyObject *lists, PyObject *op, PyObject *key)
 {
@@ -872,170 +734,99 @@ purge_entry(PyObject *lists, PyObject *op, PyObject *key)
         return PyDict_DelItem(lists, key) < 0 ? -1 : 1;
     }
     Py_INCREF(ops);
-    int result = -1;
+    int result = 0;
     if (PyDict_CheckExact(ops)) {
-        int found = PyDict_Contains(ops, op);
-        if (found <= 0) {
-            result = found;
-            goto done;
-        }
-        int err = PyDict_DelItem(ops, op);
-        if (err == 0 && PyDict_GET_SIZE(ops) == 0) {
-            err = PyDict_DelItem(lists, key);
-        }
-        result = err < 0 ? -1 : 1;
-        goto done;
-    }
-    if (!(Threshold_Check(ops) && threshold_ready(ops))) {
-        result = 0;
-        goto done;
-    }
-    ThresholdObject *t = (ThresholdObject *)ops;
-    PyObject *threshold = op_threshold_of(op, key);
-    if (threshold == NULL) {
-        goto done;
-    }
-    PyObject *at = t->at;
-    Py_INCREF(at);
-    PyObject *waiting = NULL;
-    if (threshold != Py_None) {
-        waiting = PyDict_GetItemWithError(at, threshold);
-        if (waiting == NULL && PyErr_Occurred()) {
-            goto at_done;
+        result = PyDict_Contains(ops, op);
+        if (result > 0) {
+            int err = PyDict_DelItem(ops, op);
+            if (err == 0 && PyDict_GET_SIZE(ops) == 0) {
+                err = PyDict_DelItem(lists, key);
+            }
+            result = err < 0 ? -1 : 1;
         }
     }
-    if (waiting == op) { /* (only compared: nothing read through it) */
-        if (PyDict_DelItem(at, threshold) < 0) {
-            goto at_done;
-        }
-        if (!threshold_ready(ops)) { /* the threshold's code replaced a field: the reference */
-            result = discard_result(call_method0(ops, N.s_compact)) < 0 ? -1 : 1;
-            goto at_done;
-        }
-        t->dead++;
-        Py_ssize_t run = PyObject_Size(t->run);
-        if (run < 0) {
-            goto at_done;
-        }
-        if (t->dead > ((run + PyList_GET_SIZE(t->heap)) >> 1) &&
-            discard_result(call_method0(ops, N.s_compact)) < 0) {
-            goto at_done;
-        }
+    else if (Threshold_Check(ops) && threshold_ready(ops)) {
+        result = purge_threshold(lists, ops, op, key);
     }
-    else {
-        PyObject *args[4] = {ops, op, N.missing, key};
-        PyObject *r = PyObject_VectorcallMethod(N.s_pop, args, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                                NULL);
-        if (r == NULL) {
-            goto at_done;
-        }
-        int missing = r == N.missing;
-        Py_DECREF(r);
-        if (missing) {
-            result = 0;
-            goto at_done;
-        }
-    }
-    int emptied = PyDict_GET_SIZE(at) == 0;
-    if (emptied && threshold_ready(ops)) {
-        emptied = PyDict_GET_SIZE(t->plain) == 0;
-    }
-    else if (emptied) { /* (a field replaced meanwhile: read as the reference reads it) */
-        PyObject *plain = PyObject_GetAttrString(ops, "plain");
-        if (plain == NULL) {
-            goto at_done;
-        }
-        emptied = PyObject_Not(plain);
-        Py_DECREF(plain);
-        if (emptied < 0) {
-            goto at_done;
-        }
-    }
-    if (emptied && PyDict_DelItem(lists, key) < 0) {
-        goto at_done;
-    }
-    result = 1;
-at_done:
-    Py_DECREF(at);
-    Py_DECREF(threshold);
-done:
     Py_DECREF(ops);
     return result;
+}
+
+/* The operations a purge visits, taken out of `queue` (held by the caller): all of them, or
+ * `limit` (`[queue.popitem()[0] for _ in range(limit)]`: the last ones, newest first). */
+static PyObject *
+purge_batch(PyObject *queue, Py_ssize_t limit)
+{
+    PyObject *batch = PyDict_Keys(queue);
+    if (batch == NULL) {
+        return NULL;
+    }
+    Py_ssize_t size = PyList_GET_SIZE(batch);
+    if (limit < 0 || size <= limit) {
+        PyDict_Clear(queue);
+        return batch;
+    }
+    PyObject *taken = PyList_New(limit);
+    for (Py_ssize_t i = 0; taken != NULL && i < limit; i++) {
+        PyObject *op = PyList_GET_ITEM(batch, size - 1 - i);
+        PyList_SET_ITEM(taken, i, Py_NewRef(op));
+        if (PyDict_DelItem(queue, op) < 0) {
+            Py_CLEAR(taken);
+        }
+    }
+    Py_DECREF(batch);
+    return taken;
+}
+
+/* One queued operation (held by the caller) off the lists of its keys: entries removed, or -1. */
+static Py_ssize_t
+purge_op(PyObject *lists, PyObject *op)
+{
+    PyObject *keys = Op_Check(op) ? Py_XNewRef(((OpObject *)op)->keys)
+                                  : PyObject_GetAttrString(op, "_keys");
+    if (keys == NULL || !PyTuple_Check(keys)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "a queued operation has no keys");
+        }
+        Py_XDECREF(keys);
+        return -1;
+    }
+    Py_ssize_t purged = 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
+        int removed = purge_entry(lists, op, PyTuple_GET_ITEM(keys, k));
+        if (removed < 0) {
+            Py_DECREF(keys);
+            return -1;
+        }
+        purged += removed;
+    }
+    Py_DECREF(keys);
+    return entry_unlisted(op) < 0 ? -1 : purged;
 }
 
 /* purge(limit): entries removed (limit < 0: all), or -1 on error. */
 static Py_ssize_t
 lists_purge(ListsObject *l, Py_ssize_t limit)
 {
-    PyObject *queue = l->queue;
-    Py_INCREF(queue);
-    PyObject *batch = PyDict_Keys(queue);
+    PyObject *queue = Py_NewRef(l->queue);
+    PyObject *batch = purge_batch(queue, limit);
+    Py_DECREF(queue);
     if (batch == NULL) {
-        Py_DECREF(queue);
         return -1;
     }
-    Py_ssize_t size = PyList_GET_SIZE(batch);
-    if (limit < 0 || size <= limit) {
-        PyDict_Clear(queue);
-    }
-    else {
-        /* [queue.popitem()[0] for _ in range(limit)]: the last ones, newest first */
-        PyObject *taken = PyList_New(limit);
-        if (taken == NULL) {
-            Py_DECREF(batch);
-            Py_DECREF(queue);
-            return -1;
-        }
-        for (Py_ssize_t i = 0; i < limit; i++) {
-            PyObject *op = PyList_GET_ITEM(batch, size - 1 - i);
-            PyList_SET_ITEM(taken, i, Py_NewRef(op));
-            if (PyDict_DelItem(queue, op) < 0) {
-                Py_DECREF(taken);
-                Py_DECREF(batch);
-                Py_DECREF(queue);
-                return -1;
-            }
-        }
-        Py_SETREF(batch, taken);
-    }
-    Py_DECREF(queue);
     Py_ssize_t purged = 0;
-    Py_ssize_t result = -1;
     PyObject *lists = Py_NewRef(l->lists); /* (the reference's local) */
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
-        PyObject *op = PyList_GET_ITEM(batch, i); /* (held by `batch`) */
-        PyObject *keys = Op_Check(op) ? Py_XNewRef(((OpObject *)op)->keys)
-                                      : PyObject_GetAttrString(op, "_keys");
-        if (keys == NULL || !PyTuple_Check(keys)) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_TypeError, "a queued operation has no keys");
-            }
-            Py_XDECREF(keys);
-            Py_DECREF(lists);
-            goto done;
-        }
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
-            int removed = purge_entry(lists, op, PyTuple_GET_ITEM(keys, k));
-            if (removed < 0) {
-                Py_DECREF(keys);
-                Py_DECREF(lists);
-                goto done;
-            }
-            purged += removed;
-        }
-        Py_DECREF(keys);
-        if (entry_unlisted(op) < 0) {
-            Py_DECREF(lists);
-            goto done;
-        }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch) && purged >= 0; i++) {
+        Py_ssize_t removed = purge_op(lists, PyList_GET_ITEM(batch, i)); /* (held by `batch`) */
+        purged = removed < 0 ? -1 : purged + removed;
     }
     Py_DECREF(lists);
-    l->purged += purged;
-    l->entries -= purged;
-    result = purged;
-done:
     Py_DECREF(batch);
-    return result;
+    if (purged >= 0) {
+        l->purged += purged;
+        l->entries -= purged;
+    }
+    return purged;
 }
 
 /* -- the methods as Python sees them ------------------------------------------------------------ */
@@ -1103,116 +894,4 @@ lists_purge_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyOb
         return NULL;
     }
     return PyLong_FromSsize_t(purged);
-}
-
-/* -- PurgeRule: Kafka's rule of when to purge (purgatory/_purge_rule.py) ----------------------- */
-
-static int
-rule_traverse(PyObject *self, visitproc visit, void *arg)
-{
-    RuleObject *r = (RuleObject *)self;
-    Py_VISIT(r->lists);
-    Py_VISIT(r->timer);
-    Py_VISIT(r->idle_at);
-    return 0;
-}
-
-static int
-rule_clear(PyObject *self)
-{
-    RuleObject *r = (RuleObject *)self;
-    Py_CLEAR(r->lists);
-    Py_CLEAR(r->timer);
-    Py_CLEAR(r->idle_at);
-    return 0;
-}
-
-static void
-rule_dealloc(PyObject *self)
-{
-    PyObject_GC_UnTrack(self);
-    rule_clear(self);
-    Py_TYPE(self)->tp_free(self);
-}
-
-static PyGetSetDef rule_getset[] = {
-    FIELD(RuleObject, timer, "_timer"),
-    FIELD(RuleObject, idle_at, "_idle_at"),
-    FIELD(RuleObject, lists, "_lists"),
-    {NULL},
-};
-
-static PyMemberDef rule_members[] = {
-    {"interval", Py_T_PYSSIZET, offsetof(RuleObject, interval), 0, NULL},
-    {"owed", Py_T_PYSSIZET, offsetof(RuleObject, owed), 0, NULL},
-    {"purges", Py_T_PYSSIZET, offsetof(RuleObject, purges), 0, NULL},
-    {"trip", Py_T_PYSSIZET, offsetof(RuleObject, trip), 0, NULL},
-    {"linger", Py_T_PYSSIZET, offsetof(RuleObject, linger), 0, NULL},
-    {"_purging", Py_T_BOOL, offsetof(RuleObject, purging), 0, NULL},
-    {"_requested", Py_T_BOOL, offsetof(RuleObject, requested), 0, NULL},
-    {"_armed", Py_T_BOOL, offsetof(RuleObject, armed), 0, NULL},
-    {"_bounded", Py_T_BOOL, offsetof(RuleObject, bounded), 0, NULL},
-    {NULL},
-};
-
-static inline int
-rule_ready_check(RuleObject *r)
-{
-    return r->lists != NULL && CORE_CHECK(r->lists, ListsType) &&
-           lists_ready((ListsObject *)r->lists) && r->timer != NULL && r->idle_at != NULL;
-}
-
-static inline int
-rule_ready(RuleObject *o)
-{
-    return o->ready || (o->ready = (char)rule_ready_check(o));
-}
-
-/* due(): whether the rule says purge and no pass was asked for yet (1 once, 0; -1 on error).
- * The first settlement since the lists were clean schedules the time bound's purge instead,
- * through the reference's own `_schedule` (a pass `linger` ticks after the clock's tick). */
-static int
-rule_due(RuleObject *r)
-{
-    if (r->requested) {
-        return 0;
-    }
-    if (r->owed > r->interval) {
-        r->requested = 1;
-        return 1;
-    }
-    if (r->armed) {
-        r->armed = 0;
-        r->trip = r->interval;
-        PyObject *timer = Py_NewRef(r->timer);
-        PyObject *now = call_method0(timer, N.s_now);
-        PyObject *tick = now == NULL ? NULL : call_method1(timer, N.s_ticks, now);
-        Py_XDECREF(now);
-        Py_DECREF(timer);
-        if (tick == NULL) {
-            return -1;
-        }
-        int err = discard_result(call_method1((PyObject *)r, N.s_schedule, tick));
-        Py_DECREF(tick);
-        if (err < 0) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
-static PyObject *
-rule_due_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
-{
-    if (!CORE_CHECK(self, RuleType) || nargs != 0 || kwnames != NULL ||
-        !rule_ready((RuleObject *)self)) {
-        return NOT_HANDLED;
-    }
-    Py_INCREF(self);
-    int due = rule_due((RuleObject *)self);
-    Py_DECREF(self);
-    if (due < 0) {
-        return NULL;
-    }
-    return PyBool_FromLong(due);
 }

@@ -1,0 +1,121 @@
+/* PurgeRule (purgatory/_purge_rule.py): Kafka's rule of when to purge, its hot `due` in C over the
+ * reference's fields. */
+
+typedef struct {
+    CORE_HEAD
+    PyObject *lists; /* _lists: ListsObject */
+    PyObject *timer; /* _timer */
+    PyObject *idle_at; /* _idle_at: the time bound's purge tick (an int), or inf */
+    Py_ssize_t interval, owed, purges, trip, linger;
+    char purging, requested, armed, bounded;
+} RuleObject;
+
+static int
+rule_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    RuleObject *r = (RuleObject *)self;
+    Py_VISIT(r->lists);
+    Py_VISIT(r->timer);
+    Py_VISIT(r->idle_at);
+    return 0;
+}
+
+static int
+rule_clear(PyObject *self)
+{
+    RuleObject *r = (RuleObject *)self;
+    Py_CLEAR(r->lists);
+    Py_CLEAR(r->timer);
+    Py_CLEAR(r->idle_at);
+    return 0;
+}
+
+static void
+rule_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    rule_clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyGetSetDef rule_getset[] = {
+    FIELD(RuleObject, timer, "_timer"),
+    FIELD(RuleObject, idle_at, "_idle_at"),
+    FIELD(RuleObject, lists, "_lists"),
+    {NULL},
+};
+
+static PyMemberDef rule_members[] = {
+    {"interval", Py_T_PYSSIZET, offsetof(RuleObject, interval), 0, NULL},
+    {"owed", Py_T_PYSSIZET, offsetof(RuleObject, owed), 0, NULL},
+    {"purges", Py_T_PYSSIZET, offsetof(RuleObject, purges), 0, NULL},
+    {"trip", Py_T_PYSSIZET, offsetof(RuleObject, trip), 0, NULL},
+    {"linger", Py_T_PYSSIZET, offsetof(RuleObject, linger), 0, NULL},
+    {"_purging", Py_T_BOOL, offsetof(RuleObject, purging), 0, NULL},
+    {"_requested", Py_T_BOOL, offsetof(RuleObject, requested), 0, NULL},
+    {"_armed", Py_T_BOOL, offsetof(RuleObject, armed), 0, NULL},
+    {"_bounded", Py_T_BOOL, offsetof(RuleObject, bounded), 0, NULL},
+    {NULL},
+};
+
+static inline int
+rule_ready_check(RuleObject *r)
+{
+    return r->lists != NULL && CORE_CHECK(r->lists, ListsType) &&
+           lists_ready((ListsObject *)r->lists) && r->timer != NULL && r->idle_at != NULL;
+}
+
+static inline int
+rule_ready(RuleObject *o)
+{
+    return o->ready || (o->ready = (char)rule_ready_check(o));
+}
+
+/* due(): whether the rule says purge and no pass was asked for yet (1 once, 0; -1 on error).
+ * The first settlement since the lists were clean schedules the time bound's purge instead,
+ * through the reference's own `_schedule` (a pass `linger` ticks after the clock's tick). */
+static int
+rule_due(RuleObject *r)
+{
+    if (r->requested) {
+        return 0;
+    }
+    if (r->owed > r->interval) {
+        r->requested = 1;
+        return 1;
+    }
+    if (r->armed) {
+        r->armed = 0;
+        r->trip = r->interval;
+        PyObject *timer = Py_NewRef(r->timer);
+        PyObject *now = call_method0(timer, N.s_now);
+        PyObject *tick = now == NULL ? NULL : call_method1(timer, N.s_ticks, now);
+        Py_XDECREF(now);
+        Py_DECREF(timer);
+        if (tick == NULL) {
+            return -1;
+        }
+        int err = discard_result(call_method1((PyObject *)r, N.s_schedule, tick));
+        Py_DECREF(tick);
+        if (err < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+rule_due_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (!CORE_CHECK(self, RuleType) || nargs != 0 || kwnames != NULL ||
+        !rule_ready((RuleObject *)self)) {
+        return NOT_HANDLED;
+    }
+    Py_INCREF(self);
+    int due = rule_due((RuleObject *)self);
+    Py_DECREF(self);
+    if (due < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(due);
+}
