@@ -658,33 +658,51 @@ def observe(world: World) -> Any:
     }
 
 
-async def run_program(program: dict[str, Any]) -> Any:
-    world = World(program["purge_interval"], program["wheel_size"], program["log"])
-    reports: list[Any] = []
-    loop = asyncio.get_running_loop()
+class Run:
+    """One program's run, an action at a time: the worker runs a whole program (`run_program`),
+    the in-process state machine (test_differential_machine.py) one action per rule, on a
+    purgatory of each build, and compares each step's trace."""
 
-    def handler(_: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    def __init__(self, purge_interval: int, wheel_size: int, log: bool) -> None:
+        self.world = World(purge_interval, wheel_size, log)
+        #: The loop's error reports (`handler`, the loop's exception handler) not yet traced.
+        self.reports: list[Any] = []
+
+    def handler(self, _: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
-        reports.append([context.get("message"), type(exc).__name__, str(exc)])
+        self.reports.append([context.get("message"), type(exc).__name__, str(exc)])
 
-    loop.set_exception_handler(handler)
-    trace: list[Any] = []
-    for action in program["actions"]:
+    async def step(self, action: list[int]) -> dict[str, Any]:
+        """Run one action: what it returned, what it caused, and the purgatory after it."""
+        world = self.world
         kind, a, b, c = action
         result = await ACTIONS[kind % len(ACTIONS)](world, a, b, c)
-        world.log.extend(["report", *report] for report in reports)
-        reports.clear()
-        trace.append({"action": action, "result": result, "log": world.log, **snapshot(world)})
+        world.log.extend(["report", *report] for report in self.reports)
+        self.reports.clear()
+        step = {"action": action, "result": result, "log": world.log, **snapshot(world)}
         world.log = []
-    try:
-        await world.purgatory.shutdown()
-    except Exception as exc:  # noqa: BLE001 - the observation
-        trace.append(["shutdown raised", type(exc).__name__, str(exc)])
-    await asyncio.sleep(0)
-    trace.append({"records": world.records, "reports": reports, "final": snapshot(world)})
-    world.closed = True
-    world.trap = None
-    return trace
+        return step
+
+    async def finish(self) -> list[Any]:
+        """Shut the purgatory down and close the world: the end of the program's trace."""
+        world = self.world
+        trace: list[Any] = []
+        try:
+            await world.purgatory.shutdown()
+        except Exception as exc:  # noqa: BLE001 - the observation
+            trace.append(["shutdown raised", type(exc).__name__, str(exc)])
+        await asyncio.sleep(0)
+        trace.append({"records": world.records, "reports": self.reports, "final": snapshot(world)})
+        world.closed = True
+        world.trap = None
+        return trace
+
+
+async def run_program(program: dict[str, Any]) -> Any:
+    run = Run(program["purge_interval"], program["wheel_size"], program["log"])
+    asyncio.get_running_loop().set_exception_handler(run.handler)
+    trace = [await run.step(action) for action in program["actions"]]
+    return [*trace, *await run.finish()]
 
 
 def main() -> None:
