@@ -620,6 +620,27 @@ HOSTILE_KINDS = tuple(
     ACTIONS.index(action)
     for action in (arm, watch_hostile, trigger_hostile, cancel_hostile, collect)
 )
+_ARM, _WATCH_HOSTILE, _TRIGGER_HOSTILE, _CANCEL_HOSTILE, _COLLECT = HOSTILE_KINDS
+
+#: The kinds a plain program's actions are drawn from, each as often as it appears: watches,
+#: triggers and time moves are what programs are mostly made of (the subprocess test and the
+#: state machine draw from it).
+PLAIN_DRAW = (0,) * 8 + (1,) * 4 + (2,) * 5 + (3,) * 2 + (5,) * 3 + (6,) * 2 + tuple(range(14))
+#: The kinds a hostile program's actions are drawn from (the subprocess test, the state machine
+#: and tools/fuzz_differential.py): traps armed often, hostile keys and thresholds watched,
+#: triggered and cancelled, collections; among the plain actions.
+HOSTILE_DRAW = (
+    (_ARM,) * 5
+    + (_WATCH_HOSTILE,) * 6
+    + (_TRIGGER_HOSTILE,) * 4
+    + (_CANCEL_HOSTILE,) * 2
+    + (_COLLECT,) * 3
+    + (0,) * 3
+    + (1,) * 2
+    + (2,) * 2
+    + (3, 5, 5, 6, 7, 8, 11)
+    + tuple(range(14))
+)
 
 
 def snapshot(world: World) -> Any:

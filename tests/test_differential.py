@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from differential_worker import HOSTILE_KINDS, arms_a_trap, lifetime_dependent
+from differential_worker import HOSTILE_DRAW, PLAIN_DRAW, arms_a_trap, lifetime_dependent
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -162,9 +162,8 @@ def workers() -> Iterator[tuple[Worker, Worker]]:
         pure.close()
 
 
-# Watches, triggers and time moves are what programs are mostly made of.
-_KIND = st.sampled_from([0] * 8 + [1] * 4 + [2] * 5 + [3] * 2 + [5] * 3 + [6] * 2 + list(range(14)))
-_ACTION = st.tuples(_KIND, st.integers(0, 40), st.integers(0, 40), st.integers(0, 40))
+# Watches, triggers and time moves are what programs are mostly made of (the worker's PLAIN_DRAW).
+_ACTION = st.tuples(st.sampled_from(PLAIN_DRAW), *[st.integers(0, 40)] * 3)
 _PROGRAM = st.fixed_dictionaries(
     {
         "actions": st.lists(_ACTION.map(list), min_size=1, max_size=60),
@@ -175,20 +174,9 @@ _PROGRAM = st.fixed_dictionaries(
 )
 
 # Hostile programs: traps armed often (differential_worker.py's `arm`), hostile keys and
-# thresholds watched, triggered and cancelled, collections; among the plain actions.
-_ARM, _WATCH_HOSTILE, _TRIGGER_HOSTILE, _CANCEL_HOSTILE, _COLLECT = HOSTILE_KINDS
-_HOSTILE_KIND = st.sampled_from(
-    [_ARM] * 5
-    + [_WATCH_HOSTILE] * 6
-    + [_TRIGGER_HOSTILE] * 4
-    + [_CANCEL_HOSTILE] * 2
-    + [_COLLECT] * 3
-    + [0] * 3
-    + [1] * 2
-    + [2] * 2
-    + [3, 5, 5, 6, 7, 8, 11]
-    + list(range(14))
-)
+# thresholds watched, triggered and cancelled, collections; among the plain actions (the
+# worker's HOSTILE_DRAW).
+_HOSTILE_KIND = st.sampled_from(HOSTILE_DRAW)
 _HOSTILE_PROGRAM = st.fixed_dictionaries(
     {
         "actions": st.lists(
