@@ -49,6 +49,7 @@ class World:
         self.quiet = False  # no trap fires while the snapshot reads the purgatory
         self.closed = False  # the program ended: what its keys' __del__ runs later is not its
         self.mortals = 0  # operations of `MortalOperation` created (they are not in `ops`)
+        self.tasks: list[asyncio.Future[Any]] = []  # the awaiting tasks (`await_op`) kept
         # A class of the program's own, so that a program that assigns its __hash__ changes no
         # other program's operations.
         self.op_class: type[Operation] = type("Operation", (Operation,), {"__slots__": ()})
@@ -286,7 +287,8 @@ async def bad_timeout(world: World, a: int, b: int, c: int) -> Any:
 # into the trace where it ran. Hostile keys are made anew for every use, so that a lookup
 # compares them (__eq__) with the one the purgatory holds, and two of them share a hash.
 # Mortal operations are held by the purgatory alone, so that they die the moment it lets them
-# go, while the C may still hold them.
+# go, while the C may still hold them. A task may await an operation (`await_op`): its done
+# callback, which the loop runs once the outcome is known, makes a reaction too.
 #
 # __del__ runs when an object dies, and when the purgatory lets go of an object is not the same
 # in both builds (a traceback's frames in the pure one hold what the C holds in no frame). So
@@ -574,6 +576,29 @@ async def collect(world: World, a: int, b: int, c: int) -> Any:
     return outcome(lambda: gc.collect() >= 0)
 
 
+async def await_op(world: World, a: int, b: int, c: int) -> Any:
+    """A task awaits an operation, and its done callback, user code the loop runs once the
+    outcome is known, logs the outcome and re-enters the purgatory (a trap's reaction)."""
+    awaited = pick(world, a)
+    if awaited is None:
+        return None
+
+    async def wait() -> Any:
+        return await awaited
+
+    def done(task: asyncio.Future[Any]) -> None:
+        if world.closed:  # cancelled as the program's loop closes: not the program's
+            return
+        got = ["cancelled"] if task.cancelled() else outcome(task.result)
+        name, call = reaction(world, b, c, None)
+        world.log.append(["done", awaited.ident, got, name, outcome(call)])
+
+    task = asyncio.ensure_future(wait())
+    task.add_done_callback(done)
+    world.tasks.append(task)
+    return ["awaiting", awaited.ident]
+
+
 #: The actions, by their kind (a program's action is [kind, a, b, c]).
 ACTIONS = (
     watch_new,
@@ -595,6 +620,7 @@ ACTIONS = (
     trigger_hostile,
     cancel_hostile,
     collect,
+    await_op,
 )
 
 
@@ -618,9 +644,9 @@ LIFETIME_HOOKS = ("del", "opdel")
 #: The kinds of the hostile actions (the hostile test weighs them up).
 HOSTILE_KINDS = tuple(
     ACTIONS.index(action)
-    for action in (arm, watch_hostile, trigger_hostile, cancel_hostile, collect)
+    for action in (arm, watch_hostile, trigger_hostile, cancel_hostile, collect, await_op)
 )
-_ARM, _WATCH_HOSTILE, _TRIGGER_HOSTILE, _CANCEL_HOSTILE, _COLLECT = HOSTILE_KINDS
+_ARM, _WATCH_HOSTILE, _TRIGGER_HOSTILE, _CANCEL_HOSTILE, _COLLECT, _AWAIT = HOSTILE_KINDS
 
 #: The kinds a plain program's actions are drawn from, each as often as it appears: watches,
 #: triggers and time moves are what programs are mostly made of (the subprocess test and the
@@ -635,6 +661,7 @@ HOSTILE_DRAW = (
     + (_TRIGGER_HOSTILE,) * 4
     + (_CANCEL_HOSTILE,) * 2
     + (_COLLECT,) * 3
+    + (_AWAIT,) * 2
     + (0,) * 3
     + (1,) * 2
     + (2,) * 2

@@ -9,15 +9,20 @@ print everything observable: results and exceptions with their messages, callbac
 error reports, event-log records, statistics, reprs, invariants. The traces must be equal.
 
 The hostile programs add user code that re-enters the purgatory from inside its own calls:
-keys whose __hash__ or __eq__, thresholds whose comparisons, callbacks and __del__ that
-trigger, cancel, shut down, force, watch, purge, drain or move the clock, and collections in
-the middle of it all (the worker's "hostile user code" says how). A worker that dies (a
-segfault, an AddressSanitizer report under `make sanitize`) or hangs fails the program, which
-is printed as one JSON line (``python tests/differential_worker.py < program.json`` replays
-it), and is replaced for the next one. The workers run with PYTHONMALLOC=debug, unless set, so
-that an object used after it was freed crashes rather than reads stale memory.
+keys whose __hash__ or __eq__, thresholds whose comparisons, callbacks (an operation's, an
+awaiting task's done callback) and __del__ that trigger, cancel, shut down, force, watch, purge,
+drain or move the clock, and collections in the middle of it all (the worker's "hostile user
+code" says how). A worker that dies (a segfault, an AddressSanitizer report under `make
+sanitize`) or hangs fails the program, which is printed as one JSON line (``python
+tests/differential_worker.py < program.json`` replays it), and is replaced for the next one.
+The workers run with PYTHONMALLOC=debug, unless set, so that an object used after it was freed
+crashes rather than reads stale memory.
 
 PURGATORY_DIFFERENTIAL_STEPS sets the length of each test (`make fuzz STEPS=1000000`).
+
+test_differential_machine.py runs the same actions in one process, as a hypothesis state
+machine; this test is kept for what that one cannot do: survive a crash of the native core
+(and report it with the program), as the fuzzer and `make sanitize` need.
 
 Runs where the native core is built; with PURGATORY_NO_EXTENSIONS set there is nothing to
 compare with.

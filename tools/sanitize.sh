@@ -35,6 +35,10 @@ fi
 
 echo "sanitize: building the native core with AddressSanitizer into $out/lib"
 rm -rf "$out"
+# pip builds in the tree, and setuptools reuses the objects and the module an earlier build left
+# in build/ (`setup.py build_ext --inplace`'s, uninstrumented) when they are newer than the
+# sources: gone, the core is compiled here with the flags below.
+rm -rf build/temp.* build/lib.*
 mkdir -p "$reports"
 # pip builds from the project's own files (pyproject's build requirements, setup.py), outside
 # the tree: a wheel, unpacked into $out/lib.
