@@ -40,8 +40,10 @@ import gc
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -65,6 +67,12 @@ STEPS = int(os.environ.get("PURGATORY_DIFFERENTIAL_STEPS", "4000"))
 STEPS_PER_EXAMPLE = 40
 #: A step that takes this long (s, on the loop's real clock) is held to hang.
 TIMEOUT = float(os.environ.get("PURGATORY_DIFFERENTIAL_TIMEOUT", "60"))
+
+#: A file each program is written to before each of its steps (PURGATORY_DIFFERENTIAL_JOURNAL;
+#: `make sanitize` sets it): a crash of the native core ends this process with no report from
+#: hypothesis, and the file holds the program that crashed it, which ``python
+#: tests/test_differential_machine.py FILE`` replays in one process (the worker takes it too).
+JOURNAL = os.environ.get("PURGATORY_DIFFERENTIAL_JOURNAL", "")
 
 ARG = st.integers(0, 40)  # a rule's a, b, c: the worker's action [kind, a, b, c]
 
@@ -181,6 +189,8 @@ class DifferentialMachine(RuleBasedStateMachine):
     def step(self, action: list[int]) -> None:
         assert self.sides is not None
         self.program["actions"].append(action)
+        if JOURNAL:
+            Path(JOURNAL).write_text(json.dumps(self.program), encoding="utf-8")
         if worker.arms_a_trap(self.program):
             self.trapped = True
             self.lifetimes = worker.lifetime_dependent(self.program)
@@ -252,16 +262,15 @@ def first_difference(native: dict[str, Any], pure: dict[str, Any]) -> str:
     return "none"  # pragma: no cover - called on a difference
 
 
-@pytest.fixture
-def builds(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Both builds' worker modules on the machines; the process as the worker runs it: the
+@contextlib.contextmanager
+def both_builds(worlds: Worlds) -> Iterator[None]:
+    """Both builds' worker modules on the machines, and the process as the worker runs it: the
     automatic collection off (a __del__ runs in the collections a program makes), no log output
     (reports without a loop go to the logger, not compared)."""
     assert purgatory.IMPLEMENTATION == "native", (
         "the native core is not built in this environment, so there is nothing to compare the "
         "pure-Python modules with: build it (pip install -e .) or set PURGATORY_NO_EXTENSIONS=1"
     )
-    worlds = pure_world(request.config)
     pure = worlds.import_module(worker.__name__)
     assert pure.purgatory.IMPLEMENTATION == "python"
     DifferentialMachine.native = worker
@@ -281,6 +290,12 @@ def builds(request: pytest.FixtureRequest) -> Iterator[None]:
         gc.unfreeze()
         if enabled:
             gc.enable()
+
+
+@pytest.fixture
+def builds(request: pytest.FixtureRequest) -> Iterator[None]:
+    with both_builds(pure_world(request.config)):
+        yield
 
 
 def machine_settings(
@@ -341,3 +356,25 @@ def test_a_difference_is_found_and_shrunk(builds: None, monkeypatch: pytest.Monk
     assert "state.act(" in notes
     assert "action='trigger'" in notes
     assert "@reproduce_failure(" in notes
+
+
+def replay(path: str) -> None:
+    """Run a program (a journal, or a failure's JSON line) in the machine, both builds in this
+    process, printing each action before it runs: the last one printed is the one that crashed."""
+    program = json.loads(Path(path).read_text(encoding="utf-8"))
+    worlds = Worlds()
+    worlds.build()
+    with both_builds(worlds):
+        machine = HostileMachine()
+        machine.start(program["purge_interval"], program["wheel_size"], program["log"])
+        try:
+            for action in program["actions"]:
+                print(json.dumps(action), flush=True)
+                machine.step(action)
+        finally:
+            machine.teardown()
+    print("no difference")
+
+
+if __name__ == "__main__":
+    replay(sys.argv[1])

@@ -64,6 +64,10 @@ export PURGATORY_EXPECT_IMPLEMENTATION=native
 # Python's fault handler off: AddressSanitizer reports a fault with its C stack, and a second
 # handler of the same signal makes that report a "nested bug" without one.
 export PYTHONFAULTHANDLER=
+# The differential state machine writes each program there before each step: the program that
+# crashed it, if one did (`python tests/test_differential_machine.py FILE` replays it).
+journal=$root/$out/differential-machine-program.json
+export PURGATORY_DIFFERENTIAL_JOURNAL=${PURGATORY_DIFFERENTIAL_JOURNAL:-$journal}
 unset PURGATORY_NO_EXTENSIONS
 
 # The tests must import the instrumented build, not the tree's.
@@ -84,6 +88,9 @@ if ((${#found[@]})); then
         cat "$report" >&2
     done
     echo "sanitize: FAILED: ${#found[@]} AddressSanitizer report(s)" >&2
+    if [[ -e $PURGATORY_DIFFERENTIAL_JOURNAL ]]; then
+        echo "sanitize: the state machine's last program: $PURGATORY_DIFFERENTIAL_JOURNAL" >&2
+    fi
     exit 1
 fi
 if ((status)); then
