@@ -338,7 +338,7 @@ def test_a_difference_is_found_and_shrunk(builds: None, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(cls, "check_and_complete", one_too_many)
     # Short programs: found and shrunk in seconds (the shrink reruns the program many times).
-    search = machine_settings(2000, per_example=10, database=None, derandomize=True)
+    search = machine_settings(1000, per_example=10, database=None, derandomize=True)
     with pytest.raises(AssertionError, match=r"the builds differ: 'result'") as failure:
         run_state_machine_as_test(PlainMachine, settings=search)
     program = DifferentialMachine.failed_program
