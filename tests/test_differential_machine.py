@@ -129,10 +129,11 @@ def _act(draw: tuple[int, ...]) -> Any:
     many times as it weighs), run with the drawn a, b, c on both builds.
 
     One rule rather than one per action: hypothesis enables a random subset of a machine's rules
-    in each example (swarm testing), and with an action per rule a trigger rarely found a watched
-    operation made ready on its key (in 4,000 steps, none of 412 triggers completed anything).
-    Drawn with the subprocess test's weights, a failing program still reads (and replays) as
-    the actions' names: ``state.act(action='watch_new', a=0, b=0, c=5)``."""
+    in each example (swarm testing), and with an action per rule a trigger seldom found a
+    watched operation made ready on its key (over 4,000 plain steps, none of 412 triggers
+    completed anything; drawn so, 10 of 695 did). Drawn with the subprocess test's weights, a
+    failing program still reads (and replays) as the actions' names:
+    ``state.act(action='watch_new', a=0, b=0, c=5)``."""
 
     @rule(
         action=st.sampled_from([worker.ACTIONS[kind].__name__ for kind in draw]),
@@ -153,7 +154,7 @@ NAMED = {action.__name__: kind for kind, action in enumerate(worker.ACTIONS)}
 class DifferentialMachine(RuleBasedStateMachine):
     """Both builds run each action the machine's rule draws; their observations are compared."""
 
-    #: The worker module of each world, and how to enter the pure one (set by the fixture).
+    #: The worker module of each world, and the worlds (set by `both_builds`).
     native: ClassVar[ModuleType]
     pure: ClassVar[ModuleType]
     worlds: ClassVar[Worlds]
