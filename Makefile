@@ -38,9 +38,11 @@ quick: $(BIN)/python
 # the native core (the pure world runs no C) but the Spark load model's (a JVM does not run with
 # libasan preloaded) and the leak tests' (without pymalloc they have nothing to count: `make
 # leaks` runs them), and the differential
-# test with its hostile programs (PURGATORY_DIFFERENTIAL_STEPS sets its length here too).
+# tests with their hostile programs, in worker processes and in one process (the state machine)
+# (PURGATORY_DIFFERENTIAL_STEPS sets their length here too).
 SANITIZE_TESTS ?= --core-only --implementation=native --ignore=tests/test_load_model.py \
-	--ignore=tests/test_leaks.py tests tests/test_differential.py
+	--ignore=tests/test_leaks.py tests tests/test_differential.py \
+	tests/test_differential_machine.py
 sanitize: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,examples,arrow]'
 	tools/sanitize.sh $(BIN)/python $(SANITIZE_TESTS)
@@ -57,7 +59,7 @@ STEPS ?= 100000
 fuzz: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	PURGATORY_DIFFERENTIAL_STEPS=$(STEPS) $(BIN)/python -m pytest -q -p no:cacheprovider \
-		tests/test_differential.py
+		tests/test_differential.py tests/test_differential_machine.py
 
 # The same programs from a seeded random generator (tools/fuzz_differential.py): STEPS actions
 # exactly, every failing program printed, crashes and differences counted apart.

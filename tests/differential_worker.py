@@ -49,6 +49,7 @@ class World:
         self.quiet = False  # no trap fires while the snapshot reads the purgatory
         self.closed = False  # the program ended: what its keys' __del__ runs later is not its
         self.mortals = 0  # operations of `MortalOperation` created (they are not in `ops`)
+        self.tasks: list[asyncio.Future[Any]] = []  # the awaiting tasks (`await_op`) kept
         # A class of the program's own, so that a program that assigns its __hash__ changes no
         # other program's operations.
         self.op_class: type[Operation] = type("Operation", (Operation,), {"__slots__": ()})
@@ -286,7 +287,8 @@ async def bad_timeout(world: World, a: int, b: int, c: int) -> Any:
 # into the trace where it ran. Hostile keys are made anew for every use, so that a lookup
 # compares them (__eq__) with the one the purgatory holds, and two of them share a hash.
 # Mortal operations are held by the purgatory alone, so that they die the moment it lets them
-# go, while the C may still hold them.
+# go, while the C may still hold them. A task may await an operation (`await_op`): its done
+# callback, which the loop runs once the outcome is known, makes a reaction too.
 #
 # __del__ runs when an object dies, and when the purgatory lets go of an object is not the same
 # in both builds (a traceback's frames in the pure one hold what the C holds in no frame). So
@@ -574,6 +576,29 @@ async def collect(world: World, a: int, b: int, c: int) -> Any:
     return outcome(lambda: gc.collect() >= 0)
 
 
+async def await_op(world: World, a: int, b: int, c: int) -> Any:
+    """A task awaits an operation, and its done callback, user code the loop runs once the
+    outcome is known, logs the outcome and re-enters the purgatory (a trap's reaction)."""
+    awaited = pick(world, a)
+    if awaited is None:
+        return None
+
+    async def wait() -> Any:
+        return await awaited
+
+    def done(task: asyncio.Future[Any]) -> None:
+        if world.closed:  # cancelled as the program's loop closes: not the program's
+            return
+        got = ["cancelled"] if task.cancelled() else outcome(task.result)
+        name, call = reaction(world, b, c, None)
+        world.log.append(["done", awaited.ident, got, name, outcome(call)])
+
+    task = asyncio.ensure_future(wait())
+    task.add_done_callback(done)
+    world.tasks.append(task)
+    return ["awaiting", awaited.ident]
+
+
 #: The actions, by their kind (a program's action is [kind, a, b, c]).
 ACTIONS = (
     watch_new,
@@ -595,6 +620,7 @@ ACTIONS = (
     trigger_hostile,
     cancel_hostile,
     collect,
+    await_op,
 )
 
 
@@ -618,7 +644,29 @@ LIFETIME_HOOKS = ("del", "opdel")
 #: The kinds of the hostile actions (the hostile test weighs them up).
 HOSTILE_KINDS = tuple(
     ACTIONS.index(action)
-    for action in (arm, watch_hostile, trigger_hostile, cancel_hostile, collect)
+    for action in (arm, watch_hostile, trigger_hostile, cancel_hostile, collect, await_op)
+)
+_ARM, _WATCH_HOSTILE, _TRIGGER_HOSTILE, _CANCEL_HOSTILE, _COLLECT, _AWAIT = HOSTILE_KINDS
+
+#: The kinds a plain program's actions are drawn from, each as often as it appears: watches,
+#: triggers and time moves are what programs are mostly made of (the subprocess test and the
+#: state machine draw from it).
+PLAIN_DRAW = (0,) * 8 + (1,) * 4 + (2,) * 5 + (3,) * 2 + (5,) * 3 + (6,) * 2 + tuple(range(14))
+#: The kinds a hostile program's actions are drawn from (the subprocess test, the state machine
+#: and tools/fuzz_differential.py): traps armed often, hostile keys and thresholds watched,
+#: triggered and cancelled, collections; among the plain actions.
+HOSTILE_DRAW = (
+    (_ARM,) * 5
+    + (_WATCH_HOSTILE,) * 6
+    + (_TRIGGER_HOSTILE,) * 4
+    + (_CANCEL_HOSTILE,) * 2
+    + (_COLLECT,) * 3
+    + (_AWAIT,) * 2
+    + (0,) * 3
+    + (1,) * 2
+    + (2,) * 2
+    + (3, 5, 5, 6, 7, 8, 11)
+    + tuple(range(14))
 )
 
 
@@ -658,33 +706,51 @@ def observe(world: World) -> Any:
     }
 
 
-async def run_program(program: dict[str, Any]) -> Any:
-    world = World(program["purge_interval"], program["wheel_size"], program["log"])
-    reports: list[Any] = []
-    loop = asyncio.get_running_loop()
+class Run:
+    """One program's run, an action at a time: the worker runs a whole program (`run_program`),
+    the in-process state machine (test_differential_machine.py) one action per rule, on a
+    purgatory of each build, and compares each step's trace."""
 
-    def handler(_: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    def __init__(self, purge_interval: int, wheel_size: int, log: bool) -> None:
+        self.world = World(purge_interval, wheel_size, log)
+        #: The loop's error reports (`handler`, the loop's exception handler) not yet traced.
+        self.reports: list[Any] = []
+
+    def handler(self, _: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
-        reports.append([context.get("message"), type(exc).__name__, str(exc)])
+        self.reports.append([context.get("message"), type(exc).__name__, str(exc)])
 
-    loop.set_exception_handler(handler)
-    trace: list[Any] = []
-    for action in program["actions"]:
+    async def step(self, action: list[int]) -> dict[str, Any]:
+        """Run one action: what it returned, what it caused, and the purgatory after it."""
+        world = self.world
         kind, a, b, c = action
         result = await ACTIONS[kind % len(ACTIONS)](world, a, b, c)
-        world.log.extend(["report", *report] for report in reports)
-        reports.clear()
-        trace.append({"action": action, "result": result, "log": world.log, **snapshot(world)})
+        world.log.extend(["report", *report] for report in self.reports)
+        self.reports.clear()
+        step = {"action": action, "result": result, "log": world.log, **snapshot(world)}
         world.log = []
-    try:
-        await world.purgatory.shutdown()
-    except Exception as exc:  # noqa: BLE001 - the observation
-        trace.append(["shutdown raised", type(exc).__name__, str(exc)])
-    await asyncio.sleep(0)
-    trace.append({"records": world.records, "reports": reports, "final": snapshot(world)})
-    world.closed = True
-    world.trap = None
-    return trace
+        return step
+
+    async def finish(self) -> list[Any]:
+        """Shut the purgatory down and close the world: the end of the program's trace."""
+        world = self.world
+        trace: list[Any] = []
+        try:
+            await world.purgatory.shutdown()
+        except Exception as exc:  # noqa: BLE001 - the observation
+            trace.append(["shutdown raised", type(exc).__name__, str(exc)])
+        await asyncio.sleep(0)
+        trace.append({"records": world.records, "reports": self.reports, "final": snapshot(world)})
+        world.closed = True
+        world.trap = None
+        return trace
+
+
+async def run_program(program: dict[str, Any]) -> Any:
+    run = Run(program["purge_interval"], program["wheel_size"], program["log"])
+    asyncio.get_running_loop().set_exception_handler(run.handler)
+    trace = [await run.step(action) for action in program["actions"]]
+    return [*trace, *await run.finish()]
 
 
 def main() -> None:

@@ -14,10 +14,14 @@ worker thread it starts sees the same implementation as the module's own imports
 The native items keep their ids (``tests/test_x.py::...``); where the native core is not built,
 or the whole run has ``PURGATORY_NO_EXTENSIONS`` set, there is one world only and nothing is
 collected twice. ``--implementation=native|python|both`` chooses (default: both).
+
+The differential state machine (test_differential_machine.py) uses the same pure world
+(`pure_world`) to drive a purgatory of each build side by side in one process.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Iterator
@@ -47,10 +51,18 @@ NOT_CORE = (
     "test_examples.py",
     "test_packaging.py",
     "test_differential.py",
+    "test_differential_machine.py",
 )
 
 #: Modules of the tests' own that import the package: a pure test imports pure copies of them.
-SUPPORT = ("helpers", "api_surface", "metrics_support", "virtual_time", "http_support")
+SUPPORT = (
+    "helpers",
+    "api_surface",
+    "metrics_support",
+    "virtual_time",
+    "http_support",
+    "differential_worker",
+)
 
 
 #: The environment inside the pure world, as a pure-only run has it: subprocesses a test starts
@@ -87,7 +99,11 @@ class Worlds:
 
     def _take(self) -> dict[str, ModuleType]:
         """Take the world that stands in ``sys.modules`` out of it."""
-        return {name: sys.modules.pop(name) for name in list(sys.modules) if self._in_world(name)}
+        # What the world's names start with, tested first (in C): the differential machine
+        # swaps the worlds twice a step, each time over every module the session imported.
+        starts = ("purgatory", *SUPPORT, *self.test_modules)
+        names = [name for name in sys.modules if name.startswith(starts) and self._in_world(name)]
+        return {name: sys.modules.pop(name) for name in names}
 
     def build(self) -> None:
         """Import the package again with the native core switched off: the pure world."""
@@ -97,6 +113,12 @@ class Worlds:
 
             if purgatory.IMPLEMENTATION != PURE:
                 raise RuntimeError("the pure world imported the native core")
+
+    def import_module(self, name: str) -> ModuleType:
+        """Import `name` (the package's or one of SUPPORT) inside the pure world: its pure copy,
+        beside the default build's under the same name."""
+        with self.entered():
+            return importlib.import_module(name)
 
     @contextmanager
     def entered(self) -> Iterator[None]:
@@ -157,6 +179,15 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+def pure_world(config: pytest.Config) -> Worlds:
+    """The session's pure world, built on first use (a run of the native tests alone, as `make
+    sanitize`'s, builds it only for a test that asks for it)."""
+    worlds = config.stash[WORLDS]
+    if not worlds.pure:
+        worlds.build()
+    return worlds
+
+
 def _both(config: pytest.Config) -> bool:
     import purgatory
 
@@ -167,7 +198,7 @@ def pytest_configure(config: pytest.Config) -> None:
     worlds = Worlds()
     config.stash[WORLDS] = worlds
     if _both(config):
-        worlds.build()
+        pure_world(config)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:

@@ -20,23 +20,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from differential_worker import ACTIONS, HOSTILE_KINDS
+from differential_worker import ACTIONS, HOSTILE_DRAW
 from test_differential import Worker, WorkerFailed, compare
 
-ARM, WATCH_HOSTILE, TRIGGER_HOSTILE, CANCEL_HOSTILE, COLLECT = HOSTILE_KINDS
-#: The hostile test's weights (tests/test_differential.py's _HOSTILE_KIND).
-KINDS = (
-    [ARM] * 5
-    + [WATCH_HOSTILE] * 6
-    + [TRIGGER_HOSTILE] * 4
-    + [CANCEL_HOSTILE] * 2
-    + [COLLECT] * 3
-    + [0] * 3
-    + [1] * 2
-    + [2] * 2
-    + [3, 5, 5, 6, 7, 8, 11]
-    + list(range(14))
-)
+#: The hostile test's weights.
+KINDS = HOSTILE_DRAW
 
 
 def program(rng: random.Random) -> dict[str, Any]:

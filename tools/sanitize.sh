@@ -35,6 +35,10 @@ fi
 
 echo "sanitize: building the native core with AddressSanitizer into $out/lib"
 rm -rf "$out"
+# pip builds in the tree, and setuptools reuses the objects and the module an earlier build left
+# in build/ (`setup.py build_ext --inplace`'s, uninstrumented) when they are newer than the
+# sources: gone, the core is compiled here with the flags below.
+rm -rf build/temp.* build/lib.*
 mkdir -p "$reports"
 # pip builds from the project's own files (pyproject's build requirements, setup.py), outside
 # the tree: a wheel, unpacked into $out/lib.
@@ -60,6 +64,10 @@ export PURGATORY_EXPECT_IMPLEMENTATION=native
 # Python's fault handler off: AddressSanitizer reports a fault with its C stack, and a second
 # handler of the same signal makes that report a "nested bug" without one.
 export PYTHONFAULTHANDLER=
+# The differential state machine writes each program there before each step: the program that
+# crashed it, if one did (`python tests/test_differential_machine.py FILE` replays it).
+journal=$root/$out/differential-machine-program.json
+export PURGATORY_DIFFERENTIAL_JOURNAL=${PURGATORY_DIFFERENTIAL_JOURNAL:-$journal}
 unset PURGATORY_NO_EXTENSIONS
 
 # The tests must import the instrumented build, not the tree's.
@@ -80,6 +88,9 @@ if ((${#found[@]})); then
         cat "$report" >&2
     done
     echo "sanitize: FAILED: ${#found[@]} AddressSanitizer report(s)" >&2
+    if [[ -e $PURGATORY_DIFFERENTIAL_JOURNAL ]]; then
+        echo "sanitize: the state machine's last program: $PURGATORY_DIFFERENTIAL_JOURNAL" >&2
+    fi
     exit 1
 fi
 if ((status)); then
