@@ -316,7 +316,7 @@ def _analyze_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.001,
         metavar="S",
-        help="the purgatories' tick, for the default --grace (default 0.001)",
+        help="the purgatories' tick (4 of them in the grace when --grace is not given)",
     )
     live.add_argument(
         "--once",
