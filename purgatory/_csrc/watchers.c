@@ -9,6 +9,7 @@
 static int
 threshold_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     ThresholdObject *t = (ThresholdObject *)self;
     Py_VISIT(t->plain);
     Py_VISIT(t->at);
@@ -37,9 +38,11 @@ threshold_clear(PyObject *self)
 static void
 threshold_dealloc(PyObject *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     threshold_clear(self);
-    Py_TYPE(self)->tp_free(self);
+    type->tp_free(self);
+    Py_DECREF(type); /* (a heap type: its instances hold it) */
 }
 
 static PyGetSetDef threshold_getset[] = {
@@ -57,7 +60,7 @@ static PyMemberDef threshold_members[] = {
 };
 
 static int
-threshold_ready_check(ThresholdObject *t)
+threshold_ready_check(NativeState *st, ThresholdObject *t)
 {
     Py_CLEAR(t->run_append);
     Py_CLEAR(t->run_popleft);
@@ -76,10 +79,10 @@ threshold_ready_check(ThresholdObject *t)
 }
 
 static inline int
-threshold_ready(PyObject *o)
+threshold_ready(NativeState *st, PyObject *o)
 {
     ThresholdObject *t = (ThresholdObject *)o;
-    return t->ready || (t->ready = (char)threshold_ready_check(t));
+    return t->ready || (t->ready = (char)threshold_ready_check(st, t));
 }
 
 
@@ -88,6 +91,7 @@ threshold_ready(PyObject *o)
 static int
 lists_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     Py_VISIT(((ListsObject *)self)->lists);
     Py_VISIT(((ListsObject *)self)->queue);
     return 0;
@@ -104,9 +108,11 @@ lists_clear(PyObject *self)
 static void
 lists_dealloc(PyObject *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     lists_clear(self);
-    Py_TYPE(self)->tp_free(self);
+    type->tp_free(self);
+    Py_DECREF(type); /* (a heap type: its instances hold it) */
 }
 
 static PyGetSetDef lists_getset[] = {
@@ -143,7 +149,7 @@ op_mark_listed(OpObject *op, Py_ssize_t listed)
 
 /* An entry of `op` left a list: one entry less; out of the purge queue once on none. */
 static inline int
-lists_left(ListsObject *l, OpObject *op)
+lists_left(NativeState *st, ListsObject *l, OpObject *op)
 {
     l->entries--;
     op->listed--;
@@ -182,7 +188,7 @@ entry_state_slow(PyObject *o, int *state)
 }
 
 static inline int
-entry_state(PyObject *o, int *state)
+entry_state(NativeState *st, PyObject *o, int *state)
 {
     if (Op_Check(o)) {
         *state = ((OpObject *)o)->state;
@@ -193,17 +199,17 @@ entry_state(PyObject *o, int *state)
 
 /* An entry of `o` left a list (`WatcherLists.left`). */
 static inline int
-entry_left(ListsObject *l, PyObject *o)
+entry_left(NativeState *st, ListsObject *l, PyObject *o)
 {
     if (Op_Check(o)) {
-        return lists_left(l, (OpObject *)o);
+        return lists_left(st, l, (OpObject *)o);
     }
     return discard_result(PyObject_CallMethod((PyObject *)l, "left", "O", o));
 }
 
 /* `o._listed = 0` (the purge's). */
 static inline int
-entry_unlisted(PyObject *o)
+entry_unlisted(NativeState *st, PyObject *o)
 {
     if (Op_Check(o)) {
         op_mark_listed((OpObject *)o, 0);
@@ -224,7 +230,8 @@ entry_unlisted(PyObject *o)
  * code that may change the key's watchers) is the reference's `_join_plain`, which looks again
  * after it. */
 static int
-register_plain(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObject *ops)
+register_plain(NativeState *st, ListsObject *l, PyObject *lists, OpObject *op, PyObject *key,
+               PyObject *ops)
 {
     if (ops == NULL) {
         return PyDict_SetItem(lists, key, (PyObject *)op) < 0 ? -1 : 1;
@@ -262,7 +269,8 @@ register_plain(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyO
 /* The fallback of register_at for a key whose watchers are a lone operation or an ordered set:
  * `self._join_at(key, op, ops, threshold)`. */
 static int
-register_join_at(ListsObject *l, OpObject *op, PyObject *key, PyObject *ops, PyObject *threshold)
+register_join_at(NativeState *st, ListsObject *l, OpObject *op, PyObject *key, PyObject *ops,
+                 PyObject *threshold)
 {
     PyObject *args[5] = {(PyObject *)l, key, (PyObject *)op, ops, threshold};
     return discard_result(PyObject_VectorcallMethod(
@@ -275,7 +283,8 @@ register_join_at(ListsObject *l, OpObject *op, PyObject *key, PyObject *ops, PyO
  * the caller): 1 if added, 0 if it already watched the key, -1 on error. The threshold's
  * lookup and comparisons may run its own code: what they read is held across them. */
 static int
-register_at(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObject *threshold,
+register_at(NativeState *st, ListsObject *l, PyObject *lists, OpObject *op, PyObject *key,
+            PyObject *threshold,
             PyObject *ops)
 {
     if (ops == NULL) {
@@ -285,7 +294,7 @@ register_at(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObje
         return 0;
     }
     int result = -1;
-    if (Threshold_Check(ops) && threshold_ready(ops)) {
+    if (Threshold_Check(ops) && threshold_ready(st, ops)) {
         ThresholdObject *t = (ThresholdObject *)ops;
         PyObject *at = t->at;
         Py_INCREF(at);
@@ -363,14 +372,14 @@ register_at(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObje
         Py_DECREF(at);
     }
     else {
-        result = register_join_at(l, op, key, ops, threshold);
+        result = register_join_at(st, l, op, key, ops, threshold);
     }
     return result;
 }
 
 /* register(op, keys, marks) with `keys` a tuple; -1 with nothing registered on error. */
 static int
-lists_register(ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
+lists_register(NativeState *st, ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
 {
     set_field(&op->marks, marks);
     set_field(&op->keys, keys);
@@ -392,7 +401,7 @@ lists_register(ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
         Py_XINCREF(ops);
         int added;
         if (marks == Py_None) {
-            added = register_plain(l, lists, op, key, ops);
+            added = register_plain(st, l, lists, op, key, ops);
         }
         else {
             PyObject *threshold = marks;
@@ -407,11 +416,11 @@ lists_register(ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
                 }
             }
             if (threshold == Py_None) {
-                added = register_plain(l, lists, op, key, ops);
+                added = register_plain(st, l, lists, op, key, ops);
             }
             else {
                 Py_INCREF(threshold);
-                added = register_at(l, lists, op, key, threshold, ops);
+                added = register_at(st, l, lists, op, key, threshold, ops);
                 Py_DECREF(threshold);
             }
         }
@@ -460,7 +469,7 @@ fail:;
 
 /* `drop(op, _NOTHING_TO_POP) is None`: 1 if `op` was taken off, 0 if not, -1 on error. */
 static int
-trigger_drop(int kind, PyObject *container, PyObject *op, PyObject *key)
+trigger_drop(NativeState *st, int kind, PyObject *container, PyObject *op, PyObject *key)
 {
     if (kind == DROP_DICT) {
         PyObject *v;
@@ -488,13 +497,13 @@ trigger_drop(int kind, PyObject *container, PyObject *op, PyObject *key)
 
 /* A released operation: into `plain`, or off the key if it finished through another key. */
 static int
-release_one(ListsObject *l, PyObject *plain, PyObject *op)
+release_one(NativeState *st, ListsObject *l, PyObject *plain, PyObject *op)
 {
     int state;
     Py_INCREF(op); /* (the plain's insertion runs its __hash__: it may leave `waiting`) */
-    int err = entry_state(op, &state);
+    int err = entry_state(st, op, &state);
     if (err == 0) {
-        err = state & ST_FINISHED ? entry_left(l, op) : PyDict_SetItem(plain, op, Py_None);
+        err = state & ST_FINISHED ? entry_left(st, l, op) : PyDict_SetItem(plain, op, Py_None);
     }
     Py_DECREF(op);
     return err;
@@ -502,7 +511,7 @@ release_one(ListsObject *l, PyObject *plain, PyObject *op)
 
 /* Release every threshold <= reached of `t` into its plain watchers (finished ones leave). */
 static int
-trigger_release(ListsObject *l, ThresholdObject *t, PyObject *reached)
+trigger_release(NativeState *st, ListsObject *l, ThresholdObject *t, PyObject *reached)
 {
     PyObject *run = t->run, *heap = t->heap, *at = t->at, *plain = t->plain;
     PyObject *popleft = t->run_popleft; /* (the run's, as the reference's local `run`) */
@@ -596,11 +605,11 @@ trigger_release(ListsObject *l, ThresholdObject *t, PyObject *reached)
         int err = 0;
         if (PyList_CheckExact(waiting)) { /* several under one threshold */
             for (Py_ssize_t i = 0; i < PyList_GET_SIZE(waiting) && err == 0; i++) {
-                err = release_one(l, plain, PyList_GET_ITEM(waiting, i));
+                err = release_one(st, l, plain, PyList_GET_ITEM(waiting, i));
             }
         }
         else {
-            err = release_one(l, plain, waiting);
+            err = release_one(st, l, plain, waiting);
         }
         Py_DECREF(waiting);
         if (err < 0) {
@@ -621,7 +630,7 @@ done:
  * the key's __eq__, which may replace the marks (a trigger of another key releases `op` there):
  * the dict is held across it. Not an operation: the reference's `threshold_of`. */
 static PyObject *
-op_threshold_of(PyObject *o, PyObject *key)
+op_threshold_of(NativeState *st, PyObject *o, PyObject *key)
 {
     if (!Op_Check(o)) {
         return call2(N.threshold_of, o, key);
@@ -648,7 +657,7 @@ op_threshold_of(PyObject *o, PyObject *key)
 
 /* trigger(key, reached, attempt): how many completed, or -1 on error. */
 static Py_ssize_t
-lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attempt)
+lists_trigger(NativeState *st, ListsObject *l, PyObject *key, PyObject *reached, PyObject *attempt)
 {
     PyObject *lists = Py_NewRef(l->lists); /* the reference's `lists = self._lists`: held */
     PyObject *ops = PyDict_GetItemWithError(lists, key);
@@ -667,7 +676,7 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
         container = Py_NewRef(ops);
         kind = DROP_DICT;
     }
-    else if (Threshold_Check(ops) && threshold_ready(ops)) {
+    else if (Threshold_Check(ops) && threshold_ready(st, ops)) {
         ThresholdObject *t = (ThresholdObject *)ops;
         if (reached == Py_None) {
             candidates = PySequence_List(ops);
@@ -675,7 +684,7 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
             kind = DROP_THRESHOLD;
         }
         else {
-            if (trigger_release(l, t, reached) < 0) {
+            if (trigger_release(st, l, t, reached) < 0) {
                 goto out;
             }
             container = Py_NewRef(t->plain);
@@ -685,7 +694,7 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
     }
     else {
         if (reached != Py_None && Op_Check(ops)) {
-            PyObject *threshold = op_threshold_of(ops, key);
+            PyObject *threshold = op_threshold_of(st, ops, key);
             if (threshold == NULL) {
                 goto out;
             }
@@ -723,7 +732,7 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
         int state;
         int dropped;
         Py_INCREF(item);
-        if (entry_state(item, &state) < 0) {
+        if (entry_state(st, item, &state) < 0) {
             Py_DECREF(item);
             goto tidy;
         }
@@ -745,15 +754,15 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
                 Py_DECREF(r);
                 continue;
             }
-            if (entry_state(item, &state) < 0) {
+            if (entry_state(st, item, &state) < 0) {
                 Py_DECREF(claimed);
                 Py_DECREF(item);
                 goto tidy;
             }
             if (state & ST_FINISHED) {
                 Py_DECREF(claimed);
-                dropped = trigger_drop(kind, container, item, key);
-                if (dropped < 0 || (dropped && entry_left(l, item) < 0)) {
+                dropped = trigger_drop(st, kind, container, item, key);
+                if (dropped < 0 || (dropped && entry_left(st, l, item) < 0)) {
                     Py_DECREF(item);
                     goto tidy;
                 }
@@ -776,8 +785,8 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
             }
         }
         else if (state & ST_FINISHED) {
-            dropped = trigger_drop(kind, container, item, key);
-            if (dropped < 0 || (dropped && entry_left(l, item) < 0)) {
+            dropped = trigger_drop(st, kind, container, item, key);
+            if (dropped < 0 || (dropped && entry_left(st, l, item) < 0)) {
                 Py_DECREF(item);
                 goto tidy;
             }
@@ -795,7 +804,7 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
         if (PyDict_CheckExact(ops)) {
             emptied = PyDict_GET_SIZE(ops) == 0;
         }
-        else if (Threshold_Check(ops) && threshold_ready(ops)) {
+        else if (Threshold_Check(ops) && threshold_ready(st, ops)) {
             ThresholdObject *t = (ThresholdObject *)ops;
             emptied = PyDict_GET_SIZE(t->plain) == 0 && PyDict_GET_SIZE(t->at) == 0;
         }
@@ -815,7 +824,7 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
             }
         }
     }
-    else if (entry_state(single, &single_state) < 0) {
+    else if (entry_state(st, single, &single_state) < 0) {
         goto out;
     }
     else if (single_state & ST_FINISHED) {
@@ -824,7 +833,7 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
             goto out;
         }
         if (now_ops == ops) {
-            if (PyDict_DelItem(lists, key) < 0 || entry_left(l, single) < 0) {
+            if (PyDict_DelItem(lists, key) < 0 || entry_left(st, l, single) < 0) {
                 goto out;
             }
         }
@@ -862,7 +871,7 @@ out:
  * an entry was removed, 0 if not, -1 on error. Lookups run the key's, the threshold's and the
  * operation's __hash__ / __eq__: `ops`, `at` and the threshold are held across them. */
 static int
-purge_entry(PyObject *lists, PyObject *op, PyObject *key)
+purge_entry(NativeState *st, PyObject *lists, PyObject *op, PyObject *key)
 {
     PyObject *ops = PyDict_GetItemWithError(lists, key);
     if (ops == NULL) {
@@ -886,12 +895,12 @@ purge_entry(PyObject *lists, PyObject *op, PyObject *key)
         result = err < 0 ? -1 : 1;
         goto done;
     }
-    if (!(Threshold_Check(ops) && threshold_ready(ops))) {
+    if (!(Threshold_Check(ops) && threshold_ready(st, ops))) {
         result = 0;
         goto done;
     }
     ThresholdObject *t = (ThresholdObject *)ops;
-    PyObject *threshold = op_threshold_of(op, key);
+    PyObject *threshold = op_threshold_of(st, op, key);
     if (threshold == NULL) {
         goto done;
     }
@@ -908,7 +917,7 @@ purge_entry(PyObject *lists, PyObject *op, PyObject *key)
         if (PyDict_DelItem(at, threshold) < 0) {
             goto at_done;
         }
-        if (!threshold_ready(ops)) { /* the threshold's code replaced a field: the reference */
+        if (!threshold_ready(st, ops)) { /* the threshold's code replaced a field: the reference */
             result = discard_result(call_method0(ops, N.s_compact)) < 0 ? -1 : 1;
             goto at_done;
         }
@@ -937,7 +946,7 @@ purge_entry(PyObject *lists, PyObject *op, PyObject *key)
         }
     }
     int emptied = PyDict_GET_SIZE(at) == 0;
-    if (emptied && threshold_ready(ops)) {
+    if (emptied && threshold_ready(st, ops)) {
         emptied = PyDict_GET_SIZE(t->plain) == 0;
     }
     else if (emptied) { /* (a field replaced meanwhile: read as the reference reads it) */
@@ -965,7 +974,7 @@ done:
 
 /* purge(limit): entries removed (limit < 0: all), or -1 on error. */
 static Py_ssize_t
-lists_purge(ListsObject *l, Py_ssize_t limit)
+lists_purge(NativeState *st, ListsObject *l, Py_ssize_t limit)
 {
     PyObject *queue = l->queue;
     Py_INCREF(queue);
@@ -1015,7 +1024,7 @@ lists_purge(ListsObject *l, Py_ssize_t limit)
             goto done;
         }
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
-            int removed = purge_entry(lists, op, PyTuple_GET_ITEM(keys, k));
+            int removed = purge_entry(st, lists, op, PyTuple_GET_ITEM(keys, k));
             if (removed < 0) {
                 Py_DECREF(keys);
                 Py_DECREF(lists);
@@ -1024,7 +1033,7 @@ lists_purge(ListsObject *l, Py_ssize_t limit)
             purged += removed;
         }
         Py_DECREF(keys);
-        if (entry_unlisted(op) < 0) {
+        if (entry_unlisted(st, op) < 0) {
             Py_DECREF(lists);
             goto done;
         }
@@ -1047,7 +1056,7 @@ done:
     ListsObject *l = (ListsObject *)self;
 
 static PyObject *
-lists_register_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+lists_register_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                       PyObject *kwnames)
 {
     LISTS_SELF(self)
@@ -1055,7 +1064,7 @@ lists_register_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    int err = lists_register(l, (OpObject *)args[0], args[1], args[2]);
+    int err = lists_register(st, l, (OpObject *)args[0], args[1], args[2]);
     Py_DECREF(self);
     if (err < 0) {
         return NULL;
@@ -1072,7 +1081,7 @@ plain_reached(PyObject *reached)
 }
 
 static PyObject *
-lists_trigger_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+lists_trigger_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                      PyObject *kwnames)
 {
     LISTS_SELF(self)
@@ -1080,7 +1089,7 @@ lists_trigger_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    Py_ssize_t completed = lists_trigger(l, args[0], args[1], args[2]);
+    Py_ssize_t completed = lists_trigger(st, l, args[0], args[1], args[2]);
     Py_DECREF(self);
     if (completed < 0) {
         return NULL;
@@ -1089,7 +1098,8 @@ lists_trigger_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
 }
 
 static PyObject *
-lists_purge_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+lists_purge_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                   PyObject *kwnames)
 {
     LISTS_SELF(self)
     Py_ssize_t limit = -1;
@@ -1097,7 +1107,7 @@ lists_purge_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyOb
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    Py_ssize_t purged = lists_purge(l, limit);
+    Py_ssize_t purged = lists_purge(st, l, limit);
     Py_DECREF(self);
     if (purged < 0) {
         return NULL;
@@ -1110,6 +1120,7 @@ lists_purge_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyOb
 static int
 rule_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     RuleObject *r = (RuleObject *)self;
     Py_VISIT(r->lists);
     Py_VISIT(r->timer);
@@ -1130,9 +1141,11 @@ rule_clear(PyObject *self)
 static void
 rule_dealloc(PyObject *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     rule_clear(self);
-    Py_TYPE(self)->tp_free(self);
+    type->tp_free(self);
+    Py_DECREF(type); /* (a heap type: its instances hold it) */
 }
 
 static PyGetSetDef rule_getset[] = {
@@ -1156,23 +1169,23 @@ static PyMemberDef rule_members[] = {
 };
 
 static inline int
-rule_ready_check(RuleObject *r)
+rule_ready_check(NativeState *st, RuleObject *r)
 {
     return r->lists != NULL && CORE_CHECK(r->lists, ListsType) &&
            lists_ready((ListsObject *)r->lists) && r->timer != NULL && r->idle_at != NULL;
 }
 
 static inline int
-rule_ready(RuleObject *o)
+rule_ready(NativeState *st, RuleObject *o)
 {
-    return o->ready || (o->ready = (char)rule_ready_check(o));
+    return o->ready || (o->ready = (char)rule_ready_check(st, o));
 }
 
 /* due(): whether the rule says purge and no pass was asked for yet (1 once, 0; -1 on error).
  * The first settlement since the lists were clean schedules the time bound's purge instead,
  * through the reference's own `_schedule` (a pass `linger` ticks after the clock's tick). */
 static int
-rule_due(RuleObject *r)
+rule_due(NativeState *st, RuleObject *r)
 {
     if (r->requested) {
         return 0;
@@ -1202,14 +1215,15 @@ rule_due(RuleObject *r)
 }
 
 static PyObject *
-rule_due_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+rule_due_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames)
 {
     if (!CORE_CHECK(self, RuleType) || nargs != 0 || kwnames != NULL ||
-        !rule_ready((RuleObject *)self)) {
+        !rule_ready(st, (RuleObject *)self)) {
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    int due = rule_due((RuleObject *)self);
+    int due = rule_due(st, (RuleObject *)self);
     Py_DECREF(self);
     if (due < 0) {
         return NULL;
