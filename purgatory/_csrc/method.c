@@ -18,7 +18,7 @@ typedef struct {
     NativeState *st;  /* the module's state, handed to the C body */
 } NativeMethodObject;
 
-static int native_pull_helpers(NativeState *st); /* native.c */
+static int native_pull_helpers(PyObject *module); /* native.c */
 
 static PyObject *
 nm_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
@@ -26,7 +26,7 @@ nm_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw
     NativeMethodObject *m = (NativeMethodObject *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     NativeState *st = m->st;
-    if (nargs >= 1 && (N.bound || native_pull_helpers(st))) {
+    if (nargs >= 1 && (N.bound || native_pull_helpers(m->module))) {
         PyObject *result = m->fn(st, args[0], args + 1, nargs - 1, kwnames);
         if (result != NOT_HANDLED) {
             return result;
@@ -137,8 +137,10 @@ static PyMemberDef nm_members[] = {
     {NULL},
 };
 
+/* A method with a C body, documented by its pure-Python reference (__wrapped__). No Py_tp_doc:
+ * a heap type's docstring would be put in its dict over the `__doc__` getset, and the instances
+ * would show it instead of their reference's. */
 static PyType_Slot nm_slots[] = {
-    {Py_tp_doc, "A method with a C body, documented by its pure-Python reference (__wrapped__)."},
     {Py_tp_call, PyVectorcall_Call},
     {Py_tp_descr_get, nm_descr_get},
     {Py_tp_getattro, nm_getattro},

@@ -20,7 +20,8 @@ static native_fn native_lookup(const char *name);
 /* expire_due(due, now, outcome="expired", *, purge_queue, ended), as the timer calls it: through
  * a partial that gives purge_queue and ended by keyword. */
 static PyObject *
-expire_due_native(NativeState *st, PyObject *due, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+expire_due_native(NativeState *st, PyObject *due, PyObject *const *args, Py_ssize_t nargs,
+                  PyObject *kwnames)
 {
     PyObject *slots[4] = {NULL, NULL, NULL, NULL}; /* now, outcome, purge_queue, ended */
     PyObject *const names[4] = {NULL, N.s_outcome, N.s_purge_queue, N.s_ended};
@@ -129,7 +130,7 @@ native_function(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return native_method_new(module, fn, args[0]);
 }
 
-/* -- the Python side's helpers, pulled ----------------------------------------------------------- */
+/* -- the Python side's helpers, pulled --------------------------------------------------------- */
 
 /* The reference's helpers the C bodies call (its reports, its error builders, its shared
  * sentinels), so that a message or a rule is written once: where each is defined. */
@@ -165,14 +166,24 @@ static const Helper helpers[] = {
  * Not at the module's exec, as `_asyncio`'s module_init imports what it needs: the package's
  * modules import this one (through `purgatory._impl`) before they define them, so importing them
  * from here would import a module that is still being imported. So the first call of a C body
- * takes them from `sys.modules` (no import is started, no code of the user's runs); until the
- * facade's module is whole (0: nothing set up yet, during the package's own import), the
- * reference's bodies run, as they do for any case the C leaves to them. */
+ * takes them from `sys.modules` (no import is started, no code of the user's runs), and only from
+ * the package whose `_impl.native` is this very module (the test suite keeps a second, pure copy
+ * of the package, swapped into `sys.modules` while its tests run). Until the facade's module is
+ * whole (0: during the package's own import), the reference's bodies run, as they do for any
+ * case the C leaves to them. */
 static int
-native_pull_helpers(NativeState *st)
+native_pull_helpers(PyObject *m)
 {
+    NativeState *st = PyModule_GetState(m);
+    if (N.s_impl_module == NULL) {
+        return 0; /* (the module was cleared: the reference's bodies run) */
+    }
     PyObject *values[sizeof helpers / sizeof *helpers] = {NULL};
-    int whole = 1;
+    PyObject *impl = PyImport_GetModule(N.s_impl_module);
+    PyObject *native = impl == NULL ? NULL : PyObject_GetAttr(impl, N.s_native);
+    Py_XDECREF(impl);
+    int whole = native == m;
+    Py_XDECREF(native);
     for (size_t i = 0; helpers[i].module != NULL && whole; i++) {
         PyObject *name = PyUnicode_FromString(helpers[i].module);
         PyObject *module = name == NULL ? NULL : PyImport_GetModule(name);
@@ -330,6 +341,8 @@ intern_names(NativeState *st)
         {&N.s_ticks, "ticks"},
         {&N.s_outcome, "outcome"},
         {&N.s_now, "now"},
+        {&N.s_impl_module, "purgatory._impl"},
+        {&N.s_native, "native"},
         {NULL, NULL},
     };
     for (int i = 0; names[i].slot != NULL; i++) {

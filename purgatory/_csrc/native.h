@@ -54,8 +54,8 @@ static char not_handled_marker;
 typedef struct NativeState NativeState;
 
 /* A C body: the module's state, then the method's arguments as vectorcall gives them. */
-typedef PyObject *(*native_fn)(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                               PyObject *kwnames);
+typedef PyObject *(*native_fn)(NativeState *st, PyObject *self, PyObject *const *args,
+                               Py_ssize_t nargs, PyObject *kwnames);
 
 /* -- the types ------------------------------------------------------------------------------ */
 
@@ -409,6 +409,7 @@ struct NativeState {
         *s_purge_queue, *s_ended, *s_unpush, *s_level, *s_in_flight, *s_after_pass,
         *s_unregister, *s_sort, *s_key, *s_discard, *s_threshold, *s_reached;
     PyObject *s_check_clock, *s_schedule, *s_ticks, *s_outcome, *s_now;
+    PyObject *s_impl_module, *s_native; /* "purgatory._impl", "native" */
     PyObject *kw_key;             /* ("key",) */
     /* imported at the module's exec */
     PyObject *heappush, *heappop; /* heapq's */
