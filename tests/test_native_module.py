@@ -1,0 +1,102 @@
+"""The native core as a module (PEP 489 multi-phase init, PEP 630 heap types, a module state).
+
+Each module object has its own state and its own types; a C body reads the state of the module
+that made its method, and runs only once that module has pulled the reference's helpers from its
+own package (the facade no longer pushes them). These hold on the native build only: the
+``[python]`` copy of this module has no extension to look at.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import weakref
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import purgatory
+from purgatory import DelayedOperation
+from purgatory._impl import native
+
+pytestmark = pytest.mark.skipif(
+    purgatory.IMPLEMENTATION != "native", reason="the native core's module: not in the pure build"
+)
+
+HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE
+CORES = (
+    "OperationCore",
+    "BucketCore",
+    "WheelCore",
+    "TimerCore",
+    "ThresholdCore",
+    "ListsCore",
+    "RuleCore",
+    "PurgatoryCore",
+    "NativeMethod",
+)
+
+
+def a_second_instance() -> ModuleType:
+    """A second module object of the same extension, as a sub-interpreter's import makes one
+    (a multi-phase module is not cached per process: each spec's exec makes a fresh state)."""
+    spec = importlib.util.find_spec("purgatory._native")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_types_are_heap_types_immutable_as_the_static_ones_were() -> None:
+    for name in CORES:
+        core = getattr(native, name)
+        assert core.__flags__ & HEAPTYPE, name
+        with pytest.raises(TypeError):
+            core.anything = 1  # as on a static type
+    assert native.OperationCore.__module__ == "purgatory._operation"
+    assert "__new__" not in vars(native.OperationCore)
+    with pytest.raises(TypeError):
+        native.NativeMethod()  # only `install` and `function` make one
+
+
+def test_the_facade_pushes_nothing_into_the_core() -> None:
+    """The helpers are pulled by the C (`native_pull_helpers`); `bind` is gone."""
+    assert not hasattr(native, "bind")
+
+
+def test_each_module_object_has_its_own_types_and_state() -> None:
+    other = a_second_instance()
+    for name in CORES:
+        assert getattr(other, name) is not getattr(native, name), name
+    assert not issubclass(DelayedOperation, other.OperationCore)
+
+
+def test_a_c_body_runs_only_for_the_packages_own_module() -> None:
+    """The package's module pulled its helpers at its first C call and runs its C bodies; a
+    second instance, which is not the package's ``_impl.native``, never pulls and always runs the
+    reference (and so never mixes another module's types or helpers into its state)."""
+    calls: list[Any] = []
+
+    def reference(due: list[Any], now: Any, outcome: str = "expired", **kw: Any) -> int:
+        calls.append(due)
+        return -1
+
+    ours = native.function(reference, "_operation.expire_due")
+    assert ours([], 0, purge_queue={}, ended=None) == 0  # the C body: nothing due, none expired
+    assert calls == []
+    theirs = a_second_instance().function(reference, "_operation.expire_due")
+    assert theirs([], 0, purge_queue={}, ended=None) == -1
+    assert len(calls) == 1
+
+
+def test_a_dropped_module_object_is_collected_with_its_types() -> None:
+    """The module's traverse and clear cover its state: the cycle module -> state -> types ->
+    module (each heap type keeps its module) is collected once nothing else holds it."""
+    other = a_second_instance()
+    core = weakref.ref(other.OperationCore)
+    dropped = weakref.ref(other)
+    del other
+    gc.collect()
+    assert dropped() is None
+    assert core() is None
