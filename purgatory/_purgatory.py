@@ -807,4 +807,3 @@ def _answer_reported(answer: Callable[[Op], object], op: Op) -> None:
 def _cancel(op: DelayedOperation[Any]) -> bool:
     """Cancel `op` (the operation protocol's cancel), for `WatcherLists.cancel_key`."""
     return op._cancel()
-

@@ -42,7 +42,8 @@ def a_second_instance() -> ModuleType:
     """A second module object of the same extension, as a sub-interpreter's import makes one
     (a multi-phase module is not cached per process: each spec's exec makes a fresh state)."""
     spec = importlib.util.find_spec("purgatory._native")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
