@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import re
 import weakref
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.skipif(
     purgatory.IMPLEMENTATION != "native", reason="the native core's module: not in the pure build"
 )
 
+CSRC = Path(__file__).resolve().parents[1] / "purgatory" / "_csrc"  # the checkout's sources
 HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE
 CORES = (
     "OperationCore",
@@ -101,3 +104,14 @@ def test_a_dropped_module_object_is_collected_with_its_types() -> None:
     gc.collect()
     assert dropped() is None
     assert core() is None
+
+
+def test_the_c_has_no_static_type_and_no_private_api() -> None:
+    """Heap types only, and CPython's public API only (a private name such as ``_PyDict_Pop`` may
+    change or go in any release): what a sub-interpreter or a free-threaded build needs first."""
+    sources = sorted(CSRC.glob("*.[ch]"))
+    assert sources
+    for source in sources:
+        text = source.read_text()
+        assert not re.findall(r"static\s+PyTypeObject\s+\w+\s*=", text), source.name
+        assert not re.findall(r"\b_Py\w+", text), source.name

@@ -21,17 +21,19 @@
 #include <stddef.h>
 #include <string.h>
 
+#include <structmember.h> /* (T_OBJECT: see MEMBER_OBJECT_OR_NONE) */
 #if PY_VERSION_HEX < 0x030C0000
-#include <structmember.h>
 #define Py_T_INT T_INT
 #define Py_T_DOUBLE T_DOUBLE
 #define Py_T_LONGLONG T_LONGLONG
 #define Py_T_PYSSIZET T_PYSSIZET
 #define Py_T_OBJECT_EX T_OBJECT_EX
-#define _Py_T_OBJECT T_OBJECT
 #define Py_T_BOOL T_BOOL
 #define Py_READONLY READONLY
 #endif
+/* An object member that reads None while unset: 3.12 has no public Py_T_ name for it (only
+ * a private underscored one); structmember.h's T_OBJECT is the public, deprecated one. */
+#define MEMBER_OBJECT_OR_NONE T_OBJECT
 
 /* Bumped whenever a field or a method moves between the C and the Python side: the Python
  * modules refuse a build of another version (a stale build after a checkout). */

@@ -80,7 +80,7 @@ bucket_dealloc(PyObject *self)
 static PyMemberDef bucket_members[] = {
     {"expiration", Py_T_LONGLONG, offsetof(BucketObject, expiration), 0, NULL},
     {"level", Py_T_INT, offsetof(BucketObject, level), 0, NULL},
-    {"older", _Py_T_OBJECT, offsetof(BucketObject, older), 0, NULL},
+    {"older", MEMBER_OBJECT_OR_NONE, offsetof(BucketObject, older), 0, NULL},
     {"wheel", Py_T_OBJECT_EX, offsetof(BucketObject, wheel), 0, NULL},
     {NULL},
 };
