@@ -20,13 +20,32 @@ typedef struct {
 
 static int native_pull_helpers(PyObject *module); /* native.c */
 
+static PyObject *nm_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames);
+
+/* The first calls, before the module's state has the reference's helpers: pull them, then run
+ * the C body if they are there, the reference if not. Kept out of nm_vectorcall, whose path is
+ * then a load and a test more than the C body's own. */
+static Py_NO_INLINE PyObject *
+nm_vectorcall_unbound(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    NativeMethodObject *m = (NativeMethodObject *)self;
+    if (native_pull_helpers(m->module)) {
+        return nm_vectorcall(self, args, nargsf, kwnames);
+    }
+    return PyObject_Vectorcall(m->ref, args, nargsf, kwnames);
+}
+
 static PyObject *
 nm_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     NativeMethodObject *m = (NativeMethodObject *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     NativeState *st = m->st;
-    if (nargs >= 1 && (N.bound || native_pull_helpers(m->module))) {
+    if (nargs >= 1) {
+        if (!N.bound) {
+            return nm_vectorcall_unbound(self, args, nargsf, kwnames);
+        }
         PyObject *result = m->fn(st, args[0], args + 1, nargs - 1, kwnames);
         if (result != NOT_HANDLED) {
             return result;

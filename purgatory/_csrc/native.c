@@ -382,6 +382,14 @@ import_helpers(NativeState *st)
     Py_DECREF(collections);
     N.pop_sentinel = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
     N.dict_pop_method = PyObject_GetAttrString((PyObject *)&PyDict_Type, "pop");
+    if (N.dict_pop_method != NULL && Py_IS_TYPE(N.dict_pop_method, &PyMethodDescr_Type)) {
+        PyMethodDef *def = ((PyMethodDescrObject *)N.dict_pop_method)->d_method;
+        if ((def->ml_flags & ~METH_COEXIST) == METH_FASTCALL) {
+            N.dict_pop_fast =
+                (PyObject * (*)(PyObject *, PyObject *const *, Py_ssize_t))(void (*)(void))
+                    def->ml_meth;
+        }
+    }
     return (N.heappush && N.heappop && N.math_ceil && N.deque_type && N.pop_sentinel &&
             N.dict_pop_method)
                ? 0

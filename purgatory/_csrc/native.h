@@ -441,6 +441,9 @@ struct NativeState {
     /* the last operation class met (Op_Check) */
     PyTypeObject *op_type_seen;
     int bound; /* the helpers are there: the C bodies run (until then, the reference) */
+    /* dict.pop's own C function (its descriptor's PyMethodDef, METH_FASTCALL), called without
+     * the descriptor's checks; NULL: call the descriptor */
+    PyObject *(*dict_pop_fast)(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
     PyObject *method_names[M_COUNT]; /* borrowed from the names above */
     /* the caches: strong references to the classes they describe (traversed, cleared) */
     MethodEntry method_cache[METHOD_CACHE_SIZE];
@@ -539,7 +542,8 @@ dict_pop_in(NativeState *st, PyObject *d, PyObject *key, PyObject **value)
     return PyDict_Pop(d, key, value);
 #else
     PyObject *args[3] = {d, key, N.pop_sentinel};
-    PyObject *v = PyObject_Vectorcall(N.dict_pop_method, args, 3, NULL);
+    PyObject *v = N.dict_pop_fast != NULL ? N.dict_pop_fast(d, args + 1, 2)
+                                          : PyObject_Vectorcall(N.dict_pop_method, args, 3, NULL);
     if (v == NULL) {
         *value = NULL;
         return -1;
