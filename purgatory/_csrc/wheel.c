@@ -49,6 +49,7 @@ tick_or_inf(long long tick)
 static int
 bucket_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     BucketObject *b = (BucketObject *)self;
     Py_VISIT(b->older);
     Py_VISIT(b->wheel);
@@ -67,17 +68,19 @@ bucket_clear(PyObject *self)
 static void
 bucket_dealloc(PyObject *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
     BucketObject *b = (BucketObject *)self;
     PyObject_GC_UnTrack(self);
     Py_CLEAR(b->older);
     Py_CLEAR(b->wheel);
     PyDict_Type.tp_dealloc(self);
+    Py_DECREF(type); /* (a heap type: its instances hold it) */
 }
 
 static PyMemberDef bucket_members[] = {
     {"expiration", Py_T_LONGLONG, offsetof(BucketObject, expiration), 0, NULL},
     {"level", Py_T_INT, offsetof(BucketObject, level), 0, NULL},
-    {"older", _Py_T_OBJECT, offsetof(BucketObject, older), 0, NULL},
+    {"older", MEMBER_OBJECT_OR_NONE, offsetof(BucketObject, older), 0, NULL},
     {"wheel", Py_T_OBJECT_EX, offsetof(BucketObject, wheel), 0, NULL},
     {NULL},
 };
@@ -104,7 +107,7 @@ bucket_in_use(PyObject *b)
 /* -- entries ------------------------------------------------------------------------------------ */
 
 static inline int
-entry_set_bucket(PyObject *entry, PyObject *bucket)
+entry_set_bucket(NativeState *st, PyObject *entry, PyObject *bucket)
 {
     if (Op_Check(entry)) {
         set_field(&((OpObject *)entry)->bucket, bucket);
@@ -114,7 +117,7 @@ entry_set_bucket(PyObject *entry, PyObject *bucket)
 }
 
 static inline int
-entry_set_deadline(PyObject *entry, long long deadline)
+entry_set_deadline(NativeState *st, PyObject *entry, long long deadline)
 {
     if (Op_Check(entry)) {
         ((OpObject *)entry)->deadline = deadline;
@@ -132,7 +135,7 @@ entry_set_deadline(PyObject *entry, long long deadline)
 
 /* The entry's bucket (a new reference, None included), or NULL on error. */
 static inline PyObject *
-entry_bucket(PyObject *entry)
+entry_bucket(NativeState *st, PyObject *entry)
 {
     if (Op_Check(entry)) {
         PyObject *b = ((OpObject *)entry)->bucket;
@@ -145,7 +148,7 @@ entry_bucket(PyObject *entry)
 }
 
 static inline int
-entry_deadline(PyObject *entry, long long *out)
+entry_deadline(NativeState *st, PyObject *entry, long long *out)
 {
     if (Op_Check(entry)) {
         if (!(OP_SET(entry) & SET_DEADLINE)) {
@@ -169,6 +172,7 @@ entry_deadline(PyObject *entry, long long *out)
 static int
 wheel_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     WheelObject *w = (WheelObject *)self;
     Py_VISIT(w->active);
     Py_VISIT(w->current);
@@ -203,9 +207,11 @@ wheel_clear(PyObject *self)
 static void
 wheel_dealloc(PyObject *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     wheel_clear(self);
-    Py_TYPE(self)->tp_free(self);
+    type->tp_free(self);
+    Py_DECREF(type); /* (a heap type: its instances hold it) */
 }
 
 static PyGetSetDef wheel_getset[] = {
@@ -238,7 +244,7 @@ static PyMemberDef wheel_members[] = {
 
 /* Whether the wheel's fields are all set (the reference's __init__ ran): else the reference. */
 static inline int
-wheel_ready_check(WheelObject *w)
+wheel_ready_check(NativeState *st, WheelObject *w)
 {
     return w->current != NULL && PyList_CheckExact(w->current) && w->heap != NULL &&
            PyList_CheckExact(w->heap) && w->leads != NULL && PyList_CheckExact(w->leads) &&
@@ -250,9 +256,9 @@ wheel_ready_check(WheelObject *w)
 }
 
 static inline int
-wheel_ready(WheelObject *o)
+wheel_ready(NativeState *st, WheelObject *o)
 {
-    return o->ready || (o->ready = (char)wheel_ready_check(o));
+    return o->ready || (o->ready = (char)wheel_ready_check(st, o));
 }
 
 static inline int
@@ -288,7 +294,7 @@ wheel_forget_memo(WheelObject *w)
 }
 
 static int
-wheel_push(WheelObject *w, PyObject *bucket, long long tick)
+wheel_push(NativeState *st, WheelObject *w, PyObject *bucket, long long tick)
 {
     w->push_count++;
     PyObject *item = Py_BuildValue("(LiLO)", tick, -((BucketObject *)bucket)->level,
@@ -335,7 +341,7 @@ wheel_advance_clock(WheelObject *w, long long now)
 /* The bucket of the lowest overflow level that covers `deadline` (a new reference) and its due
  * tick. */
 static PyObject *
-wheel_overflow_bucket(WheelObject *w, long long deadline, long long *due)
+wheel_overflow_bucket(NativeState *st, WheelObject *w, long long deadline, long long *due)
 {
     long long size = (long long)w->wheel_size;
     Py_ssize_t level = 1;
@@ -367,7 +373,7 @@ wheel_overflow_bucket(WheelObject *w, long long deadline, long long *due)
             BucketObject *b = (BucketObject *)bucket;
             if (b->expiration != start) {
                 b->expiration = start;
-                if (wheel_push(w, bucket, *due) < 0) {
+                if (wheel_push(st, w, bucket, *due) < 0) {
                     Py_DECREF(bucket);
                     return NULL;
                 }
@@ -382,9 +388,9 @@ wheel_overflow_bucket(WheelObject *w, long long deadline, long long *due)
  * from the moment it is chosen: a push allocates (a collection may run code) and the insertion
  * runs the entry's __hash__. */
 static long long
-wheel_add(WheelObject *w, PyObject *entry, long long deadline)
+wheel_add(NativeState *st, WheelObject *w, PyObject *entry, long long deadline)
 {
-    if (entry_set_deadline(entry, deadline) < 0) {
+    if (entry_set_deadline(st, entry, deadline) < 0) {
         return LLONG_MIN;
     }
     PyObject *bucket;
@@ -409,7 +415,7 @@ wheel_add(WheelObject *w, PyObject *entry, long long deadline)
             BucketObject *b = (BucketObject *)bucket;
             if (b->expiration != deadline) {
                 b->expiration = deadline;
-                if (wheel_push(w, bucket, deadline) < 0) {
+                if (wheel_push(st, w, bucket, deadline) < 0) {
                     Py_DECREF(bucket);
                     return LLONG_MIN;
                 }
@@ -430,7 +436,7 @@ wheel_add(WheelObject *w, PyObject *entry, long long deadline)
             BucketObject *b = (BucketObject *)bucket;
             if (b->expiration != start) {
                 b->expiration = start;
-                if (wheel_push(w, bucket, due) < 0) {
+                if (wheel_push(st, w, bucket, due) < 0) {
                     Py_DECREF(bucket);
                     return LLONG_MIN;
                 }
@@ -448,13 +454,13 @@ wheel_add(WheelObject *w, PyObject *entry, long long deadline)
             w->memo_due = due;
         }
         else {
-            bucket = wheel_overflow_bucket(w, deadline, &due);
+            bucket = wheel_overflow_bucket(st, w, deadline, &due);
             if (bucket == NULL) {
                 return LLONG_MIN;
             }
         }
     }
-    if (PyDict_SetItem(bucket, entry, Py_None) < 0 || entry_set_bucket(entry, bucket) < 0) {
+    if (PyDict_SetItem(bucket, entry, Py_None) < 0 || entry_set_bucket(st, entry, bucket) < 0) {
         Py_DECREF(bucket);
         return LLONG_MIN;
     }
@@ -506,7 +512,7 @@ wheel_start_cascade(WheelObject *w, PyObject *bucket)
 
 /* Move up to `limit` (< 0: all) entries of the cascade under way one level down. */
 static int
-wheel_cascade(WheelObject *w, Py_ssize_t limit, PyObject *due)
+wheel_cascade(NativeState *st, WheelObject *w, Py_ssize_t limit, PyObject *due)
 {
     PyObject *bucket = w->active;
     BucketObject *b = (BucketObject *)bucket;
@@ -536,7 +542,7 @@ wheel_cascade(WheelObject *w, Py_ssize_t limit, PyObject *due)
     for (Py_ssize_t index = begin; index < end; index++) {
         PyObject *entry = PyList_GET_ITEM(todo, index);
         Py_INCREF(entry);
-        PyObject *source = entry_bucket(entry);
+        PyObject *source = entry_bucket(st, entry);
         if (source == NULL) {
             Py_DECREF(entry);
             Py_DECREF(slots);
@@ -550,7 +556,7 @@ wheel_cascade(WheelObject *w, Py_ssize_t limit, PyObject *due)
         int err = PyDict_DelItem(source, entry);
         Py_DECREF(source);
         long long deadline;
-        if (err < 0 || entry_deadline(entry, &deadline) < 0) {
+        if (err < 0 || entry_deadline(st, entry, &deadline) < 0) {
             Py_DECREF(entry);
             Py_DECREF(slots);
             goto done;
@@ -570,7 +576,7 @@ wheel_cascade(WheelObject *w, Py_ssize_t limit, PyObject *due)
         long long start = slot * span;
         if (t->expiration != start) {
             t->expiration = start;
-            if (wheel_push(w, target, start - lead) < 0) {
+            if (wheel_push(st, w, target, start - lead) < 0) {
                 Py_DECREF(entry);
                 Py_DECREF(slots);
                 goto done;
@@ -589,7 +595,7 @@ wheel_cascade(WheelObject *w, Py_ssize_t limit, PyObject *due)
         Py_INCREF(part);
         err = PyDict_SetItem(part, entry, Py_None);
         if (err == 0) {
-            err = entry_set_bucket(entry, part);
+            err = entry_set_bucket(st, entry, part);
         }
         Py_DECREF(part);
         Py_DECREF(entry);
@@ -653,14 +659,14 @@ heap_top(WheelObject *w, long long *tick, PyObject **bucket)
 }
 
 static int
-heap_pop(WheelObject *w)
+heap_pop(NativeState *st, WheelObject *w)
 {
     return discard_result(call1(N.heappop, w->heap));
 }
 
 /* advance(now, budget): a new list of the due entries, no longer held. `budget` < 0: none. */
 static PyObject *
-wheel_advance(WheelObject *w, long long now, Py_ssize_t budget)
+wheel_advance(NativeState *st, WheelObject *w, long long now, Py_ssize_t budget)
 {
     if (now >= w->memo_until) {
         w->memo_high = w->memo_low;
@@ -690,7 +696,7 @@ wheel_advance(WheelObject *w, long long now, Py_ssize_t budget)
     Py_DECREF(overdue);
     if (w->active != NULL && w->active != Py_None &&
         (budget < 0 || now >= ((BucketObject *)w->active)->expiration)) {
-        if (wheel_cascade(w, -1, due) < 0) {
+        if (wheel_cascade(st, w, -1, due) < 0) {
             goto error;
         }
     }
@@ -707,13 +713,13 @@ wheel_advance(WheelObject *w, long long now, Py_ssize_t budget)
         BucketObject *b = (BucketObject *)bucket;
         if (active != NULL && active != Py_None &&
             (b->level || tick >= ((BucketObject *)active)->expiration)) {
-            if (wheel_cascade(w, -1, due) < 0) {
+            if (wheel_cascade(st, w, -1, due) < 0) {
                 goto error;
             }
             continue;
         }
         Py_INCREF(bucket);
-        if (heap_pop(w) < 0) {
+        if (heap_pop(st, w) < 0) {
             Py_DECREF(bucket);
             goto error;
         }
@@ -728,7 +734,7 @@ wheel_advance(WheelObject *w, long long now, Py_ssize_t budget)
         }
         if (b->level) {
             if (wheel_start_cascade(w, bucket) < 0 ||
-                ((budget < 0 || now >= b->expiration) && wheel_cascade(w, -1, due) < 0)) {
+                ((budget < 0 || now >= b->expiration) && wheel_cascade(st, w, -1, due) < 0)) {
                 Py_DECREF(bucket);
                 goto error;
             }
@@ -746,12 +752,12 @@ wheel_advance(WheelObject *w, long long now, Py_ssize_t budget)
         goto error;
     }
     if (w->active != NULL && w->active != Py_None && budget >= 0) {
-        if (wheel_cascade(w, budget, due) < 0) {
+        if (wheel_cascade(st, w, budget, due) < 0) {
             goto error;
         }
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(due); i++) {
-        if (entry_set_bucket(PyList_GET_ITEM(due, i), Py_None) < 0) {
+        if (entry_set_bucket(st, PyList_GET_ITEM(due, i), Py_None) < 0) {
             goto error;
         }
     }
@@ -766,7 +772,7 @@ error:
 /* next_deadline(): the tick at which advance next has work, TICK_INF if none; LLONG_MIN on
  * error. */
 static long long
-wheel_next_deadline(WheelObject *w)
+wheel_next_deadline(NativeState *st, WheelObject *w)
 {
     if (PyDict_GET_SIZE(w->overdue)) {
         return wheel_current(w);
@@ -788,7 +794,7 @@ wheel_next_deadline(WheelObject *w)
             return tick;
         }
         Py_INCREF(bucket);
-        if (heap_pop(w) < 0) {
+        if (heap_pop(st, w) < 0) {
             Py_DECREF(bucket);
             return LLONG_MIN;
         }
@@ -802,13 +808,14 @@ wheel_next_deadline(WheelObject *w)
 /* -- the methods as Python sees them ------------------------------------------------------------ */
 
 #define WHEEL_SELF(self)                                                                         \
-    if (!CORE_CHECK(self, WheelType) || !wheel_ready((WheelObject *)self)) {            \
+    if (!CORE_CHECK(self, WheelType) || !wheel_ready(st, (WheelObject *)self)) {            \
         return NOT_HANDLED;                                                                      \
     }                                                                                            \
     WheelObject *w = (WheelObject *)self;
 
 static PyObject *
-wheel_add_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+wheel_add_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                 PyObject *kwnames)
 {
     WHEEL_SELF(self)
     long long deadline;
@@ -820,7 +827,7 @@ wheel_add_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObje
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    long long due = wheel_add(w, args[0], deadline);
+    long long due = wheel_add(st, w, args[0], deadline);
     Py_DECREF(self);
     if (due == LLONG_MIN) {
         return NULL;
@@ -829,7 +836,8 @@ wheel_add_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObje
 }
 
 static PyObject *
-wheel_remove_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+wheel_remove_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                    PyObject *kwnames)
 {
     WHEEL_SELF(self)
     (void)w;
@@ -837,7 +845,7 @@ wheel_remove_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyO
         return NOT_HANDLED;
     }
     PyObject *entry = args[0];
-    PyObject *bucket = entry_bucket(entry);
+    PyObject *bucket = entry_bucket(st, entry);
     if (bucket == NULL) {
         return NULL;
     }
@@ -847,7 +855,7 @@ wheel_remove_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyO
     }
     int err = PyObject_DelItem(bucket, entry);
     Py_DECREF(bucket);
-    if (err < 0 || entry_set_bucket(entry, Py_None) < 0) {
+    if (err < 0 || entry_set_bucket(st, entry, Py_None) < 0) {
         return NULL;
     }
     Py_RETURN_TRUE;
@@ -873,7 +881,8 @@ budget_arg(PyObject *o, Py_ssize_t *out)
 }
 
 static PyObject *
-wheel_advance_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+wheel_advance_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                     PyObject *kwnames)
 {
     WHEEL_SELF(self)
     if (nargs < 1 || nargs > 2 || kwnames != NULL || !PyLong_CheckExact(args[0])) {
@@ -889,13 +898,13 @@ wheel_advance_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, Py
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    PyObject *due = wheel_advance(w, now, budget);
+    PyObject *due = wheel_advance(st, w, now, budget);
     Py_DECREF(self);
     return due;
 }
 
 static PyObject *
-wheel_next_deadline_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+wheel_next_deadline_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                            PyObject *kwnames)
 {
     WHEEL_SELF(self)
@@ -903,7 +912,7 @@ wheel_next_deadline_native(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    long long tick = wheel_next_deadline(w);
+    long long tick = wheel_next_deadline(st, w);
     Py_DECREF(self);
     if (tick == LLONG_MIN && PyErr_Occurred()) {
         return NULL;
