@@ -196,27 +196,7 @@ native_bind(PyObject *module, PyObject *args, PyObject *kwargs)
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(bind_clock_doc,
-"bind_clock(cls, current_time, now_slot)\n--\n\n"
-"Let timers on a `cls` clock read its `now_slot` instead of calling `current_time`.");
-
-static PyObject *
-native_bind_clock(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 3 || !PyType_Check(args[0]) ||
-        !PyObject_TypeCheck(args[2], &PyMemberDescr_Type)) {
-        PyErr_SetString(PyExc_TypeError, "bind_clock(cls, current_time, now_slot)");
-        return NULL;
-    }
-    Py_XSETREF(N.manual_clock_type, Py_NewRef(args[0]));
-    Py_XSETREF(N.manual_time, Py_NewRef(args[1]));
-    Py_XSETREF(N.manual_now, Py_NewRef(args[2]));
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef native_methods[] = {
-    {"bind_clock", (PyCFunction)(void (*)(void))native_bind_clock, METH_FASTCALL,
-     bind_clock_doc},
     {"install", (PyCFunction)(void (*)(void))native_install, METH_FASTCALL, install_doc},
     {"function", (PyCFunction)(void (*)(void))native_function, METH_FASTCALL, function_doc},
     {"bind", (PyCFunction)(void (*)(void))native_bind, METH_VARARGS | METH_KEYWORDS, bind_doc},

@@ -396,9 +396,6 @@ typedef struct {
     int bound;                    /* `bind` ran: the helpers are there */
     PyObject *deque_type;         /* collections.deque */
     PyObject *pop_sentinel;       /* what a pop returns for a key that is not there */
-    /* ManualClock, its current_time function and its `_now` slot (`bind_clock`): a timer on a
-     * manual clock reads the slot instead of calling the method (a Python frame per watch). */
-    PyObject *manual_clock_type, *manual_time, *manual_now;
 } NativeState;
 
 static NativeState N;
