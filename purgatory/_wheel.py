@@ -572,4 +572,6 @@ def _deadline_of(entry: Any) -> int:
     return deadline
 
 
-install(TimingWheel, "add", "remove", "advance", "next_deadline")
+install(
+    TimingWheel, "add", "remove", "advance", "next_deadline", "_push", "_add_level", "_advance_clock"
+)

@@ -89,18 +89,34 @@ typedef struct {
     CORE_HEAD
 } CoreObject;
 
+/* A bucket's place in the wheel's queue of buckets by due tick: the reference's tuple
+ * (tick, -level, push count, bucket), compared in that order (the count is unique). */
+typedef struct {
+    long long tick, count;
+    int neg_level;
+    PyObject *bucket; /* a strong reference */
+} WheelItem;
+
+/* Ticks per level, as C integers (`v` NULL: never set, the attribute is missing). */
+typedef struct {
+    long long *v;
+    Py_ssize_t n, cap;
+} TickArray;
+
 typedef struct {
     CORE_HEAD
     PyObject *active;   /* _active: the cascading Bucket or NULL (None) */
-    PyObject *current;  /* _current: list of int */
-    PyObject *heap;     /* _heap: list of (tick, -level, push count, bucket) */
-    PyObject *leads;    /* _leads: list of int */
     PyObject *levels;   /* _levels: list of list of Bucket */
     PyObject *overdue;  /* _overdue: Bucket */
     PyObject *slots1;   /* _slots1: list of Bucket */
-    PyObject *spans;    /* _spans: list of int */
     PyObject *todo;     /* _todo: list */
     PyObject *memo_bucket;
+    TickArray current;  /* _current: the current tick truncated to each level's span */
+    TickArray spans;    /* _spans: ticks per bucket of each level */
+    TickArray leads;    /* _leads: how long before its span a bucket's cascade is due */
+    WheelItem *heap;    /* _heap: a binary heap kept as heapq keeps the reference's list */
+    Py_ssize_t heap_len, heap_cap;
+    char heap_set;      /* _heap was assigned (the reference's __init__ ran) */
     long long lead1, limit1, memo_until, push_count, span1;
     long long memo_due, memo_high, memo_low;
     Py_ssize_t todo_done, wheel_size;
