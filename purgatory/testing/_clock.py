@@ -272,4 +272,3 @@ class _Alarm:
             timer = self.timer()
             at = self.wake_at = -math.inf if timer is None else timer.time_of(tick)
             self._clock._wake_by(at)
-
