@@ -483,12 +483,17 @@ heap_set(PyObject *self, PyObject *value, void *closure)
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_INCREF(heap[i].bucket);
     }
-    wheel_clear_heap(w);
+    WheelItem *old = w->heap; /* (replaced first: releasing its buckets may run code) */
+    Py_ssize_t old_len = w->heap_len;
     w->heap = heap;
     w->heap_len = n;
     w->heap_cap = n > 16 ? n : 16;
     w->heap_set = 1;
     w->ready = 0;
+    for (Py_ssize_t i = 0; i < old_len; i++) {
+        Py_DECREF(old[i].bucket);
+    }
+    PyMem_Free(old);
     return 0;
 }
 
@@ -604,19 +609,20 @@ wheel_add_level(WheelObject *w)
 {
     Py_ssize_t size = w->wheel_size;
     long long factor = size >= 4 ? size / 2 : size;
-    PyObject *kind = (PyObject *)Py_TYPE(w->overdue);
+    PyObject *kind = Py_NewRef((PyObject *)Py_TYPE(w->overdue));
     Py_ssize_t level = PyList_GET_SIZE(w->levels);
     PyObject *slots = PyList_New(size);
-    if (slots == NULL) {
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < size; i++) {
+    for (Py_ssize_t i = 0; slots != NULL && i < size; i++) {
         PyObject *bucket = PyObject_CallFunction(kind, "On", (PyObject *)w, level);
         if (bucket == NULL) {
-            Py_DECREF(slots);
-            return -1;
+            Py_CLEAR(slots);
+            break;
         }
         PyList_SET_ITEM(slots, i, bucket);
+    }
+    Py_DECREF(kind);
+    if (slots == NULL) {
+        return -1;
     }
     long long span;
     if (!wheel_ready(w) || PyList_GET_SIZE(w->levels) != level ||
@@ -692,11 +698,12 @@ wheel_overflow_bucket(WheelObject *w, long long deadline, long long *due)
 static long long
 wheel_add(WheelObject *w, PyObject *entry, long long deadline)
 {
-    if (!wheel_ready(w)) {
-        wheel_changed();
+    /* (an entry that is not an operation sets its deadline through its own code) */
+    if (entry_set_deadline(entry, deadline) < 0) {
         return LLONG_MIN;
     }
-    if (entry_set_deadline(entry, deadline) < 0) {
+    if (!wheel_ready(w)) {
+        wheel_changed();
         return LLONG_MIN;
     }
     PyObject *bucket;
