@@ -84,6 +84,9 @@ static const NativeEntry native_entries[] = {
     {"TimingWheel.remove", wheel_remove_native},
     {"TimingWheel.advance", wheel_advance_native},
     {"TimingWheel.next_deadline", wheel_next_deadline_native},
+    {"TimingWheel._push", wheel_push_native},
+    {"TimingWheel._add_level", wheel_add_level_native},
+    {"TimingWheel._advance_clock", wheel_advance_clock_native},
     {"SystemTimer.add", timer_add_native},
     {"SystemTimer.add_due", timer_add_due_native},
     {"SystemTimer.run_pass", timer_run_pass_native},
@@ -151,7 +154,6 @@ static const Helper helpers[] = {
     HELPER("_watchers", "_report_attempt", report_attempt),
     HELPER("_watchers", "_release_lone", release_lone),
     HELPER("_watchers", "_NOTHING_TO_POP", nothing_to_pop),
-    HELPER("_watchers", "_MISSING", missing),
     HELPER("_thresholds", "threshold_of", threshold_of),
     HELPER("_operation", "_expired_then_raise", expired_then_raise),
     HELPER("_operation", "_report_expiration", report_expiration),
@@ -208,28 +210,7 @@ native_pull_helpers(PyObject *m)
     return 1;
 }
 
-PyDoc_STRVAR(bind_clock_doc,
-"bind_clock(cls, current_time, now_slot)\n--\n\n"
-"Let timers on a `cls` clock read its `now_slot` instead of calling `current_time`.");
-
-static PyObject *
-native_bind_clock(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 3 || !PyType_Check(args[0]) ||
-        !PyObject_TypeCheck(args[2], &PyMemberDescr_Type)) {
-        PyErr_SetString(PyExc_TypeError, "bind_clock(cls, current_time, now_slot)");
-        return NULL;
-    }
-    NativeState *st = PyModule_GetState(module);
-    Py_XSETREF(N.manual_clock_type, Py_NewRef(args[0]));
-    Py_XSETREF(N.manual_time, Py_NewRef(args[1]));
-    Py_XSETREF(N.manual_now, Py_NewRef(args[2]));
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef native_methods[] = {
-    {"bind_clock", (PyCFunction)(void (*)(void))native_bind_clock, METH_FASTCALL,
-     bind_clock_doc},
     {"install", (PyCFunction)(void (*)(void))native_install, METH_FASTCALL, install_doc},
     {"function", (PyCFunction)(void (*)(void))native_function, METH_FASTCALL, function_doc},
     {NULL},
@@ -305,17 +286,14 @@ intern_names(NativeState *st)
         {&N.s_bind, "bind"},
         {&N.s_wake_tick, "wake_tick"},
         {&N.s_wake_by, "wake_by"},
-        {&N.s_alive, "alive"},
         {&N.s_take, "take"},
         {&N.s_watches, "watches"},
         {&N.s_ends, "ends"},
         {&N.s_limit, "limit"},
         {&N.s_eager, "eager"},
         {&N.s_pop, "pop"},
-        {&N.s_add_level, "_add_level"},
         {&N.s_join_plain, "_join_plain"},
         {&N.s_join_at, "_join_at"},
-        {&N.s_release, "_release"},
         {&N.s_tidy, "_tidy"},
         {&N.s_fail, "_fail"},
         {&N.s_wake_awaiters, "_wake_awaiters"},
@@ -323,13 +301,8 @@ intern_names(NativeState *st)
         {&N.s_ended_before_registration, "_ended_before_registration"},
         {&N.s_abandon, "_abandon"},
         {&N.s_request_pass, "request_pass"},
-        {&N.s_admit_type, "_admit_type"},
         {&N.s_purge_queue, "purge_queue"},
         {&N.s_ended, "ended"},
-        {&N.s_level, "level"},
-        {&N.s_in_flight, "in_flight"},
-        {&N.s_after_pass, "after_pass"},
-        {&N.s_unregister, "unregister"},
         {&N.s_sort, "sort"},
         {&N.s_key, "key"},
         {&N.s_discard, "_discard"},
@@ -360,13 +333,6 @@ intern_names(NativeState *st)
 static int
 import_helpers(NativeState *st)
 {
-    PyObject *heapq = PyImport_ImportModule("_heapq");
-    if (heapq == NULL) {
-        return -1;
-    }
-    N.heappush = PyObject_GetAttrString(heapq, "heappush");
-    N.heappop = PyObject_GetAttrString(heapq, "heappop");
-    Py_DECREF(heapq);
     PyObject *math = PyImport_ImportModule("math");
     if (math == NULL) {
         return -1;
@@ -383,10 +349,7 @@ import_helpers(NativeState *st)
                     def->ml_meth;
         }
     }
-    return (N.heappush && N.heappop && N.math_ceil && N.pop_sentinel &&
-            N.dict_pop_method)
-               ? 0
-               : -1;
+    return (N.math_ceil && N.pop_sentinel && N.dict_pop_method) ? 0 : -1;
 }
 
 /* The operation's core names its fields in `__slots__`, as the reference's `_OperationCore` does

@@ -94,18 +94,34 @@ typedef struct {
     CORE_HEAD
 } CoreObject;
 
+/* A bucket's place in the wheel's queue of buckets by due tick: the reference's tuple
+ * (tick, -level, push count, bucket), compared in that order (the count is unique). */
+typedef struct {
+    long long tick, count;
+    int neg_level;
+    PyObject *bucket; /* a strong reference */
+} WheelItem;
+
+/* Ticks per level, as C integers (`v` NULL: never set, the attribute is missing). */
+typedef struct {
+    long long *v;
+    Py_ssize_t n, cap;
+} TickArray;
+
 typedef struct {
     CORE_HEAD
     PyObject *active;   /* _active: the cascading Bucket or NULL (None) */
-    PyObject *current;  /* _current: list of int */
-    PyObject *heap;     /* _heap: list of (tick, -level, push count, bucket) */
-    PyObject *leads;    /* _leads: list of int */
     PyObject *levels;   /* _levels: list of list of Bucket */
     PyObject *overdue;  /* _overdue: Bucket */
     PyObject *slots1;   /* _slots1: list of Bucket */
-    PyObject *spans;    /* _spans: list of int */
     PyObject *todo;     /* _todo: list */
     PyObject *memo_bucket;
+    TickArray current;  /* _current: the current tick truncated to each level's span */
+    TickArray spans;    /* _spans: ticks per bucket of each level */
+    TickArray leads;    /* _leads: how long before its span a bucket's cascade is due */
+    WheelItem *heap;    /* _heap: a binary heap kept as heapq keeps the reference's list */
+    Py_ssize_t heap_len, heap_cap;
+    char heap_set;      /* _heap was assigned (the reference's __init__ ran) */
     long long lead1, limit1, memo_until, push_count, span1;
     long long memo_due, memo_high, memo_low;
     Py_ssize_t todo_done, wheel_size;
@@ -375,17 +391,14 @@ struct NativeState {
     /* names */
     PyObject *s_try_complete, *s_on_complete, *s_on_expiration, *s_settled, *s_completed,
         *s_cancelled, *s_expired, *s_done, *s_set_result, *s_loop, *s_thread, *s_check_thread,
-        *s_bind, *s_wake_tick, *s_wake_by, *s_alive, *s_take, *s_watches, *s_ends, *s_limit,
-        *s_eager, *s_pop, *s_add_level, *s_join_plain,
-        *s_join_at, *s_release, *s_tidy, *s_fail, *s_wake_awaiters, *s_refuse,
-        *s_ended_before_registration, *s_abandon, *s_request_pass, *s_admit_type,
-        *s_purge_queue, *s_ended, *s_level, *s_in_flight, *s_after_pass,
-        *s_unregister, *s_sort, *s_key, *s_discard, *s_threshold, *s_reached;
+        *s_bind, *s_wake_tick, *s_wake_by, *s_take, *s_watches, *s_ends, *s_limit, *s_eager, *s_pop,
+        *s_join_plain, *s_join_at, *s_tidy, *s_fail, *s_wake_awaiters, *s_refuse,
+        *s_ended_before_registration, *s_abandon, *s_request_pass, *s_purge_queue, *s_ended,
+        *s_sort, *s_key, *s_discard, *s_threshold, *s_reached;
     PyObject *s_check_clock, *s_schedule, *s_ticks, *s_outcome, *s_now;
     PyObject *s_impl_module, *s_native; /* "purgatory._impl", "native" */
     PyObject *kw_key;             /* ("key",) */
     /* imported at the module's exec */
-    PyObject *heappush, *heappop; /* heapq's */
     PyObject *math_ceil;          /* math.ceil */
     PyObject *pop_sentinel;       /* what a pop returns for a key that is not there */
     PyObject *dict_pop_method;    /* dict.pop (dict_pop before 3.13) */
@@ -401,13 +414,9 @@ struct NativeState {
     PyObject *report_expiration;  /* _operation._report_expiration(op, exc) */
     PyObject *deadline_of;        /* _wheel._deadline_of */
     PyObject *nothing_to_pop;     /* _watchers._NOTHING_TO_POP */
-    PyObject *missing;            /* _watchers._MISSING */
     PyObject *split_keys;         /* _purgatory._split_keys(keys) */
     PyObject *check_one_threshold; /* _purgatory._check_one_threshold(threshold, marks) */
     PyObject *no_keys, *beyond_horizon, *full; /* _purgatory's error builders */
-    /* ManualClock, its current_time function and its `_now` slot (`bind_clock`): a timer on a
-     * manual clock reads the slot instead of calling the method (a Python frame per watch). */
-    PyObject *manual_clock_type, *manual_time, *manual_now;
     /* the last operation class met (Op_Check) */
     PyTypeObject *op_type_seen;
     int bound; /* the helpers are there: the C bodies run (until then, the reference) */
@@ -423,6 +432,18 @@ struct NativeState {
 
 #define NATIVE_OBJECT_COUNT (offsetof(NativeState, bound) / sizeof(PyObject *))
 #define NATIVE_OBJECTS(st) ((PyObject **)(st))
+
+static struct PyModuleDef native_module; /* native.c */
+
+/* The state of the module whose type `type` is or derives from, for a slot that runs outside a C
+ * body and needs it (a setter: no NativeMethod hands it `st`, and `type` is the reference's
+ * subclass or a user's); NULL with an exception set if none. */
+static inline NativeState *
+state_of_type(PyTypeObject *type)
+{
+    PyObject *module = PyType_GetModuleByDef(type, &native_module);
+    return module == NULL ? NULL : PyModule_GetState(module);
+}
 
 static int
 op_check_slow(NativeState *st, PyObject *o)

@@ -143,20 +143,25 @@ timer_wake_alarm(NativeState *st, TimerObject *t, long long due)
     return err;
 }
 
-/* `self.now()`: the clock's time (a new reference), or NULL with an exception set. */
+/* `self.now()`: the clock's time (a new reference), or NULL with an exception set.
+ *
+ * Every clock takes this one path: a user's own, `ManualClock`, the event loop's `time`. A bound
+ * method (what `use_clock` is given: `clock.current_time`) has its function called with its self
+ * through vectorcall, past the method object's own trampoline; anything else is called through
+ * its own vectorcall. A clock that returns a float it keeps (`return self.now`) allocates
+ * nothing, and its caller reads the double from the result. */
 static inline PyObject *
 timer_now(NativeState *st, TimerObject *t)
 {
-    PyObject *now = t->now;
-    if (PyMethod_Check(now) && PyMethod_GET_FUNCTION(now) == N.manual_time) {
-        PyObject *clock = PyMethod_GET_SELF(now);
-        if ((PyObject *)Py_TYPE(clock) == N.manual_clock_type) {
-            return PyMember_GetOne((const char *)clock,
-                                   ((PyMemberDescrObject *)N.manual_now)->d_member);
-        }
+    PyObject *now = Py_NewRef(t->now); /* (the clock's code may give the timer another clock) */
+    PyObject *r;
+    if (PyMethod_Check(now)) {
+        PyObject *self = PyMethod_GET_SELF(now); /* (both held by the method, held here) */
+        r = PyObject_Vectorcall(PyMethod_GET_FUNCTION(now), &self, 1, NULL);
     }
-    Py_INCREF(now); /* (the clock's code may give the timer another clock) */
-    PyObject *r = PyObject_CallNoArgs(now);
+    else {
+        r = PyObject_Vectorcall(now, NULL, 0, NULL);
+    }
     Py_DECREF(now);
     return r;
 }

@@ -337,7 +337,8 @@ def fingerprint(group: _Group) -> str:
     operations, which still cost a dispatch), ``lists`` (each key's watcher list in order, with
     finished entries), ``purge`` (Kafka's counter, the rule's state, the purge queue),
     ``timer`` (the wheel's tick and queued buckets with their entries, the next pass), ``clock``
-    (its time), and with a cost profile ``core`` (when it is free, the pass due, its turn, when it last woke).
+    (its time), and with a cost profile ``core`` (when it is free, the pass due, its turn, when
+    it last woke).
     """
     p = group.purgatory
     timer = p._timer
