@@ -132,6 +132,24 @@ def test_the_threshold_types_methods_read_the_state_of_the_class_that_defines_th
     assert (watchers.at, list(watchers.run), watchers.heap) == ({}, [], [])
 
 
+def test_the_wheels_queue_setter_checks_buckets_of_its_own_module() -> None:
+    """The `_heap` setter runs outside any C body: it finds its module's state through the type's
+    MRO (a subclass's, here a second instance's), so a bucket of another module's type is
+    refused as anything else that is not a bucket is."""
+    other = a_second_instance()
+
+    class Wheel(other.WheelCore):  # type: ignore[misc,name-defined]
+        __slots__ = ()
+
+    wheel = Wheel()
+    ours = other.BucketCore()
+    wheel._heap = [(0, 0, 0, ours)]
+    assert wheel._heap == [(0, 0, 0, ours)]
+    with pytest.raises(TypeError):
+        wheel._heap = [(0, 0, 0, native.BucketCore())]
+    assert wheel._heap == [(0, 0, 0, ours)]  # unchanged
+
+
 def test_a_dropped_module_object_is_collected_with_its_types() -> None:
     """The module's traverse and clear cover its state: the cycle module -> state -> types ->
     module (each heap type keeps its module) is collected once nothing else holds it."""
