@@ -48,6 +48,9 @@ CFLAGS="-fsanitize=address -fno-omit-frame-pointer -O1 -g" LDFLAGS="-fsanitize=a
     cat "$out/build.log" >&2
     exit 1
 }
+# ... and the instrumented objects it left there go too: a later in-place build would copy the
+# ASAN module into purgatory/, whose import then aborts outside an ASAN process.
+rm -rf build/temp.* build/lib.*
 # setup.py falls back to the pure modules when compiling fails: here that is an error.
 so=$(find "$out/lib/purgatory" -maxdepth 1 -name '_native*.so' | head -n 1)
 if [[ -z $so ]] || ! nm -D "$so" | grep -q __asan_; then
