@@ -48,6 +48,17 @@ Paths:
         2,000 pending). The driver's own work is in the figure, the same for every version.
     w1_threshold_lean: the same, each request watched with ``threshold=`` (one threshold for
         its 3 keys) rather than a mapping of key to threshold.
+    floor_driver, watch_force_driver, watch_expire_driver: the issue's shape, driven as a user
+        drives a purgatory with a clock of their own (``docs/testing.md``, "Writing a driver"):
+        a plain class whose ``current_time`` returns its ``now`` and whose ``attach`` keeps the
+        timer (no `Alarm`), moved 1 ms per 20 operations by the user's loop, which then runs
+        the timer's pass if ``next_pass_at`` says one is due (not `ManualClock`, whose read the
+        core once special-cased). 1,000 keys, operation ``i`` on key ``i % 1000``, on a
+        purgatory that already delays 10,000 operations an hour away. ``floor_driver`` is the
+        Floor in that loop (the operation created, ``try_complete`` twice, ``on_complete``,
+        kept in a dict per key meanwhile, the clock moved); ``watch_force_driver`` watches
+        with a 30 s timeout and ``force_complete``s; ``watch_expire_driver`` watches with a
+        50 ms timeout and lets the passes expire them (about 1,000 pending).
     record_none, record_json, record_arrow: what recording costs (``benchmarks.eventlog``'s
         workload): rounds of 1,000 operations on a purgatory of their own, each watched on one of
         100 keys, half completed by ``force_complete``, half expired by a timer pass; with no
@@ -82,6 +93,10 @@ __all__ = ("PATHS", "main", "measure")
 PENDING = 10_000
 KEYS = 100
 HOT_WATCHERS = 100
+DRIVER_KEYS = 1_000
+"""Keys of the ``*_driver`` paths (operation ``i`` on key ``i % DRIVER_KEYS``)."""
+DRIVER_STEP = 20
+"""Operations per 1 ms move of the ``*_driver`` paths' clock."""
 """Watchers on the hot key of ``hot_key_retry`` (and operations in ``user_try_complete``'s loop):
 both run lengths must be multiples of it."""
 PATHS = (
@@ -96,6 +111,9 @@ PATHS = (
     "user_try_complete",
     "w1_threshold",
     "w1_threshold_lean",
+    "floor_driver",
+    "watch_force_driver",
+    "watch_expire_driver",
     "record_none",
     "record_json",
     "record_arrow",
@@ -299,6 +317,69 @@ class _Paths:
 
         return run
 
+    def _driver_purgatory(self) -> tuple[Any, Any]:
+        """A user's own driver (`SteppingDriver`) and a purgatory on it, delaying `PENDING`
+        operations an hour away as the `ManualClock` one does."""
+        from purgatory import DelayedOperationPurgatory
+
+        driver = SteppingDriver()
+        purgatory: Any = DelayedOperationPurgatory("driver", clock=driver)
+        watch = purgatory.try_complete_else_watch
+        for key in range(PENDING):
+            watch(self.Op(3600.0, 0.0), (("pending", key),))
+        self.driven, self.driver = purgatory, driver
+        return driver, purgatory
+
+    def floor_driver(self) -> Run:
+        plain = self.Plain
+        driver = SteppingDriver()
+        keys = [(key,) for key in range(DRIVER_KEYS)]
+        watchers: dict[Any, dict[Any, None]] = {key: {} for key in keys}
+
+        def run(n: int) -> None:
+            for i in range(n):
+                op = plain(30.0, 0.0)
+                listed = watchers[keys[i % DRIVER_KEYS]]
+                op.try_complete()
+                listed[op] = None
+                op.try_complete()
+                op.on_complete()
+                del listed[op]
+                if i % DRIVER_STEP == DRIVER_STEP - 1:
+                    driver.now += 0.001
+
+        return run
+
+    def watch_force_driver(self) -> Run:
+        new = self.Op
+        driver, purgatory = self._driver_purgatory()
+        watch = purgatory.try_complete_else_watch
+        keys = [(key,) for key in range(DRIVER_KEYS)]
+
+        def run(n: int) -> None:
+            for i in range(n):
+                op = new(30.0, 0.0)
+                watch(op, keys[i % DRIVER_KEYS])
+                op.force_complete()
+                if i % DRIVER_STEP == DRIVER_STEP - 1:
+                    driver.step(0.001)
+
+        return run
+
+    def watch_expire_driver(self) -> Run:
+        new = self.Op
+        driver, purgatory = self._driver_purgatory()
+        watch = purgatory.try_complete_else_watch
+        keys = [(key,) for key in range(DRIVER_KEYS)]
+
+        def run(n: int) -> None:
+            for i in range(n):
+                watch(new(0.05, 0.0), keys[i % DRIVER_KEYS])
+                if i % DRIVER_STEP == DRIVER_STEP - 1:
+                    driver.step(0.001)
+
+        return run
+
     def record_none(self) -> Run:
         return self._record(None)
 
@@ -355,6 +436,30 @@ class _Paths:
         replica = _W1Replica(lean=True)
         replica.run(20_000)
         return replica.run
+
+
+class SteppingDriver:
+    """A user's own clock and driver, as ``docs/testing.md`` writes one: time moves only in
+    `step`, which then runs the passes of the timers it drives that have work due."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.timers: list[Any] = []
+
+    def current_time(self) -> float:
+        return self.now
+
+    def attach(self, timer: Any) -> None:
+        self.timers.append(timer)  # no Alarm: it asks before each step
+
+    def step(self, seconds: float) -> int:
+        self.now += seconds
+        now = self.now
+        expired = 0
+        for timer in self.timers:
+            if timer.next_pass_at() <= now:
+                expired += timer.run_pass(now)
+        return expired
 
 
 W1_POOL_SIZE = 1 << 16
@@ -517,6 +622,22 @@ TARGETS: tuple[tuple[str, str, str, float, float | None, str], ...] = (
         2.0,
         1.5,
         "near the user's own work",
+    ),
+    (
+        "watch + force_complete, a user's driver",
+        "watch_force_driver",
+        "floor_driver",
+        1.6,
+        1.3,
+        "1,000 keys, a clock of the user's own moved 1 ms per 20 operations",
+    ),
+    (
+        "watch + expire, a user's driver",
+        "watch_expire_driver",
+        "floor_driver",
+        1.6,
+        1.3,
+        "1,000 keys, a clock of the user's own moved 1 ms per 20 operations",
     ),
     (
         "threshold watch + trigger",

@@ -807,29 +807,3 @@ def _answer_reported(answer: Callable[[Op], object], op: Op) -> None:
 def _cancel(op: DelayedOperation[Any]) -> bool:
     """Cancel `op` (the operation protocol's cancel), for `WatcherLists.cancel_key`."""
     return op._cancel()
-
-
-if native is not None:
-    # The reference's helpers the native core calls: its reports, its error builders and its
-    # shared sentinels, so that a message or a rule is written once.
-    from . import _thresholds, _watchers, _wheel
-    from ._operation import _expired_then_raise, _report_expiration
-
-    native.bind(
-        report_exception=report_exception,
-        report_false_claim=report_false_claim,
-        report_attempt=_watchers._report_attempt,
-        release_lone=_watchers._release_lone,
-        threshold_of=_thresholds.threshold_of,
-        running_loop=running_loop,
-        expired_then_raise=_expired_then_raise,
-        report_expiration=_report_expiration,
-        deadline_of=_wheel._deadline_of,
-        nothing_to_pop=_watchers._NOTHING_TO_POP,
-        missing=_watchers._MISSING,
-        split_keys=_split_keys,
-        check_one_threshold=_check_one_threshold,
-        no_keys=_no_keys,
-        beyond_horizon=_beyond_horizon,
-        full=_full,
-    )

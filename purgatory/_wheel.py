@@ -572,4 +572,6 @@ def _deadline_of(entry: Any) -> int:
     return deadline
 
 
-install(TimingWheel, "add", "remove", "advance", "next_deadline")
+# The heap and the ticks are C data on the native build: every method that changes them is native.
+_OWNERS = ("_push", "_add_level", "_advance_clock")
+install(TimingWheel, "add", "remove", "advance", "next_deadline", *_OWNERS)

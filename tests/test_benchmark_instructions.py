@@ -43,6 +43,25 @@ def test_one_try_complete_call_per_operation_on_the_hot_key_paths(
     assert paths.purgatory.statistics().completed == before.completed  # none was ready
 
 
+@pytest.mark.parametrize(
+    ("path", "completed", "expired"),
+    [("watch_force_driver", 2000, 0), ("watch_expire_driver", 0, 51 * 20)],
+)
+def test_the_driver_paths_run_on_a_users_own_clock_moved_by_their_loop(
+    path: str, completed: int, expired: int
+) -> None:
+    paths = instructions._Paths()
+    run = getattr(paths, path)()
+    purgatory = paths.driven
+    assert type(paths.driver) is instructions.SteppingDriver  # not ManualClock
+    run(2000)  # 100 moves of 1 ms, one per 20 operations
+    stats = purgatory.statistics()
+    assert stats.completed == completed
+    # The 20 watched at g ms are due at g + 50 ms: by 100 ms, those of 0..50 ms have expired.
+    assert stats.expired == expired
+    assert paths.driver.now == pytest.approx(0.1)
+
+
 def test_the_child_draws_w1_pools_as_the_suite_does() -> None:
     pools = make_pools(W1Setting("threshold", 20, 60, 100), 1)
     mine = w1_pools(seed=1)
@@ -72,6 +91,8 @@ def test_the_goals_are_the_native_core_targets() -> None:
     wanted = {
         "watch_force": ("floor", 2.0, 1.5),
         "watch_expire": ("floor", 2.0, 1.5),
+        "watch_force_driver": ("floor_driver", 1.6, 1.3),
+        "watch_expire_driver": ("floor_driver", 1.6, 1.3),
         "threshold": ("watch_force", 1.3, None),
         "hot_key_retry": ("user_try_complete", 1.2, None),
         "subclass_create": ("plain_create", 1.6, None),

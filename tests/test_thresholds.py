@@ -268,6 +268,31 @@ def test_thresholds_shared_by_several_watchers_are_queued_once() -> None:
     check_threshold_watchers(watchers)
 
 
+def test_pop_takes_its_arguments_by_position_or_by_name() -> None:
+    """The native `pop` parses its own arguments (vectorcall, PEP 573): as the reference's
+    signature does, each by position or by name, and a missing, repeated or unknown one is a
+    TypeError with nothing popped."""
+    watchers: ThresholdWatchers[Member] = ThresholdWatchers({})
+    members = [Member(threshold) for threshold in (1, 2, 3)]
+    for member in members:
+        watchers.add(member, member._marks)
+    bad: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+        ((members[0], None), {}),
+        ((members[0], None, "k"), {"key": "k"}),
+        ((members[0], None, "k"), {"other": 1}),
+        ((members[0], None, "k", "extra"), {}),
+    ]
+    for args, kwargs in bad:
+        with pytest.raises(TypeError):
+            watchers.pop(*args, **kwargs)
+    assert watchers.at == {1: members[0], 2: members[1], 3: members[2]}
+    assert watchers.pop(members[0], default="missing", key="k") is None
+    assert watchers.pop(key="k", default="missing", op=members[1]) is None
+    assert watchers.pop(members[1], "missing", key="k") == "missing"
+    assert watchers.at == {3: members[2]}
+    check_threshold_watchers(watchers)
+
+
 # -- thresholds in increasing order ---------------------------------------------------------------
 
 

@@ -185,3 +185,49 @@ def test_next_pass_at_is_a_time_that_reaches_the_due_tick() -> None:
     assert p._timer.next_pass_at() == 9 * 0.001  # the tick's own time, which reaches it
     clock.time = p._timer.next_pass_at()
     assert clock.run() == 1
+
+
+class _CountingDriver:
+    """A user's own clock and driver (docs/testing.md), counting its reads; its time is read
+    through a bound method or, with `plain`, a function kept on the instance."""
+
+    def __init__(self, plain: bool) -> None:
+        self.now = 0.0
+        self.reads = 0
+        self.timers: list[Any] = []
+        if plain:
+            self.current_time = self._read  # type: ignore[method-assign]
+
+    def _read(self) -> float:
+        self.reads += 1
+        return self.now
+
+    def current_time(self) -> float:
+        return self._read()
+
+    def attach(self, timer: Any) -> None:
+        self.timers.append(timer)
+
+    def step(self, seconds: float) -> int:
+        self.now += seconds
+        return sum(t.run_pass(self.now) for t in self.timers if t.next_pass_at() <= self.now)
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["method", "function"])
+def test_a_users_own_clock_is_read_once_per_watch_and_its_passes_expire_on_time(
+    plain: bool,
+) -> None:
+    """Every clock takes one path in the timer (no clock class of the project's is special):
+    a user's own is read once per watch, not by a completion nor a pass (given its time)."""
+    driver = _CountingDriver(plain)
+    purgatory = DelayedOperationPurgatory[Any]("driven", clock=driver)
+    reads = driver.reads
+    ops = [FlagOperation(0.05) for _ in range(3)]
+    for i, op in enumerate(ops):
+        assert not purgatory.try_complete_else_watch(op, [i])
+    assert driver.reads == reads + 3
+    assert ops[0].force_complete()
+    assert driver.step(0.04) == 0
+    assert driver.step(0.01) == 2
+    assert driver.reads == reads + 3
+    assert [op.is_expired for op in ops] == [False, True, True]

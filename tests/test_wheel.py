@@ -526,3 +526,32 @@ def test_a_bucket_dropped_as_empty_is_not_reused_without_being_scheduled_again()
     assert wheel.next_deadline() == 5
     check_timing_wheel(wheel)
     assert names(wheel.advance(5)) == ["back"]
+
+
+def test_the_queue_and_the_ticks_read_as_the_reference_keeps_them() -> None:
+    """The native wheel keeps its queue of buckets by due tick and each level's ticks as C data;
+    what Python reads of them (`_heap`, `_current`, `_spans`, `_leads`: the invariant check and
+    the gauge read them) is the reference's, the queue in heapq's order of (due tick, -level,
+    push count, bucket). The figures are the pure module's own."""
+    wheel = TimingWheel(4, start_tick=0)
+    for name, deadline in (("a", 3), ("b", 9), ("c", 2), ("d", 40), ("e", 9), ("f", 1)):
+        wheel.add(Entry(name), deadline)
+
+    def queue() -> list[tuple[int, int, int, int]]:
+        return [
+            (tick, level, count, bucket.expiration) for tick, level, count, bucket in wheel._heap
+        ]
+
+    assert (wheel._spans, wheel._leads, wheel._current) == (
+        [1, 2, 4, 8, 16],
+        [0, 2, 4, 8, 16],
+        [0] * 5,
+    )
+    assert queue() == [(1, 0, 5, 1), (2, 0, 3, 2), (3, 0, 1, 3), (16, -4, 4, 32), (4, -2, 2, 8)]
+    assert names(wheel.advance(2)) == ["f", "c"]
+    assert wheel._current == [2, 2, 0, 0, 0]
+    assert queue() == [(3, 0, 1, 3), (4, -2, 2, 8), (16, -4, 4, 32)]
+    assert names(wheel.advance(9, budget=None)) == ["a", "b", "e"]
+    assert wheel._current == [9, 8, 8, 8, 0]
+    assert queue() == [(16, -4, 4, 32)]
+    check_timing_wheel(wheel)

@@ -14,15 +14,39 @@ typedef struct {
     native_fn fn;
     PyObject *ref;
     vectorcallfunc vectorcall;
+    PyObject *module; /* the module that made it: its state outlives the method */
+    NativeState *st;  /* the module's state, handed to the C body */
 } NativeMethodObject;
+
+static int native_pull_helpers(PyObject *module); /* native.c */
+
+static PyObject *nm_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames);
+
+/* The first calls, before the module's state has the reference's helpers: pull them, then run
+ * the C body if they are there, the reference if not. Kept out of nm_vectorcall, whose path is
+ * then a load and a test more than the C body's own. */
+static Py_NO_INLINE PyObject *
+nm_vectorcall_unbound(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    NativeMethodObject *m = (NativeMethodObject *)self;
+    if (native_pull_helpers(m->module)) {
+        return nm_vectorcall(self, args, nargsf, kwnames);
+    }
+    return PyObject_Vectorcall(m->ref, args, nargsf, kwnames);
+}
 
 static PyObject *
 nm_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     NativeMethodObject *m = (NativeMethodObject *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs >= 1 && N.bound) {
-        PyObject *result = m->fn(args[0], args + 1, nargs - 1, kwnames);
+    NativeState *st = m->st;
+    if (nargs >= 1) {
+        if (!N.bound) {
+            return nm_vectorcall_unbound(self, args, nargsf, kwnames);
+        }
+        PyObject *result = m->fn(st, args[0], args + 1, nargs - 1, kwnames);
         if (result != NOT_HANDLED) {
             return result;
         }
@@ -101,7 +125,9 @@ nm_repr(PyObject *self)
 static int
 nm_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self));
     Py_VISIT(((NativeMethodObject *)self)->ref);
+    Py_VISIT(((NativeMethodObject *)self)->module);
     return 0;
 }
 
@@ -109,34 +135,69 @@ static int
 nm_clear(PyObject *self)
 {
     Py_CLEAR(((NativeMethodObject *)self)->ref);
+    /* (the module stays: a method still called after a collection broke a cycle through it
+     * keeps a valid state; its reference goes with the method) */
     return 0;
 }
 
 static void
 nm_dealloc(PyObject *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     nm_clear(self);
-    Py_TYPE(self)->tp_free(self);
+    Py_CLEAR(((NativeMethodObject *)self)->module);
+    type->tp_free(self);
+    Py_DECREF(type);
 }
 
-static PyTypeObject NativeMethodType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "purgatory._native.NativeMethod",
-    .tp_basicsize = sizeof(NativeMethodObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
-                Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_doc = "A method with a C body, documented by its pure-Python reference (__wrapped__).",
-    .tp_vectorcall_offset = offsetof(NativeMethodObject, vectorcall),
-    .tp_call = PyVectorcall_Call,
-    .tp_descr_get = nm_descr_get,
-    .tp_getattro = nm_getattro,
-    .tp_getset = nm_getset,
-    .tp_repr = nm_repr,
-    .tp_traverse = nm_traverse,
-    .tp_clear = nm_clear,
-    .tp_dealloc = nm_dealloc,
+static PyMemberDef nm_members[] = {
+    {"__vectorcalloffset__", Py_T_PYSSIZET, offsetof(NativeMethodObject, vectorcall), Py_READONLY},
+    {NULL},
 };
+
+/* A method with a C body, documented by its pure-Python reference (__wrapped__). No Py_tp_doc:
+ * a heap type's docstring would be put in its dict over the `__doc__` getset, and the instances
+ * would show it instead of their reference's. */
+static PyType_Slot nm_slots[] = {
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_descr_get, nm_descr_get},
+    {Py_tp_getattro, nm_getattro},
+    {Py_tp_getset, nm_getset},
+    {Py_tp_members, nm_members},
+    {Py_tp_repr, nm_repr},
+    {Py_tp_traverse, nm_traverse},
+    {Py_tp_clear, nm_clear},
+    {Py_tp_dealloc, nm_dealloc},
+    {0, NULL},
+};
+
+static PyType_Spec nm_spec = {
+    .name = "purgatory._native.NativeMethod",
+    .basicsize = sizeof(NativeMethodObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_METHOD_DESCRIPTOR | Py_TPFLAGS_IMMUTABLETYPE |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = nm_slots,
+};
+
+/* A NativeMethod running `fn` (with `module`'s state) behind the reference `ref`. */
+static PyObject *
+native_method_new(PyObject *module, native_fn fn, PyObject *ref)
+{
+    NativeState *st = PyModule_GetState(module);
+    NativeMethodObject *m = PyObject_GC_New(NativeMethodObject, &NativeMethodType);
+    if (m == NULL) {
+        return NULL;
+    }
+    m->fn = fn;
+    m->ref = Py_NewRef(ref);
+    m->vectorcall = nm_vectorcall;
+    m->module = Py_NewRef(module);
+    m->st = st;
+    PyObject_GC_Track(m);
+    return (PyObject *)m;
+}
 
 /* The registry of C bodies, by "<class name>.<method name>" (filled by the parts). */
 typedef struct {
@@ -179,15 +240,13 @@ native_install(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             }
             return NULL;
         }
-        NativeMethodObject *m = PyObject_GC_New(NativeMethodObject, &NativeMethodType);
+        Py_INCREF(ref); /* (the allocation may collect, and a __del__ change the class) */
+        PyObject *m = native_method_new(module, fn, ref);
+        Py_DECREF(ref);
         if (m == NULL) {
             return NULL;
         }
-        m->fn = fn;
-        m->ref = Py_NewRef(ref);
-        m->vectorcall = nm_vectorcall;
-        PyObject_GC_Track(m);
-        int err = PyObject_SetAttr((PyObject *)cls, args[i], (PyObject *)m);
+        int err = PyObject_SetAttr((PyObject *)cls, args[i], m);
         Py_DECREF(m);
         if (err < 0) {
             return NULL;

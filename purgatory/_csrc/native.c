@@ -22,7 +22,8 @@ static native_fn native_lookup(const char *name);
 /* expire_due(due, now, outcome="expired", *, purge_queue, ended), as the timer calls it: through
  * a partial that gives purge_queue and ended by keyword. */
 static PyObject *
-expire_due_native(PyObject *due, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+expire_due_native(NativeState *st, PyObject *due, PyObject *const *args, Py_ssize_t nargs,
+                  PyObject *kwnames)
 {
     PyObject *slots[4] = {NULL, NULL, NULL, NULL}; /* now, outcome, purge_queue, ended */
     PyObject *const names[4] = {NULL, N.s_outcome, N.s_purge_queue, N.s_ended};
@@ -65,7 +66,7 @@ expire_due_native(PyObject *due, PyObject *const *args, Py_ssize_t nargs, PyObje
         }
     }
     Py_INCREF(due);
-    Py_ssize_t expired = expire_loop(due, slots[0], slots[1], slots[2], slots[3]);
+    Py_ssize_t expired = expire_loop(st, due, slots[0], slots[1], slots[2], slots[3]);
     Py_DECREF(due);
     if (expired < 0) {
         return NULL;
@@ -83,6 +84,9 @@ static const NativeEntry native_entries[] = {
     {"TimingWheel.remove", wheel_remove_native},
     {"TimingWheel.advance", wheel_advance_native},
     {"TimingWheel.next_deadline", wheel_next_deadline_native},
+    {"TimingWheel._push", wheel_push_native},
+    {"TimingWheel._add_level", wheel_add_level_native},
+    {"TimingWheel._advance_clock", wheel_advance_clock_native},
     {"SystemTimer.add", timer_add_native},
     {"SystemTimer.add_due", timer_add_due_native},
     {"SystemTimer.run_pass", timer_run_pass_native},
@@ -128,218 +132,140 @@ native_function(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Format(PyExc_LookupError, "no native body for %s", key);
         return NULL;
     }
-    NativeMethodObject *m = PyObject_GC_New(NativeMethodObject, &NativeMethodType);
-    if (m == NULL) {
-        return NULL;
-    }
-    m->fn = fn;
-    m->ref = Py_NewRef(args[0]);
-    m->vectorcall = nm_vectorcall;
-    PyObject_GC_Track(m);
-    return (PyObject *)m;
+    return native_method_new(module, fn, args[0]);
 }
 
-/* -- bind: the Python side's helpers --------------------------------------------------------------- */
+/* -- the Python side's helpers, pulled --------------------------------------------------------- */
 
+/* The reference's helpers the C bodies call (its reports, its error builders, its shared
+ * sentinels), so that a message or a rule is written once: where each is defined. */
 typedef struct {
+    const char *module;
     const char *name;
-    PyObject **slot;
+    size_t offset; /* of its field in NativeState */
 } Helper;
 
-PyDoc_STRVAR(bind_doc,
-"bind(**helpers)\n--\n\n"
-"Give the native core the reference's helpers (reports, error builders, shared sentinels); the\n"
-"C bodies take the reference's path until this is done.");
+#define HELPER(module, name, field) {"purgatory." module, name, offsetof(NativeState, field)}
 
-static PyObject *
-native_bind(PyObject *module, PyObject *args, PyObject *kwargs)
+static const Helper helpers[] = {
+    HELPER("_asyncio", "report_exception", report_exception),
+    HELPER("_asyncio", "report_false_claim", report_false_claim),
+    HELPER("_asyncio", "running_loop", running_loop),
+    HELPER("_watchers", "_report_attempt", report_attempt),
+    HELPER("_watchers", "_release_lone", release_lone),
+    HELPER("_watchers", "_NOTHING_TO_POP", nothing_to_pop),
+    HELPER("_thresholds", "threshold_of", threshold_of),
+    HELPER("_operation", "_expired_then_raise", expired_then_raise),
+    HELPER("_operation", "_report_expiration", report_expiration),
+    HELPER("_wheel", "_deadline_of", deadline_of),
+    HELPER("_purgatory", "_split_keys", split_keys),
+    HELPER("_purgatory", "_check_one_threshold", check_one_threshold),
+    HELPER("_purgatory", "_no_keys", no_keys),
+    HELPER("_purgatory", "_beyond_horizon", beyond_horizon),
+    HELPER("_purgatory", "_full", full),
+    {NULL, NULL, 0},
+};
+
+/* Take the helpers from the package's modules, once per module state: 1 once they are all there.
+ * Not at the module's exec, as `_asyncio`'s module_init imports what it needs: the package's
+ * modules import this one (through `purgatory._impl`) before they define them, so importing them
+ * from here would import a module that is still being imported. So the first call of a C body
+ * takes them from `sys.modules` (no import is started, no code of the user's runs), and only from
+ * the package whose `_impl.native` is this very module (the test suite keeps a second, pure copy
+ * of the package, swapped into `sys.modules` while its tests run). Until the facade's module is
+ * whole (0: during the package's own import), the reference's bodies run, as they do for any
+ * case the C leaves to them. */
+static int
+native_pull_helpers(PyObject *m)
 {
-    Helper helpers[] = {
-        {"report_exception", &N.report_exception},
-        {"report_false_claim", &N.report_false_claim},
-        {"report_attempt", &N.report_attempt},
-        {"release_lone", &N.release_lone},
-        {"threshold_of", &N.threshold_of},
-        {"running_loop", &N.running_loop},
-        {"expired_then_raise", &N.expired_then_raise},
-        {"report_expiration", &N.report_expiration},
-        {"deadline_of", &N.deadline_of},
-        {"nothing_to_pop", &N.nothing_to_pop},
-        {"missing", &N.missing},
-        {"split_keys", &N.split_keys},
-        {"check_one_threshold", &N.check_one_threshold},
-        {"no_keys", &N.no_keys},
-        {"beyond_horizon", &N.beyond_horizon},
-        {"full", &N.full},
-        {NULL, NULL},
-    };
-    if (PyTuple_GET_SIZE(args) != 0 || kwargs == NULL) {
-        PyErr_SetString(PyExc_TypeError, "bind(**helpers) takes keywords only");
-        return NULL;
+    NativeState *st = PyModule_GetState(m);
+    if (N.s_impl_module == NULL) {
+        return 0; /* (the module was cleared: the reference's bodies run) */
     }
-    Py_ssize_t given = PyDict_GET_SIZE(kwargs);
-    Py_ssize_t known = 0;
-    for (Helper *h = helpers; h->name != NULL; h++) {
-        PyObject *value = PyDict_GetItemString(kwargs, h->name);
-        if (value == NULL) {
-            PyErr_Format(PyExc_TypeError, "bind() needs the helper %s", h->name);
-            return NULL;
+    PyObject *values[sizeof helpers / sizeof *helpers] = {NULL};
+    PyObject *impl = PyImport_GetModule(N.s_impl_module);
+    PyObject *native = impl == NULL ? NULL : PyObject_GetAttr(impl, N.s_native);
+    Py_XDECREF(impl);
+    int whole = native == m;
+    Py_XDECREF(native);
+    for (size_t i = 0; helpers[i].module != NULL && whole; i++) {
+        PyObject *name = PyUnicode_FromString(helpers[i].module);
+        PyObject *module = name == NULL ? NULL : PyImport_GetModule(name);
+        Py_XDECREF(name);
+        values[i] = module == NULL ? NULL : PyObject_GetAttrString(module, helpers[i].name);
+        Py_XDECREF(module);
+        whole = values[i] != NULL;
+    }
+    if (!whole) {
+        PyErr_Clear(); /* (a module not there yet, or not whole: an AttributeError) */
+        for (size_t i = 0; helpers[i].module != NULL; i++) {
+            Py_XDECREF(values[i]);
         }
-        Py_XSETREF(*h->slot, Py_NewRef(value));
-        known++;
+        return 0;
     }
-    if (given != known) {
-        PyErr_SetString(PyExc_TypeError, "bind() was given a helper it does not know");
-        return NULL;
+    for (size_t i = 0; helpers[i].module != NULL; i++) {
+        Py_XSETREF(*(PyObject **)((char *)st + helpers[i].offset), values[i]);
     }
     N.bound = 1;
-    Py_RETURN_NONE;
-}
-
-PyDoc_STRVAR(bind_clock_doc,
-"bind_clock(cls, current_time, now_slot)\n--\n\n"
-"Let timers on a `cls` clock read its `now_slot` instead of calling `current_time`.");
-
-static PyObject *
-native_bind_clock(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 3 || !PyType_Check(args[0]) ||
-        !PyObject_TypeCheck(args[2], &PyMemberDescr_Type)) {
-        PyErr_SetString(PyExc_TypeError, "bind_clock(cls, current_time, now_slot)");
-        return NULL;
-    }
-    Py_XSETREF(N.manual_clock_type, Py_NewRef(args[0]));
-    Py_XSETREF(N.manual_time, Py_NewRef(args[1]));
-    Py_XSETREF(N.manual_now, Py_NewRef(args[2]));
-    Py_RETURN_NONE;
+    return 1;
 }
 
 static PyMethodDef native_methods[] = {
-    {"bind_clock", (PyCFunction)(void (*)(void))native_bind_clock, METH_FASTCALL,
-     bind_clock_doc},
     {"install", (PyCFunction)(void (*)(void))native_install, METH_FASTCALL, install_doc},
     {"function", (PyCFunction)(void (*)(void))native_function, METH_FASTCALL, function_doc},
-    {"bind", (PyCFunction)(void (*)(void))native_bind, METH_VARARGS | METH_KEYWORDS, bind_doc},
     {NULL},
 };
 
 /* -- the types ------------------------------------------------------------------------------------- */
 
+/* Heap types (PEP 630), one set per module object: each core is subclassable (the reference's
+ * classes are defined over it), collected, and immutable as the static types it replaces were.
+ * No tp_new of their own: they inherit object's (dict's for the bucket), and so show no __new__,
+ * and are made as object() makes instances (its abstract-class check and messages included): to
+ * `help()` and `copy` they are as the reference's slotted classes are. */
+#define CORE_FLAGS                                                                                \
+    (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE)
 
-#define CORE_FLAGS (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC)
+#define CORE_SPEC(var, pyname, doc, type, prefix, ...)                                          \
+    static PyType_Slot var##_slots[] = {                                                         \
+        {Py_tp_doc, (void *)(doc)},                                                              \
+        {Py_tp_traverse, prefix##_traverse},                                                     \
+        {Py_tp_clear, prefix##_clear},                                                           \
+        {Py_tp_dealloc, prefix##_dealloc},                                                       \
+        {Py_tp_members, prefix##_members},                                                       \
+        __VA_ARGS__{0, NULL},                                                                    \
+    };                                                                                           \
+    static PyType_Spec var##_spec = {                                                            \
+        .name = (pyname),                                                                        \
+        .basicsize = sizeof(type),                                                               \
+        .flags = CORE_FLAGS,                                                                     \
+        .slots = var##_slots,                                                                    \
+    };
 
-
-static PyTypeObject OpType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "purgatory._operation._OperationCore",
-    .tp_doc = "The fields of an operation (the operation protocol, see purgatory._operation).",
-    .tp_basicsize = sizeof(OpFull),
-    .tp_flags = CORE_FLAGS,
-    .tp_traverse = op_traverse,
-    .tp_clear = op_clear,
-    .tp_dealloc = op_dealloc,
-    .tp_members = op_members,
-    .tp_getset = op_getset,
-};
-
-static PyTypeObject BucketType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "purgatory._wheel._BucketCore",
-    .tp_doc = "The fields of a bucket of the timing wheel (a dict of entries).",
-    .tp_basicsize = sizeof(BucketObject),
-    .tp_flags = CORE_FLAGS,
-    .tp_traverse = bucket_traverse,
-    .tp_clear = bucket_clear,
-    .tp_dealloc = bucket_dealloc,
-    .tp_members = bucket_members,
-};
-
-static PyTypeObject WheelType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "purgatory._wheel._WheelCore",
-    .tp_doc = "The fields of a timing wheel.",
-    .tp_basicsize = sizeof(WheelObject),
-    .tp_flags = CORE_FLAGS,
-    .tp_traverse = wheel_traverse,
-    .tp_clear = wheel_clear,
-    .tp_dealloc = wheel_dealloc,
-    .tp_getset = wheel_getset,
-    .tp_members = wheel_members,
-};
-
-static PyTypeObject TimerType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "purgatory._timer._TimerCore",
-    .tp_doc = "The fields of a timer.",
-    .tp_basicsize = sizeof(TimerObject),
-    .tp_flags = CORE_FLAGS,
-    .tp_traverse = timer_traverse,
-    .tp_clear = timer_clear,
-    .tp_dealloc = timer_dealloc,
-    .tp_members = timer_members,
-    .tp_getset = timer_getset,
-    .tp_weaklistoffset = offsetof(TimerObject, weakreflist),
-};
-
-static PyTypeObject ThresholdType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "purgatory._thresholds._ThresholdCore",
-    .tp_doc = "The fields of one key's threshold watchers.",
-    .tp_basicsize = sizeof(ThresholdObject),
-    .tp_flags = CORE_FLAGS,
-    .tp_traverse = threshold_traverse,
-    .tp_clear = threshold_clear,
-    .tp_dealloc = threshold_dealloc,
-    .tp_getset = threshold_getset,
-    .tp_members = threshold_members,
-    .tp_methods = threshold_methods,
-    .tp_init = threshold_init,
-};
-
-static PyTypeObject ListsType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "purgatory._watchers._ListsCore",
-    .tp_doc = "The fields of a purgatory's watcher lists.",
-    .tp_basicsize = sizeof(ListsObject),
-    .tp_flags = CORE_FLAGS,
-    .tp_traverse = lists_traverse,
-    .tp_clear = lists_clear,
-    .tp_dealloc = lists_dealloc,
-    .tp_getset = lists_getset,
-    .tp_members = lists_members,
-};
-
-static PyTypeObject RuleType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "purgatory._purge_rule._RuleCore",
-    .tp_doc = "The fields of a purge rule.",
-    .tp_basicsize = sizeof(RuleObject),
-    .tp_flags = CORE_FLAGS,
-    .tp_traverse = rule_traverse,
-    .tp_clear = rule_clear,
-    .tp_dealloc = rule_dealloc,
-    .tp_getset = rule_getset,
-    .tp_members = rule_members,
-};
-
-static PyTypeObject PurgatoryType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "purgatory._purgatory._PurgatoryCore",
-    .tp_doc = "The fields of a purgatory.",
-    .tp_basicsize = sizeof(PurgatoryObject),
-    .tp_flags = CORE_FLAGS,
-    .tp_traverse = purgatory_traverse,
-    .tp_clear = purgatory_clear,
-    .tp_dealloc = purgatory_dealloc,
-    .tp_members = purgatory_members,
-    .tp_getset = purgatory_getset,
-    .tp_weaklistoffset = offsetof(PurgatoryObject, weakreflist),
-};
+CORE_SPEC(op, "purgatory._operation._OperationCore",
+          "The fields of an operation (the operation protocol, see purgatory._operation).",
+          OpFull, op, {Py_tp_getset, op_getset},)
+CORE_SPEC(bucket, "purgatory._wheel._BucketCore",
+          "The fields of a bucket of the timing wheel (a dict of entries).", BucketObject, bucket, )
+CORE_SPEC(wheel, "purgatory._wheel._WheelCore", "The fields of a timing wheel.", WheelObject,
+          wheel, {Py_tp_getset, wheel_getset},)
+CORE_SPEC(timer, "purgatory._timer._TimerCore", "The fields of a timer.", TimerObject, timer,
+          {Py_tp_getset, timer_getset},)
+CORE_SPEC(threshold, "purgatory._thresholds._ThresholdCore",
+          "The fields of one key's threshold watchers.", ThresholdObject, threshold,
+          {Py_tp_getset, threshold_getset}, {Py_tp_methods, threshold_methods},
+          {Py_tp_init, threshold_init},)
+CORE_SPEC(lists, "purgatory._watchers._ListsCore", "The fields of a purgatory's watcher lists.",
+          ListsObject, lists, {Py_tp_getset, lists_getset},)
+CORE_SPEC(rule, "purgatory._purge_rule._RuleCore", "The fields of a purge rule.", RuleObject,
+          rule, {Py_tp_getset, rule_getset},)
+CORE_SPEC(purgatory, "purgatory._purgatory._PurgatoryCore", "The fields of a purgatory.",
+          PurgatoryObject, purgatory, {Py_tp_getset, purgatory_getset},)
 
 /* -- the module ------------------------------------------------------------------------------------ */
 
 static int
-intern_names(void)
+intern_names(NativeState *st)
 {
     struct {
         PyObject **slot;
@@ -360,20 +286,14 @@ intern_names(void)
         {&N.s_bind, "bind"},
         {&N.s_wake_tick, "wake_tick"},
         {&N.s_wake_by, "wake_by"},
-        {&N.s_alive, "alive"},
         {&N.s_take, "take"},
         {&N.s_watches, "watches"},
         {&N.s_ends, "ends"},
         {&N.s_limit, "limit"},
         {&N.s_eager, "eager"},
-        {&N.s_append, "append"},
-        {&N.s_popleft, "popleft"},
-        {&N.s_compact, "compact"},
         {&N.s_pop, "pop"},
-        {&N.s_add_level, "_add_level"},
         {&N.s_join_plain, "_join_plain"},
         {&N.s_join_at, "_join_at"},
-        {&N.s_release, "_release"},
         {&N.s_tidy, "_tidy"},
         {&N.s_fail, "_fail"},
         {&N.s_wake_awaiters, "_wake_awaiters"},
@@ -381,14 +301,8 @@ intern_names(void)
         {&N.s_ended_before_registration, "_ended_before_registration"},
         {&N.s_abandon, "_abandon"},
         {&N.s_request_pass, "request_pass"},
-        {&N.s_admit_type, "_admit_type"},
         {&N.s_purge_queue, "purge_queue"},
         {&N.s_ended, "ended"},
-        {&N.s_unpush, "unpush"},
-        {&N.s_level, "level"},
-        {&N.s_in_flight, "in_flight"},
-        {&N.s_after_pass, "after_pass"},
-        {&N.s_unregister, "unregister"},
         {&N.s_sort, "sort"},
         {&N.s_key, "key"},
         {&N.s_discard, "_discard"},
@@ -399,6 +313,8 @@ intern_names(void)
         {&N.s_ticks, "ticks"},
         {&N.s_outcome, "outcome"},
         {&N.s_now, "now"},
+        {&N.s_impl_module, "purgatory._impl"},
+        {&N.s_native, "native"},
         {NULL, NULL},
     };
     for (int i = 0; names[i].slot != NULL; i++) {
@@ -407,37 +323,33 @@ intern_names(void)
             return -1;
         }
     }
-    method_names[M_TRY_COMPLETE] = N.s_try_complete;
-    method_names[M_ON_COMPLETE] = N.s_on_complete;
-    method_names[M_ON_EXPIRATION] = N.s_on_expiration;
+    N.method_names[M_TRY_COMPLETE] = N.s_try_complete;
+    N.method_names[M_ON_COMPLETE] = N.s_on_complete;
+    N.method_names[M_ON_EXPIRATION] = N.s_on_expiration;
     N.kw_key = PyTuple_Pack(1, N.s_key);
     return N.kw_key == NULL ? -1 : 0;
 }
 
 static int
-import_helpers(void)
+import_helpers(NativeState *st)
 {
-    PyObject *heapq = PyImport_ImportModule("_heapq");
-    if (heapq == NULL) {
-        return -1;
-    }
-    N.heappush = PyObject_GetAttrString(heapq, "heappush");
-    N.heappop = PyObject_GetAttrString(heapq, "heappop");
-    Py_DECREF(heapq);
     PyObject *math = PyImport_ImportModule("math");
     if (math == NULL) {
         return -1;
     }
     N.math_ceil = PyObject_GetAttrString(math, "ceil");
     Py_DECREF(math);
-    PyObject *collections = PyImport_ImportModule("collections");
-    if (collections == NULL) {
-        return -1;
-    }
-    N.deque_type = PyObject_GetAttrString(collections, "deque");
-    Py_DECREF(collections);
     N.pop_sentinel = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
-    return (N.heappush && N.heappop && N.math_ceil && N.deque_type && N.pop_sentinel) ? 0 : -1;
+    N.dict_pop_method = PyObject_GetAttrString((PyObject *)&PyDict_Type, "pop");
+    if (N.dict_pop_method != NULL && Py_IS_TYPE(N.dict_pop_method, &PyMethodDescr_Type)) {
+        PyMethodDef *def = ((PyMethodDescrObject *)N.dict_pop_method)->d_method;
+        if ((def->ml_flags & ~METH_COEXIST) == METH_FASTCALL) {
+            N.dict_pop_fast =
+                (PyObject * (*)(PyObject *, PyObject *const *, Py_ssize_t))(void (*)(void))
+                    def->ml_meth;
+        }
+    }
+    return (N.math_ceil && N.pop_sentinel && N.dict_pop_method) ? 0 : -1;
 }
 
 /* The operation's core names its fields in `__slots__`, as the reference's `_OperationCore` does
@@ -446,7 +358,7 @@ import_helpers(void)
  * reference's slots (object.__getstate__ reads them through their descriptors, unset ones
  * skipped), and a copy is the same on both implementations. */
 static int
-declare_op_slots(void)
+declare_op_slots(NativeState *st)
 {
     PyObject *slots = Py_BuildValue("(ssssssssss)", "_bucket", "_deadline", "_future", "_keys",
                                     "_listed", "_marks", "_owner", "_result", "_state",
@@ -454,11 +366,112 @@ declare_op_slots(void)
     if (slots == NULL) {
         return -1;
     }
+    /* (a heap type's dict, written once before the type is published, as PyType_Ready does) */
     int err = PyDict_SetItemString(OpType.tp_dict, "__slots__", slots);
     Py_DECREF(slots);
     PyType_Modified(&OpType);
     return err;
 }
+
+/* The module's exec (PEP 489): its types, names and imports into its state, then its
+ * attributes. A failure leaves what was made in the state, released by the module's clear. */
+static int
+native_exec(PyObject *m)
+{
+    NativeState *st = PyModule_GetState(m);
+    struct {
+        PyTypeObject **slot;
+        PyType_Spec *spec;
+        PyObject *base;
+        const char *name;
+    } types[] = {
+        {&N.native_method_type, &nm_spec, NULL, "NativeMethod"},
+        {&N.op_type, &op_spec, NULL, "OperationCore"},
+        {&N.bucket_type, &bucket_spec, (PyObject *)&PyDict_Type, "BucketCore"},
+        {&N.wheel_type, &wheel_spec, NULL, "WheelCore"},
+        {&N.timer_type, &timer_spec, NULL, "TimerCore"},
+        {&N.threshold_type, &threshold_spec, NULL, "ThresholdCore"},
+        {&N.lists_type, &lists_spec, NULL, "ListsCore"},
+        {&N.rule_type, &rule_spec, NULL, "RuleCore"},
+        {&N.purgatory_type, &purgatory_spec, NULL, "PurgatoryCore"},
+        {NULL, NULL, NULL, NULL},
+    };
+    for (int i = 0; types[i].slot != NULL; i++) {
+        PyObject *type = PyType_FromModuleAndSpec(m, types[i].spec, types[i].base);
+        if (type == NULL) {
+            return -1;
+        }
+        *types[i].slot = (PyTypeObject *)type;
+    }
+    if (declare_op_slots(st) < 0 || intern_names(st) < 0 || import_helpers(st) < 0) {
+        return -1;
+    }
+    for (int i = 0; types[i].slot != NULL; i++) {
+        if (PyModule_AddObjectRef(m, types[i].name, (PyObject *)*types[i].slot) < 0) {
+            return -1;
+        }
+    }
+    return PyModule_AddIntConstant(m, "API_VERSION", NATIVE_API_VERSION);
+}
+
+static int
+native_traverse(PyObject *m, visitproc visit, void *arg)
+{
+    NativeState *st = PyModule_GetState(m);
+    if (st == NULL) {
+        return 0;
+    }
+    for (size_t i = 0; i < NATIVE_OBJECT_COUNT; i++) {
+        Py_VISIT(NATIVE_OBJECTS(st)[i]);
+    }
+    for (int e = 0; e < METHOD_CACHE_SIZE; e++) {
+        Py_VISIT(N.method_cache[e].type);
+        for (int k = 0; k < M_COUNT; k++) {
+            Py_VISIT(N.method_cache[e].methods[k]);
+        }
+    }
+    SlotCache *slots[] = {&N.slot_loop,    &N.slot_thread, &N.slot_wake_tick, &N.slot_watches,
+                          &N.slot_ends,    &N.slot_limit,  &N.slot_eager};
+    for (size_t i = 0; i < sizeof slots / sizeof *slots; i++) {
+        Py_VISIT(slots[i]->type);
+    }
+    return 0;
+}
+
+static int
+native_clear(PyObject *m)
+{
+    NativeState *st = PyModule_GetState(m);
+    if (st == NULL) {
+        return 0;
+    }
+    N.bound = 0; /* (a method still called after this takes the reference's path) */
+    for (size_t i = 0; i < NATIVE_OBJECT_COUNT; i++) {
+        Py_CLEAR(NATIVE_OBJECTS(st)[i]);
+    }
+    for (int e = 0; e < METHOD_CACHE_SIZE; e++) {
+        method_entry_clear(&N.method_cache[e]);
+    }
+    SlotCache *slots[] = {&N.slot_loop,    &N.slot_thread, &N.slot_wake_tick, &N.slot_watches,
+                          &N.slot_ends,    &N.slot_limit,  &N.slot_eager};
+    for (size_t i = 0; i < sizeof slots / sizeof *slots; i++) {
+        slots[i]->member = NULL;
+        slots[i]->tag = 0;
+        Py_CLEAR(slots[i]->type);
+    }
+    return 0;
+}
+
+static void
+native_free(void *m)
+{
+    native_clear((PyObject *)m);
+}
+
+static PyModuleDef_Slot native_slots[] = {
+    {Py_mod_exec, native_exec},
+    {0, NULL},
+};
 
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT,
@@ -466,64 +479,16 @@ static struct PyModuleDef native_module = {
     .m_doc = "The native core of purgatory: C layouts and C bodies for the hot paths of the\n"
              "pure-Python modules, which stay the reference (PURGATORY_NO_EXTENSIONS=1 selects\n"
              "them alone).",
-    .m_size = -1,
+    .m_size = sizeof(NativeState),
     .m_methods = native_methods,
+    .m_slots = native_slots,
+    .m_traverse = native_traverse,
+    .m_clear = native_clear,
+    .m_free = native_free,
 };
 
 PyMODINIT_FUNC
 PyInit__native(void)
 {
-    BucketType.tp_base = &PyDict_Type;
-    /* The cores are made as object() makes instances (its abstract-class check and messages
-     * included), and show no __new__ of their own: to `help()` and `copy` they are as the
-     * reference's slotted classes are. */
-    PyTypeObject *cores[] = {&OpType,    &WheelType, &TimerType,     &ThresholdType,
-                             &ListsType, &RuleType,  &PurgatoryType, NULL};
-    for (int i = 0; cores[i] != NULL; i++) {
-        cores[i]->tp_new = PyBaseObject_Type.tp_new;
-    }
-    PyTypeObject *types[] = {&NativeMethodType, &OpType,   &BucketType,   &WheelType,
-                             &TimerType,        &ThresholdType, &ListsType, &RuleType,
-                             &PurgatoryType,    NULL};
-    for (int i = 0; types[i] != NULL; i++) {
-        if (PyType_Ready(types[i]) < 0) {
-            return NULL;
-        }
-    }
-    for (int i = 0; cores[i] != NULL; i++) {
-        if (PyDict_DelItemString(cores[i]->tp_dict, "__new__") < 0) {
-            return NULL;
-        }
-        PyType_Modified(cores[i]);
-    }
-    if (declare_op_slots() < 0) {
-        return NULL;
-    }
-    if (intern_names() < 0 || import_helpers() < 0) {
-        return NULL;
-    }
-    PyObject *m = PyModule_Create(&native_module);
-    if (m == NULL) {
-        return NULL;
-    }
-    struct {
-        const char *name;
-        PyTypeObject *type;
-    } exported[] = {
-        {"OperationCore", &OpType},   {"BucketCore", &BucketType},       {"WheelCore", &WheelType},
-        {"TimerCore", &TimerType},    {"ThresholdCore", &ThresholdType}, {"ListsCore", &ListsType},
-        {"RuleCore", &RuleType},      {"PurgatoryCore", &PurgatoryType}, {"NativeMethod", &NativeMethodType},
-        {NULL, NULL},
-    };
-    for (int i = 0; exported[i].name != NULL; i++) {
-        if (PyModule_AddObjectRef(m, exported[i].name, (PyObject *)exported[i].type) < 0) {
-            Py_DECREF(m);
-            return NULL;
-        }
-    }
-    if (PyModule_AddIntConstant(m, "API_VERSION", NATIVE_API_VERSION) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return PyModuleDef_Init(&native_module);
 }

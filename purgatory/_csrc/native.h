@@ -21,17 +21,19 @@
 #include <stddef.h>
 #include <string.h>
 
+#include <structmember.h> /* (T_OBJECT: see MEMBER_OBJECT_OR_NONE) */
 #if PY_VERSION_HEX < 0x030C0000
-#include <structmember.h>
 #define Py_T_INT T_INT
 #define Py_T_DOUBLE T_DOUBLE
 #define Py_T_LONGLONG T_LONGLONG
 #define Py_T_PYSSIZET T_PYSSIZET
 #define Py_T_OBJECT_EX T_OBJECT_EX
-#define _Py_T_OBJECT T_OBJECT
 #define Py_T_BOOL T_BOOL
 #define Py_READONLY READONLY
 #endif
+/* An object member that reads None while unset: 3.12 has no public Py_T_ name for it (only
+ * a private underscored one); structmember.h's T_OBJECT is the public, deprecated one. */
+#define MEMBER_OBJECT_OR_NONE T_OBJECT
 
 /* Bumped whenever a field or a method moves between the C and the Python side: the Python
  * modules refuse a build of another version (a stale build after a checkout). */
@@ -51,8 +53,11 @@
 static char not_handled_marker;
 #define NOT_HANDLED ((PyObject *)&not_handled_marker)
 
-typedef PyObject *(*native_fn)(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                               PyObject *kwnames);
+typedef struct NativeState NativeState;
+
+/* A C body: the module's state, then the method's arguments as vectorcall gives them. */
+typedef PyObject *(*native_fn)(NativeState *st, PyObject *self, PyObject *const *args,
+                               Py_ssize_t nargs, PyObject *kwnames);
 
 /* -- the types ------------------------------------------------------------------------------ */
 
@@ -89,18 +94,34 @@ typedef struct {
     CORE_HEAD
 } CoreObject;
 
+/* A bucket's place in the wheel's queue of buckets by due tick: the reference's tuple
+ * (tick, -level, push count, bucket), compared in that order (the count is unique). */
+typedef struct {
+    long long tick, count;
+    int neg_level;
+    PyObject *bucket; /* a strong reference */
+} WheelItem;
+
+/* Ticks per level, as C integers (`v` NULL: never set, the attribute is missing). */
+typedef struct {
+    long long *v;
+    Py_ssize_t n, cap;
+} TickArray;
+
 typedef struct {
     CORE_HEAD
     PyObject *active;   /* _active: the cascading Bucket or NULL (None) */
-    PyObject *current;  /* _current: list of int */
-    PyObject *heap;     /* _heap: list of (tick, -level, push count, bucket) */
-    PyObject *leads;    /* _leads: list of int */
     PyObject *levels;   /* _levels: list of list of Bucket */
     PyObject *overdue;  /* _overdue: Bucket */
     PyObject *slots1;   /* _slots1: list of Bucket */
-    PyObject *spans;    /* _spans: list of int */
     PyObject *todo;     /* _todo: list */
     PyObject *memo_bucket;
+    TickArray current;  /* _current: the current tick truncated to each level's span */
+    TickArray spans;    /* _spans: ticks per bucket of each level */
+    TickArray leads;    /* _leads: how long before its span a bucket's cascade is due */
+    WheelItem *heap;    /* _heap: a binary heap kept as heapq keeps the reference's list */
+    Py_ssize_t heap_len, heap_cap;
+    char heap_set;      /* _heap was assigned (the reference's __init__ ran) */
     long long lead1, limit1, memo_until, push_count, span1;
     long long memo_due, memo_high, memo_low;
     Py_ssize_t todo_done, wheel_size;
@@ -183,31 +204,33 @@ field_set(PyObject *self, PyObject *value, void *closure)
     {pyname, field_get, field_set, NULL,                                                        \
      (void *)&(const FieldSpec){offsetof(type, member), pyname, 1}}
 
-static PyTypeObject OpType, BucketType, WheelType, TimerType, ThresholdType, ListsType,
-    RuleType, PurgatoryType, NativeMethodType;
+/* The module's state (`NativeState`, at the end of this file) is reached through `st`: every
+ * function that reads it has `NativeState *st` in scope, a parameter handed down from the entry
+ * (a NativeMethod carries the state of the module that made it, so an entry costs no lookup).
+ * `N.name`, the type names below, `Op_Check` and the other checks read it through `st`. */
+#define N (*st)
+
+/* The module's heap types, as the C reads them (`&OpType` is the state's type object). */
+#define OpType (*N.op_type)
+#define BucketType (*N.bucket_type)
+#define WheelType (*N.wheel_type)
+#define TimerType (*N.timer_type)
+#define ThresholdType (*N.threshold_type)
+#define ListsType (*N.lists_type)
+#define RuleType (*N.rule_type)
+#define PurgatoryType (*N.purgatory_type)
+#define NativeMethodType (*N.native_method_type)
 
 /* An instance of one of the core types: its own type, the reference's class over it (the
  * usual case, one comparison more), or anything deeper. */
 #define CORE_CHECK(o, T)                                                                         \
     (Py_IS_TYPE((o), &(T)) || Py_TYPE(o)->tp_base == &(T) || PyType_IsSubtype(Py_TYPE(o), &(T)))
 
-/* Operations come in a few classes, one at a time: the last class met is remembered (with a
- * reference, so that its address cannot be reused by another). */
-static PyTypeObject *op_type_seen;
+/* Operations come in a few classes, one at a time: the last class met is remembered in the
+ * state (with a reference, so that its address cannot be reused by another). */
+static int op_check_slow(NativeState *st, PyObject *o);
 
-static inline int
-op_check_slow(PyObject *o)
-{
-    PyTypeObject *type = Py_TYPE(o);
-    if (!PyType_IsSubtype(type, &OpType)) {
-        return 0;
-    }
-    Py_INCREF(type);
-    Py_XSETREF(op_type_seen, type);
-    return 1;
-}
-
-#define Op_Check(o) (Py_TYPE(o) == op_type_seen || op_check_slow(o))
+#define Op_Check(o) (Py_TYPE(o) == N.op_type_seen || op_check_slow(st, (o)))
 
 /* -- attributes of the Python side's slotted objects, read as their slots ---------------------- */
 
@@ -256,9 +279,6 @@ get_slot(PyObject *o, PyObject *name, SlotCache *cache)
     return slot_cache_fill(o, name, cache);
 }
 
-static SlotCache slot_loop, slot_thread, slot_wake_tick, slot_watches, slot_ends, slot_limit,
-    slot_eager;
-
 /* -- the user's methods, looked up once per class -------------------------------------------- */
 
 #define M_TRY_COMPLETE 0
@@ -278,9 +298,6 @@ typedef struct {
 } MethodEntry;
 
 #define METHOD_CACHE_SIZE 8
-static MethodEntry method_cache[METHOD_CACHE_SIZE];
-
-static PyObject *method_names[M_COUNT];
 
 static PyObject *type_lookup_raw(PyTypeObject *type, PyObject *name); /* method.c */
 
@@ -304,7 +321,7 @@ method_entry_clear(MethodEntry *entry)
 }
 
 static MethodEntry *
-method_entry_fill(PyTypeObject *type, MethodEntry *entry)
+method_entry_fill(PyTypeObject *type, MethodEntry *entry, PyObject *const *method_names)
 {
     method_entry_clear(entry);
     if (type->tp_dictoffset != 0 || PyType_HasFeature(type, Py_TPFLAGS_MANAGED_DICT) ||
@@ -338,12 +355,12 @@ method_entry_fill(PyTypeObject *type, MethodEntry *entry)
 
 /* op.<method>(): the class's function called straight, or the method looked up as Python does. */
 static inline PyObject *
-call_op_method(PyObject *op, int which)
+op_method_call(MethodEntry *cache, PyObject *const *method_names, PyObject *op, int which)
 {
     PyTypeObject *type = Py_TYPE(op);
-    MethodEntry *entry = &method_cache[((uintptr_t)type >> 4) % METHOD_CACHE_SIZE];
+    MethodEntry *entry = &cache[((uintptr_t)type >> 4) % METHOD_CACHE_SIZE];
     if (entry->type != type || entry->tag != type->tp_version_tag || entry->tag == 0) {
-        entry = method_entry_fill(type, entry);
+        entry = method_entry_fill(type, entry, method_names);
     }
     PyObject *function = entry == NULL ? NULL : entry->methods[which];
     if (function != NULL) {
@@ -359,49 +376,86 @@ call_op_method(PyObject *op, int which)
     return PyObject_VectorcallMethod(method_names[which], &op,
                                      1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
+#define call_op_method(op, which) op_method_call(N.method_cache, N.method_names, (op), (which))
 #define Bucket_Check(o) PyObject_TypeCheck((o), &BucketType)
 
-/* -- what the module keeps: interned names and the Python side's helpers ---------------------- */
+/* -- what the module keeps: its types, interned names and the Python side's helpers ----------- */
 
-typedef struct {
+struct NativeState {
+    /* Every field before `bound` is an object the state holds, a strong reference (or NULL): the
+     * module's traverse and clear walk them as one array (`NATIVE_OBJECT_COUNT`), so a field
+     * added here is visited and cleared. */
+    /* the module's heap types (PyType_FromModuleAndSpec) */
+    PyTypeObject *op_type, *bucket_type, *wheel_type, *timer_type, *threshold_type,
+        *lists_type, *rule_type, *purgatory_type, *native_method_type;
     /* names */
     PyObject *s_try_complete, *s_on_complete, *s_on_expiration, *s_settled, *s_completed,
         *s_cancelled, *s_expired, *s_done, *s_set_result, *s_loop, *s_thread, *s_check_thread,
-        *s_bind, *s_wake_tick, *s_wake_by, *s_alive, *s_take, *s_watches, *s_ends, *s_limit,
-        *s_eager, *s_append, *s_popleft, *s_compact, *s_pop, *s_add_level, *s_join_plain,
-        *s_join_at, *s_release, *s_tidy, *s_fail, *s_wake_awaiters, *s_refuse,
-        *s_ended_before_registration, *s_abandon, *s_request_pass, *s_admit_type,
-        *s_purge_queue, *s_ended, *s_unpush, *s_level, *s_in_flight, *s_after_pass,
-        *s_unregister, *s_sort, *s_key, *s_discard, *s_threshold, *s_reached;
-    /* the Python side's helpers, given by `bind_python` */
+        *s_bind, *s_wake_tick, *s_wake_by, *s_take, *s_watches, *s_ends, *s_limit, *s_eager, *s_pop,
+        *s_join_plain, *s_join_at, *s_tidy, *s_fail, *s_wake_awaiters, *s_refuse,
+        *s_ended_before_registration, *s_abandon, *s_request_pass, *s_purge_queue, *s_ended,
+        *s_sort, *s_key, *s_discard, *s_threshold, *s_reached;
+    PyObject *s_check_clock, *s_schedule, *s_ticks, *s_outcome, *s_now;
+    PyObject *s_impl_module, *s_native; /* "purgatory._impl", "native" */
+    PyObject *kw_key;             /* ("key",) */
+    /* imported at the module's exec */
+    PyObject *math_ceil;          /* math.ceil */
+    PyObject *pop_sentinel;       /* what a pop returns for a key that is not there */
+    PyObject *dict_pop_method;    /* dict.pop (dict_pop before 3.13) */
+    /* the Python side's helpers, pulled from the package's modules at the first call of a C body
+     * once they are all there (`native_pull_helpers`, native.c) */
     PyObject *report_exception;   /* report_exception(message, exc, **context) */
     PyObject *report_false_claim; /* (op, claimed) */
     PyObject *report_attempt;     /* _watchers._report_attempt(op, key, exc) */
     PyObject *release_lone;       /* _watchers._release_lone(op, key) */
     PyObject *threshold_of;       /* _thresholds.threshold_of(op, key) */
     PyObject *running_loop;       /* asyncio._get_running_loop */
-    PyObject *get_ident;          /* _thread.get_ident */
-    PyObject *heappush, *heappop; /* heapq's */
     PyObject *expired_then_raise; /* _operation._expired_then_raise(op, interrupt) */
-    PyObject *s_check_clock, *s_schedule, *s_ticks, *s_outcome, *s_now;
     PyObject *report_expiration;  /* _operation._report_expiration(op, exc) */
-    PyObject *kw_key;             /* ("key",) */
     PyObject *deadline_of;        /* _wheel._deadline_of */
-    PyObject *math_ceil;          /* math.ceil */
     PyObject *nothing_to_pop;     /* _watchers._NOTHING_TO_POP */
-    PyObject *missing;            /* _watchers._MISSING */
     PyObject *split_keys;         /* _purgatory._split_keys(keys) */
     PyObject *check_one_threshold; /* _purgatory._check_one_threshold(threshold, marks) */
     PyObject *no_keys, *beyond_horizon, *full; /* _purgatory's error builders */
-    int bound;                    /* `bind` ran: the helpers are there */
-    PyObject *deque_type;         /* collections.deque */
-    PyObject *pop_sentinel;       /* what a pop returns for a key that is not there */
-    /* ManualClock, its current_time function and its `_now` slot (`bind_clock`): a timer on a
-     * manual clock reads the slot instead of calling the method (a Python frame per watch). */
-    PyObject *manual_clock_type, *manual_time, *manual_now;
-} NativeState;
+    /* the last operation class met (Op_Check) */
+    PyTypeObject *op_type_seen;
+    int bound; /* the helpers are there: the C bodies run (until then, the reference) */
+    /* dict.pop's own C function (its descriptor's PyMethodDef, METH_FASTCALL), called without
+     * the descriptor's checks; NULL: call the descriptor */
+    PyObject *(*dict_pop_fast)(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+    PyObject *method_names[M_COUNT]; /* borrowed from the names above */
+    /* the caches: strong references to the classes they describe (traversed, cleared) */
+    MethodEntry method_cache[METHOD_CACHE_SIZE];
+    SlotCache slot_loop, slot_thread, slot_wake_tick, slot_watches, slot_ends, slot_limit,
+        slot_eager;
+};
 
-static NativeState N;
+#define NATIVE_OBJECT_COUNT (offsetof(NativeState, bound) / sizeof(PyObject *))
+#define NATIVE_OBJECTS(st) ((PyObject **)(st))
+
+static struct PyModuleDef native_module; /* native.c */
+
+/* The state of the module whose type `type` is or derives from, for a slot that runs outside a C
+ * body and needs it (a setter: no NativeMethod hands it `st`, and `type` is the reference's
+ * subclass or a user's); NULL with an exception set if none. */
+static inline NativeState *
+state_of_type(PyTypeObject *type)
+{
+    PyObject *module = PyType_GetModuleByDef(type, &native_module);
+    return module == NULL ? NULL : PyModule_GetState(module);
+}
+
+static int
+op_check_slow(NativeState *st, PyObject *o)
+{
+    PyTypeObject *type = Py_TYPE(o);
+    if (!PyType_IsSubtype(type, &OpType)) {
+        return 0;
+    }
+    Py_INCREF(type);
+    Py_XSETREF(N.op_type_seen, type);
+    return 1;
+}
 
 static inline PyObject *
 none_if_null(PyObject *o)
@@ -468,14 +522,19 @@ call3(PyObject *f, PyObject *a, PyObject *b, PyObject *c)
     return PyObject_Vectorcall(f, args + 1, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
-/* d.pop(key): 1 with *value (a new reference), 0 if `key` is not there, -1 on error. */
+/* d.pop(key): 1 with *value (a new reference), 0 if `key` is not there, -1 on error. One lookup,
+ * as d.pop does (a key's __eq__ runs once, and nothing of the user's runs between finding the
+ * value and taking it out): PyDict_Pop from 3.13, the dict's own `pop` method before. */
 static inline int
-dict_pop(PyObject *d, PyObject *key, PyObject **value)
+dict_pop_in(NativeState *st, PyObject *d, PyObject *key, PyObject **value)
 {
 #if PY_VERSION_HEX >= 0x030D0000
+    (void)st;
     return PyDict_Pop(d, key, value);
 #else
-    PyObject *v = _PyDict_Pop(d, key, N.pop_sentinel);
+    PyObject *args[3] = {d, key, N.pop_sentinel};
+    PyObject *v = N.dict_pop_fast != NULL ? N.dict_pop_fast(d, args + 1, 2)
+                                          : PyObject_Vectorcall(N.dict_pop_method, args, 3, NULL);
     if (v == NULL) {
         *value = NULL;
         return -1;
@@ -489,23 +548,25 @@ dict_pop(PyObject *d, PyObject *key, PyObject **value)
     return 1;
 #endif
 }
+#define dict_pop(d, key, value) dict_pop_in(st, (d), (key), (value))
 
 /* d.pop(key, None), the value dropped: 1 if it was there, 0 if not, -1 on error. */
 static inline int
-dict_discard(PyObject *d, PyObject *key)
+dict_discard_in(NativeState *st, PyObject *d, PyObject *key)
 {
     PyObject *value;
     int found = dict_pop(d, key, &value);
     Py_XDECREF(value);
     return found;
 }
+#define dict_discard(d, key) dict_discard_in(st, (d), (key))
 
 /* queue[op] = None, the purge-queue protocol (`purgatory._watchers`), for an operation still on a
  * list; the insertion runs op's __hash__, which may take op off its last list (a trigger of its
  * key), so it is taken out again then: the queue holds nothing that has left every list. The
  * reference does the same (`_purgatory._settled`, `_operation.expire_due`). 0, or -1 on error. */
 static int
-purge_queue_add(PyObject *queue, OpObject *op)
+purge_queue_add(NativeState *st, PyObject *queue, OpObject *op)
 {
     Py_INCREF(queue);
     Py_INCREF(op);

@@ -27,13 +27,14 @@ op_is_set_up(PyObject *op)
     return (OP_SET(op) & SET_UP) == SET_UP && ((OpObject *)op)->owner != NULL;
 }
 
-static int purgatory_settled(PyObject *purgatory, OpObject *op, int cancelled);
+static int purgatory_settled(NativeState *st, PyObject *purgatory, OpObject *op, int cancelled);
 
 /* -- life ------------------------------------------------------------------------------------ */
 
 static int
 op_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     OpObject *op = (OpObject *)self;
     Py_VISIT(op->bucket);
     Py_VISIT(op->future);
@@ -60,16 +61,19 @@ op_clear(PyObject *self)
 static void
 op_dealloc(PyObject *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     op_clear(self);
-    Py_TYPE(self)->tp_free(self);
+    type->tp_free(self);
+    Py_DECREF(type); /* (a heap type: its instances hold it) */
 }
 
 /* __init__(self, timeout) for the common timeouts (a finite float or int >= 0); anything else
  * (a bad timeout, keywords, a class with a __setattr__ of its own, which sees the reference's
  * writes: a frozen dataclass refuses them) is the reference's. */
 static PyObject *
-op_init_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+op_init_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+               PyObject *kwnames)
 {
     if (nargs != 1 || kwnames != NULL || !Op_Check(self) ||
         Py_TYPE(self)->tp_setattro != PyObject_GenericSetAttr) {
@@ -206,7 +210,7 @@ static PyMemberDef op_members[] = {
 
 /* Wake the awaiters: `future.set_result(None)` unless there is none or it is done. */
 static int
-op_wake(OpObject *op)
+op_wake(NativeState *st, OpObject *op)
 {
     PyObject *future = op->future;
     if (future == NULL || future == Py_None) {
@@ -232,7 +236,7 @@ op_wake(OpObject *op)
  * the interrupt (KeyboardInterrupt, SystemExit) to propagate in `*interrupt` (a new reference;
  * no exception set), or -1 with an exception set (a failure of `_fail` itself). */
 static int
-op_run_on_complete(OpObject *op, PyObject **interrupt)
+op_run_on_complete(NativeState *st, OpObject *op, PyObject **interrupt)
 {
     *interrupt = NULL;
     PyObject *result = call_op_method((PyObject *)op, M_ON_COMPLETE);
@@ -258,7 +262,7 @@ op_run_on_complete(OpObject *op, PyObject **interrupt)
 
 /* force_complete: 1 if this call completed the operation, 0 if it was finished, -1 on error. */
 static int
-op_force_complete(OpObject *op)
+op_force_complete(NativeState *st, OpObject *op)
 {
     int state = op->state;
     if (state & ST_FINISHED) {
@@ -268,7 +272,7 @@ op_force_complete(OpObject *op)
     PyObject *owner = op->owner;
     if (owner != Py_None) {
         if (CORE_CHECK(owner, PurgatoryType)) {
-            if (purgatory_settled(owner, op, 0) < 0) {
+            if (purgatory_settled(st, owner, op, 0) < 0) {
                 return -1;
             }
         }
@@ -283,7 +287,7 @@ op_force_complete(OpObject *op)
         }
     }
     PyObject *interrupt;
-    if (op_run_on_complete(op, &interrupt) < 0) {
+    if (op_run_on_complete(st, op, &interrupt) < 0) {
         if (interrupt == NULL) {
             return -1;
         }
@@ -300,18 +304,18 @@ op_force_complete(OpObject *op)
         Py_DECREF(interrupt);
         return 1;
     }
-    return op_wake(op) < 0 ? -1 : 1;
+    return op_wake(st, op) < 0 ? -1 : 1;
 }
 
 static PyObject *
-op_force_complete_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+op_force_complete_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                          PyObject *kwnames)
 {
     if (nargs != 0 || kwnames != NULL || !Op_Check(self) || !op_is_set_up(self)) {
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    int done = op_force_complete((OpObject *)self);
+    int done = op_force_complete(st, (OpObject *)self);
     Py_DECREF(self);
     if (done < 0) {
         return NULL;
@@ -321,7 +325,7 @@ op_force_complete_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 
 /* The expiry loop of a timer pass: `_operation.expire_due(due, now, purge_queue, ended)`. */
 static Py_ssize_t
-expire_loop(PyObject *due, PyObject *now, PyObject *outcome, PyObject *purge_queue,
+expire_loop(NativeState *st, PyObject *due, PyObject *now, PyObject *outcome, PyObject *purge_queue,
             PyObject *ended)
 {
     Py_ssize_t expired = 0;
@@ -340,7 +344,7 @@ expire_loop(PyObject *due, PyObject *now, PyObject *outcome, PyObject *purge_que
         }
         Py_INCREF(item);
         op->state = state | ST_EXPIRED_NOW;
-        if (op->listed && purge_queue_add(purge_queue, op) < 0) {
+        if (op->listed && purge_queue_add(st, purge_queue, op) < 0) {
             goto error;
         }
         expired++;
@@ -351,7 +355,7 @@ expire_loop(PyObject *due, PyObject *now, PyObject *outcome, PyObject *purge_que
             }
         }
         PyObject *interrupt;
-        if (op_run_on_complete(op, &interrupt) < 0) {
+        if (op_run_on_complete(st, op, &interrupt) < 0) {
             if (interrupt == NULL) {
                 goto error;
             }
@@ -384,7 +388,7 @@ expire_loop(PyObject *due, PyObject *now, PyObject *outcome, PyObject *purge_que
             r = Py_NewRef(Py_None);
         }
         Py_DECREF(r);
-        if (op_wake(op) < 0) {
+        if (op_wake(st, op) < 0) {
             goto error;
         }
         Py_DECREF(item);

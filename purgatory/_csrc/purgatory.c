@@ -8,6 +8,7 @@
 static int
 purgatory_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     PurgatoryObject *p = (PurgatoryObject *)self;
     Py_VISIT(p->attempt);
     Py_VISIT(p->attempts);
@@ -48,12 +49,14 @@ purgatory_clear(PyObject *self)
 static void
 purgatory_dealloc(PyObject *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     if (((PurgatoryObject *)self)->weakreflist != NULL) {
         PyObject_ClearWeakRefs(self);
     }
     purgatory_clear(self);
-    Py_TYPE(self)->tp_free(self);
+    type->tp_free(self);
+    Py_DECREF(type); /* (a heap type: its instances hold it) */
 }
 
 static PyObject *
@@ -81,6 +84,8 @@ static PyGetSetDef purgatory_getset[] = {
 };
 
 static PyMemberDef purgatory_members[] = {
+    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(PurgatoryObject, weakreflist), Py_READONLY,
+     NULL},
     {"_max_timeout", Py_T_DOUBLE, offsetof(PurgatoryObject, max_timeout), 0, NULL},
     {"_cancelled", Py_T_PYSSIZET, offsetof(PurgatoryObject, cancelled), 0, NULL},
     {"_completed", Py_T_PYSSIZET, offsetof(PurgatoryObject, completed), 0, NULL},
@@ -90,7 +95,7 @@ static PyMemberDef purgatory_members[] = {
 
 /* Whether every part is in place with its native layout (a purgatory being built is not). */
 static inline int
-purgatory_ready_check(PurgatoryObject *p)
+purgatory_ready_check(NativeState *st, PurgatoryObject *p)
 {
     return p->attempt != NULL && p->binding != NULL && p->name != NULL &&
            p->max_pending != NULL && p->sink != NULL && p->sync_types != NULL &&
@@ -98,19 +103,20 @@ purgatory_ready_check(PurgatoryObject *p)
            PyDict_CheckExact(p->purge_queue) && p->lists != NULL &&
            CORE_CHECK(p->lists, ListsType) && lists_ready((ListsObject *)p->lists) &&
            p->rule != NULL && CORE_CHECK(p->rule, RuleType) &&
-           rule_ready((RuleObject *)p->rule) && p->timer != NULL &&
-           CORE_CHECK(p->timer, TimerType) && timer_ready((TimerObject *)p->timer);
+           rule_ready(st, (RuleObject *)p->rule) && p->timer != NULL &&
+           CORE_CHECK(p->timer, TimerType) && timer_ready(st, (TimerObject *)p->timer);
 }
 
 static inline int
-purgatory_ready(PurgatoryObject *o)
+purgatory_ready(NativeState *st, PurgatoryObject *o)
 {
-    return o->ready || (o->ready = (char)purgatory_ready_check(o));
+    return o->ready || (o->ready = (char)purgatory_ready_check(st, o));
 }
 
 /* `sink.<list> += items`, then `sink.take()` if `limit_check` and it holds `limit` items. */
 static int
-sink_extend(PyObject *sink, PyObject *list_name, SlotCache *list_slot, PyObject **items,
+sink_extend(NativeState *st, PyObject *sink, PyObject *list_name, SlotCache *list_slot,
+            PyObject **items,
             Py_ssize_t n, int take_when)
 {
     PyObject *list = get_slot(sink, list_name, list_slot);
@@ -127,7 +133,7 @@ sink_extend(PyObject *sink, PyObject *list_name, SlotCache *list_slot, PyObject 
     }
     int take = 0;
     if (take_when == 1) { /* the limit */
-        PyObject *limit = get_slot(sink, N.s_limit, &slot_limit);
+        PyObject *limit = get_slot(sink, N.s_limit, &N.slot_limit);
         if (limit == NULL) {
             Py_DECREF(list);
             return -1;
@@ -138,7 +144,7 @@ sink_extend(PyObject *sink, PyObject *list_name, SlotCache *list_slot, PyObject 
         Py_DECREF(limit);
     }
     else if (take_when == 2) { /* an eager sink */
-        PyObject *eager = get_slot(sink, N.s_eager, &slot_eager);
+        PyObject *eager = get_slot(sink, N.s_eager, &N.slot_eager);
         take = eager == NULL ? -1 : PyObject_IsTrue(eager);
         Py_XDECREF(eager);
     }
@@ -154,10 +160,10 @@ sink_extend(PyObject *sink, PyObject *list_name, SlotCache *list_slot, PyObject 
 
 /* _settled(op, outcome), `self` held by the caller. */
 static int
-purgatory_settled_held(PyObject *self, OpObject *op, int cancelled)
+purgatory_settled_held(NativeState *st, PyObject *self, OpObject *op, int cancelled)
 {
     PurgatoryObject *p = (PurgatoryObject *)self;
-    if (!purgatory_ready(p)) {
+    if (!purgatory_ready(st, p)) {
         return discard_result(call_method2(self, N.s_settled, (PyObject *)op,
                                            cancelled ? N.s_cancelled : N.s_completed));
     }
@@ -180,7 +186,7 @@ purgatory_settled_held(PyObject *self, OpObject *op, int cancelled)
         if (rule->owed > rule->trip) {
             Py_INCREF(rule);
             Py_INCREF(timer);
-            int due = rule_due(rule);
+            int due = rule_due(st, rule);
             err = due < 0 ||
                   (due && discard_result(call_method0((PyObject *)timer, N.s_request_pass)) < 0);
             Py_DECREF(rule);
@@ -196,16 +202,16 @@ purgatory_settled_held(PyObject *self, OpObject *op, int cancelled)
     else {
         p->completed++;
     }
-    if (op->listed && purge_queue_add(p->purge_queue, op) < 0) {
+    if (op->listed && purge_queue_add(st, p->purge_queue, op) < 0) {
         return -1;
     }
     if (p->sink != Py_None) {
         PyObject *sink = Py_NewRef(p->sink);
-        PyObject *now = timer_now((TimerObject *)p->timer);
+        PyObject *now = timer_now(st, (TimerObject *)p->timer);
         int err = -1;
         if (now != NULL) {
             PyObject *items[3] = {(PyObject *)op, cancelled ? N.s_cancelled : N.s_completed, now};
-            err = sink_extend(sink, N.s_ends, &slot_ends, items, 3, 2);
+            err = sink_extend(st, sink, N.s_ends, &N.slot_ends, items, 3, 2);
             Py_DECREF(now);
         }
         Py_DECREF(sink);
@@ -218,27 +224,27 @@ purgatory_settled_held(PyObject *self, OpObject *op, int cancelled)
  * purgatory is held across it: an operation's settle passes its `_owner`, which the user code
  * the settle runs (its __hash__, the clock, the event log) could drop. */
 static int
-purgatory_settled(PyObject *self, OpObject *op, int cancelled)
+purgatory_settled(NativeState *st, PyObject *self, OpObject *op, int cancelled)
 {
     Py_INCREF(self);
     Py_INCREF(op);
-    int err = purgatory_settled_held(self, op, cancelled);
+    int err = purgatory_settled_held(st, self, op, cancelled);
     Py_DECREF(op);
     Py_DECREF(self);
     return err;
 }
 
 static PyObject *
-purgatory_settled_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+purgatory_settled_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                          PyObject *kwnames)
 {
     if (nargs != 2 || kwnames != NULL || !CORE_CHECK(self, PurgatoryType) ||
-        !purgatory_ready((PurgatoryObject *)self) || !Op_Check(args[0]) ||
+        !purgatory_ready(st, (PurgatoryObject *)self) || !Op_Check(args[0]) ||
         !PyUnicode_CheckExact(args[1])) {
         return NOT_HANDLED;
     }
     int completed = PyUnicode_Compare(args[1], N.s_completed) == 0;
-    int err = purgatory_settled(self, (OpObject *)args[0], !completed);
+    int err = purgatory_settled(st, self, (OpObject *)args[0], !completed);
     if (err < 0) {
         return NULL;
     }
@@ -274,21 +280,21 @@ refuse_keeping_error(PyObject *self, PyObject *op, PyObject *method)
 
 /* `self._time_op(op)`: the timer's add straight, or whatever the purgatory uses now. */
 static int
-purgatory_time_op(PurgatoryObject *p, OpObject *op)
+purgatory_time_op(NativeState *st, PurgatoryObject *p, OpObject *op)
 {
     PyObject *time_op = Py_NewRef(p->time_op); /* (a drain from the add's user code sets it) */
     PyObject *timer = Py_NewRef(p->timer);
     int err = 2;
     if (PyMethod_Check(time_op) && PyMethod_GET_SELF(time_op) == timer &&
-        CORE_CHECK(timer, TimerType) && timer_ready((TimerObject *)timer)) {
+        CORE_CHECK(timer, TimerType) && timer_ready(st, (TimerObject *)timer)) {
         PyObject *f = PyMethod_GET_FUNCTION(time_op);
         if (Py_IS_TYPE(f, &NativeMethodType)) {
             native_fn fn = ((NativeMethodObject *)f)->fn;
             if (fn == timer_add_native) {
-                err = timer_add((TimerObject *)timer, op);
+                err = timer_add(st, (TimerObject *)timer, op);
             }
             else if (fn == timer_add_due_native) {
-                err = timer_add_due((TimerObject *)timer, (PyObject *)op);
+                err = timer_add_due(st, (TimerObject *)timer, (PyObject *)op);
             }
         }
     }
@@ -380,7 +386,8 @@ ended_in_registration(PyObject *self, OpObject *op)
  * not, -1 on error. `state` is the operation's state as the call began, before the keys were
  * read (user code that may complete it: the reference decides on the state it read first). */
 static int
-purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *marks, int state)
+purgatory_watch(NativeState *st, PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *marks,
+                int state)
 {
     PyObject *self = (PyObject *)p;
     if (PyTuple_GET_SIZE(keys) == 0) {
@@ -398,7 +405,7 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
         return -1;
     }
     /* `if self._binding.loop is not running_loop(): self._binding.bind()` */
-    PyObject *loop = get_slot(p->binding, N.s_loop, &slot_loop);
+    PyObject *loop = get_slot(p->binding, N.s_loop, &N.slot_loop);
     if (loop == NULL) {
         return -1;
     }
@@ -416,11 +423,11 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
     TimerObject *timer = (TimerObject *)p->timer;
     if (p->sink != Py_None) {
         PyObject *sink = Py_NewRef(p->sink);
-        PyObject *now = timer_now(timer);
+        PyObject *now = timer_now(st, timer);
         int err = -1;
         if (now != NULL) {
             PyObject *items[4] = {(PyObject *)op, keys, marks, now};
-            err = sink_extend(sink, N.s_watches, &slot_watches, items, 4, 1);
+            err = sink_extend(st, sink, N.s_watches, &N.slot_watches, items, 4, 1);
             Py_DECREF(now);
         }
         Py_DECREF(sink);
@@ -473,7 +480,7 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
     }
     /* registration: on every key or, if that fails, on none */
     PyObject *lists = Py_NewRef(p->lists);
-    int err = lists_register((ListsObject *)lists, op, keys, marks);
+    int err = lists_register(st, (ListsObject *)lists, op, keys, marks);
     Py_DECREF(lists);
     if (err < 0) {
         refuse_keeping_error(self, (PyObject *)op, N.s_refuse);
@@ -497,7 +504,7 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
             Py_DECREF(claimed);
             RuleObject *rule = (RuleObject *)Py_NewRef(p->rule);
             rule->owed++; /* registered, never timed (the purge-queue protocol) */
-            int due = rule_due(rule);
+            int due = rule_due(st, rule);
             Py_DECREF(rule);
             if (due < 0 ||
                 (due && discard_result(call_method0(p->timer, N.s_request_pass)) < 0)) {
@@ -516,7 +523,7 @@ purgatory_watch(PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *mark
             return 0;
         }
     }
-    if (purgatory_time_op(p, op) < 0) {
+    if (purgatory_time_op(st, p, op) < 0) {
         goto abandon;
     }
     return 0;
@@ -569,7 +576,7 @@ last_argument(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t position, PyOb
 }
 
 static PyObject *
-purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+purgatory_watch_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                        PyObject *kwnames)
 {
     PyObject *threshold;
@@ -579,7 +586,7 @@ purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     }
     PurgatoryObject *p = (PurgatoryObject *)self;
     PyObject *item = args[0];
-    if (!purgatory_ready(p) || p->closed || !Op_Check(item) || !op_is_set_up(item)) {
+    if (!purgatory_ready(st, p) || p->closed || !Op_Check(item) || !op_is_set_up(item)) {
         return NOT_HANDLED;
     }
     OpObject *op = (OpObject *)item;
@@ -631,7 +638,7 @@ purgatory_watch_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         }
         Py_SETREF(marks, Py_NewRef(threshold));
     }
-    result = purgatory_watch(p, op, keys, marks, state);
+    result = purgatory_watch(st, p, op, keys, marks, state);
 done:
     Py_DECREF(keys);
     Py_DECREF(marks);
@@ -644,7 +651,7 @@ done:
 }
 
 static PyObject *
-purgatory_check_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+purgatory_check_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                        PyObject *kwnames)
 {
     PyObject *reached;
@@ -653,13 +660,13 @@ purgatory_check_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         return NOT_HANDLED;
     }
     PurgatoryObject *p = (PurgatoryObject *)self;
-    if (!purgatory_ready(p) || !plain_reached(reached)) {
+    if (!purgatory_ready(st, p) || !plain_reached(reached)) {
         return NOT_HANDLED;
     }
     Py_INCREF(self);
     PyObject *result = NULL;
     /* `if get_ident() != self._binding.thread: self._binding.check_thread()` */
-    PyObject *thread = get_slot(p->binding, N.s_thread, &slot_thread);
+    PyObject *thread = get_slot(p->binding, N.s_thread, &N.slot_thread);
     if (thread == NULL) {
         goto done;
     }
@@ -679,7 +686,7 @@ purgatory_check_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     }
     ListsObject *l = (ListsObject *)Py_NewRef(p->lists);
     PyObject *attempt = Py_NewRef(p->attempt);
-    Py_ssize_t completed = lists_trigger(l, args[0], reached, attempt);
+    Py_ssize_t completed = lists_trigger(st, l, args[0], reached, attempt);
     Py_DECREF(attempt);
     Py_DECREF(l);
     if (completed >= 0) {

@@ -13,6 +13,7 @@ typedef struct {
 static int
 rule_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     RuleObject *r = (RuleObject *)self;
     Py_VISIT(r->lists);
     Py_VISIT(r->timer);
@@ -33,9 +34,11 @@ rule_clear(PyObject *self)
 static void
 rule_dealloc(PyObject *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     rule_clear(self);
-    Py_TYPE(self)->tp_free(self);
+    type->tp_free(self);
+    Py_DECREF(type); /* (a heap type: its instances hold it) */
 }
 
 static PyGetSetDef rule_getset[] = {
@@ -59,23 +62,23 @@ static PyMemberDef rule_members[] = {
 };
 
 static inline int
-rule_ready_check(RuleObject *r)
+rule_ready_check(NativeState *st, RuleObject *r)
 {
     return r->lists != NULL && CORE_CHECK(r->lists, ListsType) &&
            lists_ready((ListsObject *)r->lists) && r->timer != NULL && r->idle_at != NULL;
 }
 
 static inline int
-rule_ready(RuleObject *o)
+rule_ready(NativeState *st, RuleObject *o)
 {
-    return o->ready || (o->ready = (char)rule_ready_check(o));
+    return o->ready || (o->ready = (char)rule_ready_check(st, o));
 }
 
 /* due(): whether the rule says purge and no pass was asked for yet (1 once, 0; -1 on error).
  * The first settlement since the lists were clean schedules the time bound's purge instead,
  * through the reference's own `_schedule` (a pass `linger` ticks after the clock's tick). */
 static int
-rule_due(RuleObject *r)
+rule_due(NativeState *st, RuleObject *r)
 {
     if (r->requested) {
         return 0;
@@ -105,14 +108,15 @@ rule_due(RuleObject *r)
 }
 
 static PyObject *
-rule_due_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+rule_due_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames)
 {
     if (!CORE_CHECK(self, RuleType) || nargs != 0 || kwnames != NULL ||
-        !rule_ready((RuleObject *)self)) {
+        !rule_ready(st, (RuleObject *)self)) {
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    int due = rule_due((RuleObject *)self);
+    int due = rule_due(st, (RuleObject *)self);
     Py_DECREF(self);
     if (due < 0) {
         return NULL;

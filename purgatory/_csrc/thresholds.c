@@ -32,8 +32,8 @@ typedef struct {
 
 /* Defined with the watcher lists (watchers.c): `lists.left(op)`, an entry of `op` gone, and
  * `op._state` read as the lists read an entry. */
-static int release_left(PyObject *lists, PyObject *op);
-static inline int entry_state(PyObject *o, int *state);
+static int release_left(NativeState *st, PyObject *lists, PyObject *op);
+static inline int entry_state(NativeState *st, PyObject *o, int *state);
 
 /* -- the run ------------------------------------------------------------------------------------ */
 
@@ -239,14 +239,29 @@ threshold_queue(ThresholdObject *t, PyObject *threshold)
 
 /* -- marks ---------------------------------------------------------------------------------- */
 
+/* The reference's `threshold_of(o, key)` while the state has not pulled it yet (a method of the
+ * type called before any C body ran, or on a module other than the package's): imported by name
+ * (the package is whole by then), not kept. */
+static PyObject *
+threshold_of_cold(PyObject *o, PyObject *key)
+{
+    PyObject *module = PyImport_ImportModule("purgatory._thresholds");
+    if (module == NULL) {
+        return NULL;
+    }
+    PyObject *r = PyObject_CallMethod(module, "threshold_of", "OO", o, key);
+    Py_DECREF(module);
+    return r;
+}
+
 /* The threshold of `op` on `key` (a new reference; None: plain), from its marks. The lookup runs
  * the key's __eq__, which may replace the marks (a trigger of another key releases `op` there):
  * the dict is held across it. Not an operation: the reference's `threshold_of`. */
 static PyObject *
-op_threshold_of(PyObject *o, PyObject *key)
+op_threshold_of(NativeState *st, PyObject *o, PyObject *key)
 {
     if (!Op_Check(o)) {
-        return call2(N.threshold_of, o, key);
+        return N.threshold_of != NULL ? call2(N.threshold_of, o, key) : threshold_of_cold(o, key);
     }
     PyObject *marks = ((OpObject *)o)->marks;
     if (marks == NULL || marks == Py_None) {
@@ -340,13 +355,14 @@ threshold_add(ThresholdObject *t, PyObject *op, PyObject *threshold)
 
 /* A released operation: into `plain`, or off the key if it finished through another key. */
 static int
-release_one(PyObject *lists, PyObject *plain, PyObject *op)
+release_one(NativeState *st, PyObject *lists, PyObject *plain, PyObject *op)
 {
     int state;
     Py_INCREF(op); /* (the plain's insertion runs its __hash__: it may leave `waiting`) */
-    int err = entry_state(op, &state);
+    int err = entry_state(st, op, &state);
     if (err == 0) {
-        err = state & ST_FINISHED ? release_left(lists, op) : PyDict_SetItem(plain, op, Py_None);
+        err = state & ST_FINISHED ? release_left(st, lists, op)
+                                  : PyDict_SetItem(plain, op, Py_None);
     }
     Py_DECREF(op);
     return err;
@@ -354,7 +370,7 @@ release_one(PyObject *lists, PyObject *plain, PyObject *op)
 
 /* The operations that waited at a released `threshold` (taken out of `at`) into `plain`. */
 static int
-release_at(ThresholdObject *t, PyObject *lists, PyObject *threshold)
+release_at(NativeState *st, ThresholdObject *t, PyObject *lists, PyObject *threshold)
 {
     PyObject *at = threshold_dict(t, t->at), *plain = threshold_dict(t, t->plain), *waiting = NULL;
     if (at == NULL || plain == NULL) {
@@ -369,11 +385,11 @@ release_at(ThresholdObject *t, PyObject *lists, PyObject *threshold)
     }
     else if (found > 0 && PyList_CheckExact(waiting)) { /* several under one threshold */
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(waiting) && err == 0; i++) {
-            err = release_one(lists, plain, PyList_GET_ITEM(waiting, i));
+            err = release_one(st, lists, plain, PyList_GET_ITEM(waiting, i));
         }
     }
     else if (found > 0) {
-        err = release_one(lists, plain, waiting);
+        err = release_one(st, lists, plain, waiting);
     }
     Py_XDECREF(waiting);
     Py_DECREF(plain);
@@ -424,7 +440,7 @@ release_head(ThresholdObject *t, PyObject *reached, PyObject **head, int *from_h
 /* ThresholdWatchers.release(reached, lists): every threshold <= reached, in order, its
  * operations into `plain` (finished ones leave: `lists.left`). `t` is held by the caller. */
 static int
-threshold_release(ThresholdObject *t, PyObject *reached, PyObject *lists)
+threshold_release(NativeState *st, ThresholdObject *t, PyObject *reached, PyObject *lists)
 {
     for (;;) {
         PyObject *threshold;
@@ -447,7 +463,7 @@ threshold_release(ThresholdObject *t, PyObject *reached, PyObject *lists)
             return -1;
         }
         Py_DECREF(taken); /* (`threshold` is the same object, still held) */
-        int err = release_at(t, lists, threshold);
+        int err = release_at(st, t, lists, threshold);
         Py_DECREF(threshold);
         if (err < 0) {
             return -1;
@@ -502,7 +518,7 @@ threshold_dead(ThresholdObject *t)
 /* ThresholdWatchers.pop(op, default, key): 1 if `op` stopped watching, 0 if it did not watch,
  * -1 on error. `t` is held by the caller. */
 static int
-threshold_pop(ThresholdObject *t, PyObject *op, PyObject *key)
+threshold_pop(NativeState *st, ThresholdObject *t, PyObject *op, PyObject *key)
 {
     PyObject *plain = threshold_dict(t, t->plain);
     int found = plain == NULL ? -1 : dict_discard(plain, op);
@@ -510,7 +526,7 @@ threshold_pop(ThresholdObject *t, PyObject *op, PyObject *key)
     if (found != 0) {
         return found;
     }
-    PyObject *threshold = op_threshold_of(op, key);
+    PyObject *threshold = op_threshold_of(st, op, key);
     if (threshold == NULL || threshold == Py_None) {
         Py_XDECREF(threshold);
         return threshold == NULL ? -1 : 0;
@@ -698,6 +714,7 @@ threshold_forget(ThresholdObject *t)
 static int
 threshold_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     ThresholdObject *t = (ThresholdObject *)self;
     Py_VISIT(t->plain);
     Py_VISIT(t->at);
@@ -725,9 +742,11 @@ threshold_clear(PyObject *self)
 static void
 threshold_dealloc(PyObject *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     threshold_clear(self);
-    Py_TYPE(self)->tp_free(self);
+    type->tp_free(self);
+    Py_DECREF(type); /* (a heap type: its instances hold it) */
 }
 
 /* __init__(plain): the watchers of a key that held `plain` (a dict) and now gets thresholds. */
@@ -787,16 +806,26 @@ threshold_add_method(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return threshold_done(self, added, added ? Py_True : Py_False);
 }
 
+/* The methods that need the module's state reach it through the class that defines them (PEP 573:
+ * METH_METHOD; the type is subclassed, so `Py_TYPE(self)` may be the reference's class). */
+#define THRESHOLD_STATE(defining_class) NativeState *st = PyType_GetModuleState(defining_class);
+
 static PyObject *
-threshold_release_method(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+threshold_release_method(PyObject *self, PyTypeObject *defining_class, PyObject *const *args,
+                         Py_ssize_t nargs, PyObject *kwnames)
 {
     THRESHOLD_SELF(self)
+    THRESHOLD_STATE(defining_class)
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
+        PyErr_SetString(PyExc_TypeError, "release() takes no keyword arguments");
+        return NULL;
+    }
     if (nargs != 2) {
         PyErr_Format(PyExc_TypeError, "release() takes exactly 2 arguments (%zd given)", nargs);
         return NULL;
     }
     Py_INCREF(self);
-    return threshold_done(self, threshold_release(t, args[0], args[1]), Py_None);
+    return threshold_done(self, threshold_release(st, t, args[0], args[1]), Py_None);
 }
 
 static PyObject *
@@ -813,17 +842,50 @@ threshold_unpush_method(PyObject *self, PyObject *threshold)
     return threshold_done(self, marks_unpush((ThresholdObject *)self, threshold), Py_None);
 }
 
+/* pop(op, default, key), each by position or by name. */
 static PyObject *
-threshold_pop_method(PyObject *self, PyObject *args, PyObject *kwargs)
+threshold_pop_method(PyObject *self, PyTypeObject *defining_class, PyObject *const *args,
+                     Py_ssize_t nargs, PyObject *kwnames)
 {
-    static char *names[] = {"op", "default", "key", NULL};
-    PyObject *op, *dflt, *key;
+    static const char *const names[] = {"op", "default", "key"};
+    PyObject *given[3] = {NULL, NULL, NULL};
     THRESHOLD_SELF(self)
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:pop", names, &op, &dflt, &key)) {
+    THRESHOLD_STATE(defining_class)
+    if (nargs > 3) {
+        PyErr_Format(PyExc_TypeError, "pop() takes at most 3 arguments (%zd given)", nargs);
         return NULL;
     }
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        given[i] = args[i];
+    }
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        int at = -1;
+        for (int i = 0; i < 3 && at < 0; i++) {
+            if (PyUnicode_CompareWithASCIIString(name, names[i]) == 0) {
+                at = i;
+            }
+        }
+        if (at < 0 || given[at] != NULL) {
+            PyErr_Format(PyExc_TypeError,
+                         at < 0 ? "pop() got an unexpected keyword argument '%U'"
+                                : "pop() got multiple values for argument '%U'",
+                         name);
+            return NULL;
+        }
+        given[at] = args[nargs + k];
+    }
+    for (int i = 0; i < 3; i++) {
+        if (given[i] == NULL) {
+            PyErr_Format(PyExc_TypeError, "pop() missing required argument '%s' (pos %d)",
+                         names[i], i + 1);
+            return NULL;
+        }
+    }
+    PyObject *op = given[0], *dflt = given[1], *key = given[2];
     Py_INCREF(self);
-    int gone = threshold_pop(t, op, key);
+    int gone = threshold_pop(st, t, op, key);
     return threshold_done(self, gone, gone ? Py_None : dflt);
 }
 
@@ -847,13 +909,15 @@ static PyMethodDef threshold_methods[] = {
     {"add", (PyCFunction)(void (*)(void))threshold_add_method, METH_FASTCALL,
      "add(op, threshold)\n--\n\nWatch at `threshold` (None: plain): False if `op` already "
      "waited there."},
-    {"release", (PyCFunction)(void (*)(void))threshold_release_method, METH_FASTCALL,
+    {"release", (PyCFunction)(void (*)(void))threshold_release_method,
+     METH_METHOD | METH_FASTCALL | METH_KEYWORDS,
      "release(reached, lists)\n--\n\nRelease every threshold <= reached, in order."},
     {"push", threshold_push_method, METH_O,
      "push(threshold)\n--\n\nQueue an out-of-order `threshold` in the heap."},
     {"unpush", threshold_unpush_method, METH_O,
      "unpush(threshold)\n--\n\nUndo a push of `threshold` that raised."},
-    {"pop", (PyCFunction)(void (*)(void))threshold_pop_method, METH_VARARGS | METH_KEYWORDS,
+    {"pop", (PyCFunction)(void (*)(void))threshold_pop_method,
+     METH_METHOD | METH_FASTCALL | METH_KEYWORDS,
      "pop(op, default, key)\n--\n\nStop watching `op`: None, or `default` if it did not watch."},
     {"clear", threshold_clear_method, METH_NOARGS,
      "clear()\n--\n\nForget every watcher (a key cancelled or drained)."},
@@ -874,8 +938,13 @@ threshold_get_run(PyObject *self, void *closure)
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items) && i < t->run_len; i++) {
         PyList_SET_ITEM(items, i, Py_NewRef(RUN_AT(t, i)));
     }
-    PyObject *run = call1(N.deque_type, items);
-    Py_DECREF(items);
+    PyObject *run = NULL;
+    PyObject *collections = items == NULL ? NULL : PyImport_ImportModule("collections");
+    if (collections != NULL) { /* (a copy for the reference's code and tests: cold) */
+        run = PyObject_CallMethod(collections, "deque", "O", items);
+        Py_DECREF(collections);
+    }
+    Py_XDECREF(items);
     return run;
 }
 

@@ -10,6 +10,7 @@
 static int
 timer_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     TimerObject *t = (TimerObject *)self;
     Py_VISIT(t->now);
     Py_VISIT(t->expire);
@@ -40,12 +41,14 @@ timer_clear(PyObject *self)
 static void
 timer_dealloc(PyObject *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     if (((TimerObject *)self)->weakreflist != NULL) {
         PyObject_ClearWeakRefs(self);
     }
     timer_clear(self);
-    Py_TYPE(self)->tp_free(self);
+    type->tp_free(self);
+    Py_DECREF(type); /* (a heap type: its instances hold it) */
 }
 
 static PyObject *
@@ -69,6 +72,7 @@ static PyGetSetDef timer_getset[] = {
 };
 
 static PyMemberDef timer_members[] = {
+    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(TimerObject, weakreflist), Py_READONLY, NULL},
     {"tick", Py_T_DOUBLE, offsetof(TimerObject, tick), 0, NULL},
     {"max_timeout", Py_T_DOUBLE, offsetof(TimerObject, max_timeout), 0, NULL},
     {"time_limit", Py_T_DOUBLE, offsetof(TimerObject, time_limit), 0, NULL},
@@ -82,19 +86,19 @@ static PyMemberDef timer_members[] = {
 };
 
 static inline int
-timer_ready_check(TimerObject *t)
+timer_ready_check(NativeState *st, TimerObject *t)
 {
     return t->now != NULL && t->expire != NULL && t->housekeeping != NULL && t->alarm != NULL &&
            t->in_flight != NULL && PyList_CheckExact(t->in_flight) && t->wheel != NULL &&
-           CORE_CHECK(t->wheel, WheelType) && wheel_ready((WheelObject *)t->wheel) &&
+           CORE_CHECK(t->wheel, WheelType) && wheel_ready(st, (WheelObject *)t->wheel) &&
            t->due_at != NULL && (PyLong_CheckExact(t->due_at) || PyFloat_CheckExact(t->due_at)) &&
            t->outcome != NULL && PyUnicode_CheckExact(t->outcome) && t->tick > 0.0;
 }
 
 static inline int
-timer_ready(TimerObject *o)
+timer_ready(NativeState *st, TimerObject *o)
 {
-    return o->ready || (o->ready = (char)timer_ready_check(o));
+    return o->ready || (o->ready = (char)timer_ready_check(st, o));
 }
 
 /* `due < wake_tick` as Python compares an int with whatever the alarm holds: 1, 0, -1. */
@@ -115,14 +119,14 @@ tick_before(long long due, PyObject *wake_tick)
 
 /* `if self.alarm is not None and due < self.alarm.wake_tick: self.alarm.wake_by(due)` */
 static int
-timer_wake_alarm(TimerObject *t, long long due)
+timer_wake_alarm(NativeState *st, TimerObject *t, long long due)
 {
     PyObject *alarm = t->alarm;
     if (alarm == Py_None) {
         return 0;
     }
     Py_INCREF(alarm);
-    PyObject *wake_tick = get_slot(alarm, N.s_wake_tick, &slot_wake_tick);
+    PyObject *wake_tick = get_slot(alarm, N.s_wake_tick, &N.slot_wake_tick);
     if (wake_tick == NULL) {
         Py_DECREF(alarm);
         return -1;
@@ -139,20 +143,25 @@ timer_wake_alarm(TimerObject *t, long long due)
     return err;
 }
 
-/* `self.now()`: the clock's time (a new reference), or NULL with an exception set. */
+/* `self.now()`: the clock's time (a new reference), or NULL with an exception set.
+ *
+ * Every clock takes this one path: a user's own, `ManualClock`, the event loop's `time`. A bound
+ * method (what `use_clock` is given: `clock.current_time`) has its function called with its self
+ * through vectorcall, past the method object's own trampoline; anything else is called through
+ * its own vectorcall. A clock that returns a float it keeps (`return self.now`) allocates
+ * nothing, and its caller reads the double from the result. */
 static inline PyObject *
-timer_now(TimerObject *t)
+timer_now(NativeState *st, TimerObject *t)
 {
-    PyObject *now = t->now;
-    if (PyMethod_Check(now) && PyMethod_GET_FUNCTION(now) == N.manual_time) {
-        PyObject *clock = PyMethod_GET_SELF(now);
-        if ((PyObject *)Py_TYPE(clock) == N.manual_clock_type) {
-            return PyMember_GetOne((const char *)clock,
-                                   ((PyMemberDescrObject *)N.manual_now)->d_member);
-        }
+    PyObject *now = Py_NewRef(t->now); /* (the clock's code may give the timer another clock) */
+    PyObject *r;
+    if (PyMethod_Check(now)) {
+        PyObject *self = PyMethod_GET_SELF(now); /* (both held by the method, held here) */
+        r = PyObject_Vectorcall(PyMethod_GET_FUNCTION(now), &self, 1, NULL);
     }
-    Py_INCREF(now); /* (the clock's code may give the timer another clock) */
-    PyObject *r = PyObject_CallNoArgs(now);
+    else {
+        r = PyObject_Vectorcall(now, NULL, 0, NULL);
+    }
     Py_DECREF(now);
     return r;
 }
@@ -160,9 +169,9 @@ timer_now(TimerObject *t)
 /* The deadline tick of an operation timed now: ceil((now() + timeout) / tick - slack), as
  * Python computes it; LLONG_MIN with an exception set if that fails. */
 static long long
-timer_deadline(TimerObject *t, OpObject *op)
+timer_deadline(NativeState *st, TimerObject *t, OpObject *op)
 {
-    PyObject *now = timer_now(t);
+    PyObject *now = timer_now(st, t);
     if (now == NULL) {
         return LLONG_MIN;
     }
@@ -204,7 +213,7 @@ timer_deadline(TimerObject *t, OpObject *op)
  * watch) settled it or shut the purgatory down meanwhile, so that it is taken out again and not
  * held (the reference's `_not_held`); 0 if it is held; -1 on error. */
 static int
-timer_not_held(TimerObject *t, PyObject *op)
+timer_not_held(NativeState *st, TimerObject *t, PyObject *op)
 {
     int state;
     if (Op_Check(op)) {
@@ -222,13 +231,13 @@ timer_not_held(TimerObject *t, PyObject *op)
     if (!(state & ST_FINISHED) && !t->closed) {
         return 0;
     }
-    PyObject *bucket = entry_bucket(op);
+    PyObject *bucket = entry_bucket(st, op);
     if (bucket == NULL) {
         return -1;
     }
     int err = PyObject_DelItem(bucket, op);
     Py_DECREF(bucket);
-    if (err < 0 || entry_set_bucket(op, Py_None) < 0) {
+    if (err < 0 || entry_set_bucket(st, op, Py_None) < 0) {
         return -1;
     }
     return 1;
@@ -238,9 +247,9 @@ timer_not_held(TimerObject *t, PyObject *op)
  * runs `op`'s __hash__: the wheel and the bucket are held across it, and what it may have done
  * is checked after it. */
 static int
-timer_add(TimerObject *t, OpObject *op)
+timer_add(NativeState *st, TimerObject *t, OpObject *op)
 {
-    long long deadline = timer_deadline(t, op);
+    long long deadline = timer_deadline(st, t, op);
     if (deadline == LLONG_MIN) {
         return -1;
     }
@@ -259,22 +268,22 @@ timer_add(TimerObject *t, OpObject *op)
         due = err < 0 ? LLONG_MIN : w->memo_due;
     }
     else {
-        due = wheel_add(w, (PyObject *)op, deadline);
+        due = wheel_add(st, w, (PyObject *)op, deadline);
     }
     Py_DECREF(w);
     if (due == LLONG_MIN) {
         return -1;
     }
-    int gone = timer_not_held(t, (PyObject *)op);
+    int gone = timer_not_held(st, t, (PyObject *)op);
     if (gone) {
         return gone < 0 ? -1 : 0;
     }
     t->delayed++;
-    return timer_wake_alarm(t, due);
+    return timer_wake_alarm(st, t, due);
 }
 
 static int
-timer_add_due(TimerObject *t, PyObject *op)
+timer_add_due(NativeState *st, TimerObject *t, PyObject *op)
 {
     WheelObject *w = (WheelObject *)Py_NewRef(t->wheel);
     long long current = wheel_current(w);
@@ -282,17 +291,17 @@ timer_add_due(TimerObject *t, PyObject *op)
         Py_DECREF(w);
         return -1;
     }
-    long long due = wheel_add(w, op, current);
+    long long due = wheel_add(st, w, op, current);
     Py_DECREF(w);
     if (due == LLONG_MIN) {
         return -1;
     }
-    int gone = timer_not_held(t, op);
+    int gone = timer_not_held(st, t, op);
     if (gone) {
         return gone < 0 ? -1 : 0;
     }
     t->delayed++;
-    return timer_wake_alarm(t, due);
+    return timer_wake_alarm(st, t, due);
 }
 
 static Py_ssize_t
@@ -309,7 +318,7 @@ timer_in_flight(TimerObject *t)
 /* Expire the pending operations of `due`; if a callback interrupts the pass, what was not
  * expired yet goes back into the wheel, due at the next pass. */
 static Py_ssize_t
-timer_expire_taken(TimerObject *t, PyObject *due, PyObject *now)
+timer_expire_taken(NativeState *st, TimerObject *t, PyObject *due, PyObject *now)
 {
     PyObject *in_flight = t->in_flight;
     Py_INCREF(in_flight);
@@ -345,7 +354,7 @@ timer_expire_taken(TimerObject *t, PyObject *due, PyObject *now)
             for (Py_ssize_t i = 0; i < PyList_GET_SIZE(due); i++) {
                 PyObject *op = PyList_GET_ITEM(due, i);
                 if (Op_Check(op) && !(((OpObject *)op)->state & ST_FINISHED)) {
-                    if (wheel_add(w, op, ((OpObject *)op)->deadline) == LLONG_MIN) {
+                    if (wheel_add(st, w, op, ((OpObject *)op)->deadline) == LLONG_MIN) {
                         Py_SETREF(exc, fetch_exception());
                         break;
                     }
@@ -378,7 +387,7 @@ timer_expire_taken(TimerObject *t, PyObject *due, PyObject *now)
 
 /* run_pass(now, budget): the pass at `now` (its float value `seconds`); how many expired. */
 static Py_ssize_t
-timer_run_pass(TimerObject *t, PyObject *now, double seconds, PyObject *budget_obj,
+timer_run_pass(NativeState *st, TimerObject *t, PyObject *now, double seconds, PyObject *budget_obj,
                Py_ssize_t budget)
 {
     if (t->closed) {
@@ -387,7 +396,7 @@ timer_run_pass(TimerObject *t, PyObject *now, double seconds, PyObject *budget_o
     long long ticks = (long long)floor(seconds / t->tick + TICK_SLACK);
     WheelObject *w = (WheelObject *)t->wheel;
     Py_INCREF(w);
-    PyObject *due = wheel_advance(w, ticks, budget);
+    PyObject *due = wheel_advance(st, w, ticks, budget);
     if (due == NULL) {
         Py_DECREF(w);
         return -1;
@@ -416,7 +425,7 @@ timer_run_pass(TimerObject *t, PyObject *now, double seconds, PyObject *budget_o
     Py_ssize_t taken = PyList_GET_SIZE(due);
     if (taken) {
         t->delayed -= taken;
-        expired = timer_expire_taken(t, due, now);
+        expired = timer_expire_taken(st, t, due, now);
     }
     Py_DECREF(due);
     if (expired < 0) {
@@ -443,7 +452,7 @@ timer_run_pass(TimerObject *t, PyObject *now, double seconds, PyObject *budget_o
 }
 
 static long long
-timer_next_pass_tick(TimerObject *t)
+timer_next_pass_tick(NativeState *st, TimerObject *t)
 {
     if (t->closed) {
         return TICK_INF;
@@ -451,7 +460,7 @@ timer_next_pass_tick(TimerObject *t)
     if (t->due_now) {
         return wheel_current((WheelObject *)t->wheel);
     }
-    long long deadline = wheel_next_deadline((WheelObject *)t->wheel);
+    long long deadline = wheel_next_deadline(st, (WheelObject *)t->wheel);
     if (deadline == LLONG_MIN && PyErr_Occurred()) {
         return LLONG_MIN;
     }
@@ -470,13 +479,14 @@ timer_next_pass_tick(TimerObject *t)
 /* -- the methods as Python sees them ------------------------------------------------------------ */
 
 #define TIMER_SELF(self)                                                                         \
-    if (!CORE_CHECK(self, TimerType) || !timer_ready((TimerObject *)self)) {            \
+    if (!CORE_CHECK(self, TimerType) || !timer_ready(st, (TimerObject *)self)) {            \
         return NOT_HANDLED;                                                                      \
     }                                                                                            \
     TimerObject *t = (TimerObject *)self;
 
 static PyObject *
-timer_add_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+timer_add_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                 PyObject *kwnames)
 {
     TIMER_SELF(self)
     if (nargs != 1 || kwnames != NULL || !Op_Check(args[0]) ||
@@ -484,7 +494,7 @@ timer_add_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObje
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    int err = timer_add(t, (OpObject *)args[0]);
+    int err = timer_add(st, t, (OpObject *)args[0]);
     Py_DECREF(self);
     if (err < 0) {
         return NULL;
@@ -493,7 +503,7 @@ timer_add_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObje
 }
 
 static PyObject *
-timer_add_due_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+timer_add_due_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                      PyObject *kwnames)
 {
     TIMER_SELF(self)
@@ -501,7 +511,7 @@ timer_add_due_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    int err = timer_add_due(t, args[0]);
+    int err = timer_add_due(st, t, args[0]);
     Py_DECREF(self);
     if (err < 0) {
         return NULL;
@@ -510,7 +520,7 @@ timer_add_due_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
 }
 
 static PyObject *
-timer_run_pass_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+timer_run_pass_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                       PyObject *kwnames)
 {
     TIMER_SELF(self)
@@ -528,7 +538,7 @@ timer_run_pass_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    Py_ssize_t expired = timer_run_pass(t, args[0], seconds, budget_obj, budget);
+    Py_ssize_t expired = timer_run_pass(st, t, args[0], seconds, budget_obj, budget);
     Py_DECREF(self);
     if (expired < 0) {
         return NULL;
@@ -537,7 +547,8 @@ timer_run_pass_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
 }
 
 static PyObject *
-timer_next_pass_tick_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+timer_next_pass_tick_native(NativeState *st, PyObject *self, PyObject *const *args,
+                            Py_ssize_t nargs,
                             PyObject *kwnames)
 {
     TIMER_SELF(self)
@@ -545,7 +556,7 @@ timer_next_pass_tick_native(PyObject *self, PyObject *const *args, Py_ssize_t na
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    long long tick = timer_next_pass_tick(t);
+    long long tick = timer_next_pass_tick(st, t);
     Py_DECREF(self);
     if (tick == LLONG_MIN && PyErr_Occurred()) {
         return NULL;

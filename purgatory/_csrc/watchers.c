@@ -16,6 +16,7 @@ typedef struct {
 static int
 lists_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     Py_VISIT(((ListsObject *)self)->lists);
     Py_VISIT(((ListsObject *)self)->queue);
     return 0;
@@ -32,9 +33,11 @@ lists_clear(PyObject *self)
 static void
 lists_dealloc(PyObject *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     lists_clear(self);
-    Py_TYPE(self)->tp_free(self);
+    type->tp_free(self);
+    Py_DECREF(type); /* (a heap type: its instances hold it) */
 }
 
 static PyGetSetDef lists_getset[] = {
@@ -71,7 +74,7 @@ op_mark_listed(OpObject *op, Py_ssize_t listed)
 
 /* An entry of `op` left a list: one entry less; out of the purge queue once on none. */
 static inline int
-lists_left(ListsObject *l, OpObject *op)
+lists_left(NativeState *st, ListsObject *l, OpObject *op)
 {
     l->entries--;
     op->listed--;
@@ -110,7 +113,7 @@ entry_state_slow(PyObject *o, int *state)
 }
 
 static inline int
-entry_state(PyObject *o, int *state)
+entry_state(NativeState *st, PyObject *o, int *state)
 {
     if (Op_Check(o)) {
         *state = ((OpObject *)o)->state;
@@ -121,17 +124,17 @@ entry_state(PyObject *o, int *state)
 
 /* An entry of `o` left a list (`WatcherLists.left`). */
 static inline int
-entry_left(ListsObject *l, PyObject *o)
+entry_left(NativeState *st, ListsObject *l, PyObject *o)
 {
     if (Op_Check(o)) {
-        return lists_left(l, (OpObject *)o);
+        return lists_left(st, l, (OpObject *)o);
     }
     return discard_result(PyObject_CallMethod((PyObject *)l, "left", "O", o));
 }
 
 /* `o._listed = 0` (the purge's). */
 static inline int
-entry_unlisted(PyObject *o)
+entry_unlisted(NativeState *st, PyObject *o)
 {
     if (Op_Check(o)) {
         op_mark_listed((OpObject *)o, 0);
@@ -146,10 +149,10 @@ entry_unlisted(PyObject *o)
 
 /* `lists.left(op)` for a threshold release given any lists object (thresholds.c). */
 static int
-release_left(PyObject *lists, PyObject *op)
+release_left(NativeState *st, PyObject *lists, PyObject *op)
 {
     if (CORE_CHECK(lists, ListsType) && lists_ready((ListsObject *)lists)) {
-        return entry_left((ListsObject *)lists, op);
+        return entry_left(st, (ListsObject *)lists, op);
     }
     return discard_result(PyObject_CallMethod(lists, "left", "O", op));
 }
@@ -163,7 +166,8 @@ release_left(PyObject *lists, PyObject *op)
  * code that may change the key's watchers) is the reference's `_join_plain`, which looks again
  * after it. */
 static int
-register_plain(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObject *ops)
+register_plain(NativeState *st, ListsObject *l, PyObject *lists, OpObject *op, PyObject *key,
+               PyObject *ops)
 {
     if (ops == NULL) {
         return PyDict_SetItem(lists, key, (PyObject *)op) < 0 ? -1 : 1;
@@ -201,7 +205,8 @@ register_plain(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyO
 /* The fallback of register_at for a key whose watchers are a lone operation or an ordered set:
  * `self._join_at(key, op, ops, threshold)`. */
 static int
-register_join_at(ListsObject *l, OpObject *op, PyObject *key, PyObject *ops, PyObject *threshold)
+register_join_at(NativeState *st, ListsObject *l, OpObject *op, PyObject *key, PyObject *ops,
+                 PyObject *threshold)
 {
     PyObject *args[5] = {(PyObject *)l, key, (PyObject *)op, ops, threshold};
     return discard_result(PyObject_VectorcallMethod(
@@ -217,8 +222,8 @@ register_join_at(ListsObject *l, OpObject *op, PyObject *key, PyObject *ops, PyO
 /* `op` at `threshold` on `key`, whose watchers in `lists` were `ops` (NULL: none; both held by
  * the caller): 1 if added, 0 if it already watched the key, -1 on error. */
 static int
-register_at(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObject *threshold,
-            PyObject *ops)
+register_at(NativeState *st, ListsObject *l, PyObject *lists, OpObject *op, PyObject *key,
+            PyObject *threshold, PyObject *ops)
 {
     if (ops == NULL) {
         return PyDict_SetItem(lists, key, (PyObject *)op) < 0 ? -1 : 1;
@@ -229,15 +234,15 @@ register_at(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObje
     if (Threshold_Check(ops) && threshold_ready(ops)) {
         return threshold_add((ThresholdObject *)ops, (PyObject *)op, threshold);
     }
-    return register_join_at(l, op, key, ops, threshold);
+    return register_join_at(st, l, op, key, ops, threshold);
 }
 
 /* `op` on `key`'s list, at its threshold from `marks` (`mapping`: marks if a dict): 1 if added,
  * 0 if it already watched the key, -1 on error. The key's watchers first, then its threshold:
  * the reference's order of lookups. */
 static int
-register_key(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObject *marks,
-             PyObject *mapping)
+register_key(NativeState *st, ListsObject *l, PyObject *lists, OpObject *op, PyObject *key,
+             PyObject *marks, PyObject *mapping)
 {
     PyObject *ops = PyDict_GetItemWithError(lists, key);
     if (ops == NULL && PyErr_Occurred()) {
@@ -257,11 +262,11 @@ register_key(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObj
     }
     int added;
     if (threshold == Py_None) {
-        added = register_plain(l, lists, op, key, ops);
+        added = register_plain(st, l, lists, op, key, ops);
     }
     else {
         Py_INCREF(threshold);
-        added = register_at(l, lists, op, key, threshold, ops);
+        added = register_at(st, l, lists, op, key, threshold, ops);
         Py_DECREF(threshold);
     }
     Py_XDECREF(ops);
@@ -271,7 +276,7 @@ register_key(ListsObject *l, PyObject *lists, OpObject *op, PyObject *key, PyObj
 /* A registration that failed undone: `op` off every key of `keys` (`self._discard`), what was
  * raised raised again (unless the undoing raised what is not an Exception). */
 static int
-register_undo(ListsObject *l, OpObject *op, PyObject *keys)
+register_undo(NativeState *st, ListsObject *l, OpObject *op, PyObject *keys)
 {
     PyObject *exc = fetch_exception();
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(keys); i++) {
@@ -297,7 +302,7 @@ register_undo(ListsObject *l, OpObject *op, PyObject *keys)
 
 /* register(op, keys, marks) with `keys` a tuple; -1 with nothing registered on error. */
 static int
-lists_register(ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
+lists_register(NativeState *st, ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
 {
     set_field(&op->marks, marks);
     set_field(&op->keys, keys);
@@ -309,10 +314,10 @@ lists_register(ListsObject *l, OpObject *op, PyObject *keys, PyObject *marks)
     /* the reference's `lists = self._lists`: held, whatever a key's code assigns meanwhile */
     PyObject *lists = Py_NewRef(l->lists);
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(keys); i++) {
-        int added = register_key(l, lists, op, PyTuple_GET_ITEM(keys, i), marks, mapping);
+        int added = register_key(st, l, lists, op, PyTuple_GET_ITEM(keys, i), marks, mapping);
         if (added < 0) {
             Py_DECREF(lists);
-            return register_undo(l, op, keys);
+            return register_undo(st, l, op, keys);
         }
         listed -= !added;
     }
@@ -401,7 +406,7 @@ trigger_forget(Trigger *tr)
 
 /* `drop(op, _NOTHING_TO_POP) is None`: 1 if `op` was taken off, 0 if not, -1 on error. */
 static int
-trigger_drop(Trigger *tr, PyObject *op)
+trigger_drop(NativeState *st, Trigger *tr, PyObject *op)
 {
     if (tr->kind == DROP_DICT) {
         PyObject *v;
@@ -414,7 +419,7 @@ trigger_drop(Trigger *tr, PyObject *op)
         return is_none;
     }
     if (tr->kind == DROP_THRESHOLD && threshold_ready(tr->container)) {
-        return threshold_pop((ThresholdObject *)tr->container, op, tr->key);
+        return threshold_pop(st, (ThresholdObject *)tr->container, op, tr->key);
     }
     if (tr->kind == DROP_THRESHOLD) { /* (a field replaced meanwhile: the method) */
         PyObject *args[4] = {tr->container, op, N.nothing_to_pop, tr->key};
@@ -433,9 +438,9 @@ trigger_drop(Trigger *tr, PyObject *op)
 /* A lone watcher `ops` at a threshold: 1 if `reached` released it (made plain on the key), 0 if
  * it waits on, or -1. */
 static int
-trigger_lone(PyObject *ops, PyObject *key, PyObject *reached)
+trigger_lone(NativeState *st, PyObject *ops, PyObject *key, PyObject *reached)
 {
-    PyObject *threshold = op_threshold_of(ops, key);
+    PyObject *threshold = op_threshold_of(st, ops, key);
     if (threshold == NULL) {
         return -1;
     }
@@ -453,7 +458,7 @@ trigger_lone(PyObject *ops, PyObject *key, PyObject *reached)
 
 /* The candidates of a trigger of `tr->ops` (held): 1, or 0 when nothing is re-tried, or -1. */
 static int
-trigger_candidates(ListsObject *l, Trigger *tr, PyObject *reached)
+trigger_candidates(NativeState *st, ListsObject *l, Trigger *tr, PyObject *reached)
 {
     PyObject *ops = tr->ops;
     if (PyDict_CheckExact(ops)) {
@@ -466,7 +471,7 @@ trigger_candidates(ListsObject *l, Trigger *tr, PyObject *reached)
             tr->kind = DROP_THRESHOLD;
         }
         else {
-            if (threshold_release((ThresholdObject *)ops, reached, (PyObject *)l) < 0) {
+            if (threshold_release(st, (ThresholdObject *)ops, reached, (PyObject *)l) < 0) {
                 return -1;
             }
             tr->container = Py_NewRef(((ThresholdObject *)ops)->plain);
@@ -475,7 +480,7 @@ trigger_candidates(ListsObject *l, Trigger *tr, PyObject *reached)
     }
     else {
         if (reached != Py_None && Op_Check(ops)) {
-            int released = trigger_lone(ops, tr->key, reached);
+            int released = trigger_lone(st, ops, tr->key, reached);
             if (released <= 0) {
                 return released;
             }
@@ -491,15 +496,15 @@ trigger_candidates(ListsObject *l, Trigger *tr, PyObject *reached)
 
 /* A finished `item` found on the list: dropped from it, counted off the lists. */
 static int
-trigger_finished(ListsObject *l, Trigger *tr, PyObject *item)
+trigger_finished(NativeState *st, ListsObject *l, Trigger *tr, PyObject *item)
 {
-    int dropped = trigger_drop(tr, item);
-    return dropped < 0 || (dropped && entry_left(l, item) < 0) ? -1 : 0;
+    int dropped = trigger_drop(st, tr, item);
+    return dropped < 0 || (dropped && entry_left(st, l, item) < 0) ? -1 : 0;
 }
 
 /* An `item` whose try_complete raised `exc` (taken): reported, unless an interrupt. */
 static int
-trigger_raised(Trigger *tr, PyObject *item, PyObject *exc)
+trigger_raised(NativeState *st, Trigger *tr, PyObject *item, PyObject *exc)
 {
     if (is_interrupt(exc)) {
         restore_exception(exc);
@@ -512,20 +517,20 @@ trigger_raised(Trigger *tr, PyObject *item, PyObject *exc)
 
 /* `item`'s try_complete, and what its state says after it. */
 static int
-trigger_try(ListsObject *l, Trigger *tr, PyObject *item)
+trigger_try(NativeState *st, ListsObject *l, Trigger *tr, PyObject *item)
 {
     int state;
     PyObject *claimed = call_op_method(item, M_TRY_COMPLETE);
     if (claimed == NULL) {
-        return trigger_raised(tr, item, fetch_exception());
+        return trigger_raised(st, tr, item, fetch_exception());
     }
-    if (entry_state(item, &state) < 0) {
+    if (entry_state(st, item, &state) < 0) {
         Py_DECREF(claimed);
         return -1;
     }
     if (state & ST_FINISHED) {
         Py_DECREF(claimed);
-        if (trigger_finished(l, tr, item) < 0) {
+        if (trigger_finished(st, l, tr, item) < 0) {
             return -1;
         }
         tr->done += (state & ST_EXPIRED_NOW) == ST_DONE;
@@ -543,24 +548,24 @@ trigger_try(ListsObject *l, Trigger *tr, PyObject *item)
 
 /* One candidate re-tried (held by the caller): 0, or -1 on an error that ends the trigger. */
 static int
-trigger_one(ListsObject *l, Trigger *tr, PyObject *item, PyObject *attempt)
+trigger_one(NativeState *st, ListsObject *l, Trigger *tr, PyObject *item, PyObject *attempt)
 {
     int state;
-    if (entry_state(item, &state) < 0) {
+    if (entry_state(st, item, &state) < 0) {
         return -1;
     }
     if (!state) {
-        return trigger_try(l, tr, item);
+        return trigger_try(st, l, tr, item);
     }
     if (state & ST_FINISHED) {
-        return trigger_finished(l, tr, item);
+        return trigger_finished(st, l, tr, item);
     }
     return discard_result(call1(attempt, item));
 }
 
 /* Whether the watchers `ops` (not a lone one) are none now: 1, 0, or -1. */
 static int
-trigger_emptied(ListsObject *l, Trigger *tr)
+trigger_emptied(NativeState *st, ListsObject *l, Trigger *tr)
 {
     PyObject *ops = tr->ops;
     if (PyDict_CheckExact(ops)) {
@@ -591,20 +596,20 @@ trigger_del_key(PyObject *lists, Trigger *tr)
 /* The end of a trigger (the callbacks ran: `ops` is read again as it is now): an emptied list,
  * or a finished lone watcher, dropped. */
 static int
-trigger_end(ListsObject *l, PyObject *lists, Trigger *tr)
+trigger_end(NativeState *st, ListsObject *l, PyObject *lists, Trigger *tr)
 {
     if (tr->single == NULL) {
-        int emptied = trigger_emptied(l, tr);
+        int emptied = trigger_emptied(st, l, tr);
         return emptied <= 0 ? emptied : (trigger_del_key(lists, tr) < 0 ? -1 : 0);
     }
     int state;
-    if (entry_state(tr->single, &state) < 0) {
+    if (entry_state(st, tr->single, &state) < 0) {
         return -1;
     }
     if (state & ST_FINISHED) {
         int deleted = trigger_del_key(lists, tr);
         if (deleted != 0) {
-            return deleted < 0 || entry_left(l, tr->single) < 0 ? -1 : 0;
+            return deleted < 0 || entry_left(st, l, tr->single) < 0 ? -1 : 0;
         }
     }
     return discard_result(call_method3((PyObject *)l, N.s_tidy, tr->key, tr->ops, tr->single));
@@ -612,7 +617,7 @@ trigger_end(ListsObject *l, PyObject *lists, Trigger *tr)
 
 /* After an error in the loop: `self._tidy(key, ops, single)`, then what was raised goes on. */
 static void
-trigger_tidy(ListsObject *l, Trigger *tr)
+trigger_tidy(NativeState *st, ListsObject *l, Trigger *tr)
 {
     PyObject *exc = fetch_exception();
     PyObject *r = call_method3((PyObject *)l, N.s_tidy, tr->key, tr->ops,
@@ -628,14 +633,14 @@ trigger_tidy(ListsObject *l, Trigger *tr)
 
 /* The loop: every candidate re-tried; 0, or -1 (tidied). */
 static int
-trigger_loop(ListsObject *l, Trigger *tr, PyObject *attempt)
+trigger_loop(NativeState *st, ListsObject *l, Trigger *tr, PyObject *attempt)
 {
     for (Py_ssize_t i = 0; i < tr->n; i++) {
         PyObject *item = Py_NewRef(tr->items[i]);
-        int err = trigger_one(l, tr, item, attempt);
+        int err = trigger_one(st, l, tr, item, attempt);
         Py_DECREF(item);
         if (err < 0) {
-            trigger_tidy(l, tr);
+            trigger_tidy(st, l, tr);
             return -1;
         }
     }
@@ -644,7 +649,7 @@ trigger_loop(ListsObject *l, Trigger *tr, PyObject *attempt)
 
 /* trigger(key, reached, attempt): how many completed, or -1 on error. */
 static Py_ssize_t
-lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attempt)
+lists_trigger(NativeState *st, ListsObject *l, PyObject *key, PyObject *reached, PyObject *attempt)
 {
     PyObject *lists = Py_NewRef(l->lists); /* the reference's `lists = self._lists`: held */
     PyObject *ops = PyDict_GetItemWithError(lists, key);
@@ -654,11 +659,12 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
     }
     Trigger tr = {.key = key, .ops = Py_NewRef(ops)};
     Py_ssize_t completed = -1;
-    int go = trigger_candidates(l, &tr, reached);
+    int go = trigger_candidates(st, l, &tr, reached);
     if (go == 0) {
         completed = 0;
     }
-    else if (go > 0 && trigger_loop(l, &tr, attempt) == 0 && trigger_end(l, lists, &tr) == 0) {
+    else if (go > 0 && trigger_loop(st, l, &tr, attempt) == 0 &&
+             trigger_end(st, l, lists, &tr) == 0) {
         completed = tr.done;
     }
     trigger_forget(&tr);
@@ -674,9 +680,9 @@ lists_trigger(ListsObject *l, PyObject *key, PyObject *reached, PyObject *attemp
  * (alone at its threshold: the entry deleted, one dead threshold more), else `t.pop`. 1 if an
  * entry was removed, 0 if not, -1 on error; *at_then the `at` it looked in (a new reference). */
 static int
-purge_at(ThresholdObject *t, PyObject *op, PyObject *key, PyObject **at_then)
+purge_at(NativeState *st, ThresholdObject *t, PyObject *op, PyObject *key, PyObject **at_then)
 {
-    PyObject *threshold = op_threshold_of(op, key);
+    PyObject *threshold = op_threshold_of(st, op, key);
     if (threshold == NULL) {
         return -1;
     }
@@ -698,7 +704,7 @@ purge_at(ThresholdObject *t, PyObject *op, PyObject *key, PyObject **at_then)
         result = PyDict_DelItem(at, threshold) < 0 || threshold_dead(t) < 0 ? -1 : 1;
     }
     else {
-        result = threshold_pop(t, op, key);
+        result = threshold_pop(st, t, op, key);
     }
     Py_DECREF(threshold);
     return result;
@@ -706,10 +712,10 @@ purge_at(ThresholdObject *t, PyObject *op, PyObject *key, PyObject **at_then)
 
 /* `op` off `key`'s ThresholdWatchers `ops` (held), the key dropped once it has none. */
 static int
-purge_threshold(PyObject *lists, PyObject *ops, PyObject *op, PyObject *key)
+purge_threshold(NativeState *st, PyObject *lists, PyObject *ops, PyObject *op, PyObject *key)
 {
     PyObject *at = NULL;
-    int removed = purge_at((ThresholdObject *)ops, op, key, &at);
+    int removed = purge_at(st, (ThresholdObject *)ops, op, key, &at);
     /* `not (ops.plain or at)`: the plain as it is now, the `at` looked in */
     PyObject *plain = ((ThresholdObject *)ops)->plain;
     if (removed > 0 && PyDict_GET_SIZE(at) == 0 && (plain == NULL || PyDict_GET_SIZE(plain) == 0) &&
@@ -724,7 +730,7 @@ purge_threshold(PyObject *lists, PyObject *ops, PyObject *op, PyObject *key)
  * an entry was removed, 0 if not, -1 on error. Lookups run the key's, the threshold's and the
  * operation's __hash__ / __eq__: what they read is held across them. */
 static int
-purge_entry(PyObject *lists, PyObject *op, PyObject *key)
+purge_entry(NativeState *st, PyObject *lists, PyObject *op, PyObject *key)
 {
     PyObject *ops = PyDict_GetItemWithError(lists, key);
     if (ops == NULL) {
@@ -746,7 +752,7 @@ purge_entry(PyObject *lists, PyObject *op, PyObject *key)
         }
     }
     else if (Threshold_Check(ops) && threshold_ready(ops)) {
-        result = purge_threshold(lists, ops, op, key);
+        result = purge_threshold(st, lists, ops, op, key);
     }
     Py_DECREF(ops);
     return result;
@@ -780,7 +786,7 @@ purge_batch(PyObject *queue, Py_ssize_t limit)
 
 /* One queued operation (held by the caller) off the lists of its keys: entries removed, or -1. */
 static Py_ssize_t
-purge_op(PyObject *lists, PyObject *op)
+purge_op(NativeState *st, PyObject *lists, PyObject *op)
 {
     PyObject *keys = Op_Check(op) ? Py_XNewRef(((OpObject *)op)->keys)
                                   : PyObject_GetAttrString(op, "_keys");
@@ -793,7 +799,7 @@ purge_op(PyObject *lists, PyObject *op)
     }
     Py_ssize_t purged = 0;
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
-        int removed = purge_entry(lists, op, PyTuple_GET_ITEM(keys, k));
+        int removed = purge_entry(st, lists, op, PyTuple_GET_ITEM(keys, k));
         if (removed < 0) {
             Py_DECREF(keys);
             return -1;
@@ -801,12 +807,12 @@ purge_op(PyObject *lists, PyObject *op)
         purged += removed;
     }
     Py_DECREF(keys);
-    return entry_unlisted(op) < 0 ? -1 : purged;
+    return entry_unlisted(st, op) < 0 ? -1 : purged;
 }
 
 /* purge(limit): entries removed (limit < 0: all), or -1 on error. */
 static Py_ssize_t
-lists_purge(ListsObject *l, Py_ssize_t limit)
+lists_purge(NativeState *st, ListsObject *l, Py_ssize_t limit)
 {
     PyObject *queue = Py_NewRef(l->queue);
     PyObject *batch = purge_batch(queue, limit);
@@ -817,7 +823,7 @@ lists_purge(ListsObject *l, Py_ssize_t limit)
     Py_ssize_t purged = 0;
     PyObject *lists = Py_NewRef(l->lists); /* (the reference's local) */
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch) && purged >= 0; i++) {
-        Py_ssize_t removed = purge_op(lists, PyList_GET_ITEM(batch, i)); /* (held by `batch`) */
+        Py_ssize_t removed = purge_op(st, lists, PyList_GET_ITEM(batch, i)); /* (held by `batch`) */
         purged = removed < 0 ? -1 : purged + removed;
     }
     Py_DECREF(lists);
@@ -838,7 +844,7 @@ lists_purge(ListsObject *l, Py_ssize_t limit)
     ListsObject *l = (ListsObject *)self;
 
 static PyObject *
-lists_register_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+lists_register_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                       PyObject *kwnames)
 {
     LISTS_SELF(self)
@@ -846,7 +852,7 @@ lists_register_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    int err = lists_register(l, (OpObject *)args[0], args[1], args[2]);
+    int err = lists_register(st, l, (OpObject *)args[0], args[1], args[2]);
     Py_DECREF(self);
     if (err < 0) {
         return NULL;
@@ -863,7 +869,7 @@ plain_reached(PyObject *reached)
 }
 
 static PyObject *
-lists_trigger_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+lists_trigger_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                      PyObject *kwnames)
 {
     LISTS_SELF(self)
@@ -871,7 +877,7 @@ lists_trigger_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    Py_ssize_t completed = lists_trigger(l, args[0], args[1], args[2]);
+    Py_ssize_t completed = lists_trigger(st, l, args[0], args[1], args[2]);
     Py_DECREF(self);
     if (completed < 0) {
         return NULL;
@@ -880,7 +886,8 @@ lists_trigger_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
 }
 
 static PyObject *
-lists_purge_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+lists_purge_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                   PyObject *kwnames)
 {
     LISTS_SELF(self)
     Py_ssize_t limit = -1;
@@ -888,7 +895,7 @@ lists_purge_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyOb
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    Py_ssize_t purged = lists_purge(l, limit);
+    Py_ssize_t purged = lists_purge(st, l, limit);
     Py_DECREF(self);
     if (purged < 0) {
         return NULL;

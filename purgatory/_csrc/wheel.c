@@ -1,8 +1,13 @@
 /* The timing wheel's hot methods (purgatory/_wheel.py: add, remove, advance and its cascades,
- * next_deadline) over the reference's own data: buckets are dicts (a C subclass with the
- * reference's four fields), the heap is a list of (due tick, -level, push count, bucket)
- * tuples kept by heapq, the levels, spans, leads and current ticks are lists of ints. The cold
- * methods (construction, _add_level, iteration, the invariant check) stay the reference's.
+ * next_deadline, and _push, _add_level, _advance_clock, which own the data below) over a C
+ * layout: buckets are dicts (a C subclass with the reference's four fields); the queue of
+ * buckets by due tick is a C array kept as heapq keeps the reference's list of (due tick,
+ * -level, push count, bucket) tuples, in the same order; each level's current tick, span and
+ * lead are C integers. `_heap`, `_current`, `_spans` and `_leads` are computed for Python (the
+ * reference's invariant check and gauge read them), and assigning one (the reference's
+ * __init__) sets the C data. The cold methods (construction, iteration, the invariant check)
+ * stay the reference's; advance and next_deadline never hand a set-up wheel to the
+ * reference, whose heapq calls would work on a copy.
  *
  * Entries are usually operations (their fields are read directly); anything else with the
  * `_bucket` and `_deadline` attributes of the TimerEntry protocol works through attributes.
@@ -49,6 +54,7 @@ tick_or_inf(long long tick)
 static int
 bucket_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     BucketObject *b = (BucketObject *)self;
     Py_VISIT(b->older);
     Py_VISIT(b->wheel);
@@ -67,17 +73,19 @@ bucket_clear(PyObject *self)
 static void
 bucket_dealloc(PyObject *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
     BucketObject *b = (BucketObject *)self;
     PyObject_GC_UnTrack(self);
     Py_CLEAR(b->older);
     Py_CLEAR(b->wheel);
     PyDict_Type.tp_dealloc(self);
+    Py_DECREF(type); /* (a heap type: its instances hold it) */
 }
 
 static PyMemberDef bucket_members[] = {
     {"expiration", Py_T_LONGLONG, offsetof(BucketObject, expiration), 0, NULL},
     {"level", Py_T_INT, offsetof(BucketObject, level), 0, NULL},
-    {"older", _Py_T_OBJECT, offsetof(BucketObject, older), 0, NULL},
+    {"older", MEMBER_OBJECT_OR_NONE, offsetof(BucketObject, older), 0, NULL},
     {"wheel", Py_T_OBJECT_EX, offsetof(BucketObject, wheel), 0, NULL},
     {NULL},
 };
@@ -104,7 +112,7 @@ bucket_in_use(PyObject *b)
 /* -- entries ------------------------------------------------------------------------------------ */
 
 static inline int
-entry_set_bucket(PyObject *entry, PyObject *bucket)
+entry_set_bucket(NativeState *st, PyObject *entry, PyObject *bucket)
 {
     if (Op_Check(entry)) {
         set_field(&((OpObject *)entry)->bucket, bucket);
@@ -114,7 +122,7 @@ entry_set_bucket(PyObject *entry, PyObject *bucket)
 }
 
 static inline int
-entry_set_deadline(PyObject *entry, long long deadline)
+entry_set_deadline(NativeState *st, PyObject *entry, long long deadline)
 {
     if (Op_Check(entry)) {
         ((OpObject *)entry)->deadline = deadline;
@@ -132,7 +140,7 @@ entry_set_deadline(PyObject *entry, long long deadline)
 
 /* The entry's bucket (a new reference, None included), or NULL on error. */
 static inline PyObject *
-entry_bucket(PyObject *entry)
+entry_bucket(NativeState *st, PyObject *entry)
 {
     if (Op_Check(entry)) {
         PyObject *b = ((OpObject *)entry)->bucket;
@@ -145,7 +153,7 @@ entry_bucket(PyObject *entry)
 }
 
 static inline int
-entry_deadline(PyObject *entry, long long *out)
+entry_deadline(NativeState *st, PyObject *entry, long long *out)
 {
     if (Op_Check(entry)) {
         if (!(OP_SET(entry) & SET_DEADLINE)) {
@@ -169,54 +177,345 @@ entry_deadline(PyObject *entry, long long *out)
 static int
 wheel_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     WheelObject *w = (WheelObject *)self;
     Py_VISIT(w->active);
-    Py_VISIT(w->current);
-    Py_VISIT(w->heap);
-    Py_VISIT(w->leads);
     Py_VISIT(w->levels);
     Py_VISIT(w->overdue);
     Py_VISIT(w->slots1);
-    Py_VISIT(w->spans);
     Py_VISIT(w->todo);
     Py_VISIT(w->memo_bucket);
+    for (Py_ssize_t i = 0; i < w->heap_len; i++) {
+        Py_VISIT(w->heap[i].bucket);
+    }
     return 0;
+}
+
+/* Empty the queue; its buckets are released once it is (their release may run code). */
+static void
+wheel_clear_heap(WheelObject *w)
+{
+    WheelItem *heap = w->heap;
+    Py_ssize_t len = w->heap_len;
+    w->heap = NULL;
+    w->heap_len = w->heap_cap = 0;
+    w->ready = 0;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        Py_DECREF(heap[i].bucket);
+    }
+    PyMem_Free(heap);
 }
 
 static int
 wheel_clear(PyObject *self)
 {
     WheelObject *w = (WheelObject *)self;
+    w->ready = 0;
     Py_CLEAR(w->active);
-    Py_CLEAR(w->current);
-    Py_CLEAR(w->heap);
-    Py_CLEAR(w->leads);
     Py_CLEAR(w->levels);
     Py_CLEAR(w->overdue);
     Py_CLEAR(w->slots1);
-    Py_CLEAR(w->spans);
     Py_CLEAR(w->todo);
     Py_CLEAR(w->memo_bucket);
+    w->heap_set = 0;
+    wheel_clear_heap(w);
     return 0;
 }
 
 static void
 wheel_dealloc(PyObject *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
+    WheelObject *w = (WheelObject *)self;
     PyObject_GC_UnTrack(self);
     wheel_clear(self);
-    Py_TYPE(self)->tp_free(self);
+    PyMem_Free(w->current.v);
+    PyMem_Free(w->spans.v);
+    PyMem_Free(w->leads.v);
+    type->tp_free(self);
+    Py_DECREF(type); /* (a heap type: its instances hold it) */
+}
+
+/* -- ticks per level (`_current`, `_spans`, `_leads`) as C integers ------------------------------ */
+
+static int
+ticks_reserve(TickArray *a, Py_ssize_t n)
+{
+    if (a->v != NULL && n <= a->cap) {
+        return 0;
+    }
+    Py_ssize_t cap = a->cap < 4 ? 4 : a->cap;
+    while (cap < n) {
+        cap *= 2;
+    }
+    long long *v = PyMem_Realloc(a->v, (size_t)cap * sizeof(long long));
+    if (v == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    a->v = v;
+    a->cap = cap;
+    return 0;
+}
+
+static int
+ticks_append(TickArray *a, long long value)
+{
+    if (ticks_reserve(a, a->n + 1) < 0) {
+        return -1;
+    }
+    a->v[a->n++] = value;
+    return 0;
+}
+
+typedef struct {
+    Py_ssize_t offset;
+    const char *name;
+} TicksSpec;
+
+#define TICKS_AT(o, spec) ((TickArray *)((char *)(o) + (spec)->offset))
+
+static PyObject *
+ticks_get(PyObject *self, void *closure)
+{
+    const TicksSpec *spec = closure;
+    TickArray *a = TICKS_AT(self, spec);
+    if (a->v == NULL) {
+        PyErr_Format(PyExc_AttributeError, "'%.200s' object has no attribute '%s'",
+                     Py_TYPE(self)->tp_name, spec->name);
+        return NULL;
+    }
+    Py_ssize_t n = a->n;
+    PyObject *list = PyList_New(n); /* (a collection here may run code: the array is re-read) */
+    if (list == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = (a->v != NULL && i < a->n) ? PyLong_FromLongLong(a->v[i]) : Py_NewRef(Py_None);
+        if (v == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, v);
+    }
+    return list;
+}
+
+/* A list of ints each fitting a C long long (the ticks a timer counts stay below 2**63). */
+static int
+ticks_set(PyObject *self, PyObject *value, void *closure)
+{
+    const TicksSpec *spec = closure;
+    if (value == NULL || !PyList_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a list of ints", spec->name);
+        return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(value);
+    long long *v = PyMem_Malloc((size_t)(n > 4 ? n : 4) * sizeof(long long));
+    if (v == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) { /* (nothing here runs code: the list stays as it is) */
+        PyObject *item = PyList_GET_ITEM(value, i);
+        if (!PyLong_Check(item)) {
+            PyMem_Free(v);
+            PyErr_Format(PyExc_TypeError, "%s must be a list of ints, got %R", spec->name, item);
+            return -1;
+        }
+        v[i] = PyLong_AsLongLong(item);
+        if (v[i] == -1 && PyErr_Occurred()) {
+            PyMem_Free(v);
+            return -1;
+        }
+    }
+    TickArray *a = TICKS_AT(self, spec);
+    PyMem_Free(a->v);
+    a->v = v;
+    a->n = n;
+    a->cap = n > 4 ? n : 4;
+    ((WheelObject *)self)->ready = 0;
+    return 0;
+}
+
+#define TICKS(member, pyname)                                                                   \
+    {pyname, ticks_get, ticks_set, NULL,                                                        \
+     (void *)&(const TicksSpec){offsetof(WheelObject, member), pyname}}
+
+/* -- the queue of buckets by due tick: heapq's algorithm over a C array ------------------------ */
+
+static inline int
+item_less(const WheelItem *a, const WheelItem *b)
+{
+    if (a->tick != b->tick) {
+        return a->tick < b->tick;
+    }
+    if (a->neg_level != b->neg_level) {
+        return a->neg_level < b->neg_level;
+    }
+    return a->count < b->count;
+}
+
+/* heapq._siftdown */
+static void
+heap_siftdown(WheelItem *heap, Py_ssize_t start, Py_ssize_t pos)
+{
+    WheelItem item = heap[pos];
+    while (pos > start) {
+        Py_ssize_t parent = (pos - 1) >> 1;
+        if (!item_less(&item, &heap[parent])) {
+            break;
+        }
+        heap[pos] = heap[parent];
+        pos = parent;
+    }
+    heap[pos] = item;
+}
+
+/* heapq._siftup */
+static void
+heap_siftup(WheelItem *heap, Py_ssize_t len, Py_ssize_t pos)
+{
+    Py_ssize_t start = pos;
+    WheelItem item = heap[pos];
+    Py_ssize_t child = 2 * pos + 1;
+    while (child < len) {
+        Py_ssize_t right = child + 1;
+        if (right < len && !item_less(&heap[child], &heap[right])) {
+            child = right;
+        }
+        heap[pos] = heap[child];
+        pos = child;
+        child = 2 * pos + 1;
+    }
+    heap[pos] = item;
+    heap_siftdown(heap, start, pos);
+}
+
+static int
+heap_push_item(WheelObject *w, WheelItem item)
+{
+    if (w->heap_len == w->heap_cap) {
+        Py_ssize_t cap = w->heap_cap < 16 ? 16 : 2 * w->heap_cap;
+        WheelItem *heap = PyMem_Realloc(w->heap, (size_t)cap * sizeof(WheelItem));
+        if (heap == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        w->heap = heap;
+        w->heap_cap = cap;
+    }
+    Py_INCREF(item.bucket);
+    w->heap[w->heap_len++] = item;
+    heap_siftdown(w->heap, 0, w->heap_len - 1);
+    return 0;
+}
+
+/* heapq.heappop: the first item's bucket, a reference the caller releases (not before its
+ * state is settled: a release may run code). The queue must not be empty. */
+static PyObject *
+heap_pop(WheelObject *w)
+{
+    WheelItem last = w->heap[--w->heap_len];
+    if (w->heap_len == 0) {
+        return last.bucket;
+    }
+    PyObject *top = w->heap[0].bucket;
+    w->heap[0] = last;
+    heap_siftup(w->heap, w->heap_len, 0);
+    return top;
+}
+
+/* The queue as the reference's list of (due tick, -level, push count, bucket), in its order. */
+static PyObject *
+heap_get(PyObject *self, void *closure)
+{
+    WheelObject *w = (WheelObject *)self;
+    if (!w->heap_set) {
+        PyErr_Format(PyExc_AttributeError, "'%.200s' object has no attribute '_heap'",
+                     Py_TYPE(self)->tp_name);
+        return NULL;
+    }
+    PyObject *list = PyList_New(0);
+    for (Py_ssize_t i = 0; list != NULL && i < w->heap_len; i++) {
+        WheelItem item = w->heap[i]; /* (a copy: a collection below may run code) */
+        Py_INCREF(item.bucket);
+        PyObject *t = Py_BuildValue("(LiLN)", item.tick, item.neg_level, item.count, item.bucket);
+        if (t == NULL || PyList_Append(list, t) < 0) {
+            Py_XDECREF(t);
+            Py_CLEAR(list);
+            break;
+        }
+        Py_DECREF(t);
+    }
+    return list;
+}
+
+/* A list of such tuples (the reference's __init__ assigns an empty one), taken as a heap. */
+static int
+heap_set(PyObject *self, PyObject *value, void *closure)
+{
+    WheelObject *w = (WheelObject *)self;
+    NativeState *st = state_of_type(Py_TYPE(self)); /* (for Bucket_Check) */
+    if (st == NULL) {
+        return -1;
+    }
+    if (value == NULL || !PyList_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "_heap must be a list");
+        return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(value);
+    WheelItem *heap = PyMem_Malloc((size_t)(n > 16 ? n : 16) * sizeof(WheelItem));
+    if (heap == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) { /* (nothing here runs code: the list stays as it is) */
+        PyObject *t = PyList_GET_ITEM(value, i);
+        long long level = 0;
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 4 ||
+            !PyLong_Check(PyTuple_GET_ITEM(t, 0)) || !PyLong_Check(PyTuple_GET_ITEM(t, 1)) ||
+            !PyLong_Check(PyTuple_GET_ITEM(t, 2)) || !Bucket_Check(PyTuple_GET_ITEM(t, 3)) ||
+            as_tick(PyTuple_GET_ITEM(t, 0), &heap[i].tick) < 0 ||
+            as_tick(PyTuple_GET_ITEM(t, 1), &level) < 0 ||
+            as_tick(PyTuple_GET_ITEM(t, 2), &heap[i].count) < 0 || level < INT_MIN ||
+            level > 0) {
+            PyMem_Free(heap);
+            if (!PyErr_Occurred()) {
+                PyErr_Format(PyExc_TypeError,
+                             "_heap must hold (tick, -level, count, bucket) tuples, got %R", t);
+            }
+            return -1;
+        }
+        heap[i].neg_level = (int)level;
+        heap[i].bucket = PyTuple_GET_ITEM(t, 3);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_INCREF(heap[i].bucket);
+    }
+    WheelItem *old = w->heap; /* (replaced first: releasing its buckets may run code) */
+    Py_ssize_t old_len = w->heap_len;
+    w->heap = heap;
+    w->heap_len = n;
+    w->heap_cap = n > 16 ? n : 16;
+    w->heap_set = 1;
+    w->ready = 0;
+    for (Py_ssize_t i = 0; i < old_len; i++) {
+        Py_DECREF(old[i].bucket);
+    }
+    PyMem_Free(old);
+    return 0;
 }
 
 static PyGetSetDef wheel_getset[] = {
     FIELD_OR_NONE(WheelObject, active, "_active"),
-    FIELD(WheelObject, current, "_current"),
-    FIELD(WheelObject, heap, "_heap"),
-    FIELD(WheelObject, leads, "_leads"),
+    TICKS(current, "_current"),
+    {"_heap", heap_get, heap_set, NULL, NULL},
+    TICKS(leads, "_leads"),
     FIELD(WheelObject, levels, "_levels"),
     FIELD(WheelObject, overdue, "_overdue"),
     FIELD(WheelObject, slots1, "_slots1"),
-    FIELD(WheelObject, spans, "_spans"),
+    TICKS(spans, "_spans"),
     FIELD(WheelObject, todo, "_todo"),
     FIELD(WheelObject, memo_bucket, "memo_bucket"),
     {NULL},
@@ -236,49 +535,51 @@ static PyMemberDef wheel_members[] = {
     {NULL},
 };
 
-/* Whether the wheel's fields are all set (the reference's __init__ ran): else the reference. */
-static inline int
-wheel_ready_check(WheelObject *w)
+/* Whether the wheel's fields are all set (the reference's __init__ ran) and agree: every
+ * level has its tick, span, lead and list of `wheel_size` buckets. Else the reference. */
+static int
+wheel_ready_check(NativeState *st, WheelObject *w)
 {
-    return w->current != NULL && PyList_CheckExact(w->current) && w->heap != NULL &&
-           PyList_CheckExact(w->heap) && w->leads != NULL && PyList_CheckExact(w->leads) &&
-           w->levels != NULL && PyList_CheckExact(w->levels) && w->overdue != NULL &&
-           Bucket_Check(w->overdue) && w->slots1 != NULL && PyList_CheckExact(w->slots1) &&
-           w->spans != NULL && PyList_CheckExact(w->spans) && w->todo != NULL &&
-           PyList_CheckExact(w->todo) && w->memo_bucket != NULL &&
-           Bucket_Check(w->memo_bucket) && w->wheel_size >= 2;
-}
-
-static inline int
-wheel_ready(WheelObject *o)
-{
-    return o->ready || (o->ready = (char)wheel_ready_check(o));
-}
-
-static inline int
-list_tick(PyObject *list, Py_ssize_t i, long long *out)
-{
-    return as_tick(PyList_GET_ITEM(list, i), out);
-}
-
-static inline int
-set_list_tick(PyObject *list, Py_ssize_t i, long long value)
-{
-    PyObject *v = PyLong_FromLongLong(value);
-    if (v == NULL) {
-        return -1;
+    if (!(w->levels != NULL && PyList_CheckExact(w->levels) && w->overdue != NULL &&
+          Bucket_Check(w->overdue) && w->slots1 != NULL && PyList_CheckExact(w->slots1) &&
+          w->todo != NULL && PyList_CheckExact(w->todo) && w->memo_bucket != NULL &&
+          Bucket_Check(w->memo_bucket) && w->wheel_size >= 2 && w->heap_set &&
+          w->current.v != NULL && w->spans.v != NULL && w->leads.v != NULL &&
+          w->current.n >= 1 && w->spans.n == w->current.n && w->leads.n == w->current.n &&
+          PyList_GET_SIZE(w->levels) == w->current.n)) {
+        return 0;
     }
-    return PyList_SetItem(list, i, v); /* steals */
+    for (Py_ssize_t level = 0; level < w->current.n; level++) {
+        PyObject *slots = PyList_GET_ITEM(w->levels, level);
+        if (!PyList_CheckExact(slots) || PyList_GET_SIZE(slots) != w->wheel_size) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static inline int
+wheel_ready(NativeState *st, WheelObject *o)
+{
+    return o->ready || (o->ready = (char)wheel_ready_check(st, o));
+}
+
+/* A wheel whose fields Python code replaced midway (from an entry's __hash__, say). */
+static int
+wheel_changed(void)
+{
+    PyErr_SetString(PyExc_RuntimeError, "the timing wheel's fields were replaced midway");
+    return -1;
 }
 
 static inline long long
 wheel_current(WheelObject *w)
 {
-    long long c;
-    if (list_tick(w->current, 0, &c) < 0) {
+    if (w->current.n < 1) {
+        wheel_changed();
         return LLONG_MIN;
     }
-    return c;
+    return w->current.v[0];
 }
 
 static inline void
@@ -291,75 +592,98 @@ static int
 wheel_push(WheelObject *w, PyObject *bucket, long long tick)
 {
     w->push_count++;
-    PyObject *item = Py_BuildValue("(LiLO)", tick, -((BucketObject *)bucket)->level,
-                                   w->push_count, bucket);
-    if (item == NULL) {
-        return -1;
-    }
-    int err = discard_result(call2(N.heappush, w->heap, item));
-    Py_DECREF(item);
-    return err;
+    WheelItem item = {tick, w->push_count, -((BucketObject *)bucket)->level, bucket};
+    return heap_push_item(w, item);
 }
 
-static int
+static void
 wheel_advance_clock(WheelObject *w, long long now)
 {
-    long long c0 = wheel_current(w);
-    if (c0 == LLONG_MIN && PyErr_Occurred()) {
-        return -1;
+    if (w->current.n < 1 || now <= w->current.v[0]) {
+        return;
     }
-    if (now <= c0) {
-        return 0;
-    }
-    if (set_list_tick(w->current, 0, now) < 0) {
-        return -1;
-    }
-    Py_ssize_t levels = PyList_GET_SIZE(w->current);
+    w->current.v[0] = now;
+    Py_ssize_t levels = w->current.n < w->spans.n ? w->current.n : w->spans.n;
     for (Py_ssize_t level = 1; level < levels; level++) {
-        long long span;
-        if (list_tick(w->spans, level, &span) < 0 ||
-            set_list_tick(w->current, level, now - floormod(now, span)) < 0) {
-            return -1;
-        }
+        w->current.v[level] = now - floormod(now, w->spans.v[level]);
     }
     if (levels > 1) {
-        long long c1;
-        if (list_tick(w->current, 1, &c1) < 0) {
+        w->limit1 = w->current.v[1] + w->span1 * (long long)w->wheel_size;
+    }
+}
+
+/* _add_level(): a level on top, its buckets made by the reference's Bucket class (that of the
+ * overdue bucket). The buckets are made first: their making runs Python code. */
+static int
+wheel_add_level(NativeState *st, WheelObject *w)
+{
+    Py_ssize_t size = w->wheel_size;
+    long long factor = size >= 4 ? size / 2 : size;
+    PyObject *kind = Py_NewRef((PyObject *)Py_TYPE(w->overdue));
+    Py_ssize_t level = PyList_GET_SIZE(w->levels);
+    PyObject *slots = PyList_New(size);
+    for (Py_ssize_t i = 0; slots != NULL && i < size; i++) {
+        PyObject *bucket = PyObject_CallFunction(kind, "On", (PyObject *)w, level);
+        if (bucket == NULL) {
+            Py_CLEAR(slots);
+            break;
+        }
+        PyList_SET_ITEM(slots, i, bucket);
+    }
+    Py_DECREF(kind);
+    if (slots == NULL) {
+        return -1;
+    }
+    long long span;
+    if (!wheel_ready(st, w) || PyList_GET_SIZE(w->levels) != level ||
+        __builtin_mul_overflow(w->spans.v[w->spans.n - 1], factor, &span)) {
+        Py_DECREF(slots);
+        if (wheel_ready(st, w)) {
+            PyErr_SetString(PyExc_OverflowError, "a level's span beyond a C long long");
             return -1;
         }
-        w->limit1 = c1 + w->span1 * (long long)w->wheel_size;
+        return wheel_changed();
     }
+    long long previous = w->current.v[w->current.n - 1];
+    if (ticks_reserve(&w->spans, w->spans.n + 1) < 0 ||
+        ticks_reserve(&w->leads, w->leads.n + 1) < 0 ||
+        ticks_reserve(&w->current, w->current.n + 1) < 0 || PyList_Append(w->levels, slots) < 0) {
+        Py_DECREF(slots);
+        return -1;
+    }
+    ticks_append(&w->spans, span);
+    ticks_append(&w->leads, size >= 4 ? span : 0);
+    ticks_append(&w->current, previous - floormod(previous, span));
+    if (level == 1) {
+        w->span1 = span;
+        w->lead1 = w->leads.v[1];
+        set_field(&w->slots1, slots);
+        w->limit1 = w->current.v[1] + span * (long long)size;
+    }
+    Py_DECREF(slots);
     return 0;
 }
 
 /* The bucket of the lowest overflow level that covers `deadline` (a new reference) and its due
  * tick. */
 static PyObject *
-wheel_overflow_bucket(WheelObject *w, long long deadline, long long *due)
+wheel_overflow_bucket(NativeState *st, WheelObject *w, long long deadline, long long *due)
 {
     long long size = (long long)w->wheel_size;
     Py_ssize_t level = 1;
     for (;;) {
-        if (level == PyList_GET_SIZE(w->levels)) {
-            if (discard_result(call_method0((PyObject *)w, N.s_add_level)) < 0) {
-                return NULL;
-            }
-            if (level >= PyList_GET_SIZE(w->levels)) {
-                PyErr_SetString(PyExc_RuntimeError, "_add_level added no level");
-                return NULL;
-            }
-        }
-        long long span, current;
-        if (list_tick(w->spans, level, &span) < 0 ||
-            list_tick(w->current, level, &current) < 0) {
+        if (level == w->current.n && wheel_add_level(st, w) < 0) {
             return NULL;
         }
-        if (deadline < current + span * size) {
+        if (!wheel_ready(st, w) || level >= w->current.n) {
+            wheel_changed();
+            return NULL;
+        }
+        long long span = w->spans.v[level], reach;
+        if (__builtin_mul_overflow(span, size, &reach) ||
+            __builtin_add_overflow(w->current.v[level], reach, &reach) || deadline < reach) {
             long long slot = floordiv(deadline, span);
-            long long lead;
-            if (list_tick(w->leads, level, &lead) < 0) {
-                return NULL;
-            }
+            long long lead = w->leads.v[level];
             PyObject *slots = PyList_GET_ITEM(w->levels, level);
             PyObject *bucket = Py_NewRef(PyList_GET_ITEM(slots, floormod(slot, size)));
             long long start = slot * span;
@@ -382,9 +706,14 @@ wheel_overflow_bucket(WheelObject *w, long long deadline, long long *due)
  * from the moment it is chosen: a push allocates (a collection may run code) and the insertion
  * runs the entry's __hash__. */
 static long long
-wheel_add(WheelObject *w, PyObject *entry, long long deadline)
+wheel_add(NativeState *st, WheelObject *w, PyObject *entry, long long deadline)
 {
-    if (entry_set_deadline(entry, deadline) < 0) {
+    /* (an entry that is not an operation sets its deadline through its own code) */
+    if (entry_set_deadline(st, entry, deadline) < 0) {
+        return LLONG_MIN;
+    }
+    if (!wheel_ready(st, w)) {
+        wheel_changed();
         return LLONG_MIN;
     }
     PyObject *bucket;
@@ -448,13 +777,13 @@ wheel_add(WheelObject *w, PyObject *entry, long long deadline)
             w->memo_due = due;
         }
         else {
-            bucket = wheel_overflow_bucket(w, deadline, &due);
+            bucket = wheel_overflow_bucket(st, w, deadline, &due);
             if (bucket == NULL) {
                 return LLONG_MIN;
             }
         }
     }
-    if (PyDict_SetItem(bucket, entry, Py_None) < 0 || entry_set_bucket(entry, bucket) < 0) {
+    if (PyDict_SetItem(bucket, entry, Py_None) < 0 || entry_set_bucket(st, entry, bucket) < 0) {
         Py_DECREF(bucket);
         return LLONG_MIN;
     }
@@ -506,7 +835,7 @@ wheel_start_cascade(WheelObject *w, PyObject *bucket)
 
 /* Move up to `limit` (< 0: all) entries of the cascade under way one level down. */
 static int
-wheel_cascade(WheelObject *w, Py_ssize_t limit, PyObject *due)
+wheel_cascade(NativeState *st, WheelObject *w, Py_ssize_t limit, PyObject *due)
 {
     PyObject *bucket = w->active;
     BucketObject *b = (BucketObject *)bucket;
@@ -522,21 +851,18 @@ wheel_cascade(WheelObject *w, Py_ssize_t limit, PyObject *due)
         end = begin + limit;
     }
     int level = b->level - 1;
+    if (!wheel_ready(st, w) || level < 0 || level >= w->current.n) {
+        wheel_changed();
+        goto done;
+    }
     PyObject *slots = PyList_GET_ITEM(w->levels, level);
-    long long span, lead, current;
+    long long span = w->spans.v[level], lead = w->leads.v[level], current = w->current.v[0];
     long long size = (long long)w->wheel_size;
-    if (list_tick(w->spans, level, &span) < 0 || list_tick(w->leads, level, &lead) < 0) {
-        goto done;
-    }
-    current = wheel_current(w);
-    if (current == LLONG_MIN && PyErr_Occurred()) {
-        goto done;
-    }
     Py_INCREF(slots);
     for (Py_ssize_t index = begin; index < end; index++) {
         PyObject *entry = PyList_GET_ITEM(todo, index);
         Py_INCREF(entry);
-        PyObject *source = entry_bucket(entry);
+        PyObject *source = entry_bucket(st, entry);
         if (source == NULL) {
             Py_DECREF(entry);
             Py_DECREF(slots);
@@ -550,7 +876,7 @@ wheel_cascade(WheelObject *w, Py_ssize_t limit, PyObject *due)
         int err = PyDict_DelItem(source, entry);
         Py_DECREF(source);
         long long deadline;
-        if (err < 0 || entry_deadline(entry, &deadline) < 0) {
+        if (err < 0 || entry_deadline(st, entry, &deadline) < 0) {
             Py_DECREF(entry);
             Py_DECREF(slots);
             goto done;
@@ -589,7 +915,7 @@ wheel_cascade(WheelObject *w, Py_ssize_t limit, PyObject *due)
         Py_INCREF(part);
         err = PyDict_SetItem(part, entry, Py_None);
         if (err == 0) {
-            err = entry_set_bucket(entry, part);
+            err = entry_set_bucket(st, entry, part);
         }
         Py_DECREF(part);
         Py_DECREF(entry);
@@ -643,25 +969,14 @@ take_bucket(PyObject *bucket, PyObject *due)
     return 0;
 }
 
-/* The heap's first item: its tick (and the bucket, borrowed). */
-static inline int
-heap_top(WheelObject *w, long long *tick, PyObject **bucket)
-{
-    PyObject *item = PyList_GET_ITEM(w->heap, 0);
-    *bucket = PyTuple_GET_ITEM(item, 3);
-    return as_tick(PyTuple_GET_ITEM(item, 0), tick);
-}
-
-static int
-heap_pop(WheelObject *w)
-{
-    return discard_result(call1(N.heappop, w->heap));
-}
-
 /* advance(now, budget): a new list of the due entries, no longer held. `budget` < 0: none. */
 static PyObject *
-wheel_advance(WheelObject *w, long long now, Py_ssize_t budget)
+wheel_advance(NativeState *st, WheelObject *w, long long now, Py_ssize_t budget)
 {
+    if (!wheel_ready(st, w)) {
+        wheel_changed();
+        return NULL;
+    }
     if (now >= w->memo_until) {
         w->memo_high = w->memo_low;
     }
@@ -690,45 +1005,34 @@ wheel_advance(WheelObject *w, long long now, Py_ssize_t budget)
     Py_DECREF(overdue);
     if (w->active != NULL && w->active != Py_None &&
         (budget < 0 || now >= ((BucketObject *)w->active)->expiration)) {
-        if (wheel_cascade(w, -1, due) < 0) {
+        if (wheel_cascade(st, w, -1, due) < 0) {
             goto error;
         }
     }
-    while (PyList_GET_SIZE(w->heap)) {
-        long long tick;
-        PyObject *bucket;
-        if (heap_top(w, &tick, &bucket) < 0) {
-            goto error;
-        }
+    while (w->heap_len) {
+        long long tick = w->heap[0].tick;
         if (tick > now) {
             break;
         }
         PyObject *active = w->active;
-        BucketObject *b = (BucketObject *)bucket;
         if (active != NULL && active != Py_None &&
-            (b->level || tick >= ((BucketObject *)active)->expiration)) {
-            if (wheel_cascade(w, -1, due) < 0) {
+            (w->heap[0].neg_level || tick >= ((BucketObject *)active)->expiration)) {
+            if (wheel_cascade(st, w, -1, due) < 0) {
                 goto error;
             }
             continue;
         }
-        Py_INCREF(bucket);
-        if (heap_pop(w) < 0) {
-            Py_DECREF(bucket);
-            goto error;
-        }
+        PyObject *bucket = heap_pop(w); /* (held from here) */
+        BucketObject *b = (BucketObject *)bucket;
         if (!bucket_in_use(bucket)) {
             b->expiration = -1;
             Py_DECREF(bucket);
             continue;
         }
-        if (wheel_advance_clock(w, tick) < 0) {
-            Py_DECREF(bucket);
-            goto error;
-        }
+        wheel_advance_clock(w, tick);
         if (b->level) {
             if (wheel_start_cascade(w, bucket) < 0 ||
-                ((budget < 0 || now >= b->expiration) && wheel_cascade(w, -1, due) < 0)) {
+                ((budget < 0 || now >= b->expiration) && wheel_cascade(st, w, -1, due) < 0)) {
                 Py_DECREF(bucket);
                 goto error;
             }
@@ -742,16 +1046,14 @@ wheel_advance(WheelObject *w, long long now, Py_ssize_t budget)
             goto error;
         }
     }
-    if (wheel_advance_clock(w, now) < 0) {
-        goto error;
-    }
+    wheel_advance_clock(w, now);
     if (w->active != NULL && w->active != Py_None && budget >= 0) {
-        if (wheel_cascade(w, budget, due) < 0) {
+        if (wheel_cascade(st, w, budget, due) < 0) {
             goto error;
         }
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(due); i++) {
-        if (entry_set_bucket(PyList_GET_ITEM(due, i), Py_None) < 0) {
+        if (entry_set_bucket(st, PyList_GET_ITEM(due, i), Py_None) < 0) {
             goto error;
         }
     }
@@ -766,8 +1068,12 @@ error:
 /* next_deadline(): the tick at which advance next has work, TICK_INF if none; LLONG_MIN on
  * error. */
 static long long
-wheel_next_deadline(WheelObject *w)
+wheel_next_deadline(NativeState *st, WheelObject *w)
 {
+    if (!wheel_ready(st, w)) {
+        wheel_changed();
+        return LLONG_MIN;
+    }
     if (PyDict_GET_SIZE(w->overdue)) {
         return wheel_current(w);
     }
@@ -778,20 +1084,11 @@ wheel_next_deadline(WheelObject *w)
         }
         wheel_end_cascade(w);
     }
-    while (PyList_GET_SIZE(w->heap)) {
-        long long tick;
-        PyObject *bucket;
-        if (heap_top(w, &tick, &bucket) < 0) {
-            return LLONG_MIN;
+    while (w->heap_len) {
+        if (bucket_in_use(w->heap[0].bucket)) {
+            return w->heap[0].tick;
         }
-        if (bucket_in_use(bucket)) {
-            return tick;
-        }
-        Py_INCREF(bucket);
-        if (heap_pop(w) < 0) {
-            Py_DECREF(bucket);
-            return LLONG_MIN;
-        }
+        PyObject *bucket = heap_pop(w);
         ((BucketObject *)bucket)->expiration = -1;
         Py_DECREF(bucket);
         wheel_forget_memo(w);
@@ -802,13 +1099,14 @@ wheel_next_deadline(WheelObject *w)
 /* -- the methods as Python sees them ------------------------------------------------------------ */
 
 #define WHEEL_SELF(self)                                                                         \
-    if (!CORE_CHECK(self, WheelType) || !wheel_ready((WheelObject *)self)) {            \
+    if (!CORE_CHECK(self, WheelType) || !wheel_ready(st, (WheelObject *)self)) {                   \
         return NOT_HANDLED;                                                                      \
     }                                                                                            \
     WheelObject *w = (WheelObject *)self;
 
 static PyObject *
-wheel_add_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+wheel_add_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                 PyObject *kwnames)
 {
     WHEEL_SELF(self)
     long long deadline;
@@ -820,7 +1118,7 @@ wheel_add_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObje
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    long long due = wheel_add(w, args[0], deadline);
+    long long due = wheel_add(st, w, args[0], deadline);
     Py_DECREF(self);
     if (due == LLONG_MIN) {
         return NULL;
@@ -829,7 +1127,8 @@ wheel_add_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObje
 }
 
 static PyObject *
-wheel_remove_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+wheel_remove_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                    PyObject *kwnames)
 {
     WHEEL_SELF(self)
     (void)w;
@@ -837,7 +1136,7 @@ wheel_remove_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyO
         return NOT_HANDLED;
     }
     PyObject *entry = args[0];
-    PyObject *bucket = entry_bucket(entry);
+    PyObject *bucket = entry_bucket(st, entry);
     if (bucket == NULL) {
         return NULL;
     }
@@ -847,7 +1146,7 @@ wheel_remove_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyO
     }
     int err = PyObject_DelItem(bucket, entry);
     Py_DECREF(bucket);
-    if (err < 0 || entry_set_bucket(entry, Py_None) < 0) {
+    if (err < 0 || entry_set_bucket(st, entry, Py_None) < 0) {
         return NULL;
     }
     Py_RETURN_TRUE;
@@ -872,30 +1171,94 @@ budget_arg(PyObject *o, Py_ssize_t *out)
     return 1;
 }
 
+/* advance(now, budget=None). A set-up wheel never goes to the reference (its heapq calls would
+ * work on a copy of the queue): what the reference would take but C integers cannot hold, or
+ * what is not a tick at all, is refused here. */
 static PyObject *
-wheel_advance_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+wheel_advance_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                     PyObject *kwnames)
 {
     WHEEL_SELF(self)
-    if (nargs < 1 || nargs > 2 || kwnames != NULL || !PyLong_CheckExact(args[0])) {
-        return NOT_HANDLED;
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs < 1 || nargs + nkw > 2 ||
+        (nkw == 1 && !PyUnicode_Check(PyTuple_GET_ITEM(kwnames, 0))) ||
+        (nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "budget"))) {
+        PyErr_SetString(PyExc_TypeError, "advance(now, budget=None)");
+        return NULL;
     }
     long long now;
     Py_ssize_t budget = -1;
-    if (as_tick(args[0], &now) < 0) {
-        PyErr_Clear();
-        return NOT_HANDLED;
+    if (!PyLong_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError, "now must be an int (a tick), got %R", args[0]);
+        return NULL;
     }
-    if (nargs == 2 && !budget_arg(args[1], &budget)) {
-        return NOT_HANDLED;
+    if (as_tick(args[0], &now) < 0) {
+        return NULL;
+    }
+    if (nargs + nkw == 2 && !budget_arg(args[1], &budget)) {
+        PyErr_Format(PyExc_TypeError, "budget must be an int >= 0 or None, got %R", args[1]);
+        return NULL;
     }
     Py_INCREF(self);
-    PyObject *due = wheel_advance(w, now, budget);
+    PyObject *due = wheel_advance(st, w, now, budget);
     Py_DECREF(self);
     return due;
 }
 
+/* _push(bucket, tick): the bucket queued at its due tick (the reference's own add calls it). */
 static PyObject *
-wheel_next_deadline_native(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+wheel_push_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                  PyObject *kwnames)
+{
+    WHEEL_SELF(self)
+    long long tick;
+    if (nargs != 2 || kwnames != NULL || !Bucket_Check(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "_push(bucket, tick)");
+        return NULL;
+    }
+    if (as_tick(args[1], &tick) < 0 || wheel_push(w, args[0], tick) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+wheel_add_level_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                       PyObject *kwnames)
+{
+    WHEEL_SELF(self)
+    if (nargs != 0 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "_add_level()");
+        return NULL;
+    }
+    Py_INCREF(self);
+    int err = wheel_add_level(st, w);
+    Py_DECREF(self);
+    if (err < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+wheel_advance_clock_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames)
+{
+    WHEEL_SELF(self)
+    long long now;
+    if (nargs != 1 || kwnames != NULL || !PyLong_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "_advance_clock(now: int)");
+        return NULL;
+    }
+    if (as_tick(args[0], &now) < 0) {
+        return NULL;
+    }
+    wheel_advance_clock(w, now);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+wheel_next_deadline_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                            PyObject *kwnames)
 {
     WHEEL_SELF(self)
@@ -903,7 +1266,7 @@ wheel_next_deadline_native(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NOT_HANDLED;
     }
     Py_INCREF(self);
-    long long tick = wheel_next_deadline(w);
+    long long tick = wheel_next_deadline(st, w);
     Py_DECREF(self);
     if (tick == LLONG_MIN && PyErr_Occurred()) {
         return NULL;

@@ -7,7 +7,6 @@ import weakref
 from typing import Final, final
 
 from .._clock import Alarm, Timer
-from .._impl import native
 
 __all__ = ("ManualClock",)
 
@@ -273,8 +272,3 @@ class _Alarm:
             timer = self.timer()
             at = self.wake_at = -math.inf if timer is None else timer.time_of(tick)
             self._clock._wake_by(at)
-
-
-if native is not None:
-    # A timer on this clock reads its time from the slot, as `current_time` does, without a call.
-    native.bind_clock(ManualClock, ManualClock.current_time, ManualClock.__dict__["_now"])
