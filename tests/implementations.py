@@ -54,6 +54,10 @@ NOT_CORE = (
     "test_differential_machine.py",
 )
 
+#: Core modules about the native core itself (its module object, its types): collected in the
+#: native world only, as the pure build has nothing they could test.
+NATIVE_ONLY = ("test_native_module.py",)
+
 #: Modules of the tests' own that import the package: a pure test imports pure copies of them.
 SUPPORT = (
     "helpers",
@@ -203,7 +207,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     config = parent.config
-    if not (file_path.suffix == ".py" and is_core(file_path) and _both(config)):
+    if not (
+        file_path.suffix == ".py"
+        and is_core(file_path)
+        and file_path.name not in NATIVE_ONLY
+        and _both(config)
+    ):
         return None
     rel = file_path.relative_to(config.rootpath).as_posix()
     return PureModule.from_parent(parent, path=file_path, nodeid=f"{rel}[{PURE}]")
