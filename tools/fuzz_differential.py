@@ -47,11 +47,18 @@ def main() -> int:
     workers = Worker(pure=False), Worker(pure=True)
     assert workers[0].implementation == "native", "the native core is not built here"
     done = programs = crashes = differences = 0
+
+    def report(what: str) -> None:
+        print(
+            f"{what}: {programs} programs, {done} steps, {crashes} crashes, "
+            f"{differences} differences",
+            flush=True,
+        )
+
     try:
         while done < steps:
             drawn = program(rng)
             programs += 1
-            done += len(drawn["actions"])
             try:
                 compare(workers, drawn)
             except WorkerFailed as exc:
@@ -60,14 +67,13 @@ def main() -> int:
             except AssertionError as exc:
                 differences += 1
                 print(f"DIFFERENCE (program {programs}): {exc}", flush=True)
+            done += len(drawn["actions"])  # (counted once run: an interrupted one is not)
+            if programs % 500 == 0:  # a long run stopped early still says how far it got
+                report(f"progress, seed {seed}")
     finally:
         for worker in workers:
             worker.close()
-    print(
-        f"seed {seed}: {programs} programs, {done} steps, {crashes} crashes, "
-        f"{differences} differences",
-        flush=True,
-    )
+        report(f"seed {seed}")
     return 1 if crashes or differences else 0
 
 
