@@ -403,8 +403,8 @@ def render(f: dict[str, Any]) -> str:
         "(its Python worker's wall and CPU seconds, of which reading its input batches).",
         "",
         f"- {env['date']}; Python {env['python']}, {env['cpu_model']}, {env['cpu_count']} CPUs "
-        f"**shared with other helpers' work** (the load average before and after each run is in "
-        f"the table); {env['git']}.",
+        "(shared: the load average before and after each run, its own Spark processes included, "
+        f"is in the table); {env['git']}.",
         "",
         "| run | wall s | CPU s: driver / JVM / Python workers (/ cluster workers) | tasks: "
         "groups, operations, Python wall s (CPU s; input wall s) | load before -> after |",
@@ -482,8 +482,8 @@ def render_shards(f: dict[str, Any]) -> str:
         "split job then replays the group again in one task).",
         "",
         f"- {env['date']}; Python {env['python']}, {env['cpu_model']}, {env['cpu_count']} CPUs "
-        "**shared with other helpers' work** (the load average before and after each run is in "
-        f"the table); {env['git']}.",
+        "(shared: the load average before and after each run, its own Spark processes included, "
+        f"is in the table); {env['git']}.",
         "",
         "| run | wall s | CPU s: driver / JVM / Python workers | tasks: shards, operations "
         "replayed (warm-ups included), Python wall s (CPU s) | boundaries matched | load before "
