@@ -4,8 +4,10 @@ The engine's tests compare `split_table` (the shards replayed in this process, a
 job's tasks replay them) with `replay_table` (one replay) on every operation's row and every
 summary figure, exactly, on traces made to stress the split: timeouts as long as a shard,
 bursts of simultaneous arrivals (one on a boundary), a loaded core whose backlog crosses a
-boundary, Kafka's purge counter, which no warm-up rebuilds (the check fails, the boundary is
-replayed sequentially, and said). The Spark test runs the job both ways on the shared session.
+boundary, Kafka's purge counter, which a warm-up rebuilds only by purging where the unsplit
+replay did (`purgatory.pipeline._purge_carry`), and the cases where it cannot (the check fails,
+the boundary is replayed sequentially, and said). The Spark test runs the job both ways on the
+shared session.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from purgatory.pipeline import W1, CostProfile, ReplayConfig, replay, replay_table
+from purgatory import DelayedOperationPurgatory
+from purgatory.pipeline import W1, CostProfile, ReplayConfig, _purge_carry, replay, replay_table
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
 from purgatory.pipeline._shards import Boundary, ShardRange, _merge_ranges, split_table
+from purgatory.testing import ManualClock
 
 MS = 1e-3
 #: A core loaded by round costs: a watch costs 0.2 ms, so 6,000 arrivals a second need 120 %
@@ -166,14 +170,55 @@ def test_a_failed_check_falls_back_to_sequential_and_says_so() -> None:
     assert "replayed sequentially" in failed[0].describe()
 
 
-def test_kafkas_purge_counter_is_history_a_warmup_cannot_rebuild() -> None:
-    # With Kafka's purge interval (1000), the count of operations finished since the last
-    # purge, and the finished entries still listed, go back further than any warm-up: the
-    # check sees it, and the split replay is exact by replaying those boundaries sequentially.
+@pytest.mark.parametrize(("interval", "operations"), [(3, 4000), (10, 4000), (1000, 12000)])
+def test_kafkas_purge_counter_carried_into_each_shard(interval: int, operations: int) -> None:
+    # Kafka's rule purges once more than `interval` operations have finished since the last
+    # purge, a count over the group's whole history: each shard's warm-up reaches back one
+    # longest timeout before the unsplit replay's last purge before it, purges there too, and
+    # every boundary matches, the counter, the queue and the finished entries listed included
+    # (the configurations of the purge-at-every-pass test: cascades, scaled time, force).
+    trace = w1_trace(never=0.2, key_skew=1.0, operations=operations)
+    configs = {
+        0: ReplayConfig(purge_interval=interval),
+        1: ReplayConfig(tick=0.01, wheel_size=8, purge_interval=interval, timeout_scale=0.5),
+        2: ReplayConfig(purge_interval=interval, rate_scale=2.0, trigger="force"),
+        3: ReplayConfig(purge_interval=interval, timeout_scale=3.0),
+    }
+    boundaries = assert_split_is_exact(trace, configs, 4)
+    assert all(b.matched for b in boundaries), [b.describe() for b in boundaries]
+
+
+def test_a_purge_counter_not_carried_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where the carry does not hold, the check sees the counter and the boundary is replayed
+    # sequentially, exactly: no purge yet before a boundary (nothing to re-enact); a loaded
+    # core (a purge's cost moves its timing: not carried); a purge point foreseen wrong (moved
+    # 50 ms earlier: the warm-up purges where the unsplit replay did not).
     trace = w1_trace()
-    boundaries = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=1000)}, 3)
-    assert [b.matched for b in boundaries] == [False, False]
-    assert all("purge" in b.parts for b in boundaries)
+    late = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=100_000)}, 3)
+    assert [b.matched for b in late] == [False, False]
+    assert all("purge" in b.parts for b in late)
+    loaded = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=10)}, 3, costs=LOADED)
+    assert not any(b.matched for b in loaded)
+    assert all("purge" in b.parts for b in loaded)
+    foreseen = _purge_carry.purge_points
+
+    def wrong(*args: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        times, kinds, clean = foreseen(*args)
+        return times - 0.05, np.full(len(kinds), _purge_carry.PASS), clean
+
+    monkeypatch.setattr(_purge_carry, "purge_points", wrong)
+    moved = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=10)}, 3)
+    assert not any(b.matched for b in moved)
+    assert "replayed sequentially" in moved[0].describe()
+
+
+@pytest.mark.parametrize("tick", [0.001, 0.002, 0.01, 1 / 3, 0.1])
+def test_time_of_is_the_timers(tick: float) -> None:
+    # The foreseen passes' times are the timer's own, float for float.
+    timer = DelayedOperationPurgatory("p", tick=tick, clock=ManualClock())._timer
+    ticks = np.random.default_rng(8).integers(0, 10**9, 2000)
+    expected = [timer.time_of(int(t)) for t in ticks]
+    assert _purge_carry.time_of(ticks.astype(np.float64), tick).tolist() == expected
 
 
 def test_mismatched_boundaries_join_their_shards_only() -> None:
@@ -210,13 +255,19 @@ def trace_of(
 def test_spark_split_job_equals_the_unsplit_job(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # A purgatory under two configurations in 3 shards each on local[2]: with purges at every
-    # pass every boundary matches; with Kafka's interval they are replayed sequentially (a
-    # second job), and the job says so on stderr; both outputs equal the unsplit job's.
+    # A purgatory under three configurations in 3 shards each on local[2]: with purges at every
+    # pass every boundary matches; with a purge every 101 finishes the driver carries the
+    # counter into the shards (read from the trace's files) and every boundary matches too;
+    # with Kafka's 1000, no purge has run yet before a boundary: replayed sequentially (a
+    # second job), and said on stderr. Every output equals the unsplit job's.
     trace = w1_trace(operations=1200, rate=500.0)  # boundaries 0.8 s apart: past a warm-up
     pq.write_table(trace, tmp_path / "trace.parquet")
     path = str(tmp_path / "trace.parquet")
-    configs = [ReplayConfig(purge_interval=0), ReplayConfig(purge_interval=1000, tick=0.002)]
+    configs = [
+        ReplayConfig(purge_interval=0),
+        ReplayConfig(purge_interval=100, tick=0.002),
+        ReplayConfig(purge_interval=1000),
+    ]
     replay(spark, path, str(tmp_path / "one"), configs, tasks=None)
     capsys.readouterr()
     replay(spark, path, str(tmp_path / "split"), configs, tasks=None, shards=3)
@@ -226,9 +277,10 @@ def test_spark_split_job_equals_the_unsplit_job(
         got = pq.read_table(tmp_path / "split" / part).to_pylist()
         order = lambda r: (r["purgatory"], r["config_id"], r.get("op_id") or 0)  # noqa: E731
         assert sorted(got, key=order) == sorted(expected, key=order)
-    assert len(said) == 2 * 2, said
+    assert len(said) == 3 * 2, said
     assert all(line.endswith("matched") for line in said if "p0000@0 " in line), said
-    assert all(line.endswith("replayed sequentially") for line in said if "p0000@1 " in line)
+    assert all(line.endswith("matched") for line in said if "p0000@1 " in line), said
+    assert all(line.endswith("replayed sequentially") for line in said if "p0000@2 " in line)
 
 
 def test_a_split_replay_writes_no_event_log(spark: SparkSession, tmp_path: Path) -> None:

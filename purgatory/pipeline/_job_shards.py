@@ -25,10 +25,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ._balance import assign, partition_keys
+from ._checks import local_path
 from ._frames import read_errors, spark_schema
 from ._job_replay import TASK_SCHEMA, ReplayTask, _parallelism, _reported, _summary
 from ._job_trace import load_trace, read_parquet
 from ._load import CostProfile
+from ._purge_carry import carry, trace_columns
 from ._replay import OUTPUT_SCHEMA, ReplayConfig
 from ._shards import (
     SHARD_SCHEMA,
@@ -124,6 +126,8 @@ def replay_split(
         for config_id in by_id:
             for k, (start, end) in enumerate(zip(starts, ends, strict=True)):
                 ranges[(name, config_id, k)] = ShardRange(k, start, end)
+    if costs is None and shards > 1 and any(c.purge_interval > 0 for c in configs):
+        ranges = _carried(trace_path, ranges, by_id, longest)
     n_tasks = partitions or max(1, min(_parallelism(spark), len(ranges)))
     rounds: list[tuple[DataFrame, set[Key]]] = []
 
@@ -175,6 +179,37 @@ def replay_split(
     return read_parquet(spark, f"{out}/summary").orderBy("purgatory", "config_id")
 
 
+def _carried(
+    trace_path: str,
+    ranges: Mapping[Key, ShardRange],
+    by_id: Mapping[int, ReplayConfig],
+    longest: Mapping[str, float],
+) -> dict[Key, ShardRange]:
+    """`ranges` with Kafka's purge counter carried into each shard (`_purge_carry.carry`), from
+    the trace's arrivals, timeouts and conditions read in the driver (24 bytes per operation,
+    no Spark job); unchanged, and said, if the driver cannot read the trace's files itself."""
+    import pyarrow.parquet as pq
+
+    local = local_path(trace_path)
+    try:
+        if local is None:
+            raise OSError("not a local path")
+        table = pq.read_table(
+            local,
+            columns=["purgatory", "arrival", "timeout", "condition_at"],
+            read_dictionary=["purgatory"],
+        )
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        print(
+            f"replay: the purge counter is not carried into the shards (the driver cannot read "
+            f"{trace_path}: {exc}); their boundaries fall back to sequential",
+            file=sys.stderr,
+        )
+        return dict(ranges)
+    columns, _ = trace_columns(table)
+    return carry(ranges, columns, longest, by_id)
+
+
 def _run(
     spark: SparkSession,
     trace: DataFrame,
@@ -204,7 +239,7 @@ def _run(
                 name,
                 config_id,
                 shard.index,
-                shard.start - warmup_seconds(longest[name], by_id[config_id], warmup),
+                shard.warmup_start(warmup_seconds(longest[name], by_id[config_id], warmup)),
                 shard.end,
                 part_keys[plan[(name, config_id, shard.index)]],
             )
