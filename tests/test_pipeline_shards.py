@@ -23,7 +23,16 @@ import pytest
 from pyspark.sql import SparkSession
 
 from purgatory import DelayedOperationPurgatory
-from purgatory.pipeline import W1, CostProfile, ReplayConfig, _purge_carry, replay, replay_table
+from purgatory._purge_rule import PurgeRule
+from purgatory.pipeline import (
+    W1,
+    CostProfile,
+    ReplayConfig,
+    _job_shards,
+    _purge_carry,
+    replay,
+    replay_table,
+)
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
 from purgatory.pipeline._shards import Boundary, ShardRange, _merge_ranges, split_table
 from purgatory.testing import ManualClock
@@ -97,20 +106,24 @@ def test_split_equals_unsplit_with_every_boundary_matched() -> None:
     assert all(b.matched for b in boundaries), [b.describe() for b in boundaries]
 
 
-def test_timeouts_as_long_as_a_shard() -> None:
+@pytest.mark.parametrize("interval", [0, 5])
+def test_timeouts_as_long_as_a_shard(interval: int) -> None:
     # 2,000 arrivals a second in 4 shards of 0.5 s, timeouts up to 0.5 s (never met: every
-    # operation waits its whole timeout): the warm-up is the whole previous shard.
+    # operation waits its whole timeout): the warm-up is the whole previous shard. Timeouts of
+    # 0 and of a tick expire at the clock's next move, each in a pass of its own (where the
+    # purge counter is foreseen, at interval 5).
     rng = np.random.default_rng(5)
     n = 4000
-    arrivals = np.sort(rng.uniform(0.0, 2.0, n))
+    arrivals = np.round(np.sort(rng.uniform(0.0, 2.0, n)), 3)  # (on ticks, many together)
     timeouts = rng.choice([0.0, 0.001, 0.05, 0.5], n)
     conditions = np.where(rng.random(n) < 0.5, arrivals + rng.uniform(0, 0.6, n), np.nan)
     trace = trace_of(arrivals, timeouts, conditions, rng)
-    boundaries = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=0)}, 4)
+    boundaries = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=interval)}, 4)
     assert all(b.matched for b in boundaries), [b.describe() for b in boundaries]
 
 
-def test_bursts_one_on_a_boundary() -> None:
+@pytest.mark.parametrize("interval", [0, 17])
+def test_bursts_one_on_a_boundary(interval: int) -> None:
     # Bursts of 200 simultaneous arrivals; the shard boundaries fall on bursts (an arrival of
     # the trace), so a burst's operations are split between a shard and its successor's input:
     # the successor's own and the previous shard's end, where it stops.
@@ -122,7 +135,7 @@ def test_bursts_one_on_a_boundary() -> None:
     timeouts = rng.choice([0.01, 0.1, 0.3], n)
     conditions = np.where(rng.random(n) < 0.7, arrivals + rng.exponential(0.05, n), np.nan)
     trace = trace_of(arrivals, timeouts, conditions, rng)
-    boundaries = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=0)}, 5)
+    boundaries = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=interval)}, 5)
     assert all(b.matched for b in boundaries), [b.describe() for b in boundaries]
     assert any(b.at in set(np.arange(0.0, 2.0, 0.1)) for b in boundaries)  # one on a burst
 
@@ -212,10 +225,50 @@ def test_a_purge_counter_not_carried_falls_back(monkeypatch: pytest.MonkeyPatch)
     assert "replayed sequentially" in moved[0].describe()
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        ReplayConfig(purge_interval=17, wheel_size=8, timeout_scale=2.0, trigger="force"),
+        ReplayConfig(purge_interval=5, tick=0.003, rate_scale=1.5),
+    ],
+)
+def test_foreseen_purges_are_the_replays(
+    config: ReplayConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The purges foreseen from the trace are where one replay purges, one for one: arrivals on
+    # ticks and together, timeouts of 0 and of a tick (expired alone, at the next clock move),
+    # conditions together, expiries in one pass per tick.
+    rng = np.random.default_rng(9)
+    n = 3000
+    arrivals = np.round(np.sort(rng.uniform(0.0, 3.0, n)), 2)
+    timeouts = rng.choice([0.0, 0.001, 0.02, 0.1, 0.3], n)
+    conditions = np.where(rng.random(n) < 0.7, arrivals + rng.exponential(0.05, n), np.nan)
+    conditions = np.where(rng.random(n) < 0.5, np.round(conditions, 3), conditions)
+    trace = trace_of(arrivals, timeouts, conditions, rng)
+    starts: list[float] = []
+    start = PurgeRule.start
+
+    def recorded(rule: PurgeRule, in_flight: int) -> None:
+        starts.append(rule._timer.now())
+        start(rule, in_flight)
+
+    monkeypatch.setattr(PurgeRule, "start", recorded)
+    replay_table(trace, {0: config}, operations=False)
+    columns, _ = _purge_carry.trace_columns(trace)
+    times, _, _ = _purge_carry.purge_points(*columns["p"], config)
+    assert len(starts) > 100
+    # (A pass runs at its tick's time, up to a millionth of a tick past the earliest that
+    # reaches the tick, where the foreseen point is.)
+    assert times.tolist() == pytest.approx(starts, rel=0, abs=config.tick * 1e-5)
+
+
 @pytest.mark.parametrize("tick", [0.001, 0.002, 0.01, 1 / 3, 0.1])
 def test_time_of_is_the_timers(tick: float) -> None:
     # The foreseen passes' times are the timer's own, float for float.
-    timer = DelayedOperationPurgatory("p", tick=tick, clock=ManualClock())._timer
+    purgatory: DelayedOperationPurgatory[Any] = DelayedOperationPurgatory(
+        "p", tick=tick, clock=ManualClock()
+    )
+    timer = purgatory._timer
     ticks = np.random.default_rng(8).integers(0, 10**9, 2000)
     expected = [timer.time_of(int(t)) for t in ticks]
     assert _purge_carry.time_of(ticks.astype(np.float64), tick).tolist() == expected
@@ -286,3 +339,29 @@ def test_spark_split_job_equals_the_unsplit_job(
 def test_a_split_replay_writes_no_event_log(spark: SparkSession, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="writes no event log"):
         replay(spark, str(tmp_path), str(tmp_path / "o"), [ReplayConfig()], shards=2, event_log="x")
+
+
+def test_spark_split_job_where_the_driver_cannot_read_the_trace(
+    spark: SparkSession,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A trace the driver cannot read itself (say on HDFS): the shards are planned by Spark's
+    # aggregation, the purge counter is not carried, the job says so, and the boundary falls
+    # back; the summary still equals the one-process replay's.
+    trace = w1_trace(operations=800, rate=500.0)
+    pq.write_table(trace, tmp_path / "trace.parquet")
+    monkeypatch.setattr(_job_shards, "_local_columns", lambda path: None)
+    config = ReplayConfig(purge_interval=10)
+    replay(
+        spark, str(tmp_path / "trace.parquet"), str(tmp_path / "o"), [config], tasks=None, shards=2
+    )
+    said = capsys.readouterr().err
+    assert "the purge counter is not carried" in said
+    assert "replayed sequentially" in said
+    expected = replay_table(trace, {0: config}, operations=False).to_pylist()[0]
+    got = pq.read_table(tmp_path / "o" / "summary").to_pylist()[0]
+    gauges = ("peak_watched", "timer_passes", "purges", "purged_entries")
+    for name in ("operations", "expired", *gauges):
+        assert got[name] == expected[name], name

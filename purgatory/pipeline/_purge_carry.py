@@ -91,7 +91,8 @@ def purge_points(
     Returns:
         The purge points in time order: their times (replay seconds: a completion's condition
         time, or a pass's time), kinds (`PASS` or `UNIT`) and whether each can be re-enacted
-        (a completion alone at its instant; every pass).
+        (a completion alone at its instant; a pass at its deadline tick, not the pass of an
+        operation due as it was watched).
     """
     rate = config.rate_scale
     t = arrival if rate == 1.0 else arrival / rate
@@ -100,13 +101,26 @@ def purge_points(
     with np.errstate(invalid="ignore"):
         registered = ~(cond <= t)
         due = np.ceil((t + timeout * config.timeout_scale) / tick - _TICK_SLACK)
-        completes = registered & (cond < time_of(due, tick))
+        pass_at = time_of(due, tick)
+        completes = registered & (cond < pass_at)
     expires = registered & ~completes
+    # An operation whose deadline tick has come by its watch (a timeout under a tick) expires
+    # alone, in a pass at the clock's next move: after it, and after the conditions due then.
+    late = expires & (pass_at <= t)
     units = np.sort(cond[completes])
-    lump_ticks, lump_sizes = np.unique(due[expires], return_counts=True)
-    lump_at = time_of(lump_ticks, tick)
-    # The completions before each expiring pass (one at the pass's own instant comes after it).
-    before = np.searchsorted(units, lump_at, side="left").tolist()
+    lump_ticks, lump_sizes = np.unique(due[expires & ~late], return_counts=True)
+    lump_at = np.concatenate([time_of(lump_ticks, tick), t[late]])
+    lump_sizes = np.concatenate([lump_sizes, np.ones(int(late.sum()), np.int64)])
+    alone = np.concatenate([np.zeros(len(lump_ticks), bool), np.ones(int(late.sum()), bool)])
+    order = np.lexsort((alone, lump_at))
+    lump_at, lump_sizes, alone = lump_at[order], lump_sizes[order], alone[order]
+    # The completions before each expiring pass (one at a pass's own instant comes after it,
+    # and before the pass of an operation that came due as it was watched).
+    before = np.where(
+        alone,
+        np.searchsorted(units, lump_at, side="right"),
+        np.searchsorted(units, lump_at, side="left"),
+    ).tolist()
     cycle = config.purge_interval + 1
     unit_hits: list[np.ndarray] = []
     pass_hits: list[int] = []
@@ -125,14 +139,14 @@ def purge_points(
                 pass_hits.append(j)
                 owed = 0
     hits = np.concatenate(unit_hits) if unit_hits else np.zeros(0, np.int64)
-    alone = np.ones(len(hits), bool)
+    single = np.ones(len(hits), bool)
     if len(hits):
         previous = np.concatenate([[np.nan], units[:-1]])
         following = np.concatenate([units[1:], [np.nan]])
-        alone = (units[hits] != previous[hits]) & (units[hits] != following[hits])
+        single = (units[hits] != previous[hits]) & (units[hits] != following[hits])
     times = np.concatenate([units[hits], lump_at[pass_hits]])
     kinds = np.concatenate([np.full(len(hits), UNIT), np.full(len(pass_hits), PASS)])
-    clean = np.concatenate([alone, np.ones(len(pass_hits), bool)])
+    clean = np.concatenate([single, ~alone[pass_hits]])
     order = np.argsort(times, kind="stable")
     return times[order], kinds[order], clean[order]
 

@@ -549,6 +549,12 @@ def settle(
     shards on both sides of a mismatched boundary again as one (in a further `run`), until
     every boundary left matches.
 
+    A mismatch right after another one, before a shard whose warm-up re-enacted a purge (so
+    that its start is presumably the unsplit replay's), waits for the next round: the shard
+    before it ended wrong because it started wrong, and once it is replayed with its own
+    predecessor its end is checked again (a shard the previous one could not be carried into
+    then costs one shard replayed again, not every shard after it).
+
     Returns:
         The shards finally replayed, their rows, and every boundary checked: those that matched
         at the end, and each that did not, once (it was then replayed sequentially).
@@ -558,13 +564,25 @@ def settle(
     failed: list[Boundary] = []
     while True:
         boundaries = _boundaries(current, rows)
-        bad = [b for b in boundaries if not b.matched]
-        if not bad:
+        if all(b.matched for b in boundaries):
             return (
                 current,
                 rows,
                 sorted(failed + boundaries, key=lambda b: (b.purgatory, b.config_id, b.at)),
             )
+        bad = []
+        for before, boundary in pairwise([None, *boundaries]):
+            if boundary is None or boundary.matched:
+                continue
+            key = (boundary.purgatory, boundary.config_id, boundary.shard)
+            waits = (
+                before is not None
+                and not before.matched
+                and (before.purgatory, before.config_id) == key[:2]
+                and current[key].reenact is not None
+            )
+            if not waits:
+                bad.append(boundary)
         failed += bad
         merged, replaced = _merge_ranges(
             current, {(b.purgatory, b.config_id, b.shard) for b in bad}
