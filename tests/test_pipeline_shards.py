@@ -13,6 +13,7 @@ shared session.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,14 @@ from purgatory.pipeline import (
     replay_table,
 )
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
-from purgatory.pipeline._shards import Boundary, ShardRange, _merge_ranges, split_table
+from purgatory.pipeline._shards import (
+    Boundary,
+    Key,
+    ShardRange,
+    _merge_ranges,
+    settle,
+    split_table,
+)
 from purgatory.testing import ManualClock
 
 MS = 1e-3
@@ -283,6 +291,38 @@ def test_mismatched_boundaries_join_their_shards_only() -> None:
         ("p", 0, 3): ShardRange(3, 3.0, math.inf),
     }
     assert replaced == {("p", 0, k) for k in (1, 2, 3, 4)}
+
+
+def test_a_mismatch_after_another_waits_before_a_carried_shard() -> None:
+    # Shard 1 could not be carried (it ends wrong: x), shard 2 was (it starts right, b):
+    # the first round fails both boundaries, only shards 0 and 1 are replayed again as one, and
+    # boundary 2 then matches that replay's end: shard 2 is not replayed again.
+    ranges = {
+        ("p", 0, 0): ShardRange(0, -math.inf, 1.0),
+        ("p", 0, 1): ShardRange(1, 1.0, 2.0),
+        ("p", 0, 2): ShardRange(2, 2.0, math.inf, warmup_from=0.5, reenact=(0, 0.9)),
+    }
+    ends = {(0, 1.0): "s=a", (1, 2.0): "s=x", (0, 2.0): "s=b", (2, math.inf): ""}
+    starts = {0: "", 1: "s=y", 2: "s=b"}
+    runs: list[list[int]] = []
+
+    def run(todo: Mapping[Key, ShardRange]) -> dict[Key, Mapping[str, Any]]:
+        runs.append(sorted(k[2] for k in todo))
+        return {
+            key: {
+                "purgatory": "p",
+                "config_id": 0,
+                "shard": shard.index,
+                "shard_start": starts[shard.index],
+                "shard_end": ends[(shard.index, shard.end)],
+            }
+            for key, shard in todo.items()
+        }
+
+    final, _, boundaries = settle(ranges, run)
+    assert runs == [[0, 1, 2], [0]]
+    assert sorted(final) == [("p", 0, 0), ("p", 0, 2)]
+    assert [(b.shard, b.matched) for b in boundaries] == [(1, False), (2, True)]
 
 
 def trace_of(
