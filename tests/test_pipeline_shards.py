@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
@@ -40,8 +41,11 @@ from purgatory.pipeline._shards import (
     Key,
     ShardRange,
     _merge_ranges,
+    plan_ranges,
     settle,
+    shard_input,
     split_table,
+    warmup_seconds,
 )
 from purgatory.testing import ManualClock
 
@@ -343,6 +347,32 @@ def trace_of(
             "condition_at": pa.array(conditions, pa.float64(), from_pandas=True),
         }
     )
+
+
+@pytest.mark.parametrize("stored", [pa.float64(), pa.float32()])
+def test_a_task_reads_its_shards_rows_as_the_shuffle_brings_them(
+    tmp_path: Path, stored: pa.DataType
+) -> None:
+    # Each shard's rows read by its task from the trace's files (two files, small row groups
+    # skipped by the arrival range where arrivals are stored as doubles) are the rows the
+    # one-process reference gives the shard, in its order.
+    trace = w1_trace(operations=3000)
+    trace = trace.set_column(2, "arrival", trace["arrival"].cast(stored))
+    (tmp_path / "t").mkdir()
+    pq.write_table(trace.slice(0, 1700), tmp_path / "t" / "a.parquet", row_group_size=300)
+    pq.write_table(trace.slice(1700), tmp_path / "t" / "b.parquet", row_group_size=300)
+    config = ReplayConfig(purge_interval=10)
+    cast = trace.set_column(2, "arrival", trace["arrival"].cast(pa.float64()))
+    arrivals = np.sort(cast["arrival"].to_numpy())
+    ranges = plan_ranges({("p0000", 0): arrivals}, 3)
+    columns, longest = _purge_carry.trace_columns(cast)
+    ranges = _purge_carry.carry(ranges, columns, longest, {0: config})
+    expected = shard_input(cast, 0, config, ranges)
+    for (name, config_id, k), shard in sorted(ranges.items()):
+        lo = shard.warmup_start(warmup_seconds(longest[name], config))
+        batches = _job_shards.shard_rows(str(tmp_path / "t"), (name, config_id, k, lo, shard.end))
+        got = pa.Table.from_batches(list(batches)).select(expected.column_names)
+        assert got.to_pylist() == expected.filter(pc.equal(expected["shard"], k)).to_pylist()
 
 
 def test_spark_split_job_equals_the_unsplit_job(
