@@ -6,9 +6,11 @@ equal operation counts, and under a purge interval above 0 the unsplit replay's 
 and carried into each shard's warm-up (`purgatory.pipeline._purge_carry`). Where it cannot read
 them (a path that is not local), one aggregation over the trace plans the bounds instead (count,
 longest timeout, ``percentile_approx`` of the arrivals, which are arrivals of the trace), and
-the purge counter is not carried. The trace is joined with that small plan so that each shard's
-task gets its warm-up, its own range and the first operation of the next shard; the shards are
-dealt over the partitions as the groups are (`_balance.assign`). Each task replays its shards
+the purge counter is not carried. Each shard's task needs its warm-up, its own range and the
+first operation of the next shard: with the files local, it reads them itself (`shard_rows`:
+pyarrow, the arrival range pushed down, sorted in the task), and the JVM only deals the small
+plan out; otherwise the trace is joined with the plan, shuffled and sorted. The shards are dealt
+over the partitions as the groups are (`_balance.assign`). Each task replays its shards
 (`replay_shards`) inside ``mapInArrow``. The driver then checks every boundary's fingerprints,
 replays the shards either side of a mismatched one again as one task (`_shards.settle`), says so
 on stderr (or to `boundaries`), and merges each group's shards into its summary row
