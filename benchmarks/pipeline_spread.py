@@ -477,9 +477,10 @@ def render_shards(f: dict[str, Any]) -> str:
         f"W1 purgatory of **{f['operations']:,} operations** under one configuration per purge "
         f"interval, summary only, unsplit on `local[1]` and in {f['shards']} time shards on "
         "`local[2]`, each run a driver process of its own, alternated. Purge interval 0 purges "
-        "at every pass (the warm-ups rebuild the state: every boundary should match); Kafka's "
-        "1000 carries a count over the whole history (every boundary should fall back, and the "
-        "split job then replays the group again in one task).",
+        "at every pass (the warm-ups rebuild the state); Kafka's 1000 counts over the whole "
+        "history, and the driver carries that count into each shard (the unsplit replay's "
+        "purges foreseen from the trace and re-enacted by the warm-ups): every boundary should "
+        "match at both.",
         "",
         f"- {env['date']}; Python {env['python']}, {env['cpu_model']}, {env['cpu_count']} CPUs "
         "(shared: the load average before and after each run, its own Spark processes included, "
@@ -538,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=[0, 1000],
         help="with --shards: the configuration's purge intervals, a pair of runs each (0: purge "
-        "at every pass, where a warm-up rebuilds the state; Kafka's 1000: boundaries fall back)",
+        "at every pass, where a warm-up rebuilds the state; Kafka's 1000: the count carried)",
     )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -4,25 +4,50 @@ The engine's tests compare `split_table` (the shards replayed in this process, a
 job's tasks replay them) with `replay_table` (one replay) on every operation's row and every
 summary figure, exactly, on traces made to stress the split: timeouts as long as a shard,
 bursts of simultaneous arrivals (one on a boundary), a loaded core whose backlog crosses a
-boundary, Kafka's purge counter, which no warm-up rebuilds (the check fails, the boundary is
-replayed sequentially, and said). The Spark test runs the job both ways on the shared session.
+boundary, Kafka's purge counter, which a warm-up rebuilds only by purging where the unsplit
+replay did (`purgatory.pipeline._purge_carry`), and the cases where it cannot (the check fails,
+the boundary is replayed sequentially, and said). The Spark test runs the job both ways on the
+shared session.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from purgatory.pipeline import W1, CostProfile, ReplayConfig, replay, replay_table
+from purgatory import DelayedOperationPurgatory
+from purgatory._purge_rule import PurgeRule
+from purgatory.pipeline import (
+    W1,
+    CostProfile,
+    ReplayConfig,
+    _job_shards,
+    _purge_carry,
+    replay,
+    replay_table,
+)
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
-from purgatory.pipeline._shards import Boundary, ShardRange, _merge_ranges, split_table
+from purgatory.pipeline._shards import (
+    Boundary,
+    Key,
+    ShardRange,
+    _merge_ranges,
+    plan_ranges,
+    settle,
+    shard_input,
+    split_table,
+    warmup_seconds,
+)
+from purgatory.testing import ManualClock
 
 MS = 1e-3
 #: A core loaded by round costs: a watch costs 0.2 ms, so 6,000 arrivals a second need 120 %
@@ -93,20 +118,24 @@ def test_split_equals_unsplit_with_every_boundary_matched() -> None:
     assert all(b.matched for b in boundaries), [b.describe() for b in boundaries]
 
 
-def test_timeouts_as_long_as_a_shard() -> None:
+@pytest.mark.parametrize("interval", [0, 5])
+def test_timeouts_as_long_as_a_shard(interval: int) -> None:
     # 2,000 arrivals a second in 4 shards of 0.5 s, timeouts up to 0.5 s (never met: every
-    # operation waits its whole timeout): the warm-up is the whole previous shard.
+    # operation waits its whole timeout): the warm-up is the whole previous shard. Timeouts of
+    # 0 and of a tick expire at the clock's next move, each in a pass of its own (where the
+    # purge counter is foreseen, at interval 5).
     rng = np.random.default_rng(5)
     n = 4000
-    arrivals = np.sort(rng.uniform(0.0, 2.0, n))
+    arrivals = np.round(np.sort(rng.uniform(0.0, 2.0, n)), 3)  # (on ticks, many together)
     timeouts = rng.choice([0.0, 0.001, 0.05, 0.5], n)
     conditions = np.where(rng.random(n) < 0.5, arrivals + rng.uniform(0, 0.6, n), np.nan)
     trace = trace_of(arrivals, timeouts, conditions, rng)
-    boundaries = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=0)}, 4)
+    boundaries = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=interval)}, 4)
     assert all(b.matched for b in boundaries), [b.describe() for b in boundaries]
 
 
-def test_bursts_one_on_a_boundary() -> None:
+@pytest.mark.parametrize("interval", [0, 17])
+def test_bursts_one_on_a_boundary(interval: int) -> None:
     # Bursts of 200 simultaneous arrivals; the shard boundaries fall on bursts (an arrival of
     # the trace), so a burst's operations are split between a shard and its successor's input:
     # the successor's own and the previous shard's end, where it stops.
@@ -118,7 +147,7 @@ def test_bursts_one_on_a_boundary() -> None:
     timeouts = rng.choice([0.01, 0.1, 0.3], n)
     conditions = np.where(rng.random(n) < 0.7, arrivals + rng.exponential(0.05, n), np.nan)
     trace = trace_of(arrivals, timeouts, conditions, rng)
-    boundaries = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=0)}, 5)
+    boundaries = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=interval)}, 5)
     assert all(b.matched for b in boundaries), [b.describe() for b in boundaries]
     assert any(b.at in set(np.arange(0.0, 2.0, 0.1)) for b in boundaries)  # one on a burst
 
@@ -166,14 +195,95 @@ def test_a_failed_check_falls_back_to_sequential_and_says_so() -> None:
     assert "replayed sequentially" in failed[0].describe()
 
 
-def test_kafkas_purge_counter_is_history_a_warmup_cannot_rebuild() -> None:
-    # With Kafka's purge interval (1000), the count of operations finished since the last
-    # purge, and the finished entries still listed, go back further than any warm-up: the
-    # check sees it, and the split replay is exact by replaying those boundaries sequentially.
+@pytest.mark.parametrize(("interval", "operations"), [(3, 4000), (10, 4000), (1000, 12000)])
+def test_kafkas_purge_counter_carried_into_each_shard(interval: int, operations: int) -> None:
+    # Kafka's rule purges once more than `interval` operations have finished since the last
+    # purge, a count over the group's whole history: each shard's warm-up reaches back one
+    # longest timeout before the unsplit replay's last purge before it, purges there too, and
+    # every boundary matches, the counter, the queue and the finished entries listed included
+    # (the configurations of the purge-at-every-pass test: cascades, scaled time, force).
+    trace = w1_trace(never=0.2, key_skew=1.0, operations=operations)
+    configs = {
+        0: ReplayConfig(purge_interval=interval),
+        1: ReplayConfig(tick=0.01, wheel_size=8, purge_interval=interval, timeout_scale=0.5),
+        2: ReplayConfig(purge_interval=interval, rate_scale=2.0, trigger="force"),
+        3: ReplayConfig(purge_interval=interval, timeout_scale=3.0),
+    }
+    boundaries = assert_split_is_exact(trace, configs, 4)
+    assert all(b.matched for b in boundaries), [b.describe() for b in boundaries]
+
+
+def test_a_purge_counter_not_carried_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where the carry does not hold, the check sees the counter and the boundary is replayed
+    # sequentially, exactly: no purge yet before a boundary (nothing to re-enact); a loaded
+    # core (a purge's cost moves its timing: not carried); a purge point foreseen wrong (moved
+    # 50 ms earlier: the warm-up purges where the unsplit replay did not).
     trace = w1_trace()
-    boundaries = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=1000)}, 3)
-    assert [b.matched for b in boundaries] == [False, False]
-    assert all("purge" in b.parts for b in boundaries)
+    late = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=100_000)}, 3)
+    assert [b.matched for b in late] == [False, False]
+    assert all("purge" in b.parts for b in late)
+    loaded = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=10)}, 3, costs=LOADED)
+    assert not any(b.matched for b in loaded)
+    assert all("purge" in b.parts for b in loaded)
+    foreseen = _purge_carry.purge_points
+
+    def wrong(*args: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        times, kinds, clean = foreseen(*args)
+        return times - 0.05, np.full(len(kinds), _purge_carry.PASS), clean
+
+    monkeypatch.setattr(_purge_carry, "purge_points", wrong)
+    moved = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=10)}, 3)
+    assert not any(b.matched for b in moved)
+    assert "replayed sequentially" in moved[0].describe()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        ReplayConfig(purge_interval=17, wheel_size=8, timeout_scale=2.0, trigger="force"),
+        ReplayConfig(purge_interval=5, tick=0.003, rate_scale=1.5),
+    ],
+)
+def test_foreseen_purges_are_the_replays(
+    config: ReplayConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The purges foreseen from the trace are where one replay purges, one for one: arrivals on
+    # ticks and together, timeouts of 0 and of a tick (expired alone, at the next clock move),
+    # conditions together, expiries in one pass per tick.
+    rng = np.random.default_rng(9)
+    n = 3000
+    arrivals = np.round(np.sort(rng.uniform(0.0, 3.0, n)), 2)
+    timeouts = rng.choice([0.0, 0.001, 0.02, 0.1, 0.3], n)
+    conditions = np.where(rng.random(n) < 0.7, arrivals + rng.exponential(0.05, n), np.nan)
+    conditions = np.where(rng.random(n) < 0.5, np.round(conditions, 3), conditions)
+    trace = trace_of(arrivals, timeouts, conditions, rng)
+    starts: list[float] = []
+    start = PurgeRule.start
+
+    def recorded(rule: PurgeRule, in_flight: int) -> None:
+        starts.append(rule._timer.now())
+        start(rule, in_flight)
+
+    monkeypatch.setattr(PurgeRule, "start", recorded)
+    replay_table(trace, {0: config}, operations=False)
+    columns, _ = _purge_carry.trace_columns(trace)
+    times, _, _ = _purge_carry.purge_points(*columns["p"], config)
+    assert len(starts) > 100
+    # (A pass runs at its tick's time, up to a millionth of a tick past the earliest that
+    # reaches the tick, where the foreseen point is.)
+    assert times.tolist() == pytest.approx(starts, rel=0, abs=config.tick * 1e-5)
+
+
+@pytest.mark.parametrize("tick", [0.001, 0.002, 0.01, 1 / 3, 0.1])
+def test_time_of_is_the_timers(tick: float) -> None:
+    # The foreseen passes' times are the timer's own, float for float.
+    purgatory: DelayedOperationPurgatory[Any] = DelayedOperationPurgatory(
+        "p", tick=tick, clock=ManualClock()
+    )
+    timer = purgatory._timer
+    ticks = np.random.default_rng(8).integers(0, 10**9, 2000)
+    expected = [timer.time_of(int(t)) for t in ticks]
+    assert _purge_carry.time_of(ticks.astype(np.float64), tick).tolist() == expected
 
 
 def test_mismatched_boundaries_join_their_shards_only() -> None:
@@ -185,6 +295,38 @@ def test_mismatched_boundaries_join_their_shards_only() -> None:
         ("p", 0, 3): ShardRange(3, 3.0, math.inf),
     }
     assert replaced == {("p", 0, k) for k in (1, 2, 3, 4)}
+
+
+def test_a_mismatch_after_another_waits_before_a_carried_shard() -> None:
+    # Shard 1 could not be carried (it ends wrong: x), shard 2 was (it starts right, b):
+    # the first round fails both boundaries, only shards 0 and 1 are replayed again as one, and
+    # boundary 2 then matches that replay's end: shard 2 is not replayed again.
+    ranges = {
+        ("p", 0, 0): ShardRange(0, -math.inf, 1.0),
+        ("p", 0, 1): ShardRange(1, 1.0, 2.0),
+        ("p", 0, 2): ShardRange(2, 2.0, math.inf, warmup_from=0.5, reenact=(0, 0.9)),
+    }
+    ends = {(0, 1.0): "s=a", (1, 2.0): "s=x", (0, 2.0): "s=b", (2, math.inf): ""}
+    starts = {0: "", 1: "s=y", 2: "s=b"}
+    runs: list[list[int]] = []
+
+    def run(todo: Mapping[Key, ShardRange]) -> dict[Key, Mapping[str, Any]]:
+        runs.append(sorted(k[2] for k in todo))
+        return {
+            key: {
+                "purgatory": "p",
+                "config_id": 0,
+                "shard": shard.index,
+                "shard_start": starts[shard.index],
+                "shard_end": ends[(shard.index, shard.end)],
+            }
+            for key, shard in todo.items()
+        }
+
+    final, _, boundaries = settle(ranges, run)
+    assert runs == [[0, 1, 2], [0]]
+    assert sorted(final) == [("p", 0, 0), ("p", 0, 2)]
+    assert [(b.shard, b.matched) for b in boundaries] == [(1, False), (2, True)]
 
 
 def trace_of(
@@ -207,16 +349,48 @@ def trace_of(
     )
 
 
+@pytest.mark.parametrize("stored", [pa.float64(), pa.float32()])
+def test_a_task_reads_its_shards_rows_as_the_shuffle_brings_them(
+    tmp_path: Path, stored: pa.DataType
+) -> None:
+    # Each shard's rows read by its task from the trace's files (two files, small row groups
+    # skipped by the arrival range where arrivals are stored as doubles) are the rows the
+    # one-process reference gives the shard, in its order.
+    trace = w1_trace(operations=3000)
+    trace = trace.set_column(2, "arrival", trace["arrival"].cast(stored))
+    (tmp_path / "t").mkdir()
+    pq.write_table(trace.slice(0, 1700), tmp_path / "t" / "a.parquet", row_group_size=300)
+    pq.write_table(trace.slice(1700), tmp_path / "t" / "b.parquet", row_group_size=300)
+    config = ReplayConfig(purge_interval=10)
+    cast = trace.set_column(2, "arrival", trace["arrival"].cast(pa.float64()))
+    arrivals = np.sort(cast["arrival"].to_numpy())
+    ranges = plan_ranges({("p0000", 0): arrivals}, 3)
+    columns, longest = _purge_carry.trace_columns(cast)
+    ranges = _purge_carry.carry(ranges, columns, longest, {0: config})
+    expected = shard_input(cast, 0, config, ranges)
+    for (name, config_id, k), shard in sorted(ranges.items()):
+        lo = shard.warmup_start(warmup_seconds(longest[name], config))
+        batches = _job_shards.shard_rows(str(tmp_path / "t"), (name, config_id, k, lo, shard.end))
+        got = pa.Table.from_batches(list(batches)).select(expected.column_names)
+        assert got.to_pylist() == expected.filter(pc.equal(expected["shard"], k)).to_pylist()
+
+
 def test_spark_split_job_equals_the_unsplit_job(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # A purgatory under two configurations in 3 shards each on local[2]: with purges at every
-    # pass every boundary matches; with Kafka's interval they are replayed sequentially (a
-    # second job), and the job says so on stderr; both outputs equal the unsplit job's.
+    # A purgatory under three configurations in 3 shards each on local[2]: with purges at every
+    # pass every boundary matches; with a purge every 101 finishes the driver carries the
+    # counter into the shards (read from the trace's files) and every boundary matches too;
+    # with Kafka's 1000, no purge has run yet before a boundary: replayed sequentially (a
+    # second job), and said on stderr. Every output equals the unsplit job's.
     trace = w1_trace(operations=1200, rate=500.0)  # boundaries 0.8 s apart: past a warm-up
     pq.write_table(trace, tmp_path / "trace.parquet")
     path = str(tmp_path / "trace.parquet")
-    configs = [ReplayConfig(purge_interval=0), ReplayConfig(purge_interval=1000, tick=0.002)]
+    configs = [
+        ReplayConfig(purge_interval=0),
+        ReplayConfig(purge_interval=100, tick=0.002),
+        ReplayConfig(purge_interval=1000),
+    ]
     replay(spark, path, str(tmp_path / "one"), configs, tasks=None)
     capsys.readouterr()
     replay(spark, path, str(tmp_path / "split"), configs, tasks=None, shards=3)
@@ -226,11 +400,38 @@ def test_spark_split_job_equals_the_unsplit_job(
         got = pq.read_table(tmp_path / "split" / part).to_pylist()
         order = lambda r: (r["purgatory"], r["config_id"], r.get("op_id") or 0)  # noqa: E731
         assert sorted(got, key=order) == sorted(expected, key=order)
-    assert len(said) == 2 * 2, said
+    assert len(said) == 3 * 2, said
     assert all(line.endswith("matched") for line in said if "p0000@0 " in line), said
-    assert all(line.endswith("replayed sequentially") for line in said if "p0000@1 " in line)
+    assert all(line.endswith("matched") for line in said if "p0000@1 " in line), said
+    assert all(line.endswith("replayed sequentially") for line in said if "p0000@2 " in line)
 
 
 def test_a_split_replay_writes_no_event_log(spark: SparkSession, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="writes no event log"):
         replay(spark, str(tmp_path), str(tmp_path / "o"), [ReplayConfig()], shards=2, event_log="x")
+
+
+def test_spark_split_job_where_the_driver_cannot_read_the_trace(
+    spark: SparkSession,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A trace the driver cannot read itself (say on HDFS): the shards are planned by Spark's
+    # aggregation, the purge counter is not carried, the job says so, and the boundary falls
+    # back; the summary still equals the one-process replay's.
+    trace = w1_trace(operations=800, rate=500.0)
+    pq.write_table(trace, tmp_path / "trace.parquet")
+    monkeypatch.setattr(_job_shards, "_local_columns", lambda path: None)
+    config = ReplayConfig(purge_interval=10)
+    replay(
+        spark, str(tmp_path / "trace.parquet"), str(tmp_path / "o"), [config], tasks=None, shards=2
+    )
+    said = capsys.readouterr().err
+    assert "the purge counter is not carried" in said
+    assert "replayed sequentially" in said
+    expected = replay_table(trace, {0: config}, operations=False).to_pylist()[0]
+    got = pq.read_table(tmp_path / "o" / "summary").to_pylist()[0]
+    gauges = ("peak_watched", "timer_passes", "purges", "purged_entries")
+    for name in ("operations", "expired", *gauges):
+        assert got[name] == expected[name], name

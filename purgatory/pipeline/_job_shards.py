@@ -1,14 +1,20 @@
 """The replay job with each group split into time shards (`purgatory.pipeline._shards`).
 
-The driver plans each group's shards from its arrival quantiles (one aggregation over the
-trace: count, longest timeout, ``percentile_approx`` of the arrivals, which are arrivals of the
-trace), and joins the trace with that small plan so that each shard's task gets its warm-up, its
-own range and the first operation of the next shard; the shards are dealt over the partitions
-as the groups are (`_balance.assign`). Each task replays its shards (`replay_shards`) inside
-``mapInArrow``. The driver then checks every boundary's fingerprints, replays the shards either
-side of a mismatched one again as one task (`_shards.settle`), says so on stderr (or to
-`boundaries`), and merges each group's shards into its summary row (`merge_shards`), which
-the summary is computed from as in the unsplit job.
+The driver reads each purgatory's arrivals, timeouts and conditions from the trace's files
+itself (pyarrow, 24 bytes per operation, no Spark job) and plans each group's shards from them:
+equal operation counts, and under a purge interval above 0 the unsplit replay's purges foreseen
+and carried into each shard's warm-up (`purgatory.pipeline._purge_carry`). Where it cannot read
+them (a path that is not local), one aggregation over the trace plans the bounds instead (count,
+longest timeout, ``percentile_approx`` of the arrivals, which are arrivals of the trace), and
+the purge counter is not carried. Each shard's task needs its warm-up, its own range and the
+first operation of the next shard: with the files local, it reads them itself (`shard_rows`:
+pyarrow, the arrival range pushed down, sorted in the task), and the JVM only deals the small
+plan out; otherwise the trace is joined with the plan, shuffled and sorted. The shards are dealt
+over the partitions as the groups are (`_balance.assign`). Each task replays its shards
+(`replay_shards`) inside ``mapInArrow``. The driver then checks every boundary's fingerprints,
+replays the shards either side of a mismatched one again as one task (`_shards.settle`), says so
+on stderr (or to `boundaries`), and merges each group's shards into its summary row
+(`merge_shards`), which the summary is computed from as in the unsplit job.
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ._balance import assign, partition_keys
+from ._checks import local_path
 from ._frames import read_errors, spark_schema
 from ._job_replay import TASK_SCHEMA, ReplayTask, _parallelism, _reported, _summary
 from ._job_trace import load_trace, read_parquet
 from ._load import CostProfile
+from ._purge_carry import carry, trace_columns
 from ._replay import OUTPUT_SCHEMA, ReplayConfig
 from ._shards import (
     SHARD_SCHEMA,
@@ -36,6 +44,7 @@ from ._shards import (
     Key,
     ShardRange,
     merge_shards,
+    plan_ranges,
     replay_shards,
     settle,
     shard_bounds,
@@ -98,32 +107,25 @@ def replay_split(
         "config_id int, tick double, wheel_size int, purge_interval int, timeout_scale double, "
         "rate_scale double, trigger string",
     )
-    fractions = [k / shards for k in range(1, shards)] or [0.5]
-    stats = (
-        trace.groupBy("purgatory")
-        .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.max("timeout").alias("longest"),
-            F.min("arrival").alias("first"),
-            F.percentile_approx("arrival", fractions, 100_000).alias("quantiles"),
+    local = _local_columns(trace_path) if shards > 1 else None
+    if local is not None:  # exact bounds from the driver's read: no Spark job
+        columns, longest = local
+        counts = {name: len(values[0]) for name, values in columns.items()}
+        ranges = plan_ranges(
+            {(name, c): np.sort(columns[name][0]) for name in columns for c in by_id}, shards
         )
-        .collect()
-    )
-    ranges: dict[Key, ShardRange] = {}
-    longest: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for row in stats:
-        name = row["purgatory"]
-        longest[name] = float(row["longest"])
-        counts[name] = int(row["n"])
-        points = [float(row["first"]), *(float(q) for q in row["quantiles"])] if shards > 1 else []
-        # (`shard_bounds` of the quantiles: distinct arrivals past the first.)
-        bounds = shard_bounds(np.sort(points), len(points)) if points else []
-        starts = [-math.inf, *bounds]
-        ends = [*starts[1:], math.inf]
-        for config_id in by_id:
-            for k, (start, end) in enumerate(zip(starts, ends, strict=True)):
-                ranges[(name, config_id, k)] = ShardRange(k, start, end)
+        if costs is None and any(c.purge_interval > 0 for c in configs):
+            ranges = carry(ranges, columns, longest, by_id)
+    else:
+        ranges, longest, counts = _planned(trace, by_id, shards)
+        if costs is None and shards > 1 and any(c.purge_interval > 0 for c in configs):
+            print(
+                f"replay: the purge counter is not carried into the shards (the driver cannot "
+                f"read {trace_path}); their boundaries fall back to sequential",
+                file=sys.stderr,
+            )
+    # (Read by the driver: readable by the tasks too, which Spark would have read it from.)
+    direct = local_path(trace_path) if local is not None else None
     n_tasks = partitions or max(1, min(_parallelism(spark), len(ranges)))
     rounds: list[tuple[DataFrame, set[Key]]] = []
 
@@ -139,6 +141,7 @@ def replay_split(
             warmup=warmup,
             costs=costs,
             operations=operations,
+            direct=direct,
         )
         rows: dict[Key, Mapping[str, Any]] = {
             (r["purgatory"], r["config_id"], r["shard"]): r.asDict()
@@ -175,6 +178,64 @@ def replay_split(
     return read_parquet(spark, f"{out}/summary").orderBy("purgatory", "config_id")
 
 
+def _local_columns(
+    trace_path: str,
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], dict[str, float]] | None:
+    """Each purgatory's arrivals, timeouts and conditions, and its longest timeout, read by the
+    driver itself from the trace's files (24 bytes per operation: the shards' bounds, exact, and
+    Kafka's purge counter foreseen, with no Spark job); ``None`` if its files are not local
+    (`local_path`) or pyarrow cannot read them."""
+    import pyarrow.parquet as pq
+
+    local = local_path(trace_path)
+    if local is None:
+        return None
+    try:
+        table = pq.read_table(
+            local,
+            columns=["purgatory", "arrival", "timeout", "condition_at"],
+            read_dictionary=["purgatory"],
+        )
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+    return trace_columns(table)
+
+
+def _planned(
+    trace: DataFrame, by_id: Mapping[int, ReplayConfig], shards: int
+) -> tuple[dict[Key, ShardRange], dict[str, float], dict[str, int]]:
+    """The shards of each group from one aggregation over the trace (count, longest timeout,
+    ``percentile_approx`` of the arrivals, which are arrivals of the trace): where the driver
+    cannot read the trace's files. Returns the ranges, longest timeouts and counts."""
+    fractions = [k / shards for k in range(1, shards)] or [0.5]
+    stats = (
+        trace.groupBy("purgatory")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.max("timeout").alias("longest"),
+            F.min("arrival").alias("first"),
+            F.percentile_approx("arrival", fractions, 100_000).alias("quantiles"),
+        )
+        .collect()
+    )
+    ranges: dict[Key, ShardRange] = {}
+    longest: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for row in stats:
+        name = row["purgatory"]
+        longest[name] = float(row["longest"])
+        counts[name] = int(row["n"])
+        points = [float(row["first"]), *(float(q) for q in row["quantiles"])] if shards > 1 else []
+        # (`shard_bounds` of the quantiles: distinct arrivals past the first.)
+        bounds = shard_bounds(np.sort(points), len(points)) if points else []
+        starts = [-math.inf, *bounds]
+        ends = [*starts[1:], math.inf]
+        for config_id in by_id:
+            for k, (start, end) in enumerate(zip(starts, ends, strict=True)):
+                ranges[(name, config_id, k)] = ShardRange(k, start, end)
+    return ranges, longest, counts
+
+
 def _run(
     spark: SparkSession,
     trace: DataFrame,
@@ -187,9 +248,12 @@ def _run(
     warmup: float,
     costs: CostProfile | None,
     operations: bool,
+    direct: str | None = None,
 ) -> DataFrame:
     """One Spark job replaying the shards of `todo` (persisted: read for its shards' rows, then
-    for its operations)."""
+    for its operations): the trace joined with the shards' plan, shuffled to their tasks and
+    sorted there, or with `direct` (the trace's local path) each task reading its shards' rows
+    from the files itself (`shard_rows`)."""
     per_group: dict[tuple[str, int], int] = {}
     for name, config_id, _ in todo:
         per_group[(name, config_id)] = per_group.get((name, config_id), 0) + 1
@@ -204,7 +268,7 @@ def _run(
                 name,
                 config_id,
                 shard.index,
-                shard.start - warmup_seconds(longest[name], by_id[config_id], warmup),
+                shard.warmup_start(warmup_seconds(longest[name], by_id[config_id], warmup)),
                 shard.end,
                 part_keys[plan[(name, config_id, shard.index)]],
             )
@@ -219,12 +283,13 @@ def _run(
         & (trace["arrival"] >= F.col("lo"))
         & (trace["arrival"] <= F.col("hi")),
     )
+    columns = ["purgatory", "config_id", "shard", "op_id", "arrival", "keys", "timeout"]
+    columns.append("condition_at")
     work = (
-        joined.repartition(n, "_partition_key")
+        joined.select(*columns, "_partition_key")  # (the plan's columns not shuffled)
+        .repartition(n, "_partition_key")
         .sortWithinPartitions("purgatory", "config_id", "shard", "arrival", "op_id")
-        .select(
-            "purgatory", "config_id", "shard", "op_id", "arrival", "keys", "timeout", "condition_at"
-        )
+        .select(*columns)
     )
     ranges = dict(todo)
     configs = dict(by_id)
@@ -236,7 +301,68 @@ def _run(
             _JOB_SCHEMA,
         )
 
+    if direct is not None:  # each task reads its shards' rows itself: no scan, shuffle or sort
+        path = direct
+
+        def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            mine = sorted(
+                (r["purgatory"], r["config_id"], r["shard"], r["lo"], r["hi"])
+                for batch in batches
+                for r in batch.to_pylist()
+            )
+            rows = (b for shard in mine for b in shard_rows(path, shard))
+            return replay(rows)
+
+        planned = shard_plan.repartition(n, "_partition_key")
+        return planned.mapInArrow(read, spark_schema(_JOB_SCHEMA)).persist(
+            StorageLevel.MEMORY_AND_DISK
+        )
     return work.mapInArrow(replay, spark_schema(_JOB_SCHEMA)).persist(StorageLevel.MEMORY_AND_DISK)
+
+
+def shard_rows(path: str, shard: tuple[str, int, int, float, float]) -> Iterator[pa.RecordBatch]:
+    """One shard's input, read in its task from the trace's files (a local path): given `shard`
+    as (purgatory, config_id, shard, lo, hi), the rows of that purgatory arriving in
+    ``[lo, hi]``, cast as `load_trace` casts them, sorted by (arrival, op_id), with
+    ``config_id`` and ``shard``: what the shuffle would have brought.
+
+    The arrival range is pushed down to the read (row groups outside it are skipped) where the
+    files store arrivals as doubles, the same comparison as after the cast; the whole range is
+    in this worker's memory at once (its sort), about 100 bytes per operation of W1.
+    """
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from ._tracefile import _CAST
+
+    name, config_id, index, lo, hi = shard
+    stored = pq.read_schema(_first_file(path)).field("arrival").type
+    filters: list[tuple[str, str, Any]] = [("purgatory", "==", name)]
+    if pa.types.is_float64(stored):
+        filters += [("arrival", ">=", lo), ("arrival", "<=", hi)]
+    table = pq.read_table(path, columns=_CAST.names, filters=filters)
+    table = table.select(_CAST.names).cast(_CAST)
+    arrival = table["arrival"]
+    table = table.filter(pc.and_(pc.greater_equal(arrival, lo), pc.less_equal(arrival, hi)))
+    n = table.num_rows
+    table = table.append_column("config_id", pa.array([config_id] * n, pa.int32()))
+    table = table.append_column("shard", pa.array([index] * n, pa.int32()))
+    table = table.sort_by([("arrival", "ascending"), ("op_id", "ascending")])
+    yield from table.to_batches(max_chunksize=10_000)
+
+
+def _first_file(path: str) -> str:
+    """A Parquet file of the trace at `path` (the path itself if it is a file)."""
+    import os
+
+    if not os.path.isdir(path):
+        return path
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")))
+        for name in sorted(files):
+            if not name.startswith(("_", ".")) and name.endswith(".parquet"):
+                return os.path.join(root, name)
+    raise FileNotFoundError(f"no Parquet file under {path}")
 
 
 def _operations(

@@ -19,13 +19,16 @@ replay would do, row for row. Where they differ, that boundary is replayed seque
 shards on both sides as one task) and the job says so: a split replay is exact or says where it
 was not split.
 
-What may differ, and falls back: Kafka's purge rule counts the operations finished since the
-last purge over the group's whole history, and the finished entries left on the lists until a
-purge; a warm-up starts that count from 0. The fingerprints then match only where a purge
-empties the queue in both within the warm-up (``purge_interval`` well under the operations of a
-warm-up, or 0). With a cost profile, a core busy since before the warm-up (a backlog crossing
-the boundary), a wake-up time rounded from when the core went idle (``wake_resolution``), and
-the scheduling latencies drawn in sequence (``wake_latency``) carry history the same way.
+Kafka's purge rule counts the operations finished since the last purge over the group's whole
+history, and the finished entries stay on the lists until a purge; a warm-up would start that
+count from 0. So, in a plain replay, each shard's warm-up re-enacts the unsplit replay's last
+purge before it, foreseen from the trace (`purgatory.pipeline._purge_carry`): it reaches back one
+longest timeout before that purge and purges exactly there. What may still differ, and falls
+back: a shard with no purge foreseen a longest timeout before it (the group's first purge comes
+later), and with a cost profile the purge counter (a purge's cost moves the core's timing, so it
+is not carried), a core busy since before the warm-up (a backlog crossing the boundary), a
+wake-up time rounded from when the core went idle (``wake_resolution``), and the scheduling
+latencies drawn in sequence (``wake_latency``).
 
 Each shard reports, besides its operations' rows (those that ended between its two
 fingerprints), what sums or merges exactly: counts, the waits and expiry lateness themselves
@@ -39,7 +42,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any, Final
 
@@ -47,6 +50,8 @@ import numpy as np
 import pyarrow as pa
 
 from ._load import CostProfile
+from ._purge_carry import Reenact, carry
+from ._purge_carry import trace_columns as _columns
 from ._replay import (
     _UNITS,
     OUTPUT_SCHEMA,
@@ -104,11 +109,21 @@ class ShardRange:
         index: 0, 1, ... in time order.
         start: Its first own arrival; ``-inf`` for the first shard (no warm-up).
         end: The next shard's first arrival, where it stops; ``inf`` for the last (it drains).
+        warmup_from: Where its warm-up starts (trace seconds), if earlier than one longest
+            timeout before `start`: one longest timeout before `reenact`'s purge point.
+        reenact: The unsplit replay's last purge before `start` that the warm-up re-enacts
+            (`purgatory.pipeline._purge_carry`): its kind and time (replay seconds).
     """
 
     index: int
     start: float
     end: float
+    warmup_from: float = math.inf
+    reenact: tuple[int, float] | None = None
+
+    def warmup_start(self, seconds: float) -> float:
+        """Where its input starts, for a warm-up of `seconds` (trace seconds) before `start`."""
+        return min(self.start - seconds, self.warmup_from)
 
 
 def shard_bounds(arrivals: np.ndarray, shards: int) -> list[float]:
@@ -138,6 +153,8 @@ class _Shard:
         self.base: list[int] = [0, 0, 0, 0]
         self.busy_base = 0
         group.keep = False
+        if shard.reenact is not None and type(group) is _Group:
+            Reenact(group, *shard.reenact)
 
     def feed(
         self,
@@ -532,6 +549,12 @@ def settle(
     shards on both sides of a mismatched boundary again as one (in a further `run`), until
     every boundary left matches.
 
+    A mismatch right after another one, before a shard whose warm-up re-enacted a purge (so
+    that its start is presumably the unsplit replay's), waits for the next round: the shard
+    before it ended wrong because it started wrong, and once it is replayed with its own
+    predecessor its end is checked again (a shard the previous one could not be carried into
+    then costs one shard replayed again, not every shard after it).
+
     Returns:
         The shards finally replayed, their rows, and every boundary checked: those that matched
         at the end, and each that did not, once (it was then replayed sequentially).
@@ -541,13 +564,25 @@ def settle(
     failed: list[Boundary] = []
     while True:
         boundaries = _boundaries(current, rows)
-        bad = [b for b in boundaries if not b.matched]
-        if not bad:
+        if all(b.matched for b in boundaries):
             return (
                 current,
                 rows,
                 sorted(failed + boundaries, key=lambda b: (b.purgatory, b.config_id, b.at)),
             )
+        bad = []
+        for before, boundary in pairwise([None, *boundaries]):
+            if boundary is None or boundary.matched:
+                continue
+            key = (boundary.purgatory, boundary.config_id, boundary.shard)
+            waits = (
+                before is not None
+                and not before.matched
+                and (before.purgatory, before.config_id) == key[:2]
+                and current[key].reenact is not None
+            )
+            if not waits:
+                bad.append(boundary)
         failed += bad
         merged, replaced = _merge_ranges(
             current, {(b.purgatory, b.config_id, b.shard) for b in bad}
@@ -591,9 +626,7 @@ def _merge_ranges(
                 continue
             if len(segment) > 1:
                 head = segment[0]
-                merged[(name, config_id, head.index)] = ShardRange(
-                    head.index, head.start, segment[-1].end
-                )
+                merged[(name, config_id, head.index)] = replace(head, end=segment[-1].end)
                 replaced.update((name, config_id, r.index) for r in segment)
             segment = [shard] if shard is not None else []
     return merged, replaced
@@ -619,7 +652,7 @@ def shard_input(
     for (name, cid, index), shard in sorted(ranges.items()):
         if cid != config_id:
             continue
-        lo = shard.start - warmup_seconds(longest[name], config, extra)
+        lo = shard.warmup_start(warmup_seconds(longest[name], config, extra))
         mask = pc.and_(
             pc.equal(trace["purgatory"], name),
             pc.and_(
@@ -661,6 +694,8 @@ def split_table(
         for config_id in configs:
             arrivals[(name, config_id)] = times
     ranges = plan_ranges(arrivals, shards)
+    if costs is None:  # (a loaded core's timing depends on when purges ran: no carry)
+        ranges = carry(ranges, *_columns(trace), configs)
     ops: dict[Key, list[dict[str, Any]]] = {}
 
     def run(todo: Mapping[Key, ShardRange]) -> dict[Key, Mapping[str, Any]]:
