@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import itertools
 import math
@@ -186,6 +187,101 @@ class _NoPurgatory:
         pass
 
 
+#: How often (seconds of the run, at most) `HoldOffs` reads the thread's wait for a CPU.
+SAMPLE: Final = 0.001
+
+
+class HoldOffs:
+    """The spells the loop's thread was runnable but held off its CPU by another process
+    during a run, from its cumulative wait (Linux schedstat) read at the harness's callbacks,
+    at most every `SAMPLE` seconds: each read that finds the wait grown by w since the last
+    one is a hold-off of w seconds ending at that read (the callback that read it started
+    that late). Nothing on a system without schedstat.
+
+    Reading costs about a microsecond, a thousand times a second at most: a tenth of a per
+    cent of the loop. A hold-off is what the profile's ``stall`` draws from one calibration's
+    minute; these are the run's own, at the times they came (`spells`).
+    """
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.last = -math.inf
+        self.waited = 0
+        self.spells: list[tuple[float, float]] = []
+
+    def start(self, now: float) -> None:
+        """Open the running thread's schedstat (in the loop's thread) and take a first read."""
+        try:
+            self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            return
+        self.last = now
+        self.waited = self._read()
+
+    def _read(self) -> int:
+        assert self.fd is not None
+        return int(os.pread(self.fd, 64, 0).split()[1])
+
+    def sample(self, now: float) -> None:
+        """At `now` (run seconds), read the wait if `SAMPLE` has passed since the last read."""
+        if now - self.last < SAMPLE or self.fd is None:
+            return
+        self.last = now
+        waited = self._read()
+        if waited > self.waited:
+            held = (waited - self.waited) / 1e9
+            self.spells.append((now - held, held))
+            self.waited = waited
+
+    def stop(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def longest(self) -> float:
+        """The longest hold-off, in seconds (0 if none)."""
+        return max((held for _, held in self.spells), default=0.0)
+
+
+class Collections:
+    """The cyclic garbage collector's passes during a run (`gc.callbacks`): generation, start
+    (run seconds) and pause.
+
+    On CPython before 3.13 a pass is triggered when the objects the collector tracks have
+    grown by 700 (the first threshold) since the last: allocations count up, deallocations
+    down. Every arrival's timer handle here is made before the run (and frozen) and freed as
+    the arrival runs, so the run frees more tracked objects than it makes, and the count stays
+    near 0: no pass runs during a run at all (measured: none in the runs of W1 at 20,518/s). A
+    server that makes each request's objects when it comes would see the passes its growth
+    triggers (a backlog building near the knee); this records whatever runs, so a row says
+    what its run had.
+    """
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[int, float, float]] = []
+        self._base = 0.0
+        self._began = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.monotonic()
+        else:
+            end = time.monotonic()
+            self.passes.append((info["generation"], self._began - self._base, end - self._began))
+
+    def start(self, base: float) -> None:
+        self._base = base
+        gc.callbacks.append(self._callback)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._callback)
+
+    def longest(self) -> float:
+        """The longest pause, in seconds (0 if none)."""
+        return max((pause for _, _, pause in self.passes), default=0.0)
+
+
 class _Run:
     """One trace played on the running loop: every operation's watch, end and outcome."""
 
@@ -209,6 +305,10 @@ class _Run:
         self.purgatory: DelayedOperationPurgatory[_Op] | _NoPurgatory = (
             _NoPurgatory() if stub else DelayedOperationPurgatory("validate", tick=TICK)
         )
+        # What held the loop off during the run, besides its own work: the spells it waited
+        # for a CPU (`HoldOffs`), and the cyclic collector's passes (`Collections`).
+        self.holdoffs = HoldOffs()
+        self.collections = Collections()
 
     def ended(self, op: _Op) -> None:
         self.end[op.i] = time.monotonic() - self.base
@@ -224,6 +324,7 @@ class _Run:
         condition = self.conditions[i]
         timeout = self.timeouts[i]
         keys = self.keys[i]
+        self.holdoffs.sample(now)
         op = _Op(self, i, keys[0], timeout, condition is not None and condition <= now)
         self.watched[i] = now
         if (
@@ -237,6 +338,7 @@ class _Run:
 
     def trigger(self, op: _Op) -> None:
         self.triggers += 1
+        self.holdoffs.sample(time.monotonic() - self.base)
         if op.is_completed:
             return
         op.ready = True
@@ -257,14 +359,20 @@ class _Run:
         # has none to wait for: done once every one has.)
         # The handles and the trace are long-lived: out of the collector's full passes, which
         # would otherwise walk them all, every few thousand allocations, during the run.
+        # (Freezing them also keeps the collector from running at all during the run, on
+        # CPython before 3.13: see `Collections`.)
         gc.collect()
         gc.freeze()
         await asyncio.sleep(self.base - time.monotonic() - 0.01)
         cpu = time.thread_time()
         waited = run_queue_wait()
+        self.holdoffs.start(time.monotonic() - self.base)
+        self.collections.start(self.base)
         try:
             await self.done
         finally:
+            self.collections.stop()
+            self.holdoffs.stop()
             gc.unfreeze()
         cpu = time.thread_time() - cpu
         waited = run_queue_wait() - waited
@@ -284,7 +392,14 @@ def measure(trace: pa.Table, iterations: int) -> dict[str, Any]:
     deadlines = [w + t for w, t in zip(run.watched, run.timeouts, strict=True)]
     return outcome_stats(
         run.watched, run.end, deadlines, run.expired, cpu["cpu"] / max(cpu["span"], 1e-9)
-    ) | {"cpu": cpu["cpu"], "waited": cpu["waited"] / max(cpu["span"], 1e-9)}
+    ) | {
+        "cpu": cpu["cpu"],
+        "waited": cpu["waited"] / max(cpu["span"], 1e-9),
+        "held_longest": run.holdoffs.longest(),
+        "holdoffs": run.holdoffs.spells,
+        "collections": len(run.collections.passes),
+        "collection_longest": run.collections.longest(),
+    }
 
 
 def application_overhead(trace: pa.Table, iterations: int, dispatch: float) -> float:
@@ -382,6 +497,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "cost shape, no stall": {"stall": ()},
     "constant costs (version 3)": {"cost_shape": (), "stall": ()},
 }
+#: The variant given the run's own hold-offs (`HoldOffs`) of at least `HELD` seconds at the
+#: times they came, instead of the profile's drawn stalls: what the model predicts knowing
+#: when other processes took the loop's CPU, which no profile can know in advance.
+RUN_HELD: Final = "the run's hold-offs"
+#: The shortest hold-off the `RUN_HELD` variant replays: shorter ones are a wake-up's
+#: scheduling latency, which the profile's ``wake_latency`` already draws.
+HELD: Final = 0.001
 
 
 def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, Any]) -> str:
@@ -499,8 +621,8 @@ def _section(section: dict[str, Any]) -> list[str]:
         "",
         "| offered /s | ops | "
         + " | ".join(header for _, header, _, _ in METRICS)
-        + " | loop waited for a CPU % | load average |",
-        "|---:|---:|" + "---:|" * len(METRICS) + "---:|---:|",
+        + " | loop waited for a CPU %, longest ms | collections, longest ms | load average |",
+        "|---:|---:|" + "---:|" * len(METRICS) + "---:|---:|---:|",
     ]
     for row in rows:
         below = edge is not None and row["rate"] < edge
@@ -512,10 +634,12 @@ def _section(section: dict[str, Any]) -> list[str]:
                 text = f"**{text}**"
             cells.append(text)
         marker = "" if below else " (past)"
+        seen = row["measured"]
         lines.append(
             f"| {row['rate']:,.0f}{marker} | {row['measured']['operations']:,} | "
             + " | ".join(cells)
-            + f" | {100 * row['measured']['waited']:.1f} | {row['load']} |"
+            + f" | {100 * seen['waited']:.1f}, {1e3 * seen['held_longest']:.1f} | "
+            f"{seen['collections']}, {1e3 * seen['collection_longest']:.1f} | {row['load']} |"
         )
     misses = [
         (row["rate"], header)
@@ -529,19 +653,23 @@ def _section(section: dict[str, Any]) -> list[str]:
         "",
         "Expiry lateness p99 (ms) by what the model draws: the full profile (as in the table "
         "above), without its stalls (what a quiet machine's profile, whose stalls are near 0, "
-        "would predict), and with constant costs; a **bold** prediction misses the target "
-        "below the knee.",
+        "would predict), with constant costs, and given the run's own hold-offs (the spells of "
+        f"{HELD * 1e3:g} ms or more its loop waited for a CPU, at the times they came, instead "
+        "of the drawn stalls: what the model predicts knowing when other processes took the "
+        "loop's CPU, which no profile can know in advance); a **bold** prediction misses the "
+        "target below the knee.",
         "",
         "| offered /s | measured | "
-        + " | ".join(["full profile", *VARIANTS])
+        + " | ".join(["full profile", *VARIANTS, RUN_HELD])
         + " | load average |",
-        "|---:|---:|" + "---:|" * (1 + len(VARIANTS)) + "---:|",
+        "|---:|---:|" + "---:|" * (2 + len(VARIANTS)) + "---:|",
     ]
     for row in rows:
         below = edge is not None and row["rate"] < edge
         measured = row["measured"]["late_p99"]
         cells = []
-        for value in (row["predicted"]["late_p99"], *row["variants"].values()):
+        names = [*VARIANTS, RUN_HELD]
+        for value in (row["predicted"]["late_p99"], *(row["variants"][n] for n in names)):
             text = f"{value * 1000:.2f}"
             cells.append(f"**{text}**" if below and not within(value, measured, 0.002) else text)
         tail.append(
@@ -652,6 +780,8 @@ def validate(workload: Workload, profile: CostProfile, args: argparse.Namespace)
             name: predict(trace, replace(profile, **changes))["late_p99"]
             for name, changes in VARIANTS.items()
         }
+        held = tuple((start, h) for start, h in measured["holdoffs"] if h >= HELD)
+        variants[RUN_HELD] = predict(trace, replace(profile, stall=(), holdoffs=held))["late_p99"]
         rows.append(
             {
                 "rate": rate,
@@ -662,7 +792,10 @@ def validate(workload: Workload, profile: CostProfile, args: argparse.Namespace)
             }
         )
         print(
-            f"{rate:9,.0f}/s load {load} waited {100 * measured['waited']:.1f} %  "
+            f"{rate:9,.0f}/s load {load} waited {100 * measured['waited']:.1f} % "
+            f"(longest {measured['held_longest'] * 1e3:.1f} ms), "
+            f"{measured['collections']} collections; with the run's hold-offs: late p99 "
+            f"{variants[RUN_HELD] * 1e3:.2f} ms  "
             + "  ".join(
                 f"{header} {predicted[key] * scale:.2f}/{measured[key] * scale:.2f}"
                 for key, header, scale, _ in METRICS

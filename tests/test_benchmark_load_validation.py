@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from benchmarks.load_validation import VARIANTS, WORKLOADS, render
+from benchmarks.load_validation import RUN_HELD, VARIANTS, WORKLOADS, render
 from purgatory.pipeline._load import CostProfile
 
 
@@ -36,6 +36,10 @@ def stats(late: float, utilisation: float = 0.5) -> dict[str, Any]:
         "utilisation": utilisation,
         "cpu": 1.0,
         "waited": 0.05,
+        "held_longest": 0.0125,
+        "holdoffs": [(0.5, 0.0125)],
+        "collections": 0,
+        "collection_longest": 0.0,
     }
 
 
@@ -45,7 +49,7 @@ def section(index: int) -> dict[str, Any]:
             "rate": rate,
             "measured": stats(measured, utilisation) | {"waited": 0.05},
             "predicted": stats(predicted, utilisation),
-            "variants": dict.fromkeys(VARIANTS, 0.002),
+            "variants": dict.fromkeys([*VARIANTS, RUN_HELD], 0.002) | {RUN_HELD: measured},
             "load": "1.00/1.00/1.00",
         }
         for rate, measured, predicted, utilisation in (
@@ -80,10 +84,13 @@ def test_the_report_has_a_section_per_workload_and_scores_the_tail_by_variant() 
     assert "![predicted against measured, several timeouts](chart1.png)" in text
     # Below the knee (2,500/s) the full profile is within the target; the constant-costs
     # variant (2 ms against 10 ms measured at 2,000/s) is not, and is marked.
-    assert "| 2,000 | 10.00 | 9.50 | **2.00** | **2.00** | 1.00/1.00/1.00 |" in text
-    assert "| 1,000 | 3.00 | 3.10 | 2.00 | 2.00 | 1.00/1.00/1.00 |" in text
+    # The variant given the run's hold-offs is scored as the others.
+    assert "| 2,000 | 10.00 | 9.50 | **2.00** | **2.00** | 10.00 | 1.00/1.00/1.00 |" in text
+    assert "| 1,000 | 3.00 | 3.10 | 2.00 | 2.00 | 3.00 | 1.00/1.00/1.00 |" in text
     # Past the knee nothing is scored.
-    assert "| 3,000 (past) | 50.00 | 20.00 | 2.00 | 2.00 | 1.00/1.00/1.00 |" in text
+    assert "| 3,000 (past) | 50.00 | 20.00 | 2.00 | 2.00 | 50.00 | 1.00/1.00/1.00 |" in text
+    # Each row says how long its loop was held off at most, and the collector's passes.
+    assert "| 5.0, 12.5 | 0, 0.0 | 1.00/1.00/1.00 |" in text
     assert text.count("Below the knee: 0 cell(s) outside the target.") == 2
     assert "Not a quiet machine" not in text
     assert "The profile's CPU is not the runs'" not in text
