@@ -525,12 +525,16 @@ def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, 
         "with the purgatory taken out (a busy loop, reading the clock, creating the operation, "
         "scheduling its condition as a timer, and timers popped from a heap holding every "
         "arrival of the run), minus the loop's dispatch of its callbacks.",
-        "- The last two columns are measured only: the share of the run the loop's thread was "
-        "runnable but waiting for a CPU held by another process (Linux schedstat), and the "
+        "- The last three columns are measured only: the share of the run the loop's thread "
+        "was runnable but waiting for a CPU held by another process (Linux schedstat), with "
+        "the longest such hold-off (read at most every millisecond at the harness's "
+        "callbacks); the cyclic collector's passes during the run and the longest; and the "
         "load averages as the run started. The model gives the loop a core of its own but for "
         "the profile's stalls (an event held off the core, measured per callback by "
         "`calibrate` under the machine's load of the moment); where the share is more than a "
-        "few per cent, the measured waits and lateness include the machine's other load.",
+        "few per cent, the measured waits and lateness include the machine's other load, and "
+        "one hold-off of several milliseconds near the knee is enough to set a run's expiry "
+        "lateness p99 (the last table of each section replays the run's own).",
     ]
     for section in sections:
         lines += _section(section)
@@ -558,8 +562,18 @@ def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, 
         "- **Other processes.** The stalls are drawn from one calibration's minute; the "
         "machine's load changes from minute to minute (the load averages above), so on a "
         "shared machine the measured and predicted tails agree only as well as the load "
-        "during the calibration matches the load during each run. The overload's rate is "
+        "during the calibration matches the load during each run. Near the knee a single "
+        "hold-off of a few milliseconds (another process given the loop's CPU) delays a "
+        "whole batch and the backlog behind it drains slowly, so a 2 s run's p99 depends on "
+        "whether one came, and when: the tail replayed with the run's own hold-offs, at the "
+        "times they came, shows what the model makes of them. The overload's rate is "
         "compared in operations per CPU second, which that wait does not change.",
+        "- **The cyclic garbage collector** runs no pass during these runs (the column): on "
+        "CPython before 3.13 a pass is triggered by the tracked objects' growth (allocations "
+        "minus deallocations) by 700, and here every arrival frees its timer handle, made "
+        "before the run. Nor during `calibrate`'s timed callbacks, scheduled the same way. A "
+        "server that makes each request's objects as it comes sees the passes its growth "
+        "triggers (a backlog building near the knee); the model charges none.",
         "- **Past the knee** the queue grows for as long as the run lasts, so waits and "
         "lateness there depend on the run's length as much as on the model; they are shown, "
         "not scored.",
