@@ -189,14 +189,23 @@ class _NoPurgatory:
 
 #: How often (seconds of the run, at most) `HoldOffs` reads the thread's wait for a CPU.
 SAMPLE: Final = 0.001
+#: The selector's resolution on Linux (epoll's timeout is in milliseconds, rounded up): an
+#: idle loop sleeps up to this past a callback's time.
+_SELECTOR: Final = 0.001
 
 
 class HoldOffs:
-    """The spells the loop's thread was runnable but held off its CPU by another process
-    during a run, from its cumulative wait (Linux schedstat) read at the harness's callbacks,
-    at most every `SAMPLE` seconds: each read that finds the wait grown by w since the last
-    one is a hold-off of w seconds ending at that read (the callback that read it started
-    that late). Nothing on a system without schedstat.
+    """The spells the loop's thread had work but was not running, during a run: from its
+    schedstat (Linux: the seconds it ran, and the seconds it was runnable but waited for a CPU
+    another process held), read at the harness's callbacks at most every `SAMPLE` seconds.
+
+    Between two reads, the wait's growth w is a hold-off of w seconds ending at the second
+    read (the callback that read it started that late). And where that callback started L
+    seconds after it was due, the loop did not sleep in those L seconds: whatever of them it
+    neither ran nor waited for a CPU (at least L minus both) the thread was off its CPU for
+    another reason, *unaccounted*: a virtual machine's CPU taken by its host (steal time,
+    which the guest's schedstat does not count as a wait), or a blocking page fault. Both make
+    one hold-off. Nothing on a system without schedstat.
 
     Reading costs about a microsecond, a thousand times a second at most: a tenth of a per
     cent of the loop. A hold-off is what the profile's ``stall`` draws from one calibration's
@@ -206,8 +215,11 @@ class HoldOffs:
     def __init__(self) -> None:
         self.fd: int | None = None
         self.last = -math.inf
+        self.ran = 0
         self.waited = 0
         self.spells: list[tuple[float, float]] = []
+        #: Seconds of the spells that were not a wait for a CPU (`unaccounted`).
+        self.unaccounted = 0.0
 
     def start(self, now: float) -> None:
         """Open the running thread's schedstat (in the loop's thread) and take a first read."""
@@ -216,22 +228,29 @@ class HoldOffs:
         except OSError:
             return
         self.last = now
-        self.waited = self._read()
+        self.ran, self.waited = self._read()
 
-    def _read(self) -> int:
+    def _read(self) -> tuple[int, int]:
         assert self.fd is not None
-        return int(os.pread(self.fd, 64, 0).split()[1])
+        fields = os.pread(self.fd, 64, 0).split()
+        return int(fields[0]), int(fields[1])
 
-    def sample(self, now: float) -> None:
-        """At `now` (run seconds), read the wait if `SAMPLE` has passed since the last read."""
-        if now - self.last < SAMPLE or self.fd is None:
+    def sample(self, now: float, due: float) -> None:
+        """At `now` (run seconds), in a callback due at `due`, read schedstat if `SAMPLE` has
+        passed since the last read."""
+        last = self.last
+        if now - last < SAMPLE or self.fd is None:
             return
         self.last = now
-        waited = self._read()
-        if waited > self.waited:
-            held = (waited - self.waited) / 1e9
-            self.spells.append((now - held, held))
-            self.waited = waited
+        ran, waited = self._read()
+        ran_s, waited_s = (ran - self.ran) / 1e9, (waited - self.waited) / 1e9
+        self.ran, self.waited = ran, waited
+        # (Late by less than the selector's millisecond, an idle loop may have slept it.)
+        other = max(0.0, min(now - due - _SELECTOR, now - last) - ran_s - waited_s)
+        held = min(waited_s + other, now - last)
+        if held > 0:
+            self.unaccounted += other
+            self.spells.append((max(now - held, last), held))
 
     def stop(self) -> None:
         if self.fd is not None:
@@ -324,7 +343,7 @@ class _Run:
         condition = self.conditions[i]
         timeout = self.timeouts[i]
         keys = self.keys[i]
-        self.holdoffs.sample(now)
+        self.holdoffs.sample(now, self.arrivals[i])
         op = _Op(self, i, keys[0], timeout, condition is not None and condition <= now)
         self.watched[i] = now
         if (
@@ -338,7 +357,8 @@ class _Run:
 
     def trigger(self, op: _Op) -> None:
         self.triggers += 1
-        self.holdoffs.sample(time.monotonic() - self.base)
+        condition = self.conditions[op.i]
+        self.holdoffs.sample(time.monotonic() - self.base, condition or 0.0)
         if op.is_completed:
             return
         op.ready = True
@@ -396,6 +416,7 @@ def measure(trace: pa.Table, iterations: int) -> dict[str, Any]:
         "cpu": cpu["cpu"],
         "waited": cpu["waited"] / max(cpu["span"], 1e-9),
         "held_longest": run.holdoffs.longest(),
+        "unaccounted": run.holdoffs.unaccounted / max(cpu["span"], 1e-9),
         "holdoffs": run.holdoffs.spells,
         "collections": len(run.collections.passes),
         "collection_longest": run.collections.longest(),
@@ -526,10 +547,12 @@ def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, 
         "scheduling its condition as a timer, and timers popped from a heap holding every "
         "arrival of the run), minus the loop's dispatch of its callbacks.",
         "- The last three columns are measured only: the share of the run the loop's thread "
-        "was runnable but waiting for a CPU held by another process (Linux schedstat), with "
-        "the longest such hold-off (read at most every millisecond at the harness's "
-        "callbacks); the cyclic collector's passes during the run and the longest; and the "
-        "load averages as the run started. The model gives the loop a core of its own but for "
+        "was runnable but waiting for a CPU held by another process (Linux schedstat), the "
+        "share it had work due but neither ran nor waited (a virtual machine's CPU taken by "
+        "its host, which the guest does not count as a wait), and the longest hold-off of "
+        "either (read at most every millisecond at the harness's callbacks); the cyclic "
+        "collector's passes during the run and the longest; and the load averages as the "
+        "run started. The model gives the loop a core of its own but for "
         "the profile's stalls (an event held off the core, measured per callback by "
         "`calibrate` under the machine's load of the moment); where the share is more than a "
         "few per cent, the measured waits and lateness include the machine's other load, and "
@@ -635,7 +658,8 @@ def _section(section: dict[str, Any]) -> list[str]:
         "",
         "| offered /s | ops | "
         + " | ".join(header for _, header, _, _ in METRICS)
-        + " | loop waited for a CPU %, longest ms | collections, longest ms | load average |",
+        + " | loop waited for a CPU %, off it otherwise %, longest hold-off ms "
+        "| collections, longest ms | load average |",
         "|---:|---:|" + "---:|" * len(METRICS) + "---:|---:|---:|",
     ]
     for row in rows:
@@ -652,7 +676,8 @@ def _section(section: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {row['rate']:,.0f}{marker} | {row['measured']['operations']:,} | "
             + " | ".join(cells)
-            + f" | {100 * seen['waited']:.1f}, {1e3 * seen['held_longest']:.1f} | "
+            + f" | {100 * seen['waited']:.1f}, {100 * seen['unaccounted']:.1f}, "
+            f"{1e3 * seen['held_longest']:.1f} | "
             f"{seen['collections']}, {1e3 * seen['collection_longest']:.1f} | {row['load']} |"
         )
     misses = [
@@ -807,7 +832,8 @@ def validate(workload: Workload, profile: CostProfile, args: argparse.Namespace)
         )
         print(
             f"{rate:9,.0f}/s load {load} waited {100 * measured['waited']:.1f} % "
-            f"(longest {measured['held_longest'] * 1e3:.1f} ms), "
+            f"(otherwise off {100 * measured['unaccounted']:.1f} %, longest hold-off "
+            f"{measured['held_longest'] * 1e3:.1f} ms), "
             f"{measured['collections']} collections; with the run's hold-offs: late p99 "
             f"{variants[RUN_HELD] * 1e3:.2f} ms  "
             + "  ".join(

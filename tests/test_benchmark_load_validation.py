@@ -37,6 +37,7 @@ def stats(late: float, utilisation: float = 0.5) -> dict[str, Any]:
         "cpu": 1.0,
         "waited": 0.05,
         "held_longest": 0.0125,
+        "unaccounted": 0.01,
         "holdoffs": [(0.5, 0.0125)],
         "collections": 0,
         "collection_longest": 0.0,
@@ -90,7 +91,7 @@ def test_the_report_has_a_section_per_workload_and_scores_the_tail_by_variant() 
     # Past the knee nothing is scored.
     assert "| 3,000 (past) | 50.00 | 20.00 | 2.00 | 2.00 | 50.00 | 1.00/1.00/1.00 |" in text
     # Each row says how long its loop was held off at most, and the collector's passes.
-    assert "| 5.0, 12.5 | 0, 0.0 | 1.00/1.00/1.00 |" in text
+    assert "| 5.0, 1.0, 12.5 | 0, 0.0 | 1.00/1.00/1.00 |" in text
     assert text.count("Below the knee: 0 cell(s) outside the target.") == 2
     assert "Not a quiet machine" not in text
     assert "The profile's CPU is not the runs'" not in text
