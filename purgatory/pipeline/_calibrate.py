@@ -717,6 +717,7 @@ def calibrate(
         machine=_machine(),
         spread={kind: cost.spread for kind, cost in costs.items()},
         rounds=rounds,
+        holdoffs=(),  # (a measured run's, never a calibration's)
     )
 
 
