@@ -576,7 +576,7 @@ def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, 
         "timer, so on a busy loop an expiry waits for a batch of arrivals and conditions.",
         "- **Unequal events.** Each arrival, condition and timer pass costs its kind's mean "
         "times a factor drawn from the profile's `cost_shape` (each callback's CPU over the "
-        "mean, timed one by one on a busy loop: a garbage collection, cold caches), and holds "
+        "mean, timed one by one on a busy loop: cold caches, a page fault), and holds "
         "the core for a stall drawn from `stall` (wall minus CPU of the same callbacks: "
         "another process preempting the loop), as likely per CPU second. Near the knee one "
         "long event delays a batch and the reaper behind it, and the backlog drains slowly: "

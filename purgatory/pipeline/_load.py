@@ -14,8 +14,8 @@ behind work, the reaper's pass runs after the callbacks collected with its timer
 wait longer and expire more once the offered work exceeds the core.
 
 An event's cost is not constant on a real loop: most callbacks cost about the same, and a few
-cost many times more (a garbage collection, caches taken by another process), or are held
-off the core for a while (another process preempting the loop). Near the knee one such event
+cost many times more (caches taken by another process, a page fault), or are held off the
+core for a while (another process preempting the loop). Near the knee one such event
 delays a whole batch and the reaper behind it, and the backlog takes a long time to drain:
 that is where expiry lateness gets its tail. A profile of version 4 holds both as measured
 (``cost_shape``: an event's CPU cost over the mean, as quantiles; ``stall``: the seconds an
