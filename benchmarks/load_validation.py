@@ -200,7 +200,8 @@ class HoldOffs:
     another process held), read at the harness's callbacks at most every `SAMPLE` seconds.
 
     Between two reads, the wait's growth w is a hold-off of w seconds ending at the second
-    read (the callback that read it started that late). And where that callback started L
+    read (the callback that read it started that late: the wait is counted when the thread
+    gets its CPU back). And where that callback started L
     seconds after it was due, the loop did not sleep in those L seconds: whatever of them it
     neither ran nor waited for a CPU (at least L minus both) the thread was off its CPU for
     another reason, *unaccounted*: a virtual machine's CPU taken by its host (steal time,
@@ -231,9 +232,11 @@ class HoldOffs:
         self.ran, self.waited = self._read()
 
     def _read(self) -> tuple[int, int]:
+        """The thread's CPU and its wait for a CPU so far, in nanoseconds. (The CPU from the
+        thread's clock: schedstat's own is brought up to date only at the scheduler's ticks
+        and switches, milliseconds stale while the thread runs.)"""
         assert self.fd is not None
-        fields = os.pread(self.fd, 64, 0).split()
-        return int(fields[0]), int(fields[1])
+        return time.thread_time_ns(), int(os.pread(self.fd, 64, 0).split()[1])
 
     def sample(self, now: float, due: float) -> None:
         """At `now` (run seconds), in a callback due at `due`, read schedstat if `SAMPLE` has
