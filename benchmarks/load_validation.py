@@ -698,8 +698,9 @@ def _section(section: dict[str, Any]) -> list[str]:
         "would predict), with constant costs, and given the run's own hold-offs (the spells of "
         f"{HELD * 1e3:g} ms or more its loop waited for a CPU, at the times they came, instead "
         "of the drawn stalls: what the model predicts knowing when other processes took the "
-        "loop's CPU, which no profile can know in advance); a **bold** prediction misses the "
-        "target below the knee.",
+        "loop's CPU, which no profile can know in advance; where the real loop fell far "
+        "behind, its hold-offs came when the model's had caught up, and change little); a "
+        "**bold** prediction misses the target below the knee.",
         "",
         "| offered /s | measured | "
         + " | ".join(["full profile", *VARIANTS, RUN_HELD])
