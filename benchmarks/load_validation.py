@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import itertools
 import math
@@ -186,6 +187,123 @@ class _NoPurgatory:
         pass
 
 
+#: How often (seconds of the run, at most) `HoldOffs` reads the thread's wait for a CPU.
+SAMPLE: Final = 0.001
+#: The selector's resolution on Linux (epoll's timeout is in milliseconds, rounded up): an
+#: idle loop sleeps up to this past a callback's time.
+_SELECTOR: Final = 0.001
+
+
+class HoldOffs:
+    """The spells the loop's thread had work but was not running, during a run: from its
+    schedstat (Linux: the seconds it ran, and the seconds it was runnable but waited for a CPU
+    another process held), read at the harness's callbacks at most every `SAMPLE` seconds.
+
+    Between two reads, the wait's growth w is a hold-off of w seconds ending at the second
+    read (the callback that read it started that late: the wait is counted when the thread
+    gets its CPU back). And where that callback started L
+    seconds after it was due, the loop did not sleep in those L seconds: whatever of them it
+    neither ran nor waited for a CPU (at least L minus both) the thread was off its CPU for
+    another reason, *unaccounted*: a virtual machine's CPU taken by its host (steal time,
+    which the guest's schedstat does not count as a wait), or a blocking page fault. Both make
+    one hold-off. Nothing on a system without schedstat.
+
+    Reading costs about a microsecond, a thousand times a second at most: a tenth of a per
+    cent of the loop. A hold-off is what the profile's ``stall`` draws from one calibration's
+    minute; these are the run's own, at the times they came (`spells`).
+    """
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.last = -math.inf
+        self.ran = 0
+        self.waited = 0
+        self.spells: list[tuple[float, float]] = []
+        #: Seconds of the spells that were not a wait for a CPU (`unaccounted`).
+        self.unaccounted = 0.0
+
+    def start(self, now: float) -> None:
+        """Open the running thread's schedstat (in the loop's thread) and take a first read."""
+        try:
+            self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            return
+        self.last = now
+        self.ran, self.waited = self._read()
+
+    def _read(self) -> tuple[int, int]:
+        """The thread's CPU and its wait for a CPU so far, in nanoseconds. (The CPU from the
+        thread's clock: schedstat's own is brought up to date only at the scheduler's ticks
+        and switches, milliseconds stale while the thread runs.)"""
+        assert self.fd is not None
+        return time.thread_time_ns(), int(os.pread(self.fd, 64, 0).split()[1])
+
+    def sample(self, now: float, due: float) -> None:
+        """At `now` (run seconds), in a callback due at `due`, read schedstat if `SAMPLE` has
+        passed since the last read."""
+        last = self.last
+        if now - last < SAMPLE or self.fd is None:
+            return
+        self.last = now
+        ran, waited = self._read()
+        ran_s, waited_s = (ran - self.ran) / 1e9, (waited - self.waited) / 1e9
+        self.ran, self.waited = ran, waited
+        # (Late by less than the selector's millisecond, an idle loop may have slept it.)
+        other = max(0.0, min(now - due - _SELECTOR, now - last) - ran_s - waited_s)
+        held = min(waited_s + other, now - last)
+        if held > 0:
+            self.unaccounted += other
+            self.spells.append((max(now - held, last), held))
+
+    def stop(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def longest(self) -> float:
+        """The longest hold-off, in seconds (0 if none)."""
+        return max((held for _, held in self.spells), default=0.0)
+
+
+class Collections:
+    """The cyclic garbage collector's passes during a run (`gc.callbacks`): generation, start
+    (run seconds) and pause.
+
+    On CPython before 3.13 a pass is triggered when the objects the collector tracks have
+    grown by 700 (the first threshold) since the last: allocations count up, deallocations
+    down. Every arrival's timer handle here is made before the run (and frozen) and freed as
+    the arrival runs, so the run frees more tracked objects than it makes, and the count stays
+    near 0: no pass runs during a run at all (measured: none in the runs of W1 at 20,518/s). A
+    server that makes each request's objects when it comes would see the passes its growth
+    triggers (a backlog building near the knee); this records whatever runs, so a row says
+    what its run had.
+    """
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[int, float, float]] = []
+        self._base = 0.0
+        self._began = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.monotonic()
+        else:
+            end = time.monotonic()
+            self.passes.append((info["generation"], self._began - self._base, end - self._began))
+
+    def start(self, base: float) -> None:
+        self._base = base
+        gc.callbacks.append(self._callback)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._callback)
+
+    def longest(self) -> float:
+        """The longest pause, in seconds (0 if none)."""
+        return max((pause for _, _, pause in self.passes), default=0.0)
+
+
 class _Run:
     """One trace played on the running loop: every operation's watch, end and outcome."""
 
@@ -209,6 +327,10 @@ class _Run:
         self.purgatory: DelayedOperationPurgatory[_Op] | _NoPurgatory = (
             _NoPurgatory() if stub else DelayedOperationPurgatory("validate", tick=TICK)
         )
+        # What held the loop off during the run, besides its own work: the spells it waited
+        # for a CPU (`HoldOffs`), and the cyclic collector's passes (`Collections`).
+        self.holdoffs = HoldOffs()
+        self.collections = Collections()
 
     def ended(self, op: _Op) -> None:
         self.end[op.i] = time.monotonic() - self.base
@@ -224,6 +346,7 @@ class _Run:
         condition = self.conditions[i]
         timeout = self.timeouts[i]
         keys = self.keys[i]
+        self.holdoffs.sample(now, self.arrivals[i])
         op = _Op(self, i, keys[0], timeout, condition is not None and condition <= now)
         self.watched[i] = now
         if (
@@ -237,6 +360,8 @@ class _Run:
 
     def trigger(self, op: _Op) -> None:
         self.triggers += 1
+        condition = self.conditions[op.i]
+        self.holdoffs.sample(time.monotonic() - self.base, condition or 0.0)
         if op.is_completed:
             return
         op.ready = True
@@ -257,14 +382,20 @@ class _Run:
         # has none to wait for: done once every one has.)
         # The handles and the trace are long-lived: out of the collector's full passes, which
         # would otherwise walk them all, every few thousand allocations, during the run.
+        # (Freezing them also keeps the collector from running at all during the run, on
+        # CPython before 3.13: see `Collections`.)
         gc.collect()
         gc.freeze()
         await asyncio.sleep(self.base - time.monotonic() - 0.01)
         cpu = time.thread_time()
         waited = run_queue_wait()
+        self.holdoffs.start(time.monotonic() - self.base)
+        self.collections.start(self.base)
         try:
             await self.done
         finally:
+            self.collections.stop()
+            self.holdoffs.stop()
             gc.unfreeze()
         cpu = time.thread_time() - cpu
         waited = run_queue_wait() - waited
@@ -284,7 +415,15 @@ def measure(trace: pa.Table, iterations: int) -> dict[str, Any]:
     deadlines = [w + t for w, t in zip(run.watched, run.timeouts, strict=True)]
     return outcome_stats(
         run.watched, run.end, deadlines, run.expired, cpu["cpu"] / max(cpu["span"], 1e-9)
-    ) | {"cpu": cpu["cpu"], "waited": cpu["waited"] / max(cpu["span"], 1e-9)}
+    ) | {
+        "cpu": cpu["cpu"],
+        "waited": cpu["waited"] / max(cpu["span"], 1e-9),
+        "held_longest": run.holdoffs.longest(),
+        "unaccounted": run.holdoffs.unaccounted / max(cpu["span"], 1e-9),
+        "holdoffs": run.holdoffs.spells,
+        "collections": len(run.collections.passes),
+        "collection_longest": run.collections.longest(),
+    }
 
 
 def application_overhead(trace: pa.Table, iterations: int, dispatch: float) -> float:
@@ -382,6 +521,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "cost shape, no stall": {"stall": ()},
     "constant costs (version 3)": {"cost_shape": (), "stall": ()},
 }
+#: The variant given the run's own hold-offs (`HoldOffs`) of at least `HELD` seconds at the
+#: times they came, instead of the profile's drawn stalls: what the model predicts knowing
+#: when other processes took the loop's CPU, which no profile can know in advance.
+RUN_HELD: Final = "the run's hold-offs"
+#: The shortest hold-off the `RUN_HELD` variant replays: shorter ones are a wake-up's
+#: scheduling latency, which the profile's ``wake_latency`` already draws.
+HELD: Final = 0.001
 
 
 def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, Any]) -> str:
@@ -403,12 +549,18 @@ def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, 
         "with the purgatory taken out (a busy loop, reading the clock, creating the operation, "
         "scheduling its condition as a timer, and timers popped from a heap holding every "
         "arrival of the run), minus the loop's dispatch of its callbacks.",
-        "- The last two columns are measured only: the share of the run the loop's thread was "
-        "runnable but waiting for a CPU held by another process (Linux schedstat), and the "
-        "load averages as the run started. The model gives the loop a core of its own but for "
+        "- The last three columns are measured only: the share of the run the loop's thread "
+        "was runnable but waiting for a CPU held by another process (Linux schedstat), the "
+        "share it had work due but neither ran nor waited (a virtual machine's CPU taken by "
+        "its host, which the guest does not count as a wait), and the longest hold-off of "
+        "either (read at most every millisecond at the harness's callbacks); the cyclic "
+        "collector's passes during the run and the longest; and the load averages as the "
+        "run started. The model gives the loop a core of its own but for "
         "the profile's stalls (an event held off the core, measured per callback by "
         "`calibrate` under the machine's load of the moment); where the share is more than a "
-        "few per cent, the measured waits and lateness include the machine's other load.",
+        "few per cent, the measured waits and lateness include the machine's other load, and "
+        "one hold-off of several milliseconds near the knee is enough to set a run's expiry "
+        "lateness p99 (the last table of each section replays the run's own).",
     ]
     for section in sections:
         lines += _section(section)
@@ -427,7 +579,7 @@ def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, 
         "timer, so on a busy loop an expiry waits for a batch of arrivals and conditions.",
         "- **Unequal events.** Each arrival, condition and timer pass costs its kind's mean "
         "times a factor drawn from the profile's `cost_shape` (each callback's CPU over the "
-        "mean, timed one by one on a busy loop: a garbage collection, cold caches), and holds "
+        "mean, timed one by one on a busy loop: cold caches, a page fault), and holds "
         "the core for a stall drawn from `stall` (wall minus CPU of the same callbacks: "
         "another process preempting the loop), as likely per CPU second. Near the knee one "
         "long event delays a batch and the reaper behind it, and the backlog drains slowly: "
@@ -436,8 +588,18 @@ def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, 
         "- **Other processes.** The stalls are drawn from one calibration's minute; the "
         "machine's load changes from minute to minute (the load averages above), so on a "
         "shared machine the measured and predicted tails agree only as well as the load "
-        "during the calibration matches the load during each run. The overload's rate is "
+        "during the calibration matches the load during each run. Near the knee a single "
+        "hold-off of a few milliseconds (another process given the loop's CPU) delays a "
+        "whole batch and the backlog behind it drains slowly, so a 2 s run's p99 depends on "
+        "whether one came, and when: the tail replayed with the run's own hold-offs, at the "
+        "times they came, shows what the model makes of them. The overload's rate is "
         "compared in operations per CPU second, which that wait does not change.",
+        "- **The cyclic garbage collector** runs no pass during these runs (the column): on "
+        "CPython before 3.13 a pass is triggered by the tracked objects' growth (allocations "
+        "minus deallocations) by 700, and here every arrival frees its timer handle, made "
+        "before the run. Nor during `calibrate`'s timed callbacks, scheduled the same way. A "
+        "server that makes each request's objects as it comes sees the passes its growth "
+        "triggers (a backlog building near the knee); the model charges none.",
         "- **Past the knee** the queue grows for as long as the run lasts, so waits and "
         "lateness there depend on the run's length as much as on the model; they are shown, "
         "not scored.",
@@ -499,8 +661,9 @@ def _section(section: dict[str, Any]) -> list[str]:
         "",
         "| offered /s | ops | "
         + " | ".join(header for _, header, _, _ in METRICS)
-        + " | loop waited for a CPU % | load average |",
-        "|---:|---:|" + "---:|" * len(METRICS) + "---:|---:|",
+        + " | loop waited for a CPU %, off it otherwise %, longest hold-off ms "
+        "| collections, longest ms | load average |",
+        "|---:|---:|" + "---:|" * len(METRICS) + "---:|---:|---:|",
     ]
     for row in rows:
         below = edge is not None and row["rate"] < edge
@@ -512,10 +675,13 @@ def _section(section: dict[str, Any]) -> list[str]:
                 text = f"**{text}**"
             cells.append(text)
         marker = "" if below else " (past)"
+        seen = row["measured"]
         lines.append(
             f"| {row['rate']:,.0f}{marker} | {row['measured']['operations']:,} | "
             + " | ".join(cells)
-            + f" | {100 * row['measured']['waited']:.1f} | {row['load']} |"
+            + f" | {100 * seen['waited']:.1f}, {100 * seen['unaccounted']:.1f}, "
+            f"{1e3 * seen['held_longest']:.1f} | "
+            f"{seen['collections']}, {1e3 * seen['collection_longest']:.1f} | {row['load']} |"
         )
     misses = [
         (row["rate"], header)
@@ -529,19 +695,24 @@ def _section(section: dict[str, Any]) -> list[str]:
         "",
         "Expiry lateness p99 (ms) by what the model draws: the full profile (as in the table "
         "above), without its stalls (what a quiet machine's profile, whose stalls are near 0, "
-        "would predict), and with constant costs; a **bold** prediction misses the target "
-        "below the knee.",
+        "would predict), with constant costs, and given the run's own hold-offs (the spells of "
+        f"{HELD * 1e3:g} ms or more its loop waited for a CPU, at the times they came, instead "
+        "of the drawn stalls: what the model predicts knowing when other processes took the "
+        "loop's CPU, which no profile can know in advance; where the real loop fell far "
+        "behind, its hold-offs came when the model's had caught up, and change little); a "
+        "**bold** prediction misses the target below the knee.",
         "",
         "| offered /s | measured | "
-        + " | ".join(["full profile", *VARIANTS])
+        + " | ".join(["full profile", *VARIANTS, RUN_HELD])
         + " | load average |",
-        "|---:|---:|" + "---:|" * (1 + len(VARIANTS)) + "---:|",
+        "|---:|---:|" + "---:|" * (2 + len(VARIANTS)) + "---:|",
     ]
     for row in rows:
         below = edge is not None and row["rate"] < edge
         measured = row["measured"]["late_p99"]
         cells = []
-        for value in (row["predicted"]["late_p99"], *row["variants"].values()):
+        names = [*VARIANTS, RUN_HELD]
+        for value in (row["predicted"]["late_p99"], *(row["variants"][n] for n in names)):
             text = f"{value * 1000:.2f}"
             cells.append(f"**{text}**" if below and not within(value, measured, 0.002) else text)
         tail.append(
@@ -652,6 +823,8 @@ def validate(workload: Workload, profile: CostProfile, args: argparse.Namespace)
             name: predict(trace, replace(profile, **changes))["late_p99"]
             for name, changes in VARIANTS.items()
         }
+        held = tuple((start, h) for start, h in measured["holdoffs"] if h >= HELD)
+        variants[RUN_HELD] = predict(trace, replace(profile, stall=(), holdoffs=held))["late_p99"]
         rows.append(
             {
                 "rate": rate,
@@ -662,7 +835,11 @@ def validate(workload: Workload, profile: CostProfile, args: argparse.Namespace)
             }
         )
         print(
-            f"{rate:9,.0f}/s load {load} waited {100 * measured['waited']:.1f} %  "
+            f"{rate:9,.0f}/s load {load} waited {100 * measured['waited']:.1f} % "
+            f"(otherwise off {100 * measured['unaccounted']:.1f} %, longest hold-off "
+            f"{measured['held_longest'] * 1e3:.1f} ms), "
+            f"{measured['collections']} collections; with the run's hold-offs: late p99 "
+            f"{variants[RUN_HELD] * 1e3:.2f} ms  "
             + "  ".join(
                 f"{header} {predicted[key] * scale:.2f}/{measured[key] * scale:.2f}"
                 for key, header, scale, _ in METRICS

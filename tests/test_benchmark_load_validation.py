@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
+import pytest
 
-from benchmarks.load_validation import VARIANTS, WORKLOADS, render
+from benchmarks.load_validation import RUN_HELD, VARIANTS, WORKLOADS, HoldOffs, render
 from purgatory.pipeline._load import CostProfile
 
 
@@ -36,6 +37,11 @@ def stats(late: float, utilisation: float = 0.5) -> dict[str, Any]:
         "utilisation": utilisation,
         "cpu": 1.0,
         "waited": 0.05,
+        "held_longest": 0.0125,
+        "unaccounted": 0.01,
+        "holdoffs": [(0.5, 0.0125)],
+        "collections": 0,
+        "collection_longest": 0.0,
     }
 
 
@@ -45,7 +51,7 @@ def section(index: int) -> dict[str, Any]:
             "rate": rate,
             "measured": stats(measured, utilisation) | {"waited": 0.05},
             "predicted": stats(predicted, utilisation),
-            "variants": dict.fromkeys(VARIANTS, 0.002),
+            "variants": dict.fromkeys([*VARIANTS, RUN_HELD], 0.002) | {RUN_HELD: measured},
             "load": "1.00/1.00/1.00",
         }
         for rate, measured, predicted, utilisation in (
@@ -80,10 +86,13 @@ def test_the_report_has_a_section_per_workload_and_scores_the_tail_by_variant() 
     assert "![predicted against measured, several timeouts](chart1.png)" in text
     # Below the knee (2,500/s) the full profile is within the target; the constant-costs
     # variant (2 ms against 10 ms measured at 2,000/s) is not, and is marked.
-    assert "| 2,000 | 10.00 | 9.50 | **2.00** | **2.00** | 1.00/1.00/1.00 |" in text
-    assert "| 1,000 | 3.00 | 3.10 | 2.00 | 2.00 | 1.00/1.00/1.00 |" in text
+    # The variant given the run's hold-offs is scored as the others.
+    assert "| 2,000 | 10.00 | 9.50 | **2.00** | **2.00** | 10.00 | 1.00/1.00/1.00 |" in text
+    assert "| 1,000 | 3.00 | 3.10 | 2.00 | 2.00 | 3.00 | 1.00/1.00/1.00 |" in text
     # Past the knee nothing is scored.
-    assert "| 3,000 (past) | 50.00 | 20.00 | 2.00 | 2.00 | 1.00/1.00/1.00 |" in text
+    assert "| 3,000 (past) | 50.00 | 20.00 | 2.00 | 2.00 | 50.00 | 1.00/1.00/1.00 |" in text
+    # Each row says how long its loop was held off at most, and the collector's passes.
+    assert "| 5.0, 1.0, 12.5 | 0, 0.0 | 1.00/1.00/1.00 |" in text
     assert text.count("Below the knee: 0 cell(s) outside the target.") == 2
     assert "Not a quiet machine" not in text
     assert "The profile's CPU is not the runs'" not in text
@@ -103,3 +112,46 @@ def test_the_report_says_when_the_machine_was_shared_or_the_profile_ran_under_an
     )
     assert text.count("**Not a quiet machine**: the loop waited for a CPU 60% of a run's") == 1
     assert text.count("operations per CPU second at overload are -33.3 % from") == 1
+
+
+class ScriptedHoldOffs(HoldOffs):
+    """`HoldOffs` reading scripted (CPU, wait) nanoseconds instead of the thread's own."""
+
+    def __init__(self, reads: list[tuple[int, int]]) -> None:
+        super().__init__()
+        self.reads = iter(reads)
+
+    def start(self, now: float) -> None:
+        self.fd = -1  # (never read: `_read` is scripted)
+        self.last = now
+        self.ran, self.waited = self._read()
+
+    def _read(self) -> tuple[int, int]:
+        return next(self.reads)
+
+
+def test_a_hold_off_is_a_wait_for_a_cpu_or_time_off_it_while_work_was_due() -> None:
+    ms = 1_000_000
+    held = ScriptedHoldOffs(
+        [
+            (0, 0),
+            # 0-10 ms, a callback on time: ran 2 ms, slept the rest; nothing held.
+            (2 * ms, 0),
+            # 10-20 ms, a callback due at 11 ms starts at 20: ran 2 ms and waited 5 ms for a
+            # CPU, so off it otherwise 9 - 1 - 2 - 5 = 1 ms (late by 9 ms, of which the
+            # selector's millisecond may have been a sleep): one hold-off of 6 ms ending at 20.
+            (4 * ms, 5 * ms),
+            # 20-20.5 ms: too soon for another read.
+            # 20-30 ms, due at 29.5: late by less than the selector's millisecond, and it
+            # waited 2 ms: a hold-off of 2 ms.
+            (9 * ms, 7 * ms),
+        ]
+    )
+    held.start(0.0)
+    held.sample(0.010, 0.010)
+    held.sample(0.020, 0.011)
+    held.sample(0.0205, 0.0)
+    held.sample(0.030, 0.0295)
+    assert held.spells == [pytest.approx((0.014, 0.006)), pytest.approx((0.028, 0.002))]
+    assert held.unaccounted == pytest.approx(0.001)
+    assert held.longest() == pytest.approx(0.006)

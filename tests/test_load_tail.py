@@ -13,6 +13,7 @@ turns timed callbacks into a profile's distributions.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -263,3 +264,107 @@ def test_timed_callbacks_give_the_shape_the_stall_and_its_basis() -> None:
     assert shape[-1] == pytest.approx(10_000 / mean)
     assert stall[SHAPE_QUANTILES.index(0.99)] == 0.0
     assert stall[-1] == pytest.approx(20e-6)
+
+
+# Hold-offs: spells the core is held off at given times (a measured run's preemptions).
+
+#: Round numbers, so that the schedule can be worked out by hand (no draws, no wake cost).
+HAND = CostProfile(
+    dispatch=0.0,
+    wake=0.0,
+    watch=2 * MS,
+    watch_key=0.0,
+    attempt=0.0,
+    completion=1 * MS,
+    expiry=0.5 * MS,
+    timer_pass=1 * MS,
+    purged_entry=0.0,
+)
+
+
+def hand_trace(rows: list[tuple[int, float, float]]) -> pa.Table:
+    """(op_id, arrival, timeout) rows of one purgatory on key "a", never met."""
+    return pa.table(
+        {
+            "purgatory": pa.array(["p"] * len(rows)),
+            "op_id": pa.array([r[0] for r in rows], pa.int64()),
+            "arrival": pa.array([r[1] for r in rows], pa.float64()),
+            "keys": pa.array([["a"] for _ in rows], pa.list_(pa.string())),
+            "timeout": pa.array([r[2] for r in rows], pa.float64()),
+            "condition_at": pa.array([None] * len(rows), pa.float64()),
+        }
+    )
+
+
+def ops_by_id(table: pa.Table) -> dict[int, dict[str, object]]:
+    return {r["op_id"]: r for r in table.filter(pc.is_valid(table["op_id"])).to_pylist()}
+
+
+def test_a_hold_off_delays_the_work_it_falls_in_and_a_wake_up_inside_it_worked_out_by_hand() -> (
+    None
+):
+    trace = hand_trace([(0, 0.0, 10 * MS), (1, 1.5 * MS, 100 * MS)])
+    plain = replay_table(trace, CONFIG, costs=HAND)
+    # Without hold-offs: op 0 watched 0-2 ms, op 1 at 2-4; op 0's pass at its deadline, 10 ms.
+    assert ops_by_id(plain)[1]["watched_at"] == pytest.approx(2 * MS)
+    assert ops_by_id(plain)[0]["ended_at"] == pytest.approx(10 * MS)
+    # Held off 1-5 ms: op 0's watch (0-2 ms) is interrupted at 1 and ends at 6; op 1, arrived
+    # at 1.5, is watched at 6 (to 8). Held off 9.5-12.5 ms: the idle loop due to wake at 10
+    # for op 0's pass wakes at 12.5, and the expiry is 2.5 ms late.
+    held = replace(HAND, holdoffs=((1 * MS, 4 * MS), (9.5 * MS, 3 * MS)))
+    table = replay_table(trace, CONFIG, costs=held)
+    ops = ops_by_id(table)
+    assert ops[1]["watched_at"] == pytest.approx(6 * MS)
+    assert ops[0]["outcome"] == "expired"
+    assert ops[0]["ended_at"] == pytest.approx(12.5 * MS)
+    # A hold-off holds the core without running the loop: the busy time is the same.
+    assert gauges(table)["p"]["busy"] == pytest.approx(gauges(plain)["p"]["busy"])
+    # A hold-off while the loop sleeps and ends before its wake-up changes nothing.
+    idle = replace(HAND, holdoffs=((5 * MS, 3 * MS),))
+    assert replay_table(trace, CONFIG, costs=idle).equals(plain)
+
+
+def test_hold_offs_near_the_knee_lengthen_the_tail_and_replay_the_same() -> None:
+    """A few spells of 8 ms (as the validation's runs were held off by other processes) near
+    the knee give a longer expiry-lateness tail than none at the same load, and the same
+    profile with the same hold-offs replays identically."""
+    trace = w1_trace(30_000)
+    spells = tuple((t, 8 * MS) for t in (0.3, 0.7, 1.1))
+    held = replace(BASE, holdoffs=spells)
+    without = gauges(replay_table(trace, CONFIG, costs=BASE, operations=False))["p0000"]
+    first = replay_table(trace, CONFIG, costs=held)
+    assert replay_table(trace, CONFIG, costs=held).equals(first)
+    with_them = gauges(first)["p0000"]
+    assert with_them["lateness_p99"] > 2 * without["lateness_p99"]
+    assert with_them["lateness_p99"] > 5 * MS
+    assert with_them["busy"] == pytest.approx(without["busy"], rel=0.01)
+
+
+def test_hold_offs_are_not_kept_in_a_profile_file(tmp_path: Path) -> None:
+    held = replace(BASE, cost_shape=WIDE, holdoffs=((0.1, MS),))
+    assert "held off 1 times" in held.describe()
+    path = tmp_path / "held.json"
+    path.write_text(json.dumps(held.to_json()))
+    assert load_profile(str(path)) == replace(held, holdoffs=())
+    assert not BASE.zero
+    zero = profile_from_json({"version": 4, "costs": dict.fromkeys(COST_KINDS, 0.0)}, "test")
+    assert zero.zero
+    assert not replace(zero, holdoffs=((0.1, MS),)).zero
+
+
+@pytest.mark.parametrize(
+    ("holdoffs", "said"),
+    [
+        (((0.2, MS), (0.1, MS)), "sorted and apart"),
+        (((0.1, 2 * MS), (0.1015, MS)), "sorted and apart"),
+        (((0.1, -MS),), "seconds in [0, 1]"),
+        (((0.1, 2.0),), "seconds in [0, 1]"),
+        (((math.inf, MS),), "a finite start"),
+        (((0.1,),), "not a (start, seconds) pair"),
+        ((("0.1", MS),), "not seconds"),
+    ],
+)
+def test_bad_hold_offs_are_refused(holdoffs: tuple[object, ...], said: str) -> None:
+    with pytest.raises(ValueError, match="holdoffs") as info:
+        replace(BASE, holdoffs=holdoffs)  # type: ignore[arg-type]
+    assert said in str(info.value)

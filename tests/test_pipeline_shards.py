@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,22 @@ def test_overload_backlog_across_a_boundary_with_a_longer_warmup() -> None:
         trace, {0: ReplayConfig(purge_interval=0)}, 4, costs=LOADED, extra=0.5
     )
     assert all(b.matched for b in boundaries), [b.describe() for b in boundaries]
+
+
+def test_hold_offs_at_given_times_split_as_unsplit() -> None:
+    # A measured run's hold-offs are spells at fixed times of the trace, not a history: a
+    # warm-up meets the same ones, and a split replay is exact with them (here 5 ms spells in
+    # every shard, one just before a boundary, so a backlog they make crosses it).
+    trace = overload_trace()
+    spells = tuple((t, 5 * MS) for t in (0.05, 0.45, 0.99, 1.3, 1.75))
+    held = replace(LOADED, holdoffs=spells)
+    boundaries = assert_split_is_exact(
+        trace, {0: ReplayConfig(purge_interval=0)}, 4, costs=held, extra=0.5
+    )
+    assert all(b.matched for b in boundaries), [b.describe() for b in boundaries]
+    assert not replay_table(trace, {0: ReplayConfig(purge_interval=0)}, costs=held).equals(
+        replay_table(trace, {0: ReplayConfig(purge_interval=0)}, costs=LOADED)
+    )
 
 
 def test_a_failed_check_falls_back_to_sequential_and_says_so() -> None:

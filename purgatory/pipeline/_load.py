@@ -14,8 +14,8 @@ behind work, the reaper's pass runs after the callbacks collected with its timer
 wait longer and expire more once the offered work exceeds the core.
 
 An event's cost is not constant on a real loop: most callbacks cost about the same, and a few
-cost many times more (a garbage collection, caches taken by another process), or are held
-off the core for a while (another process preempting the loop). Near the knee one such event
+cost many times more (caches taken by another process, a page fault), or are held off the
+core for a while (another process preempting the loop). Near the knee one such event
 delays a whole batch and the reaper behind it, and the backlog takes a long time to drain:
 that is where expiry lateness gets its tail. A profile of version 4 holds both as measured
 (``cost_shape``: an event's CPU cost over the mean, as quantiles; ``stall``: the seconds an
@@ -164,6 +164,12 @@ class CostProfile:
     spread: dict[str, float] = field(default_factory=dict, hash=False)
     #: How many rounds of every measurement the costs are the medians of (0: not measured).
     rounds: int = 0
+    #: Spells the core is held off at given times, as (start, seconds) in the trace's time,
+    #: sorted and apart: a replay's work that reaches one waits for its end, and a loop waking
+    #: inside one wakes at its end. Not measured by `calibrate` and not kept in a profile file:
+    #: it replays a run whose preemptions were measured (the load validation's), where the
+    #: drawn ``stall`` is a minute's guess of them. Empty: none.
+    holdoffs: tuple[tuple[float, float], ...] = ()
     #: The mean of what `cost_shape` draws (1 without one): `cost_factor` divides by it.
     shape_mean: float = field(default=1.0, init=False, repr=False, compare=False)
     #: What `stall_at` multiplies the quantiles' stall by: `stall_mean` over their mean.
@@ -172,6 +178,7 @@ class CostProfile:
     def __post_init__(self) -> None:
         self._check_latency()
         self._check_spread()
+        self._check_holdoffs()
         for kind in (
             *COST_KINDS,
             "wake_resolution",
@@ -232,6 +239,50 @@ class CostProfile:
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
             raise ValueError(f"rounds must be a whole number >= 0, got {rounds!r:.40}")
 
+    def _check_holdoffs(self) -> None:
+        spells = []
+        end = -math.inf
+        for spell in self.holdoffs:
+            if not isinstance(spell, tuple | list) or len(spell) != 2:
+                raise ValueError(f"holdoffs holds {spell!r:.40}, not a (start, seconds) pair")
+            start, held = spell
+            for value in spell:
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise ValueError(f"holdoffs holds {spell!r:.40}, not seconds")
+            if not (math.isfinite(start) and 0 <= held <= MAX_COST):
+                raise ValueError(
+                    f"holdoffs holds {spell!r:.40}: a finite start and seconds in [0, {MAX_COST:g}]"
+                )
+            if start < end:
+                raise ValueError(f"holdoffs must be sorted and apart, got {spell!r:.40} too early")
+            end = start + held
+            spells.append((float(start), float(held)))
+        object.__setattr__(self, "holdoffs", tuple(spells))
+
+    def held_until(self, start: float, end: float) -> float:
+        """When work running from `start`, needing the core until `end` without hold-offs,
+        ends with them: a hold-off under way at `start` delays it to the hold-off's end, and
+        each one beginning within it delays the rest by its length."""
+        spells = self.holdoffs
+        i = bisect.bisect_left(spells, (start, -math.inf))
+        if i and spells[i - 1][0] + spells[i - 1][1] > start:  # (one under way at `start`)
+            end += spells[i - 1][0] + spells[i - 1][1] - start
+        while i < len(spells) and spells[i][0] < end:
+            end += spells[i][1]
+            i += 1
+        return end
+
+    def awake_at(self, when: float) -> float:
+        """When a loop due to wake at `when` runs: the end of a hold-off it falls in, or
+        `when`."""
+        spells = self.holdoffs
+        i = bisect.bisect_right(spells, (when, math.inf)) - 1
+        if i >= 0:
+            start, held = spells[i]
+            if when < start + held:
+                return start + held
+        return when
+
     def noisy(self, share: float = NOISY_SHARE) -> list[str]:
         """The measured costs whose spread is wider than `share` of the cost (or that are 0
         with a spread): what a busy machine blurred."""
@@ -278,13 +329,14 @@ class CostProfile:
 
     @property
     def zero(self) -> bool:
-        """Whether every event costs nothing (the replay is then exactly the plain one)."""
-        return all(getattr(self, kind) == 0 for kind in COST_KINDS)
+        """Whether every event costs nothing and the core is never held off (the replay is
+        then exactly the plain one)."""
+        return all(getattr(self, kind) == 0 for kind in COST_KINDS) and not self.holdoffs
 
     def to_json(self) -> dict[str, Any]:
         """The file's content: version, where it was measured, the costs in seconds."""
         data = asdict(self)
-        del data["shape_mean"], data["stall_scale"]
+        del data["shape_mean"], data["stall_scale"], data["holdoffs"]  # (a run's, not a profile's)
         return {
             "version": PROFILE_VERSION,
             "loop": data.pop("loop"),
@@ -337,9 +389,17 @@ class CostProfile:
             measured = f"; medians of {self.rounds} rounds" + (
                 f", noisy (spread over {NOISY_SHARE:.0%} of the cost, us): {noisy}" if noisy else ""
             )
+        held = ""
+        if self.holdoffs:
+            longest = max(h for _, h in self.holdoffs) * 1e3
+            total = sum(h for _, h in self.holdoffs) * 1e3
+            held = (
+                f"; held off {len(self.holdoffs)} times at given times (longest {longest:.2f} ms, "
+                f"{total:.2f} ms in all)"
+            )
         return (
             f"{self.loop} loop, {self.machine or 'unknown machine'}; costs (us): {costs}; "
-            f"wake resolution {self.wake_resolution * 1e3:g} ms{latency}{shape}{measured}"
+            f"wake resolution {self.wake_resolution * 1e3:g} ms{latency}{shape}{measured}{held}"
         )
 
 

@@ -429,6 +429,7 @@ class _LoadedGroup(_Group):
         "busy_until",
         "costs",
         "draw",
+        "held",
         "last_pass",
         "late",
         "load",
@@ -483,6 +484,8 @@ class _LoadedGroup(_Group):
         # whatever came before it in this replay (a replay split by time draws the same).
         self.seed = int.from_bytes(seed.digest()[8:16], "big")
         self.shaped = not costs.constant
+        # Whether the core is held off at given times (a measured run's preemptions).
+        self.held = bool(costs.holdoffs)
         # When the loop last woke from its selector (a stall comes only `stall_credit` later).
         self.woke = -math.inf
 
@@ -501,6 +504,8 @@ class _LoadedGroup(_Group):
                 end += costs.stall_at(_unit(seed, 2 * event + 1), cost)
         else:
             end = start + cost
+        if self.held:
+            end = self.costs.held_until(start, end)
         self.busy_until = end
         self.busy += int(cost * _PER_UNIT)
         raw = self.load.next_pass_at()
@@ -532,6 +537,8 @@ class _LoadedGroup(_Group):
                 self.start = free
             self.batch = free
             self.busy_until = free + costs.iteration
+            if self.held:
+                self.busy_until = costs.held_until(free, self.busy_until)
             self.busy += int(costs.iteration * _PER_UNIT)
             if self.owed:
                 self.owed = False
@@ -540,11 +547,15 @@ class _LoadedGroup(_Group):
         step = costs.wake_resolution
         wake = free + math.ceil((first - free) / step - 1e-9) * step if step > 0 else first
         wake += costs.latency(self.draw()) if costs.wake_latency else 0.0
+        if self.held:
+            wake = costs.awake_at(wake)
         if math.isnan(self.start):  # (the group's span starts with the core's first work)
             self.start = wake
         self.woke = wake
         self.batch = wake
         self.busy_until = wake + costs.wake + costs.iteration
+        if self.held:
+            self.busy_until = costs.held_until(wake, self.busy_until)
         self.busy += int((costs.wake + costs.iteration) * _PER_UNIT)
 
     def _serve_pass(self) -> None:
