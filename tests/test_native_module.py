@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import inspect
 import re
 import weakref
 from pathlib import Path
@@ -171,3 +172,143 @@ def test_the_c_has_no_static_type_and_no_private_api() -> None:
         text = source.read_text()
         assert not re.findall(r"static\s+PyTypeObject\s+\w+\s*=", text), source.name
         assert not re.findall(r"\b_Py\w+", text), source.name
+
+
+# -- the lifecycle generated from the field tables ------------------------------------------------
+
+#: The cores whose traverse / clear / dealloc are still written by hand (their files were being
+#: rewritten when the tables came in): each is to get a CORE_LIFECYCLE, and leave this set.
+LIFECYCLE_BY_HAND = {"bucket", "wheel", "timer"}
+
+#: Pointers in a struct that are no owned reference (the weak references' list).
+NOT_OWNED = {"weakreflist"}
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"/\*.*?\*/", "", text, flags=re.DOTALL)
+
+
+def _sources() -> str:
+    return "\n".join(_strip_comments(path.read_text()) for path in sorted(CSRC.glob("*.[ch]")))
+
+
+def _object_members(source: str, struct: str) -> set[str]:
+    """The `PyObject *` members (not `PyObject **`, an array) of `typedef struct {...} struct;`."""
+    match = re.search(r"typedef struct \{([^{}]*)\}\s*" + struct + r";", source)
+    assert match is not None, struct
+    names: set[str] = set()
+    for declaration in re.findall(r"PyObject\s*(\*[^;]*);", match.group(1)):
+        for declarator in (d.strip() for d in declaration.split(",")):
+            if not declarator.startswith("**"):
+                names.add(declarator.lstrip("*").strip())
+    return names
+
+
+def _table(source: str, name: str) -> set[str]:
+    """The members an X-macro table `#define NAME(X) X(a) X(b) ...` lists."""
+    if name == "NO_FIELDS":
+        return set()
+    match = re.search(r"#define " + name + r"\(X\)((?:[^\n]*\\\n)*[^\n]*)", source)
+    assert match is not None, name
+    return set(re.findall(r"X\((\w+)\)", match.group(1)))
+
+
+def _lifecycles(source: str) -> dict[str, tuple[str, str, str]]:
+    """Each CORE_LIFECYCLE(prefix, Type, FIELDS, KEPT, ...): prefix -> (Type, FIELDS, KEPT)."""
+    found = re.findall(r"^CORE_LIFECYCLE\((\w+),\s*(\w+),\s*(\w+),\s*(\w+),", source, re.M)
+    return {prefix: (struct, fields, kept) for prefix, struct, fields, kept in found}
+
+
+def test_every_object_field_of_a_core_struct_is_in_its_field_table() -> None:
+    """A `PyObject *` added to a struct and not to its table would be neither visited, cleared
+    nor released (a leak, or a cycle never broken): each struct's object members are its
+    table's (FIELDS and KEPT), and each core type has a generated lifecycle."""
+    source = _sources()
+    lifecycles = _lifecycles(source)
+    specs = set(
+        re.findall(r"^CORE_SPEC\(\s*\w+,\s*\"[^\"]*\",\s*\"[^\"]*\",\s*\w+,\s*(\w+)", source, re.M)
+    )
+    assert len(specs) == 8
+    assert set(lifecycles) == (specs | {"nm"}) - LIFECYCLE_BY_HAND
+    for prefix, (struct, fields, kept) in lifecycles.items():
+        table = _table(source, fields)
+        held = _table(source, kept)
+        assert not table & held, prefix
+        assert _object_members(source, struct) - NOT_OWNED == table | held, prefix
+
+
+class _Fresh:
+    """An object no one else holds (weakly referenced: when it is released is seen)."""
+
+
+def _core_instance(core: type) -> Any:
+    """An instance of a Python subclass of `core` (it has a __dict__ and takes weak references;
+    its fields are the core's own, data descriptors that shadow the dict)."""
+    sub = type(f"Sub{core.__name__}", (core,), {})
+    return sub({}) if core is native.ThresholdCore else sub()
+
+
+def _object_fields(core: type) -> list[str]:
+    """The core's fields that hold any object assigned to them (its number fields refuse one,
+    its read-only ones and the copies it makes, `run` and `heap`, do not keep it)."""
+    fields = []
+    for name, descriptor in sorted(vars(core).items()):
+        if name.startswith("__") or not inspect.isdatadescriptor(descriptor):
+            continue
+        obj, fresh = _core_instance(core), _Fresh()
+        try:
+            setattr(obj, name, fresh)
+        except (AttributeError, TypeError):
+            continue
+        if getattr(obj, name) is fresh:
+            fields.append(name)
+    return fields
+
+
+@pytest.mark.parametrize("name", [c for c in CORES if c != "NativeMethod"])
+def test_each_object_field_is_visited_cleared_and_released(name: str) -> None:
+    """Every object field Python can set is reported by the type's traverse
+    (`gc.get_referents`), cleared by its tp_clear (a cycle through the field alone, by a tuple,
+    which has no tp_clear of its own, is collected) and released by its dealloc."""
+    core = getattr(native, name)
+    fields = _object_fields(core)
+    assert fields, name
+    for field in fields:
+        obj, fresh = _core_instance(core), _Fresh()
+        setattr(obj, field, fresh)
+        assert any(r is fresh for r in gc.get_referents(obj)), field
+        released = weakref.ref(fresh)
+        del fresh
+        del obj
+        assert released() is None, f"{field}: not released by the dealloc"
+        obj = _core_instance(core)
+        setattr(obj, field, (obj,))
+        collected = weakref.ref(obj)
+        del obj
+        gc.collect()
+        assert collected() is None, f"{field}: a cycle through it is never broken"
+    if core is native.ThresholdCore:  # `plain`, read-only, set by __init__; `at` made there
+        plain: dict[Any, Any] = {}
+        obj = _core_instance(core)
+        obj.__init__(plain)
+        assert obj.plain is plain
+        referents = gc.get_referents(obj)
+        assert any(r is plain for r in referents)
+        assert any(r is obj.at for r in referents)
+
+
+def test_a_native_methods_reference_and_module_are_visited_and_released() -> None:
+    """The NativeMethod's table: its reference (cleared by a collection) and its module (kept
+    until the dealloc)."""
+
+    def reference(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    method = native.function(reference, "_operation.expire_due")
+    referents = gc.get_referents(method)
+    assert any(r is reference for r in referents)
+    assert any(r is native for r in referents)
+    released = weakref.ref(reference)
+    del reference, referents
+    del method
+    assert released() is None

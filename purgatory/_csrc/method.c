@@ -18,6 +18,12 @@ typedef struct {
     NativeState *st;  /* the module's state, handed to the C body */
 } NativeMethodObject;
 
+/* Its owned object fields: the reference, cleared by a collection; the module, kept until the
+ * dealloc (a method still called after a collection broke a cycle through it keeps a valid
+ * state). */
+#define NM_FIELDS(X) X(ref)
+#define NM_KEPT(X) X(module)
+
 static int native_pull_helpers(PyObject *module); /* native.c */
 
 static PyObject *nm_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
@@ -122,34 +128,7 @@ nm_repr(PyObject *self)
     return r;
 }
 
-static int
-nm_traverse(PyObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(((NativeMethodObject *)self)->ref);
-    Py_VISIT(((NativeMethodObject *)self)->module);
-    return 0;
-}
-
-static int
-nm_clear(PyObject *self)
-{
-    Py_CLEAR(((NativeMethodObject *)self)->ref);
-    /* (the module stays: a method still called after a collection broke a cycle through it
-     * keeps a valid state; its reference goes with the method) */
-    return 0;
-}
-
-static void
-nm_dealloc(PyObject *self)
-{
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    nm_clear(self);
-    Py_CLEAR(((NativeMethodObject *)self)->module);
-    type->tp_free(self);
-    Py_DECREF(type);
-}
+CORE_LIFECYCLE(nm, NativeMethodObject, NM_FIELDS, NM_KEPT, NO_WEAKREFS, NO_MORE)
 
 static PyMemberDef nm_members[] = {
     {"__vectorcalloffset__", Py_T_PYSSIZET, offsetof(NativeMethodObject, vectorcall), Py_READONLY},

@@ -75,6 +75,9 @@ typedef struct {
     PyObject *result;    /* _result */
 } OpObject;
 
+/* The operation's owned object fields (its lifecycle, operation.c: CORE_LIFECYCLE). */
+#define OP_FIELDS(X) X(bucket) X(future) X(keys) X(marks) X(owner) X(result)
+
 typedef struct {
     PyDictObject dict;
     long long expiration;
@@ -154,6 +157,11 @@ typedef struct {
     char closed;
 } PurgatoryObject;
 
+/* The purgatory's owned object fields (its lifecycle, purgatory.c). */
+#define PURGATORY_FIELDS(X)                                                                     \
+    X(attempt) X(attempts) X(binding) X(lists) X(max_pending) X(name) X(purge_queue) X(rule)    \
+    X(sink) X(sync_types) X(time_op) X(timer) X(sync_seen)
+
 /* An object field of a core type, as Python sees it (a getset): unset reads as an
  * AttributeError (or None, for the fields whose None is their NULL), and every assignment makes
  * the object check its fields again at the next C call. */
@@ -203,6 +211,81 @@ field_set(PyObject *self, PyObject *value, void *closure)
 #define FIELD_OR_NONE(type, member, pyname)                                                     \
     {pyname, field_get, field_set, NULL,                                                        \
      (void *)&(const FieldSpec){offsetof(type, member), pyname, 1}}
+
+/* -- a type's lifecycle, generated from its field table ---------------------------------------- */
+
+/* Every core type lists its owned object fields once, as an X-macro beside its struct:
+ *
+ *     #define RULE_FIELDS(X) X(lists) X(timer) X(idle_at)
+ *
+ * and CORE_LIFECYCLE defines its traverse, clear and dealloc from that table, so that a field
+ * added to the table is visited, cleared and released, and a field cannot be visited by one of
+ * them and forgotten by another (a leak, or a cycle never broken). tests/test_native_module.py
+ * checks each struct's `PyObject *` fields against its table, and that each field set from
+ * Python is reported by `gc.get_referents`, broken out of a cycle and released.
+ *
+ *     CORE_LIFECYCLE(prefix, Type, FIELDS, KEPT, WEAK, MORE)
+ *
+ * - FIELDS: the fields tp_clear clears (a collection breaks cycles through them);
+ * - KEPT: fields traversed but kept until the dealloc (NO_FIELDS for none): what a C body may
+ *   still need after a collection cleared the object (the NativeMethod's module);
+ * - WEAK: HAS_WEAKREFS for a type with a `weakreflist` member (cleared first in the dealloc),
+ *   else NO_WEAKREFS;
+ * - MORE: the hand-written part, for what is not a plain owned field (a C array of objects: the
+ *   threshold queue's ring and heap): `MORE##_visit(self, visit, arg)` (int) and
+ *   `MORE##_forget(self)` (void, run last by tp_clear), or NO_MORE.
+ *
+ * The dealloc: untrack, weak references, tp_clear's work, the kept fields, tp_free, the type
+ * (a heap type: its instances hold it). */
+#define NO_FIELDS(X)
+#define LIFE_VISIT_(member) Py_VISIT(o_->member);
+#define LIFE_CLEAR_(member) Py_CLEAR(o_->member);
+#define HAS_WEAKREFS(o)                                                                         \
+    if ((o)->weakreflist != NULL) {                                                             \
+        PyObject_ClearWeakRefs((PyObject *)(o));                                                \
+    }
+#define NO_WEAKREFS(o)
+
+static inline int
+NO_MORE_visit(PyObject *self, visitproc visit, void *arg)
+{
+    return 0;
+}
+
+static inline void
+NO_MORE_forget(PyObject *self)
+{
+}
+
+#define CORE_LIFECYCLE(prefix, Type, FIELDS, KEPT, WEAK, MORE)                                  \
+    static int prefix##_traverse(PyObject *self, visitproc visit, void *arg)                    \
+    {                                                                                           \
+        Type *o_ = (Type *)self;                                                                \
+        Py_VISIT(Py_TYPE(self));                                                                \
+        FIELDS(LIFE_VISIT_)                                                                     \
+        KEPT(LIFE_VISIT_)                                                                       \
+        return MORE##_visit(self, visit, arg);                                                  \
+    }                                                                                           \
+    static int prefix##_clear(PyObject *self)                                                   \
+    {                                                                                           \
+        Type *o_ = (Type *)self;                                                                \
+        (void)o_;                                                                               \
+        FIELDS(LIFE_CLEAR_)                                                                     \
+        MORE##_forget(self);                                                                    \
+        return 0;                                                                               \
+    }                                                                                           \
+    static void prefix##_dealloc(PyObject *self)                                                \
+    {                                                                                           \
+        Type *o_ = (Type *)self;                                                                \
+        PyTypeObject *type = Py_TYPE(self);                                                     \
+        (void)o_;                                                                               \
+        PyObject_GC_UnTrack(self);                                                              \
+        WEAK(o_)                                                                                \
+        prefix##_clear(self);                                                                   \
+        KEPT(LIFE_CLEAR_)                                                                       \
+        type->tp_free(self);                                                                    \
+        Py_DECREF(type);                                                                        \
+    }
 
 /* The module's state (`NativeState`, at the end of this file) is reached through `st`: every
  * function that reads it has `NativeState *st` in scope, a parameter handed down from the entry

@@ -31,42 +31,8 @@ static int purgatory_settled(NativeState *st, PyObject *purgatory, OpObject *op,
 
 /* -- life ------------------------------------------------------------------------------------ */
 
-static int
-op_traverse(PyObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
-    OpObject *op = (OpObject *)self;
-    Py_VISIT(op->bucket);
-    Py_VISIT(op->future);
-    Py_VISIT(op->keys);
-    Py_VISIT(op->marks);
-    Py_VISIT(op->owner);
-    Py_VISIT(op->result);
-    return 0;
-}
-
-static int
-op_clear(PyObject *self)
-{
-    OpObject *op = (OpObject *)self;
-    Py_CLEAR(op->bucket);
-    Py_CLEAR(op->future);
-    Py_CLEAR(op->keys);
-    Py_CLEAR(op->marks);
-    Py_CLEAR(op->owner);
-    Py_CLEAR(op->result);
-    return 0;
-}
-
-static void
-op_dealloc(PyObject *self)
-{
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    op_clear(self);
-    type->tp_free(self);
-    Py_DECREF(type); /* (a heap type: its instances hold it) */
-}
+/* Its fields' table is OP_FIELDS (native.h); `set` and the number fields hold no object. */
+CORE_LIFECYCLE(op, OpObject, OP_FIELDS, NO_FIELDS, NO_WEAKREFS, NO_MORE)
 
 /* __init__(self, timeout) for the common timeouts (a finite float or int >= 0); anything else
  * (a bad timeout, keywords, a class with a __setattr__ of its own, which sees the reference's

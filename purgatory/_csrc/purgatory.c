@@ -5,59 +5,9 @@
  * past the point where the reference could take over (the keys were consumed), its errors are
  * built by the reference's own helpers, so the messages are the same. */
 
-static int
-purgatory_traverse(PyObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
-    PurgatoryObject *p = (PurgatoryObject *)self;
-    Py_VISIT(p->attempt);
-    Py_VISIT(p->attempts);
-    Py_VISIT(p->binding);
-    Py_VISIT(p->lists);
-    Py_VISIT(p->max_pending);
-    Py_VISIT(p->name);
-    Py_VISIT(p->purge_queue);
-    Py_VISIT(p->rule);
-    Py_VISIT(p->sink);
-    Py_VISIT(p->sync_types);
-    Py_VISIT(p->time_op);
-    Py_VISIT(p->timer);
-    Py_VISIT(p->sync_seen);
-    return 0;
-}
-
-static int
-purgatory_clear(PyObject *self)
-{
-    PurgatoryObject *p = (PurgatoryObject *)self;
-    Py_CLEAR(p->attempt);
-    Py_CLEAR(p->attempts);
-    Py_CLEAR(p->binding);
-    Py_CLEAR(p->lists);
-    Py_CLEAR(p->max_pending);
-    Py_CLEAR(p->name);
-    Py_CLEAR(p->purge_queue);
-    Py_CLEAR(p->rule);
-    Py_CLEAR(p->sink);
-    Py_CLEAR(p->sync_types);
-    Py_CLEAR(p->time_op);
-    Py_CLEAR(p->timer);
-    Py_CLEAR(p->sync_seen);
-    return 0;
-}
-
-static void
-purgatory_dealloc(PyObject *self)
-{
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    if (((PurgatoryObject *)self)->weakreflist != NULL) {
-        PyObject_ClearWeakRefs(self);
-    }
-    purgatory_clear(self);
-    type->tp_free(self);
-    Py_DECREF(type); /* (a heap type: its instances hold it) */
-}
+/* Its fields' table is PURGATORY_FIELDS (native.h), beside the struct. */
+CORE_LIFECYCLE(purgatory, PurgatoryObject, PURGATORY_FIELDS, NO_FIELDS, HAS_WEAKREFS,
+               NO_MORE)
 
 static PyObject *
 purgatory_get_weakref(PyObject *self, void *closure)

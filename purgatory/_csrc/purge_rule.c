@@ -10,36 +10,9 @@ typedef struct {
     char purging, requested, armed, bounded;
 } RuleObject;
 
-static int
-rule_traverse(PyObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
-    RuleObject *r = (RuleObject *)self;
-    Py_VISIT(r->lists);
-    Py_VISIT(r->timer);
-    Py_VISIT(r->idle_at);
-    return 0;
-}
+#define RULE_FIELDS(X) X(lists) X(timer) X(idle_at)
 
-static int
-rule_clear(PyObject *self)
-{
-    RuleObject *r = (RuleObject *)self;
-    Py_CLEAR(r->lists);
-    Py_CLEAR(r->timer);
-    Py_CLEAR(r->idle_at);
-    return 0;
-}
-
-static void
-rule_dealloc(PyObject *self)
-{
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    rule_clear(self);
-    type->tp_free(self);
-    Py_DECREF(type); /* (a heap type: its instances hold it) */
-}
+CORE_LIFECYCLE(rule, RuleObject, RULE_FIELDS, NO_FIELDS, NO_WEAKREFS, NO_MORE)
 
 static PyGetSetDef rule_getset[] = {
     FIELD(RuleObject, timer, "_timer"),

@@ -27,6 +27,10 @@ typedef struct {
     size_t run_changes; /* bumped as the run changes (a compaction's check, as deque's) */
 } ThresholdObject;
 
+/* Its owned object fields; the run and the heap (C arrays of objects) are the lifecycle's
+ * hand-written part (`threshold_queue_visit` / `threshold_queue_forget`). */
+#define THRESHOLD_FIELDS(X) X(plain) X(at) X(shape)
+
 #define Threshold_Check(o) CORE_CHECK((o), ThresholdType)
 #define RUN_AT(t, i) ((t)->run[((t)->run_head + (i)) & ((t)->run_cap - 1)])
 
@@ -711,14 +715,11 @@ threshold_forget(ThresholdObject *t)
 
 /* -- the type's lifecycle ------------------------------------------------------------------- */
 
+/* The hand-written part: the queued thresholds, visited and released (queue_forget). */
 static int
-threshold_traverse(PyObject *self, visitproc visit, void *arg)
+threshold_queue_visit(PyObject *self, visitproc visit, void *arg)
 {
-    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     ThresholdObject *t = (ThresholdObject *)self;
-    Py_VISIT(t->plain);
-    Py_VISIT(t->at);
-    Py_VISIT(t->shape);
     for (Py_ssize_t i = 0; i < t->run_len; i++) {
         Py_VISIT(RUN_AT(t, i));
     }
@@ -728,26 +729,14 @@ threshold_traverse(PyObject *self, visitproc visit, void *arg)
     return 0;
 }
 
-static int
-threshold_clear(PyObject *self)
+static void
+threshold_queue_forget(PyObject *self)
 {
-    ThresholdObject *t = (ThresholdObject *)self;
-    Py_CLEAR(t->plain);
-    Py_CLEAR(t->at);
-    Py_CLEAR(t->shape);
-    queue_forget(t);
-    return 0;
+    queue_forget((ThresholdObject *)self);
 }
 
-static void
-threshold_dealloc(PyObject *self)
-{
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    threshold_clear(self);
-    type->tp_free(self);
-    Py_DECREF(type); /* (a heap type: its instances hold it) */
-}
+CORE_LIFECYCLE(threshold, ThresholdObject, THRESHOLD_FIELDS, NO_FIELDS, NO_WEAKREFS,
+               threshold_queue)
 
 /* __init__(plain): the watchers of a key that held `plain` (a dict) and now gets thresholds. */
 static int

@@ -11,34 +11,11 @@ typedef struct {
     Py_ssize_t entries, purged;
 } ListsObject;
 
+#define LISTS_FIELDS(X) X(lists) X(queue)
+
 /* -- WatcherLists' fields ----------------------------------------------------------------------- */
 
-static int
-lists_traverse(PyObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
-    Py_VISIT(((ListsObject *)self)->lists);
-    Py_VISIT(((ListsObject *)self)->queue);
-    return 0;
-}
-
-static int
-lists_clear(PyObject *self)
-{
-    Py_CLEAR(((ListsObject *)self)->lists);
-    Py_CLEAR(((ListsObject *)self)->queue);
-    return 0;
-}
-
-static void
-lists_dealloc(PyObject *self)
-{
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    lists_clear(self);
-    type->tp_free(self);
-    Py_DECREF(type); /* (a heap type: its instances hold it) */
-}
+CORE_LIFECYCLE(lists, ListsObject, LISTS_FIELDS, NO_FIELDS, NO_WEAKREFS, NO_MORE)
 
 static PyGetSetDef lists_getset[] = {
     FIELD(ListsObject, lists, "_lists"),
