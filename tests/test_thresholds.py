@@ -293,6 +293,52 @@ def test_pop_takes_its_arguments_by_position_or_by_name() -> None:
     check_threshold_watchers(watchers)
 
 
+class Watcher(Member):
+    """A released watcher: its state (not finished) read by `release`."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, threshold: Any) -> None:
+        super().__init__(threshold)
+        self._state = 0
+
+
+class NoneLeft:
+    """The lists `release` reports a finished watcher to (none finishes here)."""
+
+    def left(self, op: Any) -> None:
+        raise AssertionError("no watcher finished")
+
+
+def test_release_takes_its_arguments_by_position_or_by_name() -> None:
+    """Both implementations take `release(reached, lists)` with either argument by name (the
+    native one once took them by position only), and refuse a missing, repeated or unknown one
+    with a TypeError, releasing nothing."""
+    watchers: ThresholdWatchers[Watcher] = ThresholdWatchers({})
+    members = [Watcher(threshold) for threshold in (1, 2, 3)]
+    for member in members:
+        watchers.add(member, member._marks)
+    lists = NoneLeft()
+    bad: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+        ((3,), {}),
+        ((3, lists), {"lists": lists}),
+        ((3,), {"lists": lists, "other": 1}),
+        ((3, lists, "extra"), {}),
+    ]
+    for args, kwargs in bad:
+        with pytest.raises(TypeError):
+            watchers.release(*args, **kwargs)
+    assert watchers.at == {1: members[0], 2: members[1], 3: members[2]}
+    watchers.release(1, lists=lists)
+    assert list(watchers.plain) == [members[0]]
+    watchers.release(lists=lists, reached=2)
+    assert list(watchers.plain) == members[:2]
+    watchers.release(3, lists)
+    assert list(watchers.plain) == members
+    assert watchers.at == {}
+    check_threshold_watchers(watchers)
+
+
 # -- thresholds in increasing order ---------------------------------------------------------------
 
 

@@ -799,22 +799,63 @@ threshold_add_method(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * METH_METHOD; the type is subclassed, so `Py_TYPE(self)` may be the reference's class). */
 #define THRESHOLD_STATE(defining_class) NativeState *st = PyType_GetModuleState(defining_class);
 
+/* The arguments of `method` (`n` of them, each required, by position or by name, as the
+ * reference's signature takes them) into `given`: 0, or -1 with the TypeError a Python function
+ * raises for a missing, repeated or unknown one. */
+static int
+threshold_args(const char *method, const char *const *names, int n, PyObject *const *args,
+               Py_ssize_t nargs, PyObject *kwnames, PyObject **given)
+{
+    if (nargs > n) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", method, n,
+                     nargs);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        given[i] = i < nargs ? args[i] : NULL;
+    }
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        int at = -1;
+        for (int i = 0; i < n && at < 0; i++) {
+            if (PyUnicode_CompareWithASCIIString(name, names[i]) == 0) {
+                at = i;
+            }
+        }
+        if (at < 0 || given[at] != NULL) {
+            PyErr_Format(PyExc_TypeError,
+                         at < 0 ? "%s() got an unexpected keyword argument '%U'"
+                                : "%s() got multiple values for argument '%U'",
+                         method, name);
+            return -1;
+        }
+        given[at] = args[nargs + k];
+    }
+    for (int i = 0; i < n; i++) {
+        if (given[i] == NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)", method,
+                         names[i], i + 1);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* release(reached, lists), each by position or by name. */
 static PyObject *
 threshold_release_method(PyObject *self, PyTypeObject *defining_class, PyObject *const *args,
                          Py_ssize_t nargs, PyObject *kwnames)
 {
+    static const char *const names[] = {"reached", "lists"};
+    PyObject *given[2];
     THRESHOLD_SELF(self)
     THRESHOLD_STATE(defining_class)
-    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
-        PyErr_SetString(PyExc_TypeError, "release() takes no keyword arguments");
-        return NULL;
-    }
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "release() takes exactly 2 arguments (%zd given)", nargs);
+    if (threshold_args("release", names, 2, args, nargs, kwnames, given) < 0) {
         return NULL;
     }
     Py_INCREF(self);
-    return threshold_done(self, threshold_release(st, t, args[0], args[1]), Py_None);
+    return threshold_done(self, threshold_release(st, t, given[0], given[1]), Py_None);
 }
 
 static PyObject *
@@ -837,40 +878,11 @@ threshold_pop_method(PyObject *self, PyTypeObject *defining_class, PyObject *con
                      Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"op", "default", "key"};
-    PyObject *given[3] = {NULL, NULL, NULL};
+    PyObject *given[3];
     THRESHOLD_SELF(self)
     THRESHOLD_STATE(defining_class)
-    if (nargs > 3) {
-        PyErr_Format(PyExc_TypeError, "pop() takes at most 3 arguments (%zd given)", nargs);
+    if (threshold_args("pop", names, 3, args, nargs, kwnames, given) < 0) {
         return NULL;
-    }
-    for (Py_ssize_t i = 0; i < nargs; i++) {
-        given[i] = args[i];
-    }
-    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    for (Py_ssize_t k = 0; k < nkw; k++) {
-        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
-        int at = -1;
-        for (int i = 0; i < 3 && at < 0; i++) {
-            if (PyUnicode_CompareWithASCIIString(name, names[i]) == 0) {
-                at = i;
-            }
-        }
-        if (at < 0 || given[at] != NULL) {
-            PyErr_Format(PyExc_TypeError,
-                         at < 0 ? "pop() got an unexpected keyword argument '%U'"
-                                : "pop() got multiple values for argument '%U'",
-                         name);
-            return NULL;
-        }
-        given[at] = args[nargs + k];
-    }
-    for (int i = 0; i < 3; i++) {
-        if (given[i] == NULL) {
-            PyErr_Format(PyExc_TypeError, "pop() missing required argument '%s' (pos %d)",
-                         names[i], i + 1);
-            return NULL;
-        }
     }
     PyObject *op = given[0], *dflt = given[1], *key = given[2];
     Py_INCREF(self);
