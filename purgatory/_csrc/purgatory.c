@@ -157,7 +157,7 @@ purgatory_settled_held(NativeState *st, PyObject *self, OpObject *op, int cancel
     }
     if (p->sink != Py_None) {
         PyObject *sink = Py_NewRef(p->sink);
-        PyObject *now = timer_now(st, (TimerObject *)p->timer);
+        PyObject *now = timer_now((TimerObject *)p->timer);
         int err = -1;
         if (now != NULL) {
             PyObject *items[3] = {(PyObject *)op, cancelled ? N.s_cancelled : N.s_completed, now};
@@ -373,7 +373,7 @@ purgatory_watch(NativeState *st, PurgatoryObject *p, OpObject *op, PyObject *key
     TimerObject *timer = (TimerObject *)p->timer;
     if (p->sink != Py_None) {
         PyObject *sink = Py_NewRef(p->sink);
-        PyObject *now = timer_now(st, timer);
+        PyObject *now = timer_now(timer);
         int err = -1;
         if (now != NULL) {
             PyObject *items[4] = {(PyObject *)op, keys, marks, now};

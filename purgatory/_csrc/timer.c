@@ -151,7 +151,7 @@ timer_wake_alarm(NativeState *st, TimerObject *t, long long due)
  * its own vectorcall. A clock that returns a float it keeps (`return self.now`) allocates
  * nothing, and its caller reads the double from the result. */
 static inline PyObject *
-timer_now(NativeState *st, TimerObject *t)
+timer_now(TimerObject *t)
 {
     PyObject *now = Py_NewRef(t->now); /* (the clock's code may give the timer another clock) */
     PyObject *r;
@@ -171,7 +171,7 @@ timer_now(NativeState *st, TimerObject *t)
 static long long
 timer_deadline(NativeState *st, TimerObject *t, OpObject *op)
 {
-    PyObject *now = timer_now(st, t);
+    PyObject *now = timer_now(t);
     if (now == NULL) {
         return LLONG_MIN;
     }
