@@ -108,6 +108,53 @@ sink_extend(NativeState *st, PyObject *sink, PyObject *list_name, SlotCache *lis
     return 0;
 }
 
+/* A settled `op` off the timer: out of its bucket (its __hash__ runs: the parts are read after
+ * it), one delayed operation less, one settlement more owed to the purge rule (a pass asked for
+ * if it says purge). 0, or -1. */
+static int
+settled_untime(NativeState *st, PurgatoryObject *p, OpObject *op, PyObject *bucket)
+{
+    Py_INCREF(bucket);
+    int err = PyDict_DelItem(bucket, (PyObject *)op);
+    if (err == 0) {
+        set_field(&op->bucket, Py_None);
+    }
+    Py_DECREF(bucket);
+    if (err < 0) {
+        return -1;
+    }
+    TimerObject *timer = (TimerObject *)p->timer;
+    timer->delayed--;
+    RuleObject *rule = (RuleObject *)p->rule;
+    rule->owed++;
+    if (rule->owed <= rule->trip) {
+        return 0;
+    }
+    Py_INCREF(rule);
+    Py_INCREF(timer);
+    int due = rule_due(st, rule);
+    err = due < 0 || (due && discard_result(call_method0((PyObject *)timer, N.s_request_pass)) < 0);
+    Py_DECREF(rule);
+    Py_DECREF(timer);
+    return err ? -1 : 0;
+}
+
+/* The event sink's record of a settlement (`sink.ends += op, outcome, now`). */
+static int
+settled_record(NativeState *st, PurgatoryObject *p, OpObject *op, int cancelled)
+{
+    PyObject *sink = Py_NewRef(p->sink);
+    PyObject *now = timer_now((TimerObject *)p->timer);
+    int err = -1;
+    if (now != NULL) {
+        PyObject *items[3] = {(PyObject *)op, cancelled ? N.s_cancelled : N.s_completed, now};
+        err = sink_extend(st, sink, N.s_ends, &N.slot_ends, items, 3, 2);
+        Py_DECREF(now);
+    }
+    Py_DECREF(sink);
+    return err;
+}
+
 /* _settled(op, outcome), `self` held by the caller. */
 static int
 purgatory_settled_held(NativeState *st, PyObject *self, OpObject *op, int cancelled)
@@ -118,33 +165,8 @@ purgatory_settled_held(NativeState *st, PyObject *self, OpObject *op, int cancel
                                            cancelled ? N.s_cancelled : N.s_completed));
     }
     PyObject *bucket = op->bucket;
-    if (bucket != NULL && bucket != Py_None) {
-        Py_INCREF(bucket);
-        int err = PyDict_DelItem(bucket, (PyObject *)op);
-        if (err == 0) {
-            set_field(&op->bucket, Py_None);
-        }
-        Py_DECREF(bucket);
-        if (err < 0) {
-            return -1;
-        }
-        /* (the bucket's removal ran the operation's __hash__: the parts are read after it) */
-        TimerObject *timer = (TimerObject *)p->timer;
-        timer->delayed--;
-        RuleObject *rule = (RuleObject *)p->rule;
-        rule->owed++;
-        if (rule->owed > rule->trip) {
-            Py_INCREF(rule);
-            Py_INCREF(timer);
-            int due = rule_due(st, rule);
-            err = due < 0 ||
-                  (due && discard_result(call_method0((PyObject *)timer, N.s_request_pass)) < 0);
-            Py_DECREF(rule);
-            Py_DECREF(timer);
-            if (err) {
-                return -1;
-            }
-        }
+    if (bucket != NULL && bucket != Py_None && settled_untime(st, p, op, bucket) < 0) {
+        return -1;
     }
     if (cancelled) {
         p->cancelled++;
@@ -155,19 +177,7 @@ purgatory_settled_held(NativeState *st, PyObject *self, OpObject *op, int cancel
     if (op->listed && purge_queue_add(st, p->purge_queue, op) < 0) {
         return -1;
     }
-    if (p->sink != Py_None) {
-        PyObject *sink = Py_NewRef(p->sink);
-        PyObject *now = timer_now((TimerObject *)p->timer);
-        int err = -1;
-        if (now != NULL) {
-            PyObject *items[3] = {(PyObject *)op, cancelled ? N.s_cancelled : N.s_completed, now};
-            err = sink_extend(st, sink, N.s_ends, &N.slot_ends, items, 3, 2);
-            Py_DECREF(now);
-        }
-        Py_DECREF(sink);
-        return err;
-    }
-    return 0;
+    return p->sink != Py_None ? settled_record(st, p, op, cancelled) : 0;
 }
 
 /* _settled(op, outcome): the registered `op` completed (cancelled = 0) or was cancelled. The
@@ -332,14 +342,15 @@ ended_in_registration(PyObject *self, OpObject *op)
     return completed;
 }
 
-/* try_complete_else_watch, from the split of the keys on: 1 if `op` completed in the call, 0 if
- * not, -1 on error. `state` is the operation's state as the call began, before the keys were
- * read (user code that may complete it: the reference decides on the state it read first). */
+/* The steps of a watch (purgatory_watch, below), in the reference's order. Each returns -1 on
+ * an error; the ones that may end the watch early return WATCH_ON to go on, else what the watch
+ * returns (1 if `op` completed in the call, 0 if not). */
+#define WATCH_ON 2
+
+/* The watch's own refusals: no keys, a timeout beyond the horizon. */
 static int
-purgatory_watch(NativeState *st, PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *marks,
-                int state)
+watch_admit(NativeState *st, PurgatoryObject *p, OpObject *op, PyObject *keys)
 {
-    PyObject *self = (PyObject *)p;
     if (PyTuple_GET_SIZE(keys) == 0) {
         raise_made(N.no_keys, NULL, NULL);
         return -1;
@@ -354,7 +365,13 @@ purgatory_watch(NativeState *st, PurgatoryObject *p, OpObject *op, PyObject *key
         Py_XDECREF(horizon);
         return -1;
     }
-    /* `if self._binding.loop is not running_loop(): self._binding.bind()` */
+    return 0;
+}
+
+/* `if self._binding.loop is not running_loop(): self._binding.bind()` */
+static int
+watch_bind(NativeState *st, PurgatoryObject *p)
+{
     PyObject *loop = get_slot(p->binding, N.s_loop, &N.slot_loop);
     if (loop == NULL) {
         return -1;
@@ -370,65 +387,90 @@ purgatory_watch(NativeState *st, PurgatoryObject *p, OpObject *op, PyObject *key
     if (!same_loop && discard_result(call_method0(p->binding, N.s_bind)) < 0) {
         return -1;
     }
-    TimerObject *timer = (TimerObject *)p->timer;
-    if (p->sink != Py_None) {
-        PyObject *sink = Py_NewRef(p->sink);
-        PyObject *now = timer_now(timer);
-        int err = -1;
-        if (now != NULL) {
-            PyObject *items[4] = {(PyObject *)op, keys, marks, now};
-            err = sink_extend(st, sink, N.s_watches, &N.slot_watches, items, 4, 1);
-            Py_DECREF(now);
-        }
-        Py_DECREF(sink);
-        if (err < 0) {
-            return -1;
-        }
+    return 0;
+}
+
+/* The event sink's record of the watch (`sink.watches += op, keys, marks, now`). */
+static int
+watch_record(NativeState *st, PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *marks)
+{
+    PyObject *sink = Py_NewRef(p->sink);
+    PyObject *now = timer_now((TimerObject *)p->timer);
+    int err = -1;
+    if (now != NULL) {
+        PyObject *items[4] = {(PyObject *)op, keys, marks, now};
+        err = sink_extend(st, sink, N.s_watches, &N.slot_watches, items, 4, 1);
+        Py_DECREF(now);
     }
-    /* Kafka's first try, before registration (a synchronous try_complete: state 0) */
-    if (state == 0) {
-        PyObject *claimed = call_op_method((PyObject *)op, M_TRY_COMPLETE);
-        if (claimed == NULL) {
-            refuse_keeping_error(self, (PyObject *)op, N.s_refuse);
-            return -1;
-        }
-        if (op->state & ST_FINISHED || p->closed) {
-            Py_DECREF(claimed);
-            PyObject *r = call_method1(self, N.s_ended_before_registration, (PyObject *)op);
-            if (r == NULL) {
-                return -1;
-            }
-            int completed = PyObject_IsTrue(r);
-            Py_DECREF(r);
-            return completed;
-        }
-        int truth = PyObject_IsTrue(claimed);
-        PyObject *r = truth > 0 ? call2(N.report_false_claim, (PyObject *)op, claimed) : NULL;
+    Py_DECREF(sink);
+    return err;
+}
+
+/* A `try_complete` that returned `claimed` (taken) on an operation it did not finish: a true
+ * claim is reported (`report_false_claim`). 0, or -1. */
+static int
+watch_unfinished_claim(NativeState *st, OpObject *op, PyObject *claimed)
+{
+    int truth = PyObject_IsTrue(claimed);
+    PyObject *r = truth > 0 ? call2(N.report_false_claim, (PyObject *)op, claimed) : NULL;
+    Py_DECREF(claimed);
+    if (truth < 0 || (truth > 0 && r == NULL)) {
+        return -1;
+    }
+    Py_XDECREF(r);
+    return 0;
+}
+
+/* Kafka's first try, before registration (a synchronous try_complete: state 0): WATCH_ON, or
+ * the watch's result if the operation finished or the purgatory shut down in it. */
+static int
+watch_first_try(NativeState *st, PurgatoryObject *p, OpObject *op)
+{
+    PyObject *self = (PyObject *)p;
+    PyObject *claimed = call_op_method((PyObject *)op, M_TRY_COMPLETE);
+    if (claimed == NULL) {
+        refuse_keeping_error(self, (PyObject *)op, N.s_refuse);
+        return -1;
+    }
+    if (op->state & ST_FINISHED || p->closed) {
         Py_DECREF(claimed);
-        if (truth < 0 || (truth > 0 && r == NULL)) {
+        PyObject *r = call_method1(self, N.s_ended_before_registration, (PyObject *)op);
+        if (r == NULL) {
             return -1;
         }
-        Py_XDECREF(r);
+        int completed = PyObject_IsTrue(r);
+        Py_DECREF(r);
+        return completed;
     }
-    if (p->max_pending != Py_None) {
-        PyObject *delayed = PyLong_FromSsize_t(timer->delayed);
-        if (delayed == NULL) {
-            return -1;
-        }
-        int full = PyObject_RichCompareBool(delayed, p->max_pending, Py_GE);
-        Py_DECREF(delayed);
-        if (full < 0) {
-            return -1;
-        }
-        if (full) {
-            if (discard_result(call_method1(self, N.s_refuse, (PyObject *)op)) < 0) {
-                return -1;
-            }
-            raise_made(N.full, p->name, p->max_pending);
-            return -1;
-        }
+    return watch_unfinished_claim(st, op, claimed) < 0 ? -1 : WATCH_ON;
+}
+
+/* `max_pending`: a full purgatory refuses the operation (-1, its error raised), else 0. */
+static int
+watch_room(NativeState *st, PurgatoryObject *p, OpObject *op)
+{
+    PyObject *delayed = PyLong_FromSsize_t(((TimerObject *)p->timer)->delayed);
+    if (delayed == NULL) {
+        return -1;
     }
-    /* registration: on every key or, if that fails, on none */
+    int full = PyObject_RichCompareBool(delayed, p->max_pending, Py_GE);
+    Py_DECREF(delayed);
+    if (full == 0) {
+        return 0;
+    }
+    if (full > 0 && discard_result(call_method1((PyObject *)p, N.s_refuse, (PyObject *)op)) == 0) {
+        raise_made(N.full, p->name, p->max_pending);
+    }
+    return -1;
+}
+
+/* Registration, on every key or, if that fails, on none: WATCH_ON, or the watch's result if
+ * the keys' or thresholds' code finished the operation or shut the purgatory down. */
+static int
+watch_register(NativeState *st, PurgatoryObject *p, OpObject *op, PyObject *keys,
+               PyObject *marks)
+{
+    PyObject *self = (PyObject *)p;
     PyObject *lists = Py_NewRef(p->lists);
     int err = lists_register(st, (ListsObject *)lists, op, keys, marks);
     Py_DECREF(lists);
@@ -439,47 +481,46 @@ purgatory_watch(NativeState *st, PurgatoryObject *p, OpObject *op, PyObject *key
     if (op->state & ST_FINISHED || p->closed) {
         return ended_in_registration(self, op);
     }
-    set_field(&op->owner, self);
+    return WATCH_ON;
+}
+
+/* The try after registration (an async operation's attempt, else `try_complete`): WATCH_ON to
+ * time the operation, 1 if it completed, 0 if the purgatory shut down meanwhile; -1 on an
+ * error, which abandons the operation. */
+static int
+watch_second_try(NativeState *st, PurgatoryObject *p, OpObject *op, int state)
+{
     if (state & ST_ASYNC) {
-        if (discard_result(call1(p->attempt, (PyObject *)op)) < 0) {
-            goto abandon;
-        }
+        return discard_result(call1(p->attempt, (PyObject *)op)) < 0 ? -1 : WATCH_ON;
     }
-    else {
-        PyObject *claimed = call_op_method((PyObject *)op, M_TRY_COMPLETE);
-        if (claimed == NULL) {
-            goto abandon;
-        }
-        if (op->state & ST_FINISHED) {
-            Py_DECREF(claimed);
-            RuleObject *rule = (RuleObject *)Py_NewRef(p->rule);
-            rule->owed++; /* registered, never timed (the purge-queue protocol) */
-            int due = rule_due(st, rule);
-            Py_DECREF(rule);
-            if (due < 0 ||
-                (due && discard_result(call_method0(p->timer, N.s_request_pass)) < 0)) {
-                goto abandon;
-            }
-            return 1;
-        }
-        int truth = PyObject_IsTrue(claimed);
-        PyObject *r = truth > 0 ? call2(N.report_false_claim, (PyObject *)op, claimed) : NULL;
+    PyObject *claimed = call_op_method((PyObject *)op, M_TRY_COMPLETE);
+    if (claimed == NULL) {
+        return -1;
+    }
+    if (op->state & ST_FINISHED) {
         Py_DECREF(claimed);
-        if (truth < 0 || (truth > 0 && r == NULL)) {
-            goto abandon;
+        RuleObject *rule = (RuleObject *)Py_NewRef(p->rule);
+        rule->owed++; /* registered, never timed (the purge-queue protocol) */
+        int due = rule_due(st, rule);
+        Py_DECREF(rule);
+        if (due < 0 || (due && discard_result(call_method0(p->timer, N.s_request_pass)) < 0)) {
+            return -1;
         }
-        Py_XDECREF(r);
-        if (p->closed) {
-            return 0;
-        }
+        return 1;
     }
-    if (purgatory_time_op(st, p, op) < 0) {
-        goto abandon;
+    if (watch_unfinished_claim(st, op, claimed) < 0) {
+        return -1;
     }
-    return 0;
-abandon:;
+    return p->closed ? 0 : WATCH_ON;
+}
+
+/* An error after registration: `self._abandon(op)`, then what was raised (with a clearer error
+ * if the clock's time was its cause). Always -1. */
+static int
+watch_abandon(NativeState *st, PurgatoryObject *p, OpObject *op)
+{
     PyObject *exc = fetch_exception();
-    PyObject *r = call_method1(self, N.s_abandon, (PyObject *)op);
+    PyObject *r = call_method1((PyObject *)p, N.s_abandon, (PyObject *)op);
     if (r == NULL) {
         Py_DECREF(exc);
         return -1;
@@ -500,6 +541,36 @@ abandon:;
     }
     restore_exception(exc);
     return -1;
+}
+
+/* try_complete_else_watch, from the split of the keys on: 1 if `op` completed in the call, 0 if
+ * not, -1 on error. `state` is the operation's state as the call began, before the keys were
+ * read (user code that may complete it: the reference decides on the state it read first). */
+static int
+purgatory_watch(NativeState *st, PurgatoryObject *p, OpObject *op, PyObject *keys, PyObject *marks,
+                int state)
+{
+    if (watch_admit(st, p, op, keys) < 0 || watch_bind(st, p) < 0 ||
+        (p->sink != Py_None && watch_record(st, p, op, keys, marks) < 0)) {
+        return -1;
+    }
+    int go = state == 0 ? watch_first_try(st, p, op) : WATCH_ON;
+    if (go != WATCH_ON) {
+        return go;
+    }
+    if (p->max_pending != Py_None && watch_room(st, p, op) < 0) {
+        return -1;
+    }
+    go = watch_register(st, p, op, keys, marks);
+    if (go != WATCH_ON) {
+        return go;
+    }
+    set_field(&op->owner, (PyObject *)p);
+    go = watch_second_try(st, p, op, state);
+    if (go == WATCH_ON) {
+        go = purgatory_time_op(st, p, op) < 0 ? -1 : 0;
+    }
+    return go < 0 ? watch_abandon(st, p, op) : go;
 }
 
 /* The last positional-or-keyword argument `name` of a call given `nargs` positional arguments
@@ -525,6 +596,67 @@ last_argument(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t position, PyOb
     return 1;
 }
 
+/* Whether `item`'s class is one of the purgatory's synchronous types (the last one found is
+ * remembered: the set only grows). 1, or 0: the reference's case. */
+static inline int
+watch_known_class(PurgatoryObject *p, PyObject *item)
+{
+    if ((PyObject *)Py_TYPE(item) == p->sync_seen) {
+        return 1;
+    }
+    int known = PySet_Contains(p->sync_types, (PyObject *)Py_TYPE(item));
+    if (known <= 0) {
+        if (known < 0) {
+            PyErr_Clear();
+        }
+        return 0;
+    }
+    set_field(&p->sync_seen, (PyObject *)Py_TYPE(item));
+    return 1;
+}
+
+/* The watch's `keys` argument as a tuple of keys and the marks (new references in *keys and
+ * *marks): a tuple as it is, a list or a plain dict here, anything else by the reference's
+ * `_split_keys`. 0, or -1. */
+static int
+watch_split(NativeState *st, PurgatoryObject *p, PyObject *given, PyObject **keys,
+            PyObject **marks)
+{
+    if (PyTuple_CheckExact(given)) {
+        *keys = Py_NewRef(given);
+        *marks = Py_NewRef(Py_None);
+        return 0;
+    }
+    int split = split_keys(given, keys, marks);
+    if (split <= 0) {
+        return split;
+    }
+    PyObject *pair = call2(N.split_keys, given, p->lists);
+    if (pair == NULL) {
+        return -1;
+    }
+    *keys = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
+    *marks = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+    Py_DECREF(pair);
+    return 0;
+}
+
+/* `threshold=`: the marks become it, once the reference's `_check_one_threshold` accepted it
+ * (skipped for a plain number on keys without marks). 0, or -1. */
+static int
+watch_threshold(NativeState *st, PurgatoryObject *p, PyObject *threshold, PyObject *keys,
+                PyObject **marks)
+{
+    if (*marks != Py_None || !plain_threshold(threshold)) {
+        PyObject *check[4] = {threshold, *marks, keys, p->lists};
+        if (discard_result(PyObject_Vectorcall(N.check_one_threshold, check, 4, NULL)) < 0) {
+            return -1;
+        }
+    }
+    Py_SETREF(*marks, Py_NewRef(threshold));
+    return 0;
+}
+
 static PyObject *
 purgatory_watch_native(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                        PyObject *kwnames)
@@ -540,58 +672,22 @@ purgatory_watch_native(NativeState *st, PyObject *self, PyObject *const *args, P
         return NOT_HANDLED;
     }
     OpObject *op = (OpObject *)item;
-    if (op->owner != Py_None || op->state & ST_FINISHED) {
+    if (op->owner != Py_None || op->state & ST_FINISHED || !watch_known_class(p, item)) {
         return NOT_HANDLED;
     }
-    if ((PyObject *)Py_TYPE(item) != p->sync_seen) {
-        int known = PySet_Contains(p->sync_types, (PyObject *)Py_TYPE(item));
-        if (known <= 0) {
-            if (known < 0) {
-                PyErr_Clear();
-            }
-            return NOT_HANDLED;
-        }
-        set_field(&p->sync_seen, (PyObject *)Py_TYPE(item)); /* (the set only grows) */
-    }
-    PyObject *keys, *marks;
+    PyObject *keys = NULL, *marks = NULL;
     int state = op->state; /* (read before the keys are: the reference's order) */
     Py_INCREF(self);
     Py_INCREF(item);
-    if (PyTuple_CheckExact(args[1])) {
-        keys = Py_NewRef(args[1]);
-        marks = Py_NewRef(Py_None);
+    int result = watch_split(st, p, args[1], &keys, &marks);
+    if (result == 0 && threshold != Py_None) {
+        result = watch_threshold(st, p, threshold, keys, &marks);
     }
-    else {
-        int split = split_keys(args[1], &keys, &marks);
-        if (split > 0) {
-            PyObject *pair = call2(N.split_keys, args[1], p->lists);
-            if (pair != NULL) {
-                keys = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
-                marks = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
-                Py_DECREF(pair);
-                split = 0;
-            }
-        }
-        if (split != 0) {
-            Py_DECREF(item);
-            Py_DECREF(self);
-            return NULL;
-        }
+    if (result == 0) {
+        result = purgatory_watch(st, p, op, keys, marks, state);
     }
-    int result = -1;
-    if (threshold != Py_None) {
-        if (marks != Py_None || !plain_threshold(threshold)) {
-            PyObject *check[4] = {threshold, marks, keys, p->lists};
-            if (discard_result(PyObject_Vectorcall(N.check_one_threshold, check, 4, NULL)) < 0) {
-                goto done;
-            }
-        }
-        Py_SETREF(marks, Py_NewRef(threshold));
-    }
-    result = purgatory_watch(st, p, op, keys, marks, state);
-done:
-    Py_DECREF(keys);
-    Py_DECREF(marks);
+    Py_XDECREF(keys);
+    Py_XDECREF(marks);
     Py_DECREF(item);
     Py_DECREF(self);
     if (result < 0) {
