@@ -19,16 +19,16 @@ static native_fn native_lookup(const char *name);
 
 /* -- module-level functions with a C body -------------------------------------------------------- */
 
-/* expire_due(due, now, outcome="expired", *, purge_queue, ended), as the timer calls it: through
- * a partial that gives purge_queue and ended by keyword. */
-static PyObject *
-expire_due_native(NativeState *st, PyObject *due, PyObject *const *args, Py_ssize_t nargs,
-                  PyObject *kwnames)
+/* The arguments of expire_due(due, now, outcome="expired", *, purge_queue, ended) after `due`,
+ * as the timer's partial gives them, into `slots` (now, outcome, purge_queue, ended; the
+ * outcome's default filled in): 1, or 0 for any other call (the reference's to refuse). */
+static int
+expire_due_args(NativeState *st, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                PyObject **slots)
 {
-    PyObject *slots[4] = {NULL, NULL, NULL, NULL}; /* now, outcome, purge_queue, ended */
     PyObject *const names[4] = {NULL, N.s_outcome, N.s_purge_queue, N.s_ended};
     if (nargs > 2) {
-        return NOT_HANDLED;
+        return 0;
     }
     for (Py_ssize_t i = 0; i < nargs; i++) {
         slots[i] = args[i];
@@ -36,26 +36,30 @@ expire_due_native(NativeState *st, PyObject *due, PyObject *const *args, Py_ssiz
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     for (Py_ssize_t k = 0; k < nkw; k++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, k);
-        int placed = 0;
-        for (int s = 1; s < 4; s++) {
-            if (name == names[s] || PyUnicode_Compare(name, names[s]) == 0) {
-                if (slots[s] != NULL) {
-                    return NOT_HANDLED;
-                }
-                slots[s] = args[nargs + k];
-                placed = 1;
-                break;
-            }
+        int s = 1;
+        while (s < 4 && name != names[s] && PyUnicode_Compare(name, names[s]) != 0) {
+            s++;
         }
-        if (!placed) {
-            PyErr_Clear();
-            return NOT_HANDLED;
+        if (s == 4 || slots[s] != NULL) {
+            PyErr_Clear(); /* (a comparison with what is not a str) */
+            return 0;
         }
+        slots[s] = args[nargs + k];
     }
     if (slots[1] == NULL) {
         slots[1] = N.s_expired;
     }
-    if (slots[0] == NULL || slots[2] == NULL || slots[3] == NULL || !PyList_CheckExact(due) ||
+    return slots[0] != NULL && slots[2] != NULL && slots[3] != NULL;
+}
+
+/* expire_due(due, now, outcome="expired", *, purge_queue, ended), as the timer calls it: through
+ * a partial that gives purge_queue and ended by keyword. */
+static PyObject *
+expire_due_native(NativeState *st, PyObject *due, PyObject *const *args, Py_ssize_t nargs,
+                  PyObject *kwnames)
+{
+    PyObject *slots[4] = {NULL, NULL, NULL, NULL}; /* now, outcome, purge_queue, ended */
+    if (!expire_due_args(st, args, nargs, kwnames, slots) || !PyList_CheckExact(due) ||
         !PyDict_CheckExact(slots[2]) || !(slots[3] == Py_None || PyList_CheckExact(slots[3]))) {
         return NOT_HANDLED;
     }
@@ -264,62 +268,69 @@ CORE_SPEC(purgatory, "purgatory._purgatory._PurgatoryCore", "The fields of a pur
 
 /* -- the module ------------------------------------------------------------------------------------ */
 
+/* The names the C looks up or calls, interned once into their fields of the state. */
+typedef struct {
+    size_t offset; /* of its field in NativeState */
+    const char *text;
+} Interned;
+
+#define INTERNED(field, text) {offsetof(NativeState, field), text}
+
+static const Interned interned[] = {
+    INTERNED(s_try_complete, "try_complete"),
+    INTERNED(s_on_complete, "on_complete"),
+    INTERNED(s_on_expiration, "on_expiration"),
+    INTERNED(s_settled, "_settled"),
+    INTERNED(s_completed, "completed"),
+    INTERNED(s_cancelled, "cancelled"),
+    INTERNED(s_expired, "expired"),
+    INTERNED(s_done, "done"),
+    INTERNED(s_set_result, "set_result"),
+    INTERNED(s_loop, "loop"),
+    INTERNED(s_thread, "thread"),
+    INTERNED(s_check_thread, "check_thread"),
+    INTERNED(s_bind, "bind"),
+    INTERNED(s_wake_tick, "wake_tick"),
+    INTERNED(s_wake_by, "wake_by"),
+    INTERNED(s_take, "take"),
+    INTERNED(s_watches, "watches"),
+    INTERNED(s_ends, "ends"),
+    INTERNED(s_limit, "limit"),
+    INTERNED(s_eager, "eager"),
+    INTERNED(s_pop, "pop"),
+    INTERNED(s_join_plain, "_join_plain"),
+    INTERNED(s_join_at, "_join_at"),
+    INTERNED(s_tidy, "_tidy"),
+    INTERNED(s_fail, "_fail"),
+    INTERNED(s_wake_awaiters, "_wake_awaiters"),
+    INTERNED(s_refuse, "_refuse"),
+    INTERNED(s_ended_before_registration, "_ended_before_registration"),
+    INTERNED(s_abandon, "_abandon"),
+    INTERNED(s_request_pass, "request_pass"),
+    INTERNED(s_purge_queue, "purge_queue"),
+    INTERNED(s_ended, "ended"),
+    INTERNED(s_sort, "sort"),
+    INTERNED(s_key, "key"),
+    INTERNED(s_discard, "_discard"),
+    INTERNED(s_threshold, "threshold"),
+    INTERNED(s_reached, "reached"),
+    INTERNED(s_check_clock, "check_clock"),
+    INTERNED(s_schedule, "_schedule"),
+    INTERNED(s_ticks, "ticks"),
+    INTERNED(s_outcome, "outcome"),
+    INTERNED(s_now, "now"),
+    INTERNED(s_impl_module, "purgatory._impl"),
+    INTERNED(s_native, "native"),
+    {0, NULL},
+};
+
 static int
 intern_names(NativeState *st)
 {
-    struct {
-        PyObject **slot;
-        const char *text;
-    } names[] = {
-        {&N.s_try_complete, "try_complete"},
-        {&N.s_on_complete, "on_complete"},
-        {&N.s_on_expiration, "on_expiration"},
-        {&N.s_settled, "_settled"},
-        {&N.s_completed, "completed"},
-        {&N.s_cancelled, "cancelled"},
-        {&N.s_expired, "expired"},
-        {&N.s_done, "done"},
-        {&N.s_set_result, "set_result"},
-        {&N.s_loop, "loop"},
-        {&N.s_thread, "thread"},
-        {&N.s_check_thread, "check_thread"},
-        {&N.s_bind, "bind"},
-        {&N.s_wake_tick, "wake_tick"},
-        {&N.s_wake_by, "wake_by"},
-        {&N.s_take, "take"},
-        {&N.s_watches, "watches"},
-        {&N.s_ends, "ends"},
-        {&N.s_limit, "limit"},
-        {&N.s_eager, "eager"},
-        {&N.s_pop, "pop"},
-        {&N.s_join_plain, "_join_plain"},
-        {&N.s_join_at, "_join_at"},
-        {&N.s_tidy, "_tidy"},
-        {&N.s_fail, "_fail"},
-        {&N.s_wake_awaiters, "_wake_awaiters"},
-        {&N.s_refuse, "_refuse"},
-        {&N.s_ended_before_registration, "_ended_before_registration"},
-        {&N.s_abandon, "_abandon"},
-        {&N.s_request_pass, "request_pass"},
-        {&N.s_purge_queue, "purge_queue"},
-        {&N.s_ended, "ended"},
-        {&N.s_sort, "sort"},
-        {&N.s_key, "key"},
-        {&N.s_discard, "_discard"},
-        {&N.s_threshold, "threshold"},
-        {&N.s_reached, "reached"},
-        {&N.s_check_clock, "check_clock"},
-        {&N.s_schedule, "_schedule"},
-        {&N.s_ticks, "ticks"},
-        {&N.s_outcome, "outcome"},
-        {&N.s_now, "now"},
-        {&N.s_impl_module, "purgatory._impl"},
-        {&N.s_native, "native"},
-        {NULL, NULL},
-    };
-    for (int i = 0; names[i].slot != NULL; i++) {
-        *names[i].slot = PyUnicode_InternFromString(names[i].text);
-        if (*names[i].slot == NULL) {
+    for (size_t i = 0; interned[i].text != NULL; i++) {
+        PyObject **slot = (PyObject **)((char *)st + interned[i].offset);
+        *slot = PyUnicode_InternFromString(interned[i].text);
+        if (*slot == NULL) {
             return -1;
         }
     }

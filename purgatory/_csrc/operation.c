@@ -289,6 +289,68 @@ op_force_complete_native(NativeState *st, PyObject *self, PyObject *const *args,
     return PyBool_FromLong(done);
 }
 
+/* An expired operation's `on_expiration`: what it raises is reported (`_report_expiration`), and
+ * an interrupt raised again once the awaiters woke. 0, or -1. */
+static int
+expire_notify(NativeState *st, PyObject *item)
+{
+    PyObject *r = call_op_method(item, M_ON_EXPIRATION);
+    if (r != NULL) {
+        Py_DECREF(r);
+        return 0;
+    }
+    PyObject *exc = fetch_exception();
+    PyObject *reported = call2(N.report_expiration, item, exc);
+    if (reported == NULL) {
+        Py_DECREF(exc);
+        return -1;
+    }
+    Py_DECREF(reported);
+    if (!is_interrupt(exc)) {
+        Py_DECREF(exc);
+        return 0;
+    }
+    if (discard_result(call_method0(item, N.s_wake_awaiters)) < 0) {
+        Py_DECREF(exc);
+        return -1;
+    }
+    restore_exception(exc);
+    return -1;
+}
+
+/* One due operation, marked expired (held by the caller): into the purge queue if listed, its
+ * end recorded, its `on_complete` then `on_expiration` run, its awaiters woken. 0, or -1. */
+static int
+expire_one(NativeState *st, OpObject *op, PyObject *now, PyObject *outcome, PyObject *purge_queue,
+           PyObject *ended)
+{
+    PyObject *item = (PyObject *)op;
+    if (op->listed && purge_queue_add(st, purge_queue, op) < 0) {
+        return -1;
+    }
+    if (ended != Py_None && (PyList_Append(ended, item) < 0 || PyList_Append(ended, outcome) < 0 ||
+                             PyList_Append(ended, now) < 0)) {
+        return -1;
+    }
+    PyObject *interrupt;
+    if (op_run_on_complete(st, op, &interrupt) < 0) {
+        if (interrupt == NULL) {
+            return -1;
+        }
+        if (is_interrupt(interrupt)) {
+            PyObject *r = call2(N.expired_then_raise, item, interrupt);
+            Py_DECREF(interrupt);
+            Py_XDECREF(r); /* it raises */
+            return -1;
+        }
+        Py_DECREF(interrupt);
+    }
+    if (expire_notify(st, item) < 0) {
+        return -1;
+    }
+    return op_wake(st, op);
+}
+
 /* The expiry loop of a timer pass: `_operation.expire_due(due, now, purge_queue, ended)`. */
 static Py_ssize_t
 expire_loop(NativeState *st, PyObject *due, PyObject *now, PyObject *outcome, PyObject *purge_queue,
@@ -310,58 +372,12 @@ expire_loop(NativeState *st, PyObject *due, PyObject *now, PyObject *outcome, Py
         }
         Py_INCREF(item);
         op->state = state | ST_EXPIRED_NOW;
-        if (op->listed && purge_queue_add(st, purge_queue, op) < 0) {
-            goto error;
+        int err = expire_one(st, op, now, outcome, purge_queue, ended);
+        Py_DECREF(item);
+        if (err < 0) {
+            return -1;
         }
         expired++;
-        if (ended != Py_None) {
-            if (PyList_Append(ended, item) < 0 || PyList_Append(ended, outcome) < 0 ||
-                PyList_Append(ended, now) < 0) {
-                goto error;
-            }
-        }
-        PyObject *interrupt;
-        if (op_run_on_complete(st, op, &interrupt) < 0) {
-            if (interrupt == NULL) {
-                goto error;
-            }
-            if (is_interrupt(interrupt)) {
-                PyObject *r = call2(N.expired_then_raise, item, interrupt);
-                Py_DECREF(interrupt);
-                Py_XDECREF(r); /* it raises */
-                goto error;
-            }
-            Py_DECREF(interrupt);
-        }
-        PyObject *r = call_op_method(item, M_ON_EXPIRATION);
-        if (r == NULL) {
-            PyObject *exc = fetch_exception();
-            PyObject *reported = call2(N.report_expiration, item, exc);
-            if (reported == NULL) {
-                Py_DECREF(exc);
-                goto error;
-            }
-            Py_DECREF(reported);
-            if (is_interrupt(exc)) {
-                if (discard_result(call_method0(item, N.s_wake_awaiters)) < 0) {
-                    Py_DECREF(exc);
-                    goto error;
-                }
-                restore_exception(exc);
-                goto error;
-            }
-            Py_DECREF(exc);
-            r = Py_NewRef(Py_None);
-        }
-        Py_DECREF(r);
-        if (op_wake(st, op) < 0) {
-            goto error;
-        }
-        Py_DECREF(item);
-        continue;
-    error:
-        Py_DECREF(item);
-        return -1;
     }
     return expired;
 }
