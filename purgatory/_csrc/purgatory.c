@@ -408,7 +408,7 @@ watch_record(NativeState *st, PurgatoryObject *p, OpObject *op, PyObject *keys, 
 
 /* A `try_complete` that returned `claimed` (taken) on an operation it did not finish: a true
  * claim is reported (`report_false_claim`). 0, or -1. */
-static int
+static inline Py_ALWAYS_INLINE int
 watch_unfinished_claim(NativeState *st, OpObject *op, PyObject *claimed)
 {
     int truth = PyObject_IsTrue(claimed);
