@@ -8,6 +8,7 @@ own package (the facade no longer pushes them). These hold on the native build o
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib.util
 import inspect
@@ -241,11 +242,16 @@ class _Fresh:
     """An object no one else holds (weakly referenced: when it is released is seen)."""
 
 
+@functools.cache
+def _subclass(core: type) -> type:
+    """A Python subclass of `core`: its instances have a __dict__ and take weak references (the
+    core's fields stay its own: data descriptors shadow the dict)."""
+    return type(f"Sub{core.__name__}", (core,), {})
+
+
 def _core_instance(core: type) -> Any:
-    """An instance of a Python subclass of `core` (it has a __dict__ and takes weak references;
-    its fields are the core's own, data descriptors that shadow the dict)."""
-    sub = type(f"Sub{core.__name__}", (core,), {})
-    return sub({}) if core is native.ThresholdCore else sub()
+    """A new instance of `core`'s subclass."""
+    return _subclass(core)({}) if core is native.ThresholdCore else _subclass(core)()
 
 
 def _object_fields(core: type) -> list[str]:
