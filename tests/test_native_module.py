@@ -178,7 +178,7 @@ def test_the_c_has_no_static_type_and_no_private_api() -> None:
 # -- the lifecycle generated from the field tables ------------------------------------------------
 
 #: The cores whose traverse / clear / dealloc are still written by hand (their files were being
-#: rewritten when the tables came in): each is to get a CORE_LIFECYCLE, and leave this set.
+#: rewritten when the tables came in): each is to get a TYPE_LIFECYCLE, and leave this set.
 LIFECYCLE_BY_HAND = {"bucket", "wheel", "timer"}
 
 #: Pointers in a struct that are no owned reference (the weak references' list).
@@ -215,8 +215,8 @@ def _table(source: str, name: str) -> set[str]:
 
 
 def _lifecycles(source: str) -> dict[str, tuple[str, str, str]]:
-    """Each CORE_LIFECYCLE(prefix, Type, FIELDS, KEPT, ...): prefix -> (Type, FIELDS, KEPT)."""
-    found = re.findall(r"^CORE_LIFECYCLE\((\w+),\s*(\w+),\s*(\w+),\s*(\w+),", source, re.M)
+    """Each TYPE_LIFECYCLE(prefix, Type, FIELDS, KEPT, ...): prefix -> (Type, FIELDS, KEPT)."""
+    found = re.findall(r"^TYPE_LIFECYCLE\((\w+),\s*(\w+),\s*(\w+),\s*(\w+),", source, re.M)
     return {prefix: (struct, fields, kept) for prefix, struct, fields, kept in found}
 
 
@@ -354,7 +354,7 @@ def test_the_length_tool_finds_a_long_function_and_only_definitions(tmp_path: Pa
     source.write_text(
         "static int long_one(int x);\n\n"
         "static int\nlong_one(int x)\n{\n" + body + "\n    return x;\n}\n\n"
-        "/* a table */\nCORE_LIFECYCLE(a, B, C, D, E, F)\n\n"
+        "/* a table */\nTYPE_LIFECYCLE(a, B, C, D, E, F)\n\n"
         "static inline int\nshort_one(void)\n{\n    return 0;\n}\n"
     )
     found = {f.name: f.length for f in tool.functions(source)}

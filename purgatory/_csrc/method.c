@@ -128,7 +128,7 @@ nm_repr(PyObject *self)
     return r;
 }
 
-CORE_LIFECYCLE(nm, NativeMethodObject, NM_FIELDS, NM_KEPT, NO_WEAKREFS, NO_MORE)
+TYPE_LIFECYCLE(nm, NativeMethodObject, NM_FIELDS, NM_KEPT, NO_WEAKREFS, NO_MORE)
 
 static PyMemberDef nm_members[] = {
     {"__vectorcalloffset__", Py_T_PYSSIZET, offsetof(NativeMethodObject, vectorcall), Py_READONLY},

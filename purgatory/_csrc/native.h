@@ -75,7 +75,7 @@ typedef struct {
     PyObject *result;    /* _result */
 } OpObject;
 
-/* The operation's owned object fields (its lifecycle, operation.c: CORE_LIFECYCLE). */
+/* The operation's owned object fields (its lifecycle, operation.c: TYPE_LIFECYCLE). */
 #define OP_FIELDS(X) X(bucket) X(future) X(keys) X(marks) X(owner) X(result)
 
 typedef struct {
@@ -214,17 +214,17 @@ field_set(PyObject *self, PyObject *value, void *closure)
 
 /* -- a type's lifecycle, generated from its field table ---------------------------------------- */
 
-/* Every core type lists its owned object fields once, as an X-macro beside its struct:
+/* Every type of the module lists its owned object fields once, as an X-macro beside its struct:
  *
  *     #define RULE_FIELDS(X) X(lists) X(timer) X(idle_at)
  *
- * and CORE_LIFECYCLE defines its traverse, clear and dealloc from that table, so that a field
+ * and TYPE_LIFECYCLE defines its traverse, clear and dealloc from that table, so that a field
  * added to the table is visited, cleared and released, and a field cannot be visited by one of
  * them and forgotten by another (a leak, or a cycle never broken). tests/test_native_module.py
  * checks each struct's `PyObject *` fields against its table, and that each field set from
  * Python is reported by `gc.get_referents`, broken out of a cycle and released.
  *
- *     CORE_LIFECYCLE(prefix, Type, FIELDS, KEPT, WEAK, MORE)
+ *     TYPE_LIFECYCLE(prefix, Type, FIELDS, KEPT, WEAK, MORE)
  *
  * - FIELDS: the fields tp_clear clears (a collection breaks cycles through them);
  * - KEPT: fields traversed but kept until the dealloc (NO_FIELDS for none): what a C body may
@@ -257,7 +257,7 @@ NO_MORE_forget(PyObject *self)
 {
 }
 
-#define CORE_LIFECYCLE(prefix, Type, FIELDS, KEPT, WEAK, MORE)                                  \
+#define TYPE_LIFECYCLE(prefix, Type, FIELDS, KEPT, WEAK, MORE)                                  \
     static int prefix##_traverse(PyObject *self, visitproc visit, void *arg)                    \
     {                                                                                           \
         Type *o_ = (Type *)self;                                                                \

@@ -32,7 +32,7 @@ static int purgatory_settled(NativeState *st, PyObject *purgatory, OpObject *op,
 /* -- life ------------------------------------------------------------------------------------ */
 
 /* Its fields' table is OP_FIELDS (native.h); `set` and the number fields hold no object. */
-CORE_LIFECYCLE(op, OpObject, OP_FIELDS, NO_FIELDS, NO_WEAKREFS, NO_MORE)
+TYPE_LIFECYCLE(op, OpObject, OP_FIELDS, NO_FIELDS, NO_WEAKREFS, NO_MORE)
 
 /* __init__(self, timeout) for the common timeouts (a finite float or int >= 0); anything else
  * (a bad timeout, keywords, a class with a __setattr__ of its own, which sees the reference's

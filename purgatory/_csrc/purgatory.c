@@ -6,7 +6,7 @@
  * built by the reference's own helpers, so the messages are the same. */
 
 /* Its fields' table is PURGATORY_FIELDS (native.h), beside the struct. */
-CORE_LIFECYCLE(purgatory, PurgatoryObject, PURGATORY_FIELDS, NO_FIELDS, HAS_WEAKREFS,
+TYPE_LIFECYCLE(purgatory, PurgatoryObject, PURGATORY_FIELDS, NO_FIELDS, HAS_WEAKREFS,
                NO_MORE)
 
 static PyObject *

@@ -12,7 +12,7 @@ typedef struct {
 
 #define RULE_FIELDS(X) X(lists) X(timer) X(idle_at)
 
-CORE_LIFECYCLE(rule, RuleObject, RULE_FIELDS, NO_FIELDS, NO_WEAKREFS, NO_MORE)
+TYPE_LIFECYCLE(rule, RuleObject, RULE_FIELDS, NO_FIELDS, NO_WEAKREFS, NO_MORE)
 
 static PyGetSetDef rule_getset[] = {
     FIELD(RuleObject, timer, "_timer"),

@@ -735,7 +735,7 @@ threshold_queue_forget(PyObject *self)
     queue_forget((ThresholdObject *)self);
 }
 
-CORE_LIFECYCLE(threshold, ThresholdObject, THRESHOLD_FIELDS, NO_FIELDS, NO_WEAKREFS,
+TYPE_LIFECYCLE(threshold, ThresholdObject, THRESHOLD_FIELDS, NO_FIELDS, NO_WEAKREFS,
                threshold_queue)
 
 /* __init__(plain): the watchers of a key that held `plain` (a dict) and now gets thresholds. */
