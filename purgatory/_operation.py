@@ -43,9 +43,10 @@ Fields                                   Writers
   knows nothing else of it (Kafka's operation knows nothing of its purgatory).
 - ``_bucket``, ``_deadline``: the timing wheel's `TimerEntry` protocol (in ``_wheel.py``):
   ``_bucket`` is ``None`` from ``__init__`` until the wheel takes the operation. The wheel's
-  owner, `SystemTimer`, takes the wheel's memo path inline as it adds, and the protocol's two
-  removal steps as it discards, drains or closes; the purgatory's settle (``_settled``), which
-  runs once per operation, takes those two steps inline too. Nothing else writes them.
+  owner, `SystemTimer`, takes the wheel's memo path inline as it adds, and the protocol's
+  removal step (``op._bucket.remove(op)``) as it discards or drains; the purgatory's settle
+  (``_settled``), which runs once per operation, takes that step inline too. Nothing else
+  writes them. The wheel holds an operation by identity: it never calls its ``__hash__``.
 - ``_keys``, ``_listed``, ``_marks``: the watcher lists (`_watchers.py`), which set them when
   they register the operation.
 

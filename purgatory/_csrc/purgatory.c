@@ -170,15 +170,12 @@ purgatory_settled_held(NativeState *st, PyObject *self, OpObject *op, int cancel
     PyObject *bucket = op->bucket;
     if (bucket != NULL && bucket != Py_None) {
         Py_INCREF(bucket);
-        int err = PyDict_DelItem(bucket, (PyObject *)op);
-        if (err == 0) {
-            set_field(&op->bucket, Py_None);
-        }
+        int err = bucket_remove(st, bucket, (PyObject *)op); /* (`op._bucket` set to None) */
         Py_DECREF(bucket);
         if (err < 0) {
             return -1;
         }
-        /* (the bucket's removal ran the operation's __hash__: the parts are read after it) */
+        /* (a bucket that is not the module's ran its own code: the parts are read after it) */
         TimerObject *timer = (TimerObject *)p->timer;
         timer->delayed--;
         RuleObject *rule = (RuleObject *)p->rule;
