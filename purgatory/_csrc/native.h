@@ -37,7 +37,7 @@
 
 /* Bumped whenever a field or a method moves between the C and the Python side: the Python
  * modules refuse a build of another version (a stale build after a checkout). */
-#define NATIVE_API_VERSION 3
+#define NATIVE_API_VERSION 4
 
 /* -- the operation's state bits (purgatory/_operation.py) ------------------------------------ */
 #define ST_ASYNC 1
