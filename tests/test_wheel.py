@@ -15,7 +15,7 @@ import gc
 import math
 import random
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 
@@ -671,3 +671,89 @@ def test_a_wheel_dropped_mid_cascade_lets_go_of_every_entry() -> None:
     del wheel
     gc.collect()
     assert [ref() for ref in refs] == [None] * len(refs)
+
+
+class Meddler:
+    """An entry (not an operation) whose ``_bucket`` is a property: the wheel's every write of
+    it runs `action` once, code of the entry's own in the middle of the wheel's step."""
+
+    __slots__ = ("_deadline", "_held", "action", "name")
+
+    def __init__(self, name: object) -> None:
+        self._held: Bucket | None = None
+        self._deadline = 0
+        self.name = name
+        self.action: Callable[[], object] | None = None
+
+    @property
+    def _bucket(self) -> Bucket | None:
+        return self._held
+
+    @_bucket.setter
+    def _bucket(self, value: Bucket | None) -> None:
+        self._held = value
+        action, self.action = self.action, None
+        if action is not None:
+            action()
+
+    def __repr__(self) -> str:
+        return f"Meddler({self.name!r}, deadline={self._deadline})"
+
+
+def test_an_entry_that_changes_the_wheel_as_it_is_given_back_or_cascaded() -> None:
+    """Code run by an entry's own ``_bucket`` setter takes other entries out and adds new ones
+    while `advance` hands entries back and while a cascade moves them: both builds end in the
+    same place, and the wheel is consistent."""
+    wheel = TimingWheel(4, start_tick=0)
+    a, b, c, d, late = (Meddler(name) for name in ("a", "b", "c", "d", "late"))
+    fresh = [Meddler("fresh0"), Meddler("fresh1")]
+    for entry, deadline in ((a, 2), (b, 2), (c, 9), (d, 9), (late, 40)):
+        wheel.add(entry, deadline)
+    b.action = lambda: (wheel.remove(c), wheel.add(fresh[0], 2))  # as b is given back
+    assert names(wheel.advance(2)) == ["a", "b"]
+    assert (c._bucket, len(wheel)) == (None, 3)
+    d.action = lambda: (wheel.remove(late), wheel.add(fresh[1], 9))  # as d is cascaded
+    assert names(wheel.advance(6)) == ["fresh0"]
+    check_timing_wheel(wheel)
+    assert names(wheel.advance(9)) == ["d", "fresh1"]
+    assert len(wheel) == 0
+    assert wheel.next_deadline() == math.inf
+    check_timing_wheel(wheel)
+
+
+def test_an_entry_released_by_a_bucket_may_add_to_it_again() -> None:
+    """A bucket dropped with its wheel releases its entries one at a time; a ``__del__`` run by
+    a release that adds to the same bucket finds it whole, and what it adds is released too."""
+    added: list[str] = []
+
+    class Haunting(Entry):
+        __slots__ = ("__weakref__", "target")
+
+        def __init__(self, name: str) -> None:
+            super().__init__(name)
+            self.target: Bucket | None = None
+
+        def __del__(self) -> None:
+            target = self.target
+            if target is not None and not added:
+                added.append(self.name)  # type: ignore[arg-type]
+                ghost = Entry("ghost")
+                target[id(ghost)] = ghost
+                ghost._bucket = target
+
+    wheel = TimingWheel(4, start_tick=0)
+    first, second = Haunting("first"), Haunting("second")
+    wheel.add(first, 3)
+    wheel.add(second, 3)
+    bucket = first._bucket
+    assert bucket is not None
+    first.target = bucket
+    second._bucket = first._bucket = None  # (only the bucket holds them now)
+    ref = weakref.ref(second)
+    del first, second
+    bucket.clear()
+    assert added == ["first"]
+    assert ref() is None
+    assert names(bucket) == ["ghost"]
+    bucket.clear()
+    assert len(bucket) == 0

@@ -251,9 +251,12 @@ timer_add(NativeState *st, TimerObject *t, OpObject *op)
     if (deadline == LLONG_MIN) {
         return -1;
     }
+    if (!timer_ready(st, t)) { /* (the clock's code replaced the timer's fields) */
+        return wheel_changed();
+    }
     WheelObject *w = (WheelObject *)Py_NewRef(t->wheel);
     long long due;
-    if (deadline < w->memo_high && deadline >= w->memo_low) {
+    if (deadline < w->memo_high && deadline >= w->memo_low && wheel_ready(st, w)) {
         /* the wheel's memo, inline */
         op->deadline = deadline;
         OP_SET(op) |= SET_DEADLINE;

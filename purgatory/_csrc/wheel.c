@@ -113,22 +113,35 @@ link_forget(BucketObject *b, TimerLink *l)
     return err;
 }
 
-/* Every entry out of `b`, each released once it is out (a release may run code, which may add
- * to the bucket again: what it adds is taken out too). Runs from tp_clear and tp_dealloc too,
- * so it keeps whatever exception is set. */
+/* Every entry out of `b`, released once all are out (as a dict's clear: a release may run
+ * code, which finds the bucket empty, and what it adds stays). The links are all undone before
+ * the first release, so code that links an operation elsewhere meanwhile touches nothing this
+ * walks. Runs from tp_clear and tp_dealloc too, so it keeps whatever exception is set. */
 static void
 bucket_drop_all(BucketObject *b)
 {
+    Py_ssize_t n = b->size;
+    if (n == 0) {
+        Py_CLEAR(b->others); /* (ints only: its release runs nothing) */
+        return;
+    }
     PyObject *exc = PyErr_Occurred() ? fetch_exception() : NULL;
+    PyObject **entries = PyMem_Malloc((size_t)n * sizeof(PyObject *));
+    Py_ssize_t taken = 0;
     TimerLink *l;
-    while ((l = bucket_first(b)) != NULL) {
-        if (link_forget(b, l) < 0) { /* (memory: the records go, the list is emptied anyway) */
-            PyErr_Clear();
-            Py_CLEAR(b->others);
-        }
+    while (entries != NULL && (l = bucket_first(b)) != NULL) { /* (no code runs here) */
+        entries[taken++] = link_cut(b, l);
+    }
+    PyObject *others = b->others;
+    b->others = NULL;
+    Py_XDECREF(others); /* (ints only) */
+    while ((l = bucket_first(b)) != NULL) { /* (no memory for the array: one at a time) */
         Py_DECREF(link_cut(b, l));
     }
-    Py_CLEAR(b->others); /* (ints only: its release runs nothing) */
+    for (Py_ssize_t i = 0; i < taken; i++) {
+        Py_DECREF(entries[i]);
+    }
+    PyMem_Free(entries);
     if (exc != NULL) {
         restore_exception(exc);
     }
@@ -886,6 +899,7 @@ static int
 wheel_ready_check(NativeState *st, WheelObject *w)
 {
     if (!(w->levels != NULL && PyList_CheckExact(w->levels) && w->overdue != NULL &&
+          (w->active == NULL || Bucket_Check(w->active)) &&
           Bucket_Check(w->overdue) && w->slots1 != NULL && PyList_CheckExact(w->slots1) &&
           w->todo != NULL && PyList_CheckExact(w->todo) && w->memo_bucket != NULL &&
           Bucket_Check(w->memo_bucket) && w->wheel_size >= 2 && w->heap_set &&
@@ -1199,7 +1213,8 @@ wheel_cascade(NativeState *st, WheelObject *w, Py_ssize_t limit, PyObject *due)
 {
     PyObject *bucket = w->active;
     BucketObject *b = (BucketObject *)bucket;
-    PyObject *older = b->older == NULL ? Py_None : b->older;
+    /* (an older part Python code replaced by something else is no part: nothing to take) */
+    PyObject *older = b->older == NULL || !Bucket_Check(b->older) ? Py_None : b->older;
     PyObject *todo = w->todo;
     Py_INCREF(bucket);
     Py_INCREF(older);
