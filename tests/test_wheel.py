@@ -621,6 +621,7 @@ def test_a_bucket_holds_entries_by_identity_in_insertion_order() -> None:
         entry._bucket = bucket
     bucket[id(second)] = second  # held already: it keeps its place
     assert (len(bucket), list(bucket)) == (3, [first, second, third])
+    assert id(second) in bucket
     bucket.remove(second)
     assert second._bucket is None
     assert (len(bucket), list(bucket)) == (2, [first, third])

@@ -249,6 +249,7 @@ CORE_SPEC(bucket, "purgatory._wheel._BucketCore",
           "The fields of a bucket of the timing wheel (a list of entries, by identity).",
           BucketObject, bucket, {Py_tp_methods, bucket_methods}, {Py_tp_iter, bucket_iter},
           {Py_sq_length, bucket_length}, {Py_mp_length, bucket_length},
+          {Py_sq_contains, bucket_contains},
           {Py_mp_ass_subscript, bucket_ass_subscript},)
 CORE_SPEC(wheel, "purgatory._wheel._WheelCore", "The fields of a timing wheel.", WheelObject,
           wheel, {Py_tp_getset, wheel_getset},)

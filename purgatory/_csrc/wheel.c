@@ -493,6 +493,28 @@ bucket_iter(PyObject *self)
     return it;
 }
 
+/* `id(entry) in bucket`, as the reference's dict answers it: by address, never by comparing
+ * entries (O(size): the protocol never asks, an invariant check may). */
+static int
+bucket_contains(PyObject *self, PyObject *key)
+{
+    if (!PyLong_Check(key)) {
+        return 0;
+    }
+    void *address = PyLong_AsVoidPtr(key);
+    if (address == NULL && PyErr_Occurred()) {
+        PyErr_Clear(); /* (an int no address is: not there) */
+        return 0;
+    }
+    BucketObject *b = (BucketObject *)self;
+    for (TimerLink *l = bucket_first(b); l != NULL && l != &b->head; l = l->next) {
+        if ((void *)l->entry == address) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* `bucket[id(entry)] = entry` (the protocol's add, as the reference's dict is keyed); entries
  * leave by `remove(entry)`. */
 static int
