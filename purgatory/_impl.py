@@ -24,7 +24,7 @@ __all__ = ("IMPLEMENTATION", "install", "native")
 
 #: The native core's interface version these modules are written for (``NATIVE_API_VERSION`` in
 #: ``purgatory/_csrc/native.h``).
-API_VERSION: Final = 3
+API_VERSION: Final = 4
 
 
 def _disabled() -> bool:

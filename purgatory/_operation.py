@@ -24,8 +24,8 @@ Fields                                   Writers
                                          ``_purgatory.DelayedOperationPurgatory``
 ``_bucket``                              ``_operation.DelayedOperation``
                                          ``_wheel.TimingWheel``
+                                         ``_wheel._BucketCore.remove``
                                          ``_timer.SystemTimer``
-                                         ``_purgatory.DelayedOperationPurgatory._settled``
 ``_deadline``                            ``_wheel.TimingWheel``
                                          ``_timer.SystemTimer``
 ``_keys`` ``_listed``                    ``_watchers.WatcherLists``
@@ -43,9 +43,11 @@ Fields                                   Writers
   knows nothing else of it (Kafka's operation knows nothing of its purgatory).
 - ``_bucket``, ``_deadline``: the timing wheel's `TimerEntry` protocol (in ``_wheel.py``):
   ``_bucket`` is ``None`` from ``__init__`` until the wheel takes the operation. The wheel's
-  owner, `SystemTimer`, takes the wheel's memo path inline as it adds, and the protocol's two
-  removal steps as it discards, drains or closes; the purgatory's settle (``_settled``), which
-  runs once per operation, takes those two steps inline too. Nothing else writes them.
+  owner, `SystemTimer`, takes the wheel's memo path inline as it adds; the protocol's removal
+  step, the bucket's own ``remove`` (``op._bucket.remove(op)``, which sets ``_bucket`` to
+  ``None``), is taken by the wheel, by the timer as it discards or drains, and by the
+  purgatory's settle (``_settled``), which runs once per operation. Nothing else writes them.
+  The wheel holds an operation by identity: it never calls its ``__hash__``.
 - ``_keys``, ``_listed``, ``_marks``: the watcher lists (`_watchers.py`), which set them when
   they register the operation.
 

@@ -697,8 +697,7 @@ class DelayedOperationPurgatory(_PurgatoryCore, Generic[Op]):
         """
         bucket = op._bucket
         if bucket is not None:  # out of the timer (`SystemTimer`'s removal protocol)
-            del bucket[op]
-            op._bucket = None
+            bucket.remove(op)
             self._timer.delayed -= 1
             rule = self._rule
             rule.owed += 1  # (the purge-queue protocol)

@@ -203,7 +203,7 @@ class SystemTimer(_TimerCore, Generic[Op]):
         if deadline < wheel.memo_high and deadline >= wheel.memo_low:  # the wheel's memo, inline
             op._deadline = deadline
             bucket = wheel.memo_bucket
-            bucket[op] = None
+            bucket[id(op)] = op
             op._bucket = bucket
             due = wheel.memo_due
         else:
@@ -228,22 +228,22 @@ class SystemTimer(_TimerCore, Generic[Op]):
 
     @staticmethod
     def _not_held(op: Op) -> None:
-        """Undo the add of `op`, which its own ``__hash__`` (a class may assign one after its
-        first watch) settled, or whose purgatory it shut down, as a bucket took it: the settle
-        found it in no bucket yet, so it is taken out here and never counted."""
-        del op._bucket[op]
-        op._bucket = None
+        """Undo the add of `op`, which was settled, or whose purgatory was shut down, while the
+        wheel took it: the wheel calls none of the operation's code (buckets hold entries by
+        identity), but a new level's buckets and the queue's items are allocations, and a
+        collection there runs whatever ``__del__`` it finds. The settle found `op` in no bucket
+        yet, so it is taken out here and never counted."""
+        op._bucket.remove(op)
 
     def discard(self, op: Op) -> None:
         """Stop holding the settled `op` (held: its ``_bucket`` is set). O(1).
 
-        The removal protocol: this is three steps, the wheel's timer-entry protocol's two
-        (``del op._bucket[op]``, ``op._bucket = None``) and ``timer.delayed -= 1``; the
+        The removal protocol: this is two steps, the wheel's timer-entry protocol's one
+        (``op._bucket.remove(op)``, `Bucket.remove`) and ``timer.delayed -= 1``; the
         purgatory's settle, which runs once per operation and cannot afford the call, takes
         them inline, and nothing else does.
         """
-        del op._bucket[op]
-        op._bucket = None
+        op._bucket.remove(op)
         self.delayed -= 1
 
     def request_pass(self) -> None:
@@ -306,9 +306,8 @@ class SystemTimer(_TimerCore, Generic[Op]):
         if self._closed:
             return 0
         due = self.held()
-        for op in due:  # out of the wheel by the timer-entry protocol's two steps
-            del op._bucket[op]
-            op._bucket = None
+        for op in due:  # out of the wheel by the timer-entry protocol's step
+            op._bucket.remove(op)
         self.delayed -= len(due)
         expired = self._expire_taken(due, self.now()) if due else 0
         self._due_now = self._housekeeping(len(due), None) or self._due_now
@@ -321,7 +320,9 @@ class SystemTimer(_TimerCore, Generic[Op]):
         self._due_now = False
         self._due_at = math.inf
         held = list(self.wheel)
-        for op in held:  # the whole wheel goes: no entry names a bucket of it any more
+        for bucket in self.wheel.buckets():  # the whole wheel goes: its buckets let go of all
+            bucket.clear()
+        for op in held:  # ... and no entry names a bucket of it any more
             op._bucket = None
         for due in self._in_flight:
             held.extend(due)

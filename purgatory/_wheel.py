@@ -35,9 +35,17 @@ deadline was farther away when it came), so cascaded entries go to a bucket's *o
 which is returned (or cascaded) before the entries inserted into the bucket directly; cascades
 run one at a time, oldest first.
 
-Cancel is O(1): every bucket (and older part) is an insertion-ordered ``dict`` used as a set, and
-every entry knows which one holds it, so removing one is a single ``del`` and a cancelled entry
-never pins memory until its deadline (the classic purgatory leak).
+Cancel is O(1): every bucket (and older part) holds its entries in insertion order, and every
+entry knows which one holds it, so removing one is a single step and a cancelled entry never pins
+memory until its deadline (the classic purgatory leak).
+
+Identity. A bucket holds its entries by identity (Kafka's ``TimerTaskList``, a linked list of
+entries), never by their ``__hash__`` or ``__eq__``: an entry is usually an operation of a user's
+class, whose hash is user code (a class may even assign one after its first watch), and the wheel
+runs in the middle of the purgatory's own steps. So neither the wheel nor its owner ever calls an
+entry's code. Here a bucket is an insertion-ordered ``dict`` keyed by ``id(entry)`` (an int, whose
+hash is the interpreter's), the entry its value; the native core keeps it as an intrusive doubly
+linked list through the operation's C layout.
 """
 
 from __future__ import annotations
@@ -54,10 +62,22 @@ __all__ = ("Bucket", "TimerEntry", "TimingWheel")
 
 if TYPE_CHECKING or native is None:
 
-    class _BucketCore(dict[Any, None]):
-        """A bucket's fields (the native core gives them a C layout: `purgatory._impl`)."""
+    class _BucketCore(dict[Any, Any]):
+        """A bucket's fields and its protocol in pure Python: a ``dict`` keyed by ``id(entry)``
+        (the native core gives them a C layout and a C list: `purgatory._impl`)."""
 
         __slots__ = ("expiration", "level", "older", "wheel")
+
+        def __iter__(self) -> Iterator[Any]:
+            """The entries, in insertion order (not their ids: the keys are this module's)."""
+            return iter(self.values())
+
+        def remove(self, entry: TimerEntry) -> None:
+            """Take `entry`, which this bucket holds, out of it and out of the wheel: the removal
+            protocol's one step (Kafka's ``TimerTaskList.remove``), which also sets its ``_bucket``
+            to ``None``. O(1); ``KeyError`` if the bucket does not hold it."""
+            del self[id(entry)]
+            entry._bucket = None
 
     class _WheelCore:
         """A wheel's fields (the native core gives them a C layout: `purgatory._impl`)."""
@@ -92,15 +112,21 @@ else:
 
 @final
 class Bucket(_BucketCore):
-    """The entries of one wheel slot, in insertion order; a ``dict`` for O(1) removal.
+    """The entries of one wheel slot, by identity, in insertion order (Kafka's ``TimerTaskList``).
 
-    Subclassing ``dict`` lets the hot paths add and remove entries with plain subscript syntax,
-    without a Python-level method call.
+    The bucket protocol, the same on both builds: ``len(bucket)`` and iteration (the entries, in
+    insertion order); ``bucket[id(entry)] = entry``, then ``entry._bucket = bucket``, adds an
+    entry (the wheel's add, and the memo protocol's: see `TimingWheel`); ``bucket.remove(entry)``
+    takes one out and sets its ``_bucket`` to ``None``. The pure build's bucket is a ``dict``
+    keyed by ``id(entry)`` (an int: its hash and equality are the interpreter's, never the
+    entry's), so that the hot paths add with plain subscript syntax; the native build's is an
+    intrusive C list through the operations' own layout, which takes an entry under its own id
+    only and gives entries back by `remove` only (no ``del bucket[key]``).
     """
 
     __slots__ = ()
 
-    # A dict subclass may be hashed by identity: buckets are keys nowhere but it documents intent.
+    # Hashed by identity (the pure build's is a dict): buckets are keys nowhere, but it says so.
     __hash__ = object.__hash__  # type: ignore[assignment]
 
     def __init__(self, wheel: TimingWheel, level: int) -> None:
@@ -120,10 +146,11 @@ class TimerEntry(Protocol):
     """What the wheel needs of an entry: two writable attributes it owns.
 
     An entry leaves the wheel when `advance` returns it or when it is removed, by `remove` or,
-    on a hot path that cannot afford the call, by the same two steps inline:
-    ``del entry._bucket[entry]`` (a bucket is a ``dict``) and ``entry._bucket = None``. Nothing
-    else may write either attribute, and the wheel keeps no count that such a removal would
-    leave wrong.
+    on a hot path that has the bucket at hand, by the bucket's own step:
+    ``entry._bucket.remove(entry)`` (`Bucket.remove`, which sets ``_bucket`` to ``None``).
+    Nothing else may write either attribute, and the wheel keeps no count that such a removal
+    would leave wrong. The wheel holds an entry by identity: its ``__hash__`` and ``__eq__``, if
+    it has any of its own, are never called.
     """
 
     _bucket: Bucket | None
@@ -175,7 +202,7 @@ class TimingWheel(_WheelCore):
         #: range), or the bucket is dropped (`_forget_memo`). Empty at first. The memo protocol:
         #: these four are public, read-only, so that an owner's add on a hot path (the timer's)
         #: may take the memo's path inline, as `add` does first: for a deadline in the range,
-        #: ``entry._deadline = deadline``, ``memo_bucket[entry] = None``, ``entry._bucket =
+        #: ``entry._deadline = deadline``, ``memo_bucket[id(entry)] = entry``, ``entry._bucket =
         #: memo_bucket``, due at `memo_due`.
         self.memo_low = 0
         self.memo_high = 0
@@ -287,7 +314,7 @@ class TimingWheel(_WheelCore):
         entry._deadline = deadline
         if self.memo_low <= deadline < self.memo_high:  # the last add's bucket
             bucket = self.memo_bucket
-            bucket[entry] = None
+            bucket[id(entry)] = entry
             entry._bucket = bucket
             return self.memo_due
         current = self._current[0]
@@ -330,7 +357,7 @@ class TimingWheel(_WheelCore):
             self.memo_due = due
         else:
             bucket, due = self._overflow_bucket(deadline)
-        bucket[entry] = None
+        bucket[id(entry)] = entry
         entry._bucket = bucket
         return due
 
@@ -343,8 +370,7 @@ class TimingWheel(_WheelCore):
         bucket = entry._bucket
         if bucket is None:
             return False
-        del bucket[entry]
-        entry._bucket = None
+        bucket.remove(entry)
         return True
 
     def advance(self, now: int, budget: int | None = None) -> list[Any]:
@@ -364,9 +390,10 @@ class TimingWheel(_WheelCore):
             self.memo_high = self.memo_low
         due: list[Any] = []
         overdue = self._overdue
-        if overdue:
-            due.extend(sorted(overdue, key=_deadline_of))  # stable: insertion order per tick
+        if overdue:  # taken out, then sorted (stable: insertion order within a tick)
+            due.extend(overdue.values())
             overdue.clear()
+            due.sort(key=_deadline_of)
         active = self._active
         if active is not None and (budget is None or now >= active.expiration):
             self._cascade(None, due)
@@ -391,9 +418,9 @@ class TimingWheel(_WheelCore):
                 continue
             bucket.expiration = -1
             if older:
-                due.extend(older)
+                due.extend(older.values())
                 older.clear()
-            due.extend(bucket)
+            due.extend(bucket.values())
             bucket.clear()
         self._advance_clock(now)
         if self._active is not None and budget is not None:
@@ -507,8 +534,8 @@ class TimingWheel(_WheelCore):
     def _start_cascade(self, bucket: Bucket) -> None:
         """Make `bucket` the cascade under way; what it holds now is what the cascade moves."""
         older = bucket.older
-        todo = list(older) if older else []
-        todo.extend(bucket)
+        todo = list(older.values()) if older else []
+        todo.extend(bucket.values())
         self._active = bucket
         self._todo = todo
         self._todo_done = 0
@@ -538,7 +565,7 @@ class TimingWheel(_WheelCore):
             source: Bucket | None = entry._bucket
             if source is None or (source is not bucket and source is not older):
                 continue  # removed (and maybe added elsewhere) since the cascade started
-            del source[entry]
+            del source[id(entry)]  # (a set-up native wheel never runs this: its advance is C)
             deadline = entry._deadline
             if deadline <= current:
                 due.append(entry)  # a late classic cascade (sizes 2 and 3)
@@ -552,7 +579,7 @@ class TimingWheel(_WheelCore):
             part = target.older
             if part is None:
                 part = target.older = Bucket(self, level)
-            part[entry] = None
+            part[id(entry)] = entry
             entry._bucket = part
         self._todo_done = end
         if end == len(todo):

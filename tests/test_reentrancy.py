@@ -20,6 +20,8 @@ import pytest
 from helpers import FlagOperation, manual_purgatory
 
 from purgatory import DelayedOperationPurgatory, PurgatoryClosed
+from purgatory._operation import EXPIRED_NOW
+from purgatory._timer import SystemTimer
 from purgatory.testing import check_invariants
 
 
@@ -180,7 +182,11 @@ class LateHash(FlagOperation):
     """A class whose __hash__ is assigned once its first operation was watched."""
 
 
-def test_operation_hash_assigned_later_shutting_down_while_timed() -> None:
+def test_operation_hash_assigned_later_is_not_called_while_timed() -> None:
+    """The timer once put an operation in a bucket keyed by the operation, so its class's
+    ``__hash__`` ran there, and a hash that shut the purgatory down freed the wheel under the
+    native core's feet. Buckets hold operations by identity now: the watch times the
+    operation without calling it, and the purgatory stays open."""
     _clock, p = manual_purgatory()
     assert not p.try_complete_else_watch(LateHash(10.0), ["a"])  # the class is admitted
     fired: list[bool] = []
@@ -189,7 +195,7 @@ def test_operation_hash_assigned_later_shutting_down_while_timed() -> None:
         if not fired:
             fired.append(True)
             shut_down(p)
-            gc.collect()  # the timer's old wheel, a cycle, is collected here
+            gc.collect()
         return object.__hash__(self)
 
     LateHash.__hash__ = hostile_hash  # type: ignore[method-assign]
@@ -197,16 +203,131 @@ def test_operation_hash_assigned_later_shutting_down_while_timed() -> None:
         op = LateHash(10.0)
         assert not p.try_complete_else_watch(op, ["b"])
         gc.collect()
-        assert fired == [True]
-        assert op.is_cancelled
-        assert p.closed
-        assert counts(p) == (0, 0, 0, 0, 2)
-        assert op._bucket is None
+        assert fired == []
+        assert not p.closed
+        assert op._bucket is not None
+        assert counts(p)[0] == 2
         check_invariants(p)
-        with pytest.raises(PurgatoryClosed):
-            op._outcome()
     finally:
         del LateHash.__hash__
+
+
+class Unhashed(FlagOperation):
+    """An operation class whose ``__hash__`` and ``__eq__`` (assigned after its first watch:
+    the purgatory refuses such a class at admission) fail the test while `armed`: the timer and
+    its wheel must never call them. (The watcher lists' purge queue is keyed by operation: a
+    settle of an operation still on a list hashes it there, so the tests settle unlisted ones.)"""
+
+    armed = False
+
+
+def _unhashed_hash(self: Unhashed) -> int:
+    if Unhashed.armed:
+        Unhashed.armed = False  # (one report, not a cascade of them)
+        raise AssertionError(f"{self.name} hashed")
+    return object.__hash__(self)
+
+
+def _unhashed_eq(self: Unhashed, other: object) -> bool:
+    if Unhashed.armed:
+        Unhashed.armed = False
+        raise AssertionError(f"{self.name} compared")
+    return self is other
+
+
+@pytest.fixture
+def unhashed() -> Iterator[None]:
+    Unhashed.__hash__ = _unhashed_hash  # type: ignore[assignment,method-assign]
+    Unhashed.__eq__ = _unhashed_eq  # type: ignore[assignment,method-assign]
+    try:
+        yield
+    finally:
+        Unhashed.armed = False
+        del Unhashed.__hash__, Unhashed.__eq__
+
+
+def test_watch_cascade_and_cancel_never_call_an_operations_hash_or_eq() -> None:
+    clock, p = manual_purgatory()
+    assert not p.try_complete_else_watch(Unhashed(10.0, "admitted"), ["admitted"])
+    assert len(p.cancel_for_key("admitted")) == 1  # (it would expire, queued for the purge)
+    Unhashed.__hash__ = _unhashed_hash  # type: ignore[assignment,method-assign]
+    Unhashed.__eq__ = _unhashed_eq  # type: ignore[assignment,method-assign]
+    try:
+        timeouts = [0.5, 0.5, 0.5, 30.0, 30.0, 30.0, 3600.0, 3600.0]
+        ops = [Unhashed(timeout, f"op{i}") for i, timeout in enumerate(timeouts)]
+        Unhashed.armed = True
+        for i, op in enumerate(ops):  # level 0, the memo's bucket, the overflow levels
+            assert not p.try_complete_else_watch(op, [f"k{i}"])
+        # a settle: out of its bucket, unlisted first
+        assert _only(p.cancel_for_key("k0")) is ops[0]
+        assert _only(p.cancel_for_key("k2")) is ops[2]
+        assert Unhashed.armed, "an operation was hashed or compared"
+        Unhashed.armed = False  # op1 expires, and is queued for the purge: hashed there
+        clock.advance(0.6)
+        assert ops[1].is_expired
+        assert p.purge() == 1  # (a cancel pops from a queue that is not empty: a hash)
+        Unhashed.armed = True
+        for _ in range(58):  # to 29.6 s: the 30 s bucket's cascade falls due (29.18 s) and runs
+            clock.advance(0.5)
+        assert _only(p.cancel_for_key("k3")) is ops[3]  # from the part its cascade moved it to
+        assert _only(p.cancel_for_key("k6")) is ops[6]  # from an overflow level's bucket
+        assert Unhashed.armed, "an operation was hashed or compared"
+        Unhashed.armed = False
+        check_invariants(p)
+        cancelled = [op.is_cancelled for op in ops]
+        assert cancelled == [True, False, True, True, False, False, True, False]
+        clock.advance(10.0)
+        assert [op.is_expired for op in ops[4:6]] == [True, True]
+        check_invariants(p)
+    finally:
+        Unhashed.armed = False
+        del Unhashed.__hash__, Unhashed.__eq__
+
+
+def test_the_timer_never_calls_what_it_times(unhashed: None) -> None:
+    """`SystemTimer` on its own (no watcher lists, no purge queue): add, the memo's inline
+    add, add_due, passes with cascades by slices and expiry, discard, drain and close."""
+    now = [0.0]
+    expired: list[Unhashed] = []
+
+    def expire(due: list[Unhashed], at: float, outcome: str) -> int:
+        for op in due:
+            op._state |= EXPIRED_NOW
+        expired.extend(due)
+        return len(due)
+
+    timer: SystemTimer[Unhashed] = SystemTimer(0.001, 8, lambda: now[0], expire, _no_housekeeping)
+    timeouts = [0.002, 0.002, 0.005, 0.1, 0.1, 0.1, 3.0, 3.0, 100.0]
+    ops = [Unhashed(timeout, f"op{i}") for i, timeout in enumerate(timeouts)]
+    Unhashed.armed = True
+    for op in ops:
+        timer.add(op)
+    due_now = Unhashed(1.0, "due now")
+    timer.add_due(due_now)
+    timer.discard(ops[4])
+    assert len(timer) == len(ops)
+    while now[0] < 4.0:
+        now[0] += 0.001
+        timer.run_pass(now[0], 2)
+    assert Unhashed.armed, "an operation was hashed or compared"
+    assert [op.name for op in expired] == ["due now"] + [
+        op.name for op in ops[:8] if op is not ops[4]
+    ]
+    timer.drain(None)
+    assert [op.name for op in expired[-1:]] == ["op8"]
+    timer.add(ops[4])
+    assert [op.name for op in timer.close()] == ["op4"]
+    assert Unhashed.armed, "an operation was hashed or compared"
+    assert all(op._bucket is None for op in [*ops, due_now])
+
+
+def _no_housekeeping(taken: int, budget: int | None) -> bool:
+    return False
+
+
+def _only(ops: list[Any]) -> Any:
+    assert len(ops) == 1
+    return ops[0]
 
 
 @pytest.mark.parametrize("how", ["force_complete", "expiry"])

@@ -11,9 +11,11 @@ an explicit O(1) ``remove`` followed by ``add``.
 
 from __future__ import annotations
 
+import gc
 import math
 import random
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 
@@ -555,3 +557,204 @@ def test_the_queue_and_the_ticks_read_as_the_reference_keeps_them() -> None:
     assert wheel._current == [9, 8, 8, 8, 0]
     assert queue() == [(16, -4, 4, 32)]
     check_timing_wheel(wheel)
+
+
+# -- Identity: the wheel never calls an entry's __hash__ or __eq__ ------------------------------
+
+
+class Unhashed(Entry):
+    """An entry whose ``__hash__`` and ``__eq__`` fail the test if anything calls them: the
+    wheel holds entries by identity (Kafka's ``TimerTaskList``), never by their own code."""
+
+    __slots__ = ()
+
+    def __hash__(self) -> int:
+        raise AssertionError(f"the wheel hashed {self!r}")
+
+    def __eq__(self, other: object) -> bool:
+        raise AssertionError(f"the wheel compared {self!r}")
+
+
+@pytest.mark.parametrize("budget", [None, 1])
+def test_no_entry_is_hashed_or_compared_by_add_remove_cascade_or_advance(
+    budget: int | None,
+) -> None:
+    """(The test itself compares entries by their names and ids only.)"""
+    wheel = TimingWheel(4, start_tick=10)
+    deadlines = [10, 9, 11, 12, 12, 13, 18, 18, 25, 40, 40, 90, 300, 1000, 1000]
+    entries = [Unhashed(i) for i in range(len(deadlines))]
+    for entry, deadline in zip(entries, deadlines, strict=True):
+        wheel.add(entry, deadline)  # overdue, level 0, the memo's bucket, overflow levels
+    assert len(wheel) == len(entries)
+    assert sorted(names(wheel)) == names(entries)  # type: ignore[type-var]
+    check_timing_wheel(wheel)
+    removed = [entries[i] for i in (1, 4, 7, 10, 13)]  # one of each kind of bucket
+    for entry in removed:
+        assert wheel.remove(entry)
+        assert not wheel.remove(entry)
+    wheel.add(removed[0], 11)  # back again, after the entry already at 11
+    check_timing_wheel(wheel)
+    due: list[Entry] = []
+    tick = 10
+    while wheel.next_deadline() != math.inf:
+        tick = max(tick, int(wheel.next_deadline()))
+        due += wheel.advance(tick, budget)  # cascades, whole or a slice per call
+        check_timing_wheel(wheel)
+    assert len(wheel) == 0
+    # deadline order, insertion order within a tick
+    assert names(due) == [0, 2, 1, 3, 5, 6, 8, 9, 11, 12, 14]
+    assert all(entry._bucket is None for entry in entries)
+
+
+def test_a_bucket_holds_entries_by_identity_in_insertion_order() -> None:
+    """The bucket protocol, the same on both builds: ``bucket[id(entry)] = entry`` adds,
+    ``bucket.remove(entry)`` takes out (and clears ``_bucket``), ``len`` and iteration see the
+    entries in insertion order."""
+    wheel = TimingWheel(8, start_tick=0)
+    first, second, third = Unhashed("first"), Unhashed("second"), Unhashed("third")
+    wheel.add(first, 3)
+    bucket = first._bucket
+    assert bucket is not None
+    for entry in (second, third):  # the memo protocol's inline add
+        entry._deadline = 3
+        bucket[id(entry)] = entry
+        entry._bucket = bucket
+    bucket[id(second)] = second  # held already: it keeps its place
+    assert (len(bucket), list(bucket)) == (3, [first, second, third])
+    assert id(second) in bucket
+    bucket.remove(second)
+    assert second._bucket is None
+    assert (len(bucket), list(bucket)) == (2, [first, third])
+    with pytest.raises(KeyError):
+        bucket.remove(second)
+    check_timing_wheel(wheel)
+    assert names(wheel.advance(3)) == ["first", "third"]
+    assert len(bucket) == 0
+    assert not bucket
+
+
+def test_a_bucket_refuses_a_key_that_is_not_the_entrys_id_on_the_native_build() -> None:
+    """The native bucket is a list, not a dict: it takes an entry under its own id only, and
+    entries leave it by `remove` (the pure one is a dict and would take anything)."""
+    wheel = TimingWheel(8, start_tick=0)
+    entry, other = Entry("entry"), Entry("other")
+    wheel.add(entry, 3)
+    bucket = entry._bucket
+    assert bucket is not None
+    if isinstance(bucket, dict):
+        pytest.skip("the pure bucket is a dict keyed by id(entry)")
+    with pytest.raises(ValueError, match="under its id"):
+        bucket[id(entry)] = other
+    with pytest.raises(TypeError, match="remove"):
+        del bucket[id(entry)]
+    assert list(bucket) == [entry]
+
+
+def test_a_wheel_dropped_mid_cascade_lets_go_of_every_entry() -> None:
+    """Every reference a bucket holds is a strong one that the collector sees: a wheel dropped
+    in the middle of a cascade (entries in its buckets, their older parts and its cascade's
+    list) is collected with its entries, and nothing is freed while it is still held."""
+
+    class Tracked(Entry):
+        __slots__ = ("__weakref__",)
+
+    wheel = TimingWheel(4, start_tick=0)
+    entries = [Tracked(i) for i in range(9)]
+    for entry in entries:
+        wheel.add(entry, 8 + entry.name % 3 if entry.name < 6 else 1000)  # type: ignore[operator]
+    assert wheel.advance(6, budget=2) == []
+    assert wheel.cascading is not None  # two of its four moved to an older part, two to go
+    refs = [weakref.ref(entry) for entry in entries]
+    del entries, entry
+    gc.collect()
+    assert all(ref() is not None for ref in refs)
+    check_timing_wheel(wheel)
+    del wheel
+    gc.collect()
+    assert [ref() for ref in refs] == [None] * len(refs)
+
+
+class Meddler:
+    """An entry (not an operation) whose ``_bucket`` is a property: the wheel's every write of
+    it runs `action` once, code of the entry's own in the middle of the wheel's step."""
+
+    __slots__ = ("_deadline", "_held", "action", "name")
+
+    def __init__(self, name: object) -> None:
+        self._held: Bucket | None = None
+        self._deadline = 0
+        self.name = name
+        self.action: Callable[[], object] | None = None
+
+    @property
+    def _bucket(self) -> Bucket | None:
+        return self._held
+
+    @_bucket.setter
+    def _bucket(self, value: Bucket | None) -> None:
+        self._held = value
+        action, self.action = self.action, None
+        if action is not None:
+            action()
+
+    def __repr__(self) -> str:
+        return f"Meddler({self.name!r}, deadline={self._deadline})"
+
+
+def test_an_entry_that_changes_the_wheel_as_it_is_given_back_or_cascaded() -> None:
+    """Code run by an entry's own ``_bucket`` setter takes other entries out and adds new ones
+    while `advance` hands entries back and while a cascade moves them: both builds end in the
+    same place, and the wheel is consistent."""
+    wheel = TimingWheel(4, start_tick=0)
+    a, b, c, d, late = (Meddler(name) for name in ("a", "b", "c", "d", "late"))
+    fresh = [Meddler("fresh0"), Meddler("fresh1")]
+    for entry, deadline in ((a, 2), (b, 2), (c, 9), (d, 9), (late, 40)):
+        wheel.add(entry, deadline)
+    b.action = lambda: (wheel.remove(c), wheel.add(fresh[0], 2))  # as b is given back
+    assert names(wheel.advance(2)) == ["a", "b"]
+    assert (c._bucket, len(wheel)) == (None, 3)
+    d.action = lambda: (wheel.remove(late), wheel.add(fresh[1], 9))  # as d is cascaded
+    assert names(wheel.advance(6)) == ["fresh0"]
+    check_timing_wheel(wheel)
+    assert names(wheel.advance(9)) == ["d", "fresh1"]
+    assert len(wheel) == 0
+    assert wheel.next_deadline() == math.inf
+    check_timing_wheel(wheel)
+
+
+def test_an_entry_released_by_a_bucket_may_add_to_it_again() -> None:
+    """A bucket dropped with its wheel releases its entries one at a time; a ``__del__`` run by
+    a release that adds to the same bucket finds it whole, and what it adds is released too."""
+    added: list[str] = []
+
+    class Haunting(Entry):
+        __slots__ = ("__weakref__", "target")
+
+        def __init__(self, name: str) -> None:
+            super().__init__(name)
+            self.target: Bucket | None = None
+
+        def __del__(self) -> None:
+            target = self.target
+            if target is not None and not added:
+                added.append(self.name)  # type: ignore[arg-type]
+                ghost = Entry("ghost")
+                target[id(ghost)] = ghost
+                ghost._bucket = target
+
+    wheel = TimingWheel(4, start_tick=0)
+    first, second = Haunting("first"), Haunting("second")
+    wheel.add(first, 3)
+    wheel.add(second, 3)
+    bucket = first._bucket
+    assert bucket is not None
+    first.target = bucket
+    second._bucket = first._bucket = None  # (only the bucket holds them now)
+    ref = weakref.ref(second)
+    del first, second
+    bucket.clear()
+    assert added == ["first"]
+    assert ref() is None
+    assert names(bucket) == ["ghost"]
+    bucket.clear()
+    assert len(bucket) == 0

@@ -224,7 +224,7 @@ static PyMethodDef native_methods[] = {
 
 /* Heap types (PEP 630), one set per module object: each core is subclassable (the reference's
  * classes are defined over it), collected, and immutable as the static types it replaces were.
- * No tp_new of their own: they inherit object's (dict's for the bucket), and so show no __new__,
+ * No tp_new of their own: they inherit object's, and so show no __new__,
  * and are made as object() makes instances (its abstract-class check and messages included): to
  * `help()` and `copy` they are as the reference's slotted classes are. */
 #define CORE_FLAGS                                                                                \
@@ -250,7 +250,11 @@ CORE_SPEC(op, "purgatory._operation._OperationCore",
           "The fields of an operation (the operation protocol, see purgatory._operation).",
           OpFull, op, {Py_tp_getset, op_getset},)
 CORE_SPEC(bucket, "purgatory._wheel._BucketCore",
-          "The fields of a bucket of the timing wheel (a dict of entries).", BucketObject, bucket, )
+          "The fields of a bucket of the timing wheel (a list of entries, by identity).",
+          BucketObject, bucket, {Py_tp_methods, bucket_methods}, {Py_tp_iter, bucket_iter},
+          {Py_sq_length, bucket_length}, {Py_mp_length, bucket_length},
+          {Py_sq_contains, bucket_contains},
+          {Py_mp_ass_subscript, bucket_ass_subscript},)
 CORE_SPEC(wheel, "purgatory._wheel._WheelCore", "The fields of a timing wheel.", WheelObject,
           wheel, {Py_tp_getset, wheel_getset},)
 CORE_SPEC(timer, "purgatory._timer._TimerCore", "The fields of a timer.", TimerObject, timer,
@@ -314,6 +318,7 @@ static const Interned interned[] = {
     INTERNED(s_discard, "_discard"),
     INTERNED(s_threshold, "threshold"),
     INTERNED(s_reached, "reached"),
+    INTERNED(s_remove, "remove"),
     INTERNED(s_check_clock, "check_clock"),
     INTERNED(s_schedule, "_schedule"),
     INTERNED(s_ticks, "ticks"),
@@ -398,7 +403,7 @@ native_exec(PyObject *m)
     } types[] = {
         {&N.native_method_type, &nm_spec, NULL, "NativeMethod"},
         {&N.op_type, &op_spec, NULL, "OperationCore"},
-        {&N.bucket_type, &bucket_spec, (PyObject *)&PyDict_Type, "BucketCore"},
+        {&N.bucket_type, &bucket_spec, NULL, "BucketCore"},
         {&N.wheel_type, &wheel_spec, NULL, "WheelCore"},
         {&N.timer_type, &timer_spec, NULL, "TimerCore"},
         {&N.threshold_type, &threshold_spec, NULL, "ThresholdCore"},

@@ -37,7 +37,7 @@
 
 /* Bumped whenever a field or a method moves between the C and the Python side: the Python
  * modules refuse a build of another version (a stale build after a checkout). */
-#define NATIVE_API_VERSION 3
+#define NATIVE_API_VERSION 4
 
 /* -- the operation's state bits (purgatory/_operation.py) ------------------------------------ */
 #define ST_ASYNC 1
@@ -61,6 +61,17 @@ typedef PyObject *(*native_fn)(NativeState *st, PyObject *self, PyObject *const 
 
 /* -- the types ------------------------------------------------------------------------------ */
 
+/* A place in a bucket's list (Kafka's TimerTaskEntry): a bucket is an intrusive doubly linked
+ * list through its entries, by identity (no entry's __hash__ or __eq__ is ever called). An
+ * operation carries its own link (in its C layout); any other entry gets one made for it while
+ * a bucket holds it (`heap`). The list holds a strong reference to each entry, in `entry`. */
+typedef struct TimerLink {
+    struct TimerLink *prev, *next;
+    PyObject *entry; /* the bucket's strong reference while linked, else NULL */
+    PyObject *list;  /* the bucket that links it (borrowed: a bucket unlinks all before it goes) */
+    char heap;       /* made for an entry that is not an operation (PyMem), freed as it leaves */
+} TimerLink;
+
 typedef struct {
     PyObject_HEAD
     int state;           /* _state */
@@ -73,17 +84,23 @@ typedef struct {
     PyObject *marks;     /* _marks: the watcher lists' */
     PyObject *owner;     /* _owner: NULL until __init__ ran (a set-up operation has None) */
     PyObject *result;    /* _result */
+    TimerLink link;      /* its place in the bucket that holds it: the bucket's, not a field */
 } OpObject;
 
 /* The operation's owned object fields (its lifecycle, operation.c: TYPE_LIFECYCLE). */
 #define OP_FIELDS(X) X(bucket) X(future) X(keys) X(marks) X(owner) X(result)
 
+/* A bucket of the wheel (purgatory/_wheel.py's Bucket): its entries in insertion order, as a
+ * circular list through `head` (NULL links until the first entry: an empty list). */
 typedef struct {
-    PyDictObject dict;
+    PyObject_HEAD
     long long expiration;
     int level;
-    PyObject *older; /* NULL reads as None */
+    PyObject *older;  /* NULL reads as None */
     PyObject *wheel;
+    TimerLink head;   /* the sentinel: head.next is the oldest entry, head.prev the newest */
+    Py_ssize_t size;
+    PyObject *others; /* {id(entry): its link's address} for entries that are not operations */
 } BucketObject;
 
 /* The head of the types whose object fields Python code may replace: `ready` says every field
@@ -460,7 +477,7 @@ op_method_call(MethodEntry *cache, PyObject *const *method_names, PyObject *op, 
                                      1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 #define call_op_method(op, which) op_method_call(N.method_cache, N.method_names, (op), (which))
-#define Bucket_Check(o) PyObject_TypeCheck((o), &BucketType)
+#define Bucket_Check(o) CORE_CHECK((o), BucketType)
 
 /* -- what the module keeps: its types, interned names and the Python side's helpers ----------- */
 
@@ -477,7 +494,7 @@ struct NativeState {
         *s_bind, *s_wake_tick, *s_wake_by, *s_take, *s_watches, *s_ends, *s_limit, *s_eager, *s_pop,
         *s_join_plain, *s_join_at, *s_tidy, *s_fail, *s_wake_awaiters, *s_refuse,
         *s_ended_before_registration, *s_abandon, *s_request_pass, *s_purge_queue, *s_ended,
-        *s_sort, *s_key, *s_discard, *s_threshold, *s_reached;
+        *s_sort, *s_key, *s_discard, *s_threshold, *s_reached, *s_remove;
     PyObject *s_check_clock, *s_schedule, *s_ticks, *s_outcome, *s_now;
     PyObject *s_impl_module, *s_native; /* "purgatory._impl", "native" */
     PyObject *kw_key;             /* ("key",) */

@@ -115,14 +115,12 @@ static int
 settled_untime(NativeState *st, PurgatoryObject *p, OpObject *op, PyObject *bucket)
 {
     Py_INCREF(bucket);
-    int err = PyDict_DelItem(bucket, (PyObject *)op);
-    if (err == 0) {
-        set_field(&op->bucket, Py_None);
-    }
+    int err = bucket_remove(st, bucket, (PyObject *)op); /* (`op._bucket` set to None) */
     Py_DECREF(bucket);
     if (err < 0) {
         return -1;
     }
+    /* (a bucket that is not the module's ran its own code: the parts are read after it) */
     TimerObject *timer = (TimerObject *)p->timer;
     timer->delayed--;
     RuleObject *rule = (RuleObject *)p->rule;

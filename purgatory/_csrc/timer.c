@@ -209,9 +209,10 @@ timer_deadline(NativeState *st, TimerObject *t, OpObject *op)
     return deadline;
 }
 
-/* After a bucket took `op`: 1 if `op`'s own __hash__ (a class may assign one after its first
- * watch) settled it or shut the purgatory down meanwhile, so that it is taken out again and not
- * held (the reference's `_not_held`); 0 if it is held; -1 on error. */
+/* After a bucket took `op`: 1 if code run meanwhile (a collection's __del__ while the wheel
+ * made a level's buckets or grew its queue) settled it or shut the purgatory down, so that it
+ * is taken out again and not held (the reference's `_not_held`); 0 if it is held; -1 on
+ * error. */
 static int
 timer_not_held(NativeState *st, TimerObject *t, PyObject *op)
 {
@@ -235,17 +236,14 @@ timer_not_held(NativeState *st, TimerObject *t, PyObject *op)
     if (bucket == NULL) {
         return -1;
     }
-    int err = PyObject_DelItem(bucket, op);
+    int err = bucket == Py_None ? 0 : bucket_remove(st, bucket, op);
     Py_DECREF(bucket);
-    if (err < 0 || entry_set_bucket(st, op, Py_None) < 0) {
-        return -1;
-    }
-    return 1;
+    return err < 0 ? -1 : 1;
 }
 
-/* add(op): hold `op` until now + its timeout, rounded up to the tick. The bucket's insertion
- * runs `op`'s __hash__: the wheel and the bucket are held across it, and what it may have done
- * is checked after it. */
+/* add(op): hold `op` until now + its timeout, rounded up to the tick. The bucket takes `op` by
+ * identity (no code of its runs); the wheel's add may run code (a new level's buckets), so the
+ * wheel is held across it, and what that code may have done is checked after it. */
 static int
 timer_add(NativeState *st, TimerObject *t, OpObject *op)
 {
@@ -253,14 +251,17 @@ timer_add(NativeState *st, TimerObject *t, OpObject *op)
     if (deadline == LLONG_MIN) {
         return -1;
     }
+    if (!timer_ready(st, t)) { /* (the clock's code replaced the timer's fields) */
+        return wheel_changed();
+    }
     WheelObject *w = (WheelObject *)Py_NewRef(t->wheel);
     long long due;
-    if (deadline < w->memo_high && deadline >= w->memo_low) {
+    if (deadline < w->memo_high && deadline >= w->memo_low && wheel_ready(st, w)) {
         /* the wheel's memo, inline */
         op->deadline = deadline;
         OP_SET(op) |= SET_DEADLINE;
         PyObject *bucket = Py_NewRef(w->memo_bucket);
-        int err = PyDict_SetItem(bucket, (PyObject *)op, Py_None);
+        int err = bucket_take(st, (BucketObject *)bucket, (PyObject *)op);
         if (err == 0) {
             set_field(&op->bucket, bucket);
         }

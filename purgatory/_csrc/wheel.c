@@ -1,6 +1,9 @@
 /* The timing wheel's hot methods (purgatory/_wheel.py: add, remove, advance and its cascades,
  * next_deadline, and _push, _add_level, _advance_clock, which own the data below) over a C
- * layout: buckets are dicts (a C subclass with the reference's four fields); the queue of
+ * layout: buckets are intrusive lists through their entries, by identity (Kafka's
+ * TimerTaskList: an operation carries its link, any other entry gets one while it is held), with
+ * the reference's four fields, so that adding, removing and advancing call no Python code for
+ * an operation (the reference's bucket, a dict keyed by id(entry), calls none either); the queue of
  * buckets by due tick is a C array kept as heapq keeps the reference's list of (due tick,
  * -level, push count, bucket) tuples, in the same order; each level's current tick, span and
  * lead are C integers. `_heap`, `_current`, `_spans` and `_leads` are computed for Python (the
@@ -49,7 +52,100 @@ tick_or_inf(long long tick)
     return tick == TICK_INF ? PyFloat_FromDouble(INFINITY) : PyLong_FromLongLong(tick);
 }
 
-/* -- the Bucket type: a dict with four fields -------------------------------------------------- */
+/* -- the Bucket type: an intrusive list of entries, with four fields ------------------------------ */
+
+/* The list's links. A bucket is Kafka's TimerTaskList: a circular doubly linked list through its
+ * entries' links, around the bucket's `head`, with its size. Nothing here runs Python code: an
+ * entry is linked and unlinked by its address (its identity), never by its hash. */
+
+static inline TimerLink *
+bucket_first(BucketObject *b)
+{
+    return b->head.next == NULL || b->head.next == &b->head ? NULL : b->head.next;
+}
+
+/* `l` (not linked) as the newest entry of `b`, which takes `entry`, a new reference. */
+static inline void
+link_append(BucketObject *b, TimerLink *l, PyObject *entry)
+{
+    if (b->head.next == NULL) {
+        b->head.next = b->head.prev = &b->head;
+    }
+    l->entry = entry;
+    l->list = (PyObject *)b;
+    l->prev = b->head.prev;
+    l->next = &b->head;
+    b->head.prev->next = l;
+    b->head.prev = l;
+    b->size++;
+}
+
+/* `l` out of `b`, which links it; the bucket's reference to its entry is returned, for the
+ * caller to release once its own state is settled (a release may run code). A link made for an
+ * entry that is not an operation is freed here (the caller drops its `others` record first). */
+static inline PyObject *
+link_cut(BucketObject *b, TimerLink *l)
+{
+    PyObject *entry = l->entry;
+    l->prev->next = l->next;
+    l->next->prev = l->prev;
+    l->prev = l->next = NULL;
+    l->list = NULL;
+    l->entry = NULL;
+    b->size--;
+    if (l->heap) {
+        PyMem_Free(l);
+    }
+    return entry;
+}
+
+/* The `others` record of `l`, a link made for an entry that is not an operation, dropped
+ * before the link is cut (its key is the entry's id). No code runs: the keys are ints. */
+static int
+link_forget(BucketObject *b, TimerLink *l)
+{
+    if (!l->heap || b->others == NULL) {
+        return 0;
+    }
+    PyObject *key = PyLong_FromVoidPtr(l->entry);
+    int err = key == NULL ? -1 : PyDict_DelItem(b->others, key);
+    Py_XDECREF(key);
+    return err;
+}
+
+/* Every entry out of `b`, released once all are out (as a dict's clear: a release may run
+ * code, which finds the bucket empty, and what it adds stays). The links are all undone before
+ * the first release, so code that links an operation elsewhere meanwhile touches nothing this
+ * walks. Runs from tp_clear and tp_dealloc too, so it keeps whatever exception is set. */
+static void
+bucket_drop_all(BucketObject *b)
+{
+    Py_ssize_t n = b->size;
+    if (n == 0) {
+        Py_CLEAR(b->others); /* (ints only: its release runs nothing) */
+        return;
+    }
+    PyObject *exc = PyErr_Occurred() ? fetch_exception() : NULL;
+    PyObject **entries = PyMem_Malloc((size_t)n * sizeof(PyObject *));
+    Py_ssize_t taken = 0;
+    TimerLink *l;
+    while (entries != NULL && (l = bucket_first(b)) != NULL) { /* (no code runs here) */
+        entries[taken++] = link_cut(b, l);
+    }
+    PyObject *others = b->others;
+    b->others = NULL;
+    Py_XDECREF(others); /* (ints only) */
+    while ((l = bucket_first(b)) != NULL) { /* (no memory for the array: one at a time) */
+        Py_DECREF(link_cut(b, l));
+    }
+    for (Py_ssize_t i = 0; i < taken; i++) {
+        Py_DECREF(entries[i]);
+    }
+    PyMem_Free(entries);
+    if (exc != NULL) {
+        restore_exception(exc);
+    }
+}
 
 static int
 bucket_traverse(PyObject *self, visitproc visit, void *arg)
@@ -58,7 +154,11 @@ bucket_traverse(PyObject *self, visitproc visit, void *arg)
     BucketObject *b = (BucketObject *)self;
     Py_VISIT(b->older);
     Py_VISIT(b->wheel);
-    return PyDict_Type.tp_traverse(self, visit, arg);
+    Py_VISIT(b->others);
+    for (TimerLink *l = bucket_first(b); l != NULL && l != &b->head; l = l->next) {
+        Py_VISIT(l->entry);
+    }
+    return 0;
 }
 
 static int
@@ -67,18 +167,17 @@ bucket_clear(PyObject *self)
     BucketObject *b = (BucketObject *)self;
     Py_CLEAR(b->older);
     Py_CLEAR(b->wheel);
-    return PyDict_Type.tp_clear(self);
+    bucket_drop_all(b);
+    return 0;
 }
 
 static void
 bucket_dealloc(PyObject *self)
 {
     PyTypeObject *type = Py_TYPE(self);
-    BucketObject *b = (BucketObject *)self;
     PyObject_GC_UnTrack(self);
-    Py_CLEAR(b->older);
-    Py_CLEAR(b->wheel);
-    PyDict_Type.tp_dealloc(self);
+    bucket_clear(self);
+    type->tp_free(self);
     Py_DECREF(type); /* (a heap type: its instances hold it) */
 }
 
@@ -93,20 +192,174 @@ static PyMemberDef bucket_members[] = {
 static inline Py_ssize_t
 bucket_size(PyObject *b)
 {
-    return PyDict_GET_SIZE(b);
+    return ((BucketObject *)b)->size;
 }
 
-/* A bucket or its older part (None, NULL or a bucket) holds something. */
-static inline int
-part_used(PyObject *part)
+static Py_ssize_t
+bucket_length(PyObject *self)
 {
-    return part != NULL && part != Py_None && PyDict_GET_SIZE(part) > 0;
+    return bucket_size(self);
+}
+
+/* A bucket's older part (None, NULL or a bucket: Python code may assign anything) holds
+ * something. */
+static inline int
+part_used(NativeState *st, PyObject *part)
+{
+    return part != NULL && part != Py_None && Bucket_Check(part) && bucket_size(part) > 0;
 }
 
 static inline int
-bucket_in_use(PyObject *b)
+bucket_in_use(NativeState *st, PyObject *b)
 {
-    return PyDict_GET_SIZE(b) > 0 || part_used(((BucketObject *)b)->older);
+    return bucket_size(b) > 0 || part_used(st, ((BucketObject *)b)->older);
+}
+
+/* The entries of `b`, oldest first, appended to `list` (appending runs no code). */
+static int
+bucket_extend(BucketObject *b, PyObject *list)
+{
+    for (TimerLink *l = bucket_first(b); l != NULL && l != &b->head; l = l->next) {
+        if (PyList_Append(list, l->entry) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A new list of the entries of `b`, oldest first. */
+static PyObject *
+bucket_entries(BucketObject *b)
+{
+    PyObject *list = PyList_New(0); /* (may collect: the bucket is walked after it) */
+    if (list != NULL && bucket_extend(b, list) < 0) {
+        Py_CLEAR(list);
+    }
+    return list;
+}
+
+/* Every entry of `b` moved to the end of `due`, oldest first. */
+static int
+bucket_take_all(BucketObject *b, PyObject *due)
+{
+    TimerLink *l;
+    while ((l = bucket_first(b)) != NULL) {
+        if (PyList_Append(due, l->entry) < 0 || link_forget(b, l) < 0) {
+            return -1;
+        }
+        Py_DECREF(link_cut(b, l)); /* (`due` holds it: nothing is released) */
+    }
+    return 0;
+}
+
+static PyObject *
+already_held(PyObject *entry)
+{
+    PyErr_Format(PyExc_RuntimeError, "%R is held by another bucket (remove it first)", entry);
+    return NULL;
+}
+
+/* An entry that is not an operation: a link of its own, recorded under its id in the bucket's
+ * `others`. The dict is made first (an allocation may collect and so run code), and what the
+ * bucket holds is read after it. */
+static int
+bucket_take_other(BucketObject *b, PyObject *entry)
+{
+    if (b->others == NULL) {
+        PyObject *others = PyDict_New();
+        if (others == NULL) {
+            return -1;
+        }
+        if (b->others == NULL) {
+            b->others = others;
+        }
+        else {
+            Py_DECREF(others);
+        }
+    }
+    PyObject *key = PyLong_FromVoidPtr(entry);
+    if (key == NULL) {
+        return -1;
+    }
+    int held = PyDict_Contains(b->others, key); /* (int keys: no code runs) */
+    if (held != 0) {
+        Py_DECREF(key);
+        return held < 0 ? -1 : 0; /* held already: it keeps its place, as a dict's key does */
+    }
+    TimerLink *l = PyMem_Calloc(1, sizeof(TimerLink));
+    PyObject *address = l == NULL ? NULL : PyLong_FromVoidPtr(l);
+    if (address == NULL || PyDict_SetItem(b->others, key, address) < 0) {
+        PyMem_Free(l);
+        Py_XDECREF(address);
+        Py_DECREF(key);
+        return l == NULL ? (PyErr_NoMemory(), -1) : -1;
+    }
+    Py_DECREF(address);
+    Py_DECREF(key);
+    l->heap = 1;
+    link_append(b, l, Py_NewRef(entry));
+    return 0;
+}
+
+/* `b[id(entry)] = entry`: `entry` as the newest of `b` (held already: it keeps its place). */
+static inline int
+bucket_take(NativeState *st, BucketObject *b, PyObject *entry)
+{
+    if (Op_Check(entry)) {
+        TimerLink *l = &((OpObject *)entry)->link;
+        if (l->list != NULL) {
+            return l->list == (PyObject *)b ? 0 : (already_held(entry), -1);
+        }
+        link_append(b, l, Py_NewRef(entry));
+        return 0;
+    }
+    return bucket_take_other(b, entry);
+}
+
+/* `entry` out of `b`: 1 with the bucket's reference in *held (released by the caller once its
+ * state is settled), 0 if `b` does not hold it, -1 on error. */
+static int
+bucket_cut(NativeState *st, BucketObject *b, PyObject *entry, PyObject **held)
+{
+    if (Op_Check(entry)) {
+        TimerLink *l = &((OpObject *)entry)->link;
+        if (l->list != (PyObject *)b) {
+            return 0;
+        }
+        *held = link_cut(b, l);
+        return 1;
+    }
+    if (b->others == NULL) {
+        return 0;
+    }
+    PyObject *key = PyLong_FromVoidPtr(entry);
+    if (key == NULL) {
+        return -1;
+    }
+    PyObject *address = PyDict_GetItemWithError(b->others, key); /* (borrowed, ints only) */
+    if (address == NULL) {
+        Py_DECREF(key);
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    TimerLink *l = PyLong_AsVoidPtr(address);
+    int err = PyDict_DelItem(b->others, key);
+    Py_DECREF(key);
+    if (err < 0) {
+        return -1;
+    }
+    *held = link_cut(b, l);
+    return 1;
+}
+
+static int
+not_in_bucket(PyObject *entry)
+{
+    PyObject *key = PyLong_FromVoidPtr(entry);
+    if (key != NULL) {
+        PyErr_SetObject(PyExc_KeyError, key); /* (the reference's: `del self[id(entry)]`) */
+        Py_DECREF(key);
+    }
+    return -1;
 }
 
 /* -- entries ------------------------------------------------------------------------------------ */
@@ -171,6 +424,133 @@ entry_deadline(NativeState *st, PyObject *entry, long long *out)
     Py_DECREF(d);
     return err;
 }
+
+/* -- the bucket protocol: `bucket.remove(entry)`, `bucket[id(entry)] = entry`, iteration -------- */
+
+/* `bucket.remove(entry)`, the protocol's removal (Kafka's TimerTaskList.remove): `entry` out of
+ * `bucket` and its `_bucket` set to None; a bucket that is not the module's has its own method
+ * called. 0, or -1 with KeyError if the bucket does not hold it. */
+static int
+bucket_remove(NativeState *st, PyObject *bucket, PyObject *entry)
+{
+    if (!Bucket_Check(bucket)) {
+        return discard_result(call_method1(bucket, N.s_remove, entry));
+    }
+    PyObject *held;
+    int found = bucket_cut(st, (BucketObject *)bucket, entry, &held);
+    if (found <= 0) {
+        return found < 0 ? -1 : not_in_bucket(entry);
+    }
+    Py_INCREF(bucket); /* (the entry's own reference to it goes below) */
+    int err = entry_set_bucket(st, entry, Py_None);
+    Py_DECREF(bucket);
+    Py_DECREF(held);
+    return err;
+}
+
+/* The slots and methods below run outside a C body: they find the module's state by type. */
+
+static PyObject *
+bucket_remove_method(PyObject *self, PyObject *entry)
+{
+    NativeState *st = state_of_type(Py_TYPE(self));
+    if (st == NULL) {
+        return NULL;
+    }
+    Py_INCREF(self);
+    int err = bucket_remove(st, self, entry);
+    Py_DECREF(self);
+    if (err < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+bucket_values(PyObject *self, PyObject *unused)
+{
+    return bucket_entries((BucketObject *)self);
+}
+
+static PyObject *
+bucket_clear_method(PyObject *self, PyObject *unused)
+{
+    Py_INCREF(self);
+    bucket_drop_all((BucketObject *)self);
+    Py_DECREF(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+bucket_iter(PyObject *self)
+{
+    PyObject *entries = bucket_entries((BucketObject *)self);
+    if (entries == NULL) {
+        return NULL;
+    }
+    PyObject *it = PyObject_GetIter(entries);
+    Py_DECREF(entries);
+    return it;
+}
+
+/* `id(entry) in bucket`, as the reference's dict answers it: by address, never by comparing
+ * entries (O(size): the protocol never asks, an invariant check may). */
+static int
+bucket_contains(PyObject *self, PyObject *key)
+{
+    if (!PyLong_Check(key)) {
+        return 0;
+    }
+    void *address = PyLong_AsVoidPtr(key);
+    if (address == NULL && PyErr_Occurred()) {
+        PyErr_Clear(); /* (an int no address is: not there) */
+        return 0;
+    }
+    BucketObject *b = (BucketObject *)self;
+    for (TimerLink *l = bucket_first(b); l != NULL && l != &b->head; l = l->next) {
+        if ((void *)l->entry == address) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* `bucket[id(entry)] = entry` (the protocol's add, as the reference's dict is keyed); entries
+ * leave by `remove(entry)`. */
+static int
+bucket_ass_subscript(PyObject *self, PyObject *key, PyObject *value)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_TypeError, "a bucket's entries leave by bucket.remove(entry)");
+        return -1;
+    }
+    if (!PyLong_Check(key) || PyLong_AsVoidPtr(key) != (void *)value) {
+        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError,
+                         "a bucket holds an entry under its id (bucket[id(entry)] = entry), "
+                         "got the key %R",
+                         key);
+        }
+        return -1;
+    }
+    NativeState *st = state_of_type(Py_TYPE(self));
+    if (st == NULL) {
+        return -1;
+    }
+    Py_INCREF(self);
+    int err = bucket_take(st, (BucketObject *)self, value);
+    Py_DECREF(self);
+    return err;
+}
+
+static PyMethodDef bucket_methods[] = {
+    {"remove", bucket_remove_method, METH_O,
+     "Take the entry out (by identity) and set its _bucket to None; KeyError if not held."},
+    {"values", bucket_values, METH_NOARGS, "The entries, oldest first (a new list)."},
+    {"clear", bucket_clear_method, METH_NOARGS, "Drop every entry (their _bucket untouched)."},
+    {NULL},
+};
 
 /* -- the wheel's fields ------------------------------------------------------------------------ */
 
@@ -541,6 +921,7 @@ static int
 wheel_ready_check(NativeState *st, WheelObject *w)
 {
     if (!(w->levels != NULL && PyList_CheckExact(w->levels) && w->overdue != NULL &&
+          (w->active == NULL || Bucket_Check(w->active)) &&
           Bucket_Check(w->overdue) && w->slots1 != NULL && PyList_CheckExact(w->slots1) &&
           w->todo != NULL && PyList_CheckExact(w->todo) && w->memo_bucket != NULL &&
           Bucket_Check(w->memo_bucket) && w->wheel_size >= 2 && w->heap_set &&
@@ -664,6 +1045,20 @@ wheel_add_level(NativeState *st, WheelObject *w)
     return 0;
 }
 
+/* The bucket of slot `slot` (mod `size`) of a level's list (a new reference), or NULL with
+ * an exception if Python code put anything else there. */
+static inline PyObject *
+slot_bucket(NativeState *st, PyObject *slots, long long slot, long long size)
+{
+    Py_ssize_t index = (Py_ssize_t)floormod(slot, size);
+    if (!PyList_CheckExact(slots) || index >= PyList_GET_SIZE(slots) ||
+        !Bucket_Check(PyList_GET_ITEM(slots, index))) {
+        wheel_changed();
+        return NULL;
+    }
+    return Py_NewRef(PyList_GET_ITEM(slots, index));
+}
+
 /* The bucket of the lowest overflow level that covers `deadline` (a new reference) and its due
  * tick. */
 static PyObject *
@@ -684,8 +1079,10 @@ wheel_overflow_bucket(NativeState *st, WheelObject *w, long long deadline, long 
             __builtin_add_overflow(w->current.v[level], reach, &reach) || deadline < reach) {
             long long slot = floordiv(deadline, span);
             long long lead = w->leads.v[level];
-            PyObject *slots = PyList_GET_ITEM(w->levels, level);
-            PyObject *bucket = Py_NewRef(PyList_GET_ITEM(slots, floormod(slot, size)));
+            PyObject *bucket = slot_bucket(st, PyList_GET_ITEM(w->levels, level), slot, size);
+            if (bucket == NULL) {
+                return NULL;
+            }
             long long start = slot * span;
             *due = start - lead;
             BucketObject *b = (BucketObject *)bucket;
@@ -703,8 +1100,8 @@ wheel_overflow_bucket(NativeState *st, WheelObject *w, long long deadline, long 
 }
 
 /* add(entry, deadline): the due tick, or LLONG_MIN with an exception set. The bucket is held
- * from the moment it is chosen: a push allocates (a collection may run code) and the insertion
- * runs the entry's __hash__. */
+ * from the moment it is chosen: a new level's buckets run Python code, and an entry that is not
+ * an operation sets its fields through its own code. The insertion itself runs none. */
 static long long
 wheel_add(NativeState *st, WheelObject *w, PyObject *entry, long long deadline)
 {
@@ -733,8 +1130,10 @@ wheel_add(NativeState *st, WheelObject *w, PyObject *entry, long long deadline)
             due = current;
         }
         else if (deadline < current + size) {
-            PyObject *slots = PyList_GET_ITEM(w->levels, 0);
-            bucket = Py_NewRef(PyList_GET_ITEM(slots, floormod(deadline, size)));
+            bucket = slot_bucket(st, PyList_GET_ITEM(w->levels, 0), deadline, size);
+            if (bucket == NULL) {
+                return LLONG_MIN;
+            }
             BucketObject *b = (BucketObject *)bucket;
             if (b->expiration != deadline) {
                 b->expiration = deadline;
@@ -753,7 +1152,10 @@ wheel_add(NativeState *st, WheelObject *w, PyObject *entry, long long deadline)
         else if (deadline < w->limit1) {
             long long span = w->span1;
             long long slot = floordiv(deadline, span);
-            bucket = Py_NewRef(PyList_GET_ITEM(w->slots1, floormod(slot, size)));
+            bucket = slot_bucket(st, w->slots1, slot, size);
+            if (bucket == NULL) {
+                return LLONG_MIN;
+            }
             long long start = slot * span;
             due = start - w->lead1;
             BucketObject *b = (BucketObject *)bucket;
@@ -783,7 +1185,8 @@ wheel_add(NativeState *st, WheelObject *w, PyObject *entry, long long deadline)
             }
         }
     }
-    if (PyDict_SetItem(bucket, entry, Py_None) < 0 || entry_set_bucket(st, entry, bucket) < 0) {
+    if (bucket_take(st, (BucketObject *)bucket, entry) < 0 ||
+        entry_set_bucket(st, entry, bucket) < 0) {
         Py_DECREF(bucket);
         return LLONG_MIN;
     }
@@ -808,22 +1211,15 @@ wheel_end_cascade(WheelObject *w)
 }
 
 static int
-wheel_start_cascade(WheelObject *w, PyObject *bucket)
+wheel_start_cascade(NativeState *st, WheelObject *w, PyObject *bucket)
 {
-    PyObject *older = ((BucketObject *)bucket)->older;
-    PyObject *todo = part_used(older) ? PySequence_List(older) : PyList_New(0);
+    PyObject *todo = PyList_New(0); /* (may collect: the buckets are read after it) */
     if (todo == NULL) {
         return -1;
     }
-    PyObject *keys = PyDict_Keys(bucket);
-    if (keys == NULL) {
-        Py_DECREF(todo);
-        return -1;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(todo);
-    int err = PyList_SetSlice(todo, n, n, keys);
-    Py_DECREF(keys);
-    if (err < 0) {
+    PyObject *older = ((BucketObject *)bucket)->older;
+    if ((part_used(st, older) && bucket_extend((BucketObject *)older, todo) < 0) ||
+        bucket_extend((BucketObject *)bucket, todo) < 0) {
         Py_DECREF(todo);
         return -1;
     }
@@ -839,7 +1235,8 @@ wheel_cascade(NativeState *st, WheelObject *w, Py_ssize_t limit, PyObject *due)
 {
     PyObject *bucket = w->active;
     BucketObject *b = (BucketObject *)bucket;
-    PyObject *older = b->older == NULL ? Py_None : b->older;
+    /* (an older part Python code replaced by something else is no part: nothing to take) */
+    PyObject *older = b->older == NULL || !Bucket_Check(b->older) ? Py_None : b->older;
     PyObject *todo = w->todo;
     Py_INCREF(bucket);
     Py_INCREF(older);
@@ -873,8 +1270,13 @@ wheel_cascade(NativeState *st, WheelObject *w, Py_ssize_t limit, PyObject *due)
             Py_DECREF(entry);
             continue;
         }
-        int err = PyDict_DelItem(source, entry);
+        PyObject *held = NULL;
+        int err = bucket_cut(st, (BucketObject *)source, entry, &held);
+        if (err == 0) {
+            err = not_in_bucket(entry);
+        }
         Py_DECREF(source);
+        Py_XDECREF(held); /* (the entry is held here: nothing is released) */
         long long deadline;
         if (err < 0 || entry_deadline(st, entry, &deadline) < 0) {
             Py_DECREF(entry);
@@ -891,7 +1293,13 @@ wheel_cascade(NativeState *st, WheelObject *w, Py_ssize_t limit, PyObject *due)
             continue;
         }
         long long slot = floordiv(deadline, span);
-        PyObject *target = PyList_GET_ITEM(slots, floormod(slot, size));
+        PyObject *target = slot_bucket(st, slots, slot, size);
+        if (target == NULL) {
+            Py_DECREF(entry);
+            Py_DECREF(slots);
+            goto done;
+        }
+        Py_DECREF(target); /* (the level's list holds it, and the list is held here) */
         BucketObject *t = (BucketObject *)target;
         long long start = slot * span;
         if (t->expiration != start) {
@@ -903,7 +1311,7 @@ wheel_cascade(NativeState *st, WheelObject *w, Py_ssize_t limit, PyObject *due)
             }
         }
         PyObject *part = t->older;
-        if (part == NULL || part == Py_None) {
+        if (part == NULL || part == Py_None || !Bucket_Check(part)) {
             part = PyObject_CallFunction((PyObject *)Py_TYPE(target), "Oi", (PyObject *)w, level);
             if (part == NULL) {
                 Py_DECREF(entry);
@@ -913,7 +1321,7 @@ wheel_cascade(NativeState *st, WheelObject *w, Py_ssize_t limit, PyObject *due)
             Py_XSETREF(t->older, part);
         }
         Py_INCREF(part);
-        err = PyDict_SetItem(part, entry, Py_None);
+        err = bucket_take(st, (BucketObject *)part, entry);
         if (err == 0) {
             err = entry_set_bucket(st, entry, part);
         }
@@ -937,36 +1345,15 @@ done:
     return result;
 }
 
-/* The entries of `part` (a dict) appended to `due`; `part` emptied. */
-static int
-take_part(PyObject *part, PyObject *due)
-{
-    PyObject *keys = PyDict_Keys(part);
-    if (keys == NULL) {
-        return -1;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(due);
-    int err = PyList_SetSlice(due, n, n, keys);
-    Py_DECREF(keys);
-    if (err < 0) {
-        return -1;
-    }
-    PyDict_Clear(part);
-    return 0;
-}
-
 /* The entries of `bucket` (and its older part first) appended to `due`; both emptied. */
 static int
-take_bucket(PyObject *bucket, PyObject *due)
+take_bucket(NativeState *st, PyObject *bucket, PyObject *due)
 {
     PyObject *older = ((BucketObject *)bucket)->older;
-    if (part_used(older) && take_part(older, due) < 0) {
+    if (part_used(st, older) && bucket_take_all((BucketObject *)older, due) < 0) {
         return -1;
     }
-    if (PyDict_GET_SIZE(bucket) && take_part(bucket, due) < 0) {
-        return -1;
-    }
-    return 0;
+    return bucket_take_all((BucketObject *)bucket, due);
 }
 
 /* advance(now, budget): a new list of the due entries, no longer held. `budget` < 0: none. */
@@ -985,24 +1372,20 @@ wheel_advance(NativeState *st, WheelObject *w, long long now, Py_ssize_t budget)
         return NULL;
     }
     PyObject *overdue = w->overdue;
-    Py_INCREF(overdue);
-    if (PyDict_GET_SIZE(overdue)) {
-        PyObject *keys = PyDict_Keys(overdue);
-        if (keys == NULL) {
-            goto error_overdue;
-        }
-        /* keys.sort(key=_deadline_of): stable, so insertion order within a tick */
-        PyObject *sort_args[2] = {keys, N.deadline_of};
-        PyObject *sorted = PyObject_VectorcallMethod(N.s_sort, sort_args, 1, N.kw_key);
+    if (bucket_size(overdue)) {
+        /* taken out, then due.sort(key=_deadline_of): stable, so insertion order within a tick
+         * (the sort reads each entry's deadline: code of an entry's own may run) */
+        Py_INCREF(overdue);
+        int err = bucket_take_all((BucketObject *)overdue, due);
+        Py_DECREF(overdue);
+        PyObject *sort_args[2] = {due, N.deadline_of};
+        PyObject *sorted =
+            err < 0 ? NULL : PyObject_VectorcallMethod(N.s_sort, sort_args, 1, N.kw_key);
         if (sorted == NULL) {
-            Py_DECREF(keys);
-            goto error_overdue;
+            goto error;
         }
         Py_DECREF(sorted);
-        Py_SETREF(due, keys);
-        PyDict_Clear(overdue);
     }
-    Py_DECREF(overdue);
     if (w->active != NULL && w->active != Py_None &&
         (budget < 0 || now >= ((BucketObject *)w->active)->expiration)) {
         if (wheel_cascade(st, w, -1, due) < 0) {
@@ -1024,14 +1407,14 @@ wheel_advance(NativeState *st, WheelObject *w, long long now, Py_ssize_t budget)
         }
         PyObject *bucket = heap_pop(w); /* (held from here) */
         BucketObject *b = (BucketObject *)bucket;
-        if (!bucket_in_use(bucket)) {
+        if (!bucket_in_use(st, bucket)) {
             b->expiration = -1;
             Py_DECREF(bucket);
             continue;
         }
         wheel_advance_clock(w, tick);
         if (b->level) {
-            if (wheel_start_cascade(w, bucket) < 0 ||
+            if (wheel_start_cascade(st, w, bucket) < 0 ||
                 ((budget < 0 || now >= b->expiration) && wheel_cascade(st, w, -1, due) < 0)) {
                 Py_DECREF(bucket);
                 goto error;
@@ -1040,7 +1423,7 @@ wheel_advance(NativeState *st, WheelObject *w, long long now, Py_ssize_t budget)
             continue;
         }
         b->expiration = -1;
-        int err = take_bucket(bucket, due);
+        int err = take_bucket(st, bucket, due);
         Py_DECREF(bucket);
         if (err < 0) {
             goto error;
@@ -1058,8 +1441,6 @@ wheel_advance(NativeState *st, WheelObject *w, long long now, Py_ssize_t budget)
         }
     }
     return due;
-error_overdue:
-    Py_DECREF(overdue);
 error:
     Py_DECREF(due);
     return NULL;
@@ -1074,18 +1455,18 @@ wheel_next_deadline(NativeState *st, WheelObject *w)
         wheel_changed();
         return LLONG_MIN;
     }
-    if (PyDict_GET_SIZE(w->overdue)) {
+    if (bucket_size(w->overdue)) {
         return wheel_current(w);
     }
     PyObject *active = w->active;
     if (active != NULL && active != Py_None) {
-        if (bucket_in_use(active)) {
+        if (bucket_in_use(st, active)) {
             return wheel_current(w);
         }
         wheel_end_cascade(w);
     }
     while (w->heap_len) {
-        if (bucket_in_use(w->heap[0].bucket)) {
+        if (bucket_in_use(st, w->heap[0].bucket)) {
             return w->heap[0].tick;
         }
         PyObject *bucket = heap_pop(w);
@@ -1144,9 +1525,9 @@ wheel_remove_native(NativeState *st, PyObject *self, PyObject *const *args, Py_s
         Py_DECREF(bucket);
         Py_RETURN_FALSE;
     }
-    int err = PyObject_DelItem(bucket, entry);
+    int err = bucket_remove(st, bucket, entry);
     Py_DECREF(bucket);
-    if (err < 0 || entry_set_bucket(st, entry, Py_None) < 0) {
+    if (err < 0) {
         return NULL;
     }
     Py_RETURN_TRUE;
