@@ -85,7 +85,10 @@ def test_a_task_replays_its_groups_as_the_plain_replay_does(
     table, files = shuffled
     assert purgatory_counts(files, "trace") == {"p0000": 1000, "p0001": 1000, "p0002": 1000}
     configs = dict(enumerate(CONFIGS))
-    groups = {"p0002": [1, 0], "p0000": [1]}  # the plan's order does not matter
+    groups: dict[str | None, list[int]] = {
+        "p0002": [1, 0],
+        "p0000": [1],
+    }  # the plan's order does not matter
     problems: list[dict[str, Any]] = []
     batches = list(task_input(files, "trace", groups, horizon_limits(CONFIGS), problems))
     assert problems == []
