@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from spark_support import CONFIGS
+from spark_support import CONFIGS, bad_trace
 
 from purgatory.pipeline import W1, TraceError, replay_table
 from purgatory.pipeline._checks import horizon_limits
@@ -145,53 +145,6 @@ def test_only_the_row_groups_that_may_hold_a_purgatory_are_read(tmp_path: Path) 
         f"trace file {path.parent}/part-0.parquet: a Parquet page fails its checksum "
         "(the file is corrupted)"
     )
-
-
-def bad_trace(directory: Path) -> list[str]:
-    """Two files: purgatory a with 3 bad rows, b with 2 bad rows and a duplicate id, c with a
-    duplicate id across the files, a row without a purgatory."""
-
-    def write(name: str, rows: list[tuple[Any, ...]]) -> str:
-        columns = list(zip(*rows, strict=True))
-        path = directory / name
-        pq.write_table(
-            pa.table(
-                {
-                    "purgatory": pa.array(columns[0], pa.string()),
-                    "op_id": pa.array(columns[1], pa.int64()),
-                    "arrival": pa.array(columns[2], pa.float64()),
-                    "keys": pa.array(columns[3], pa.list_(pa.string())),
-                    "timeout": pa.array(columns[4], pa.float64()),
-                    "condition_at": pa.array(columns[5], pa.float64()),
-                }
-            ),
-            path,
-        )
-        return uri(path)
-
-    directory.mkdir()
-    return [
-        write(
-            "part-0.parquet",
-            [
-                ("a", 5, 0.0, ["k"], -1.0, None),
-                ("a", 2, 0.0, [], 1.0, None),
-                ("b", 9, 0.5, ["k"], 1.0, 0.25),
-                ("b", 1, 0.0, ["k"], 1.0, None),
-                ("c", 4, 0.0, ["k"], 1.0, None),
-                (None, 3, 0.0, ["k"], 1.0, None),
-            ],
-        ),
-        write(
-            "part-1.parquet",
-            [
-                ("a", 7, float("nan"), ["k"], 1.0, None),
-                ("b", 1, 0.0, ["k"], 1.0, None),
-                ("b", 3, 0.0, ["k"], 1e13, None),
-                ("c", 4, 0.1, ["k"], 1.0, None),
-            ],
-        ),
-    ]
 
 
 def found_by(files: list[str], root: str, tasks: list[dict[str | None, list[int]]]) -> list[Any]:
