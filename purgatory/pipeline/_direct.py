@@ -369,14 +369,16 @@ def task_input(
         if problems or not groups[name]:
             continue  # the job fails: check the rest, replay nothing more
         order = pc.sort_indices(rows, sort_keys=[("arrival", "ascending"), ("op_id", "ascending")])
-        ordered = rows.select([c for c in WORK_COLUMNS if c != "config_id"]).take(order)
-        del rows
+        rows = rows.select([c for c in WORK_COLUMNS if c != "config_id"])
         for config_id in sorted(groups[name]):
-            for batch in ordered.to_batches(max_chunksize=BATCH_ROWS):
+            # A batch at a time (not a sorted copy of the whole purgatory: half the memory).
+            for start in range(0, len(order), BATCH_ROWS):
+                batch = rows.take(order.slice(start, BATCH_ROWS)).combine_chunks()
                 columns = batch.columns
                 config = pa.array(np.full(batch.num_rows, config_id, dtype=np.int32))
                 yield pa.RecordBatch.from_arrays(
-                    [columns[0], config, *columns[1:]], names=list(WORK_COLUMNS)
+                    [columns[0].chunk(0), config, *(c.chunk(0) for c in columns[1:])],
+                    names=list(WORK_COLUMNS),
                 )
 
 

@@ -1,17 +1,23 @@
 """The replay job: a trace under every configuration of a grid, on Spark.
 
 Each (purgatory, configuration) is one group. The driver counts each purgatory's operations and
-assigns the groups to the job's partitions, balanced by operation count (`_balance.assign`);
-the trace, joined with that small plan (which also crosses it with the configurations), is
-repartitioned so that each partition holds exactly its groups, sorted by arrival inside each
-partition, and the replay engine (`purgatory.pipeline._replay.replay_batches`) streams each
-partition's batches inside ``mapInArrow``. Each group's summary comes from its own task, so the
-job needs no aggregation over every operation; writing every operation's row is optional.
+assigns the groups to the job's partitions, balanced by operation count (`_balance.assign`).
+Then, by default (the direct read, `purgatory.pipeline._direct`), the plan itself, a row per
+group, is placed a partition per task, and each task reads its groups' rows from the trace's
+Parquet files with pyarrow, checks and sorts them, and streams them through the replay engine
+(`purgatory.pipeline._replay.replay_batches`) inside ``mapInArrow``: the JVM carries only the
+plan and the engine's rows. With Spark's read (``read="spark"``, the job before), the trace,
+checked by `load_trace` and joined with the plan (which also crosses it with the
+configurations), is repartitioned so that each partition holds exactly its groups, sorted by
+arrival inside each partition, and the engine streams each partition's batches. Each group's
+summary comes from its own task, so the job needs no aggregation over every operation; writing
+every operation's row is optional.
 
 Each task also says what it did: its partition, where it ran (host, Python worker), its groups,
-and the wall and CPU seconds of its Python worker, of which reading its input (the Arrow batches
-from the JVM, and waiting for them). The driver gathers these from the groups' rows after the
-job (`ReplayTask`) and prints one line per task on stderr, or hands them to `tasks`.
+and the wall and CPU seconds of its Python worker, of which getting its input (reading, checking
+and sorting its rows; or the JVM's Arrow batches, and waiting for them). The driver gathers
+these from the groups' rows after the job (`ReplayTask`) and prints one line per task on stderr,
+or hands them to `tasks`.
 """
 
 from __future__ import annotations
