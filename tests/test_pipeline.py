@@ -461,9 +461,9 @@ def test_read_auto_says_when_it_reads_through_spark(
     """Where pyarrow has no filesystem for the trace's files, ``auto`` reads through Spark and
     says so on stderr; ``direct`` refuses, naming the file and why."""
     write_trace(tmp_path / "t" / "part-0.parquet")
-    why = "s3a://b/t/part-0.parquet: Unrecognized filesystem type in URI: s3a://b/t/part-0.parquet"
-    monkeypatch.setattr(_job_replay, "unreadable_by_pyarrow", lambda files: why)
-    with pytest.raises(ValueError, match=re.escape(f"directly: pyarrow cannot open {why}")):
+    why = "pyarrow cannot open s3a://b/t/part-0.parquet: Unrecognized filesystem type in URI"
+    monkeypatch.setattr(_job_replay, "direct_read_problem", lambda files: why)
+    with pytest.raises(ValueError, match=re.escape(f"cannot be read directly: {why}")):
         replay(spark, str(tmp_path / "t"), str(tmp_path / "d"), CONFIGS[:1], read="direct")
 
     def not_direct(*args: object) -> None:
@@ -473,7 +473,7 @@ def test_read_auto_says_when_it_reads_through_spark(
     summary = replay(spark, str(tmp_path / "t"), str(tmp_path / "a"), CONFIGS[:1], tasks=None)
     assert [row["operations"] for row in summary.collect()] == [2]
     assert capsys.readouterr().err == (
-        f"replay: reading the trace through Spark, not directly: pyarrow cannot open {why}\n"
+        f"replay: reading the trace through Spark, not directly: {why}\n"
     )
 
 

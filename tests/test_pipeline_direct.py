@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from spark_support import CONFIGS, bad_trace
+from spark_support import CONFIGS, bad_trace, write_trace
 
 from purgatory.pipeline import W1, TraceError, replay_table
 from purgatory.pipeline._checks import horizon_limits
@@ -25,11 +25,11 @@ from purgatory.pipeline._direct import (
     BATCH_ROWS,
     WORK_COLUMNS,
     decode_problems,
+    direct_read_problem,
     encode_problems,
     purgatory_counts,
     task_input,
     trace_problem,
-    unreadable_by_pyarrow,
 )
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
 from purgatory.pipeline._replay import replay_batches
@@ -214,13 +214,17 @@ def test_a_task_that_found_a_problem_replays_nothing_more(tmp_path: Path) -> Non
     assert [b.num_rows for b in rows] == [2]
 
 
-def test_files_pyarrow_cannot_open_are_named_with_why(tmp_path: Path) -> None:
-    path = tmp_path / "a b" / "part-0.parquet"
-    assert unreadable_by_pyarrow([uri(path), str(path)]) is None
+def test_files_the_tasks_cannot_read_are_named_with_why(tmp_path: Path) -> None:
+    path = write_trace(tmp_path / "a b" / "part-0.parquet")
+    assert direct_read_problem([uri(path), str(path)]) is None
     assert "%20" in uri(path)  # Spark's names are URIs: the direct read unquotes them
-    said = unreadable_by_pyarrow([uri(path), "s3a://bucket/trace/part-0.parquet"])
-    assert said is not None
-    assert said.startswith("s3a://bucket/trace/part-0.parquet: ")
-    assert "file://elsewhere/x: a file on another host" in str(
-        unreadable_by_pyarrow(["file://elsewhere/x"])
+    said = direct_read_problem([uri(path), "s3a://bucket/trace/part-0.parquet"])
+    assert str(said).startswith("pyarrow cannot open s3a://bucket/trace/part-0.parquet: ")
+    assert direct_read_problem(["file://elsewhere/x"]) == (
+        "pyarrow cannot open file://elsewhere/x: a file on another host (elsewhere)"
+    )
+    # A trace written with partitionBy("purgatory"): that column is in the directories' names.
+    inner = write_trace(tmp_path / "by" / "purgatory=p" / "part-0.parquet", purgatory=None)
+    assert direct_read_problem([uri(inner)]) == (
+        f"{uri(inner)} holds no column 'purgatory' (Spark reads it from the directories' names)"
     )

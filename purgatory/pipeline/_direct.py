@@ -45,11 +45,11 @@ __all__ = (
     "BATCH_ROWS",
     "SHOWN_BAD_ROWS",
     "bad_row_message",
+    "direct_read_problem",
     "duplicate_message",
     "purgatory_counts",
     "task_input",
     "trace_problem",
-    "unreadable_by_pyarrow",
 )
 
 #: How many bad rows `load_trace` looks at (its message says "N+ more" of them).
@@ -157,10 +157,13 @@ def _open(uri: str) -> tuple[pafs.FileSystem, str]:
     return filesystem, str(path)
 
 
-def unreadable_by_pyarrow(files: Sequence[str]) -> str | None:
-    """Why pyarrow cannot open one of `files` (Spark's names), or ``None`` if it can open all.
+def direct_read_problem(files: Sequence[str]) -> str | None:
+    """Why the tasks cannot read `files` (Spark's names) themselves, or ``None`` if they can.
 
-    Asks once per scheme and host (a filesystem for each is created, not a file opened).
+    pyarrow needs a filesystem for each file's scheme (asked once per scheme and host: a
+    filesystem is created, no file opened), and the files must hold the trace's columns
+    themselves: a column that Spark reads from the directories' names (``purgatory=p0/``, as
+    ``partitionBy`` writes it) is not in them (the first file's footer says).
     """
     seen: set[tuple[str, str]] = set()
     for uri in files:
@@ -171,7 +174,19 @@ def unreadable_by_pyarrow(files: Sequence[str]) -> str | None:
         try:
             _open(uri)
         except ValueError as exc:
-            return f"{uri}: {exc}"
+            return f"pyarrow cannot open {uri}: {exc}"
+    if files:
+        try:
+            filesystem, path = _open(files[0])
+            names = set(pq.read_schema(filesystem.open_input_file(path)).names)
+        except (OSError, ValueError, pa.ArrowException):
+            return None  # (the read names the file and what is wrong with it)
+        missing = [name for name in _CAST.names if name not in names]
+        if missing:
+            return (
+                f"{files[0]} holds no column {missing[0]!r} (Spark reads it from the "
+                "directories' names)"
+            )
     return None
 
 

@@ -40,11 +40,11 @@ from ._checks import horizon_limits
 from ._direct import (
     WORK_COLUMNS,
     decode_problems,
+    direct_read_problem,
     encode_problems,
     purgatory_counts,
     task_input,
     trace_problem,
-    unreadable_by_pyarrow,
 )
 from ._frames import read_errors, spark_schema, task_errors
 from ._job_trace import _read_trace, load_trace, read_parquet
@@ -177,9 +177,9 @@ def replay(
             at the same path), checks and sorts them; the JVM carries only the plan and the
             engine's rows (`purgatory.pipeline._direct`). ``"spark"``: Spark reads and checks
             the trace (`load_trace`), shuffles each group's rows to its task and sorts them
-            there. ``"auto"`` (the default): direct, unless pyarrow has no filesystem for the
-            trace's files (a line on stderr says so), or `balance` is off or `shards` is not 1
-            (Spark's read). Both give the same rows, summaries and errors.
+            there. ``"auto"`` (the default): direct, unless the tasks cannot read the files
+            themselves (`direct_read_problem`; a line on stderr says so), or `balance` is off
+            or `shards` is not 1 (Spark's read). Both give the same rows, summaries and errors.
 
     Returns:
         The summary, read back from `out`.
@@ -309,21 +309,18 @@ def _through_spark(
 
 def _direct_files(spark: SparkSession, trace_path: str, read: str) -> list[str] | None:
     """The trace's files for the direct read (as Spark lists them), or ``None``: read through
-    Spark, said on stderr (``read="auto"`` where pyarrow cannot open a file).
+    Spark, said on stderr (``read="auto"`` where the tasks cannot read them: `direct_read_problem`).
 
     The trace's schema is checked here as `load_trace` checks it (Spark's inference), so a
     missing or a mistyped column is reported in the same words on both paths.
     """
     files = sorted(_read_trace(spark, trace_path).inputFiles())
-    why = unreadable_by_pyarrow(files)
+    why = direct_read_problem(files)
     if why is None:
         return files
     if read == "direct":
-        raise ValueError(f"the trace cannot be read directly: pyarrow cannot open {why}")
-    print(
-        f"replay: reading the trace through Spark, not directly: pyarrow cannot open {why}",
-        file=sys.stderr,
-    )
+        raise ValueError(f"the trace cannot be read directly: {why}")
+    print(f"replay: reading the trace through Spark, not directly: {why}", file=sys.stderr)
     return None
 
 
