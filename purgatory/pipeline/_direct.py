@@ -16,8 +16,8 @@ duplicate id go back to the driver as problems (JSON), and `trace_problem` merge
 task into the one error `load_trace` raises for the whole trace: the same row named, the same
 count of more. Ids need to be unique only within their purgatory, and a task reads all of a
 purgatory's rows, so the check per task is exact. A task that has found a problem replays nothing
-more (it still checks the rest of its input). A file pyarrow cannot read fails the task at once
-with one line naming it, as Spark's read does.
+more (it still checks the rest of its input). A file pyarrow cannot read ends the task's input,
+reported the same way with one line naming it, as Spark's read does.
 
 pyarrow only: no Spark session is needed (the tests call it directly).
 """
@@ -108,10 +108,14 @@ def trace_problem(problems: Sequence[Mapping[str, Any]], root: str) -> TraceErro
     """The error `load_trace` raises for the whole trace, from what the tasks found, or ``None``.
 
     Each purgatory read by several tasks (one per configuration) is reported by each, the same:
-    one report per purgatory is kept. A bad row anywhere comes before any duplicate id.
+    one report per purgatory is kept. A file that cannot be read comes first (the first by
+    name), then a bad row anywhere, then a duplicate id.
     """
     rows: dict[str | None, list[dict[str, Any]]] = {}
     duplicates: dict[str, Mapping[str, Any]] = {}
+    files = sorted(p["message"] for p in problems if p["kind"] == "file")
+    if files:  # (as Spark's read: an unreadable file stops the validation's scan)
+        return TraceError(files[0])
     for problem in problems:
         if problem["kind"] == "rows":
             rows[problem["purgatory"]] = problem["rows"]
@@ -352,25 +356,30 @@ def task_input(
 ) -> Iterator[pa.RecordBatch]:
     """One task's input for `replay_batches`, read from the trace's files.
 
-    Args:
-        files: The trace's files as Spark lists them (its ``inputFiles``).
-        root: The trace's path as the user gave it (errors name files under it).
-        groups: The task's purgatories, each with its configurations (ids); ``None``: the rows
-            without a purgatory, only checked (they are all bad).
-        limits: The timer's horizons of the replay's configurations (`horizon_limits`).
-        problems: Receives what the checks find (JSON-ready dicts, for `trace_problem`).
+        Args:
+            files: The trace's files as Spark lists them (its ``inputFiles``).
+            root: The trace's path as the user gave it (errors name files under it).
+            groups: The task's purgatories, each with its configurations (ids); ``None``: the rows
+                without a purgatory, only checked (they are all bad).
+            limits: The timer's horizons of the replay's configurations (`horizon_limits`).
+            problems: Receives what the checks find (JSON-ready dicts, for `trace_problem`).
 
-    Yields:
-        Batches of `WORK_COLUMNS`, by purgatory then configuration (as Spark sorted them),
-        each group's rows by arrival then op_id.
+        Yields:
+            Batches of `WORK_COLUMNS`, by purgatory then configuration (as Spark sorted them),
+            each group's rows by arrival then op_id.
 
-    Raises:
-        TraceError: A file that pyarrow cannot read (a page failing its checksum, a truncated
-            file), named as Spark's read names it.
+    A file that pyarrow cannot read (a page failing its checksum, a truncated file) is a
+        problem too (its one line, naming the file as Spark's read does), and ends the task's
+        input: a task that fails would have Spark kill the others' Python workers mid-batch (each
+        printing a traceback) and, on a cluster, retry it.
     """
     trace = _Trace(files, root)
     for name in sorted(groups, key=lambda n: (n is not None, n or "")):
-        rows = trace.rows_of(name)
+        try:
+            rows = trace.rows_of(name)
+        except TraceError as exc:
+            problems.append({"kind": "file", "message": str(exc)})
+            return
         bad = trace.bad(rows, limits)
         if bad:
             problems.append({"kind": "rows", "purgatory": name, "rows": bad})

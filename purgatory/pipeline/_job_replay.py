@@ -382,8 +382,8 @@ def _direct(
 def _raise_problems(groups: DataFrame, trace_path: str) -> None:
     """Raise what the direct read's tasks found in the trace (`trace_problem`), if anything.
 
-    The first action on the job's rows: a file a task could not read fails it, and its one line
-    is raised as it is (`task_errors`).
+    The first action on the job's rows; a `TraceError` that a task raises all the same is
+    raised as itself (`task_errors`).
     """
     with task_errors():
         found = groups.where(F.col(_PROBLEM).isNotNull()).select(_PROBLEM).collect()
