@@ -370,8 +370,13 @@ def _direct(
             yield pa.RecordBatch.from_arrays(
                 [*batch.columns, pa.nulls(batch.num_rows, pa.string())], schema=_DIRECT_SCHEMA
             )
-        if problems:
-            said = [pa.nulls(1, field.type) for field in _JOB_SCHEMA]
+        if problems:  # (the group's columns, not nullable: no group's values)
+            said = [
+                pa.array([""] if field.type == pa.string() else [-1], field.type)
+                if not field.nullable
+                else pa.nulls(1, field.type)
+                for field in _JOB_SCHEMA
+            ]
             yield pa.RecordBatch.from_arrays(
                 [*said, pa.array([encode_problems(problems)], pa.string())], schema=_DIRECT_SCHEMA
             )
