@@ -5,11 +5,13 @@
 ``benchmarks.pipeline``, smaller) is replayed under one configuration, summary only, each run a
 fresh driver process, alternated:
 
-- ``local[1]`` and ``local[2]`` with the groups balanced over the tasks (the job's default), and
-  ``local[2]`` with the groups hash-partitioned into Spark's shuffle partitions (the earlier job,
-  ``replay(..., balance=False)``);
+- ``local[1]`` and ``local[2]`` with the groups balanced over the tasks, each task reading its
+  groups' rows from the trace's files itself (the job's default, ``read="direct"``), then the
+  same with Spark reading, checking, shuffling and sorting the rows (``read="spark"``, the job
+  before); with ``--hash``, also ``local[2]`` with the groups hash-partitioned into Spark's
+  shuffle partitions (the earlier job, ``replay(..., balance=False)``);
 - with ``--cluster``: a standalone master on loopback with one, then two one-core workers (as
-  ``tests/test_pipeline_clusters.py`` starts them), the balanced job.
+  ``tests/test_pipeline_clusters.py`` starts them), both reads.
 
 Per run: the job's wall seconds; the CPU seconds of its processes (``/proc``: the driver's
 Python, the JVM, Spark's Python workers; on the cluster, each worker's tree: its executor JVM and
@@ -125,8 +127,9 @@ def _stages(spark: Any) -> list[dict[str, Any]]:
 def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, Any]:
     """In a fresh process: one summary-only replay; wall, CPU by process, stages, tasks.
 
-    `partitioning`: ``balanced`` or ``hash`` (the groups), or ``shards:N:P`` (each group in N
-    time shards, purge interval P; N = 1: unsplit).
+    `partitioning`: ``direct`` (balanced, the direct read), ``spark`` (balanced, Spark's read)
+    or ``hash`` (hash-partitioned, Spark's read), or ``shards:N:P`` (each group in N time
+    shards, purge interval P; N = 1: unsplit).
     """
     from purgatory.pipeline import ReplayConfig, get_session, replay
 
@@ -154,6 +157,7 @@ def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, An
         overwrite=True,
         operations=False,
         balance=partitioning != "hash",
+        read="direct" if partitioning == "direct" else "spark",
         tasks=reported.extend,
         shards=shards,
         boundaries=boundaries.extend,
@@ -339,10 +343,13 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     spark.stop()
     runs = []
     local = [
-        ("local[1]", "balanced", "local[1], balanced"),
-        ("local[2]", "balanced", "local[2], balanced"),
-        ("local[2]", "hash", "local[2], hash-partitioned (before)"),
+        ("local[1]", "direct", "local[1], direct read"),
+        ("local[2]", "direct", "local[2], direct read"),
+        ("local[1]", "spark", "local[1], Spark read (before)"),
+        ("local[2]", "spark", "local[2], Spark read (before)"),
     ]
+    if args.hash:
+        local.append(("local[2]", "hash", "local[2], hash-partitioned, Spark read (earlier)"))
     if args.shards:
         local = []
         for interval in args.purge_interval:
@@ -367,10 +374,14 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for workers in (1, 2):
             with _standalone(work / f"cluster-{workers}", workers) as (url, pids):
                 for _ in range(args.repetitions):
-                    label = f"standalone, {workers} one-core worker{'s' if workers > 1 else ''}"
-                    runs.append(
-                        _run(trace, str(work / "out"), url, "balanced", label=label, workers=pids)
-                    )
+                    for read, said in (("direct", "direct read"), ("spark", "Spark read")):
+                        label = (
+                            f"standalone, {workers} one-core worker{'s' if workers > 1 else ''}, "
+                            f"{said}"
+                        )
+                        runs.append(
+                            _run(trace, str(work / "out"), url, read, label=label, workers=pids)
+                        )
     return {
         "environment": env,
         "operations": w1.purgatories * w1.operations,
@@ -395,12 +406,16 @@ def render(f: dict[str, Any]) -> str:
         BEGIN,
         "## Groups spread over executors",
         "",
-        "`python -m benchmarks.pipeline_spread --write` (see its docstring): a W1 trace of "
-        f"**{f['operations']:,} operations** over {f['purgatories']} purgatories (8 independent "
-        "groups under one configuration), summary only, each run a driver process of its own, "
-        "alternated. CPU seconds from `/proc`; the JVM's stages from the web UI's REST API "
-        "(task run time and the task threads' CPU); per task, the replay's own report "
-        "(its Python worker's wall and CPU seconds, of which reading its input batches).",
+        f"`python -m benchmarks.pipeline_spread --cluster --operations {f['operations']} "
+        "--write` (see its docstring): a W1 trace of "
+        f"**{f['operations']:,} operations** over {f['purgatories']} purgatories "
+        f"({f['purgatories']} independent groups under one configuration), summary only, each "
+        "run a driver process of its own, alternated. The direct read: each task reads its "
+        "groups' rows from the trace's Parquet files itself (the default); Spark read: the JVM "
+        "reads, checks, shuffles and sorts them (the job before). CPU seconds from `/proc`; the "
+        "JVM's stages from the web UI's REST API (task run time and the task threads' CPU); per "
+        "task, the replay's own report (its Python worker's wall and CPU seconds, of which "
+        "reading its input: from Parquet, checked and sorted, or the JVM's batches).",
         "",
         f"- {env['date']}; Python {env['python']}, {env['cpu_model']}, {env['cpu_count']} CPUs "
         "(shared: the load average before and after each run, its own Spark processes included, "
@@ -423,16 +438,36 @@ def render(f: dict[str, Any]) -> str:
         )
     lines += ["", "Speed-ups (the fastest run of each):", ""]
     pairs = [
-        ("local[2], balanced", "local[1], balanced", "local[1] -> local[2], balanced"),
+        ("local[2], direct read", "local[1], direct read", "local[1] -> local[2], direct read"),
         (
-            "local[2], hash-partitioned (before)",
-            "local[1], balanced",
-            "local[1] -> local[2], hash-partitioned",
+            "local[2], Spark read (before)",
+            "local[1], Spark read (before)",
+            "local[1] -> local[2], Spark read (before)",
         ),
         (
-            "standalone, 2 one-core workers",
-            "standalone, 1 one-core worker",
-            "standalone, 1 -> 2 workers",
+            "local[2], hash-partitioned, Spark read (earlier)",
+            "local[1], Spark read (before)",
+            "local[1] -> local[2], hash-partitioned, Spark read",
+        ),
+        (
+            "standalone, 2 one-core workers, direct read",
+            "standalone, 1 one-core worker, direct read",
+            "standalone, 1 -> 2 workers, direct read",
+        ),
+        (
+            "standalone, 2 one-core workers, Spark read",
+            "standalone, 1 one-core worker, Spark read",
+            "standalone, 1 -> 2 workers, Spark read (before)",
+        ),
+        (
+            "local[1], direct read",
+            "local[1], Spark read (before)",
+            "local[1], Spark read -> direct read",
+        ),
+        (
+            "local[2], direct read",
+            "local[2], Spark read (before)",
+            "local[2], Spark read -> direct read",
         ),
     ]
     for fast, slow, name in pairs:
@@ -523,6 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--purgatories", type=int, default=8)
     parser.add_argument("--repetitions", type=int, default=1)
     parser.add_argument("--cluster", action="store_true", help="also a standalone cluster")
+    parser.add_argument(
+        "--hash", action="store_true", help="also local[2] hash-partitioned (Spark's read)"
+    )
     parser.add_argument("--no-local", dest="local", action="store_false", help="no local[N] runs")
     parser.add_argument("--work", default=None, help="directory for the trace (default: temp)")
     parser.add_argument("--json", default=None, help="also write the figures here")

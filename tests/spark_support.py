@@ -4,7 +4,8 @@
   `get_session`, so with its defaults: loopback only, no web UI, two shuffle partitions);
 - `standalone_cluster` and `connect_server`: a standalone master with two workers, and a Spark
   Connect server, started from the pyspark wheel's own scripts as separate JVMs on loopback;
-- `write_trace`: a valid two-row trace file with some columns replaced; `CONFIGS` and
+- `write_trace`: a valid two-row trace file with some columns replaced; `bad_trace`, files with
+  bad rows and duplicate ids in several purgatories; `CONFIGS` and
   `small_w1`, the grid and the workload the replay tests share;
 - `record_at`: event logs recorded as by a host at a given UTC time (anchored), and
   `follow_killed_and_restarted`, the test of ``analyze --follow`` that every kind of session
@@ -103,6 +104,54 @@ def write_trace(path: Path, **changes: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(columns), path)
     return path
+
+
+def bad_trace(directory: Path, without: Sequence[str | None] = ()) -> list[str]:
+    """Two trace files (their URIs): purgatory a with 3 bad rows, b with 2 bad rows and a
+    duplicate id, c with a duplicate id across the files, a row without a purgatory; less the
+    rows of the purgatories `without`."""
+
+    def write(name: str, rows: list[tuple[Any, ...]]) -> str:
+        columns = list(zip(*[row for row in rows if row[0] not in without], strict=True))
+        path = directory / name
+        pq.write_table(
+            pa.table(
+                {
+                    "purgatory": pa.array(columns[0], pa.string()),
+                    "op_id": pa.array(columns[1], pa.int64()),
+                    "arrival": pa.array(columns[2], pa.float64()),
+                    "keys": pa.array(columns[3], pa.list_(pa.string())),
+                    "timeout": pa.array(columns[4], pa.float64()),
+                    "condition_at": pa.array(columns[5], pa.float64()),
+                }
+            ),
+            path,
+        )
+        return path.resolve().as_uri()
+
+    directory.mkdir()
+    return [
+        write(
+            "part-0.parquet",
+            [
+                ("a", 5, 0.0, ["k"], -1.0, None),
+                ("a", 2, 0.0, [], 1.0, None),
+                ("b", 9, 0.5, ["k"], 1.0, 0.25),
+                ("b", 1, 0.0, ["k"], 1.0, None),
+                ("c", 4, 0.0, ["k"], 1.0, None),
+                (None, 3, 0.0, ["k"], 1.0, None),
+            ],
+        ),
+        write(
+            "part-1.parquet",
+            [
+                ("a", 7, float("nan"), ["k"], 1.0, None),
+                ("b", 1, 0.0, ["k"], 1.0, None),
+                ("b", 3, 0.0, ["k"], 1e13, None),
+                ("c", 4, 0.1, ["k"], 1.0, None),
+            ],
+        ),
+    ]
 
 
 def spark_home() -> Path:

@@ -66,16 +66,20 @@ def test_the_spread_section_says_the_speed_ups_of_the_fastest_runs() -> None:
         "operations": 80,
         "purgatories": 8,
         "runs": [
-            run("local[1], balanced", 30.0),
-            run("local[2], balanced", 20.0),
-            run("local[2], balanced", 16.0),
-            run("local[2], hash-partitioned (before)", 40.0),
+            run("local[1], direct read", 30.0),
+            run("local[2], direct read", 20.0),
+            run("local[2], direct read", 16.0),
+            run("local[1], Spark read (before)", 45.0),
+            run("local[2], Spark read (before)", 40.0),
         ],
     }
     text = render(figures)
     assert text.startswith(BEGIN)
     assert text.rstrip().endswith(END)
-    assert "- local[1] -> local[2], balanced: **1.88x**" in text
-    assert "- local[1] -> local[2], hash-partitioned: **0.75x**" in text
+    assert "- local[1] -> local[2], direct read: **1.88x**" in text
+    assert "- local[1] -> local[2], Spark read (before): **1.12x**" in text
+    assert "- local[1], Spark read -> direct read: **1.50x**" in text
+    assert "- local[2], Spark read -> direct read: **2.50x**" in text
+    assert "hash" not in text
     assert "standalone" not in text
-    assert "| local[2], balanced | 16.0 | 1.0 / 2.0 / 3.0 | p0: 1, 10, 1.0 (0.5; 0.1) |" in text
+    assert "| local[2], direct read | 16.0 | 1.0 / 2.0 / 3.0 | p0: 1, 10, 1.0 (0.5; 0.1) |" in text

@@ -29,13 +29,14 @@ from helpers import FlagOperation, run_process
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
-from spark_support import CONFIGS, small_w1, write_trace
+from spark_support import CONFIGS, bad_trace, small_w1, write_trace
 
 from purgatory import ArrowEventLog, JsonLinesEventLog
 from purgatory.pipeline import (
     SHARED_SUMMARY_COLUMNS,
     W1,
     TraceError,
+    _job_replay,
     _job_trace,
     analyze,
     generate,
@@ -375,11 +376,13 @@ def test_an_arrow_stream_that_is_not_an_event_log(spark: SparkSession, tmp_path:
     ), message
 
 
+@pytest.mark.parametrize("read", ["auto", "spark"])
 def test_a_corrupted_parquet_page_is_named_not_replayed(
-    tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str], read: str
 ) -> None:
     """2 KB of a page zeroed, and Hadoop's .crc side files gone (as after a copy by scp or to
-    an object store): Spark reads such a page without a word unless told to check its CRC."""
+    an object store): Spark reads such a page without a word unless told to check its CRC.
+    The direct read (auto) names it as Spark's read does."""
     copy = tmp_path / "trace"
     shutil.copytree(trace, copy, ignore=shutil.ignore_patterns(".*"))
     file = sorted(copy.glob("part-*.parquet"))[0]
@@ -387,7 +390,7 @@ def test_a_corrupted_parquet_page_is_named_not_replayed(
     data[1000:3048] = bytes(2048)
     file.write_bytes(data)
     out = tmp_path / "out"
-    assert main(["replay", "--trace", str(copy), "--out", str(out)]) == 2
+    assert main(["replay", "--trace", str(copy), "--out", str(out), "--read", read]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.splitlines() == [
@@ -421,6 +424,57 @@ def test_bad_trace_is_refused_naming_file_and_row(
         replay(spark, str(tmp_path / "bad"), str(out), CONFIGS[:1])
     assert "part-0.parquet" in str(error.value), file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]  # no output, no staging
+
+
+@pytest.mark.parametrize(
+    ("without", "first"),
+    [
+        ((), "row purgatory=None op_id=3: column 'purgatory' is null"),
+        ((None,), "row purgatory='a' op_id=2: column 'keys' is empty"),
+        ((None, "a", "b"), "duplicate op_id 4 in purgatory 'c' (2 rows;"),
+    ],
+    ids=["no-purgatory", "bad-rows", "duplicate"],
+)
+def test_a_bad_trace_is_reported_the_same_by_both_reads(
+    spark: SparkSession, tmp_path: Path, without: tuple[str | None, ...], first: str
+) -> None:
+    """Bad rows in several purgatories and files, duplicate ids, a row without a purgatory:
+    the direct read's tasks, each checking its own purgatories under two configurations,
+    give the error Spark's validation of the whole trace gives, and write nothing."""
+    bad_trace(tmp_path / "bad", without)
+    said = {}
+    for read in ("spark", "direct"):
+        with pytest.raises(TraceError) as error:
+            replay(spark, str(tmp_path / "bad"), str(tmp_path / read), CONFIGS, read=read)
+        said[read] = str(error.value)
+    assert said["direct"] == said["spark"]
+    assert first in said["direct"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]  # no output, no staging
+
+
+def test_read_auto_says_when_it_reads_through_spark(
+    spark: SparkSession,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Where pyarrow has no filesystem for the trace's files, ``auto`` reads through Spark and
+    says so on stderr; ``direct`` refuses, naming the file and why."""
+    write_trace(tmp_path / "t" / "part-0.parquet")
+    why = "pyarrow cannot open s3a://b/t/part-0.parquet: Unrecognized filesystem type in URI"
+    monkeypatch.setattr(_job_replay, "direct_read_problem", lambda files: why)
+    with pytest.raises(ValueError, match=re.escape(f"cannot be read directly: {why}")):
+        replay(spark, str(tmp_path / "t"), str(tmp_path / "d"), CONFIGS[:1], read="direct")
+
+    def not_direct(*args: object) -> None:
+        raise AssertionError("the direct read ran")
+
+    monkeypatch.setattr(_job_replay, "purgatory_counts", not_direct)
+    summary = replay(spark, str(tmp_path / "t"), str(tmp_path / "a"), CONFIGS[:1], tasks=None)
+    assert [row["operations"] for row in summary.collect()] == [2]
+    assert capsys.readouterr().err == (
+        f"replay: reading the trace through Spark, not directly: {why}\n"
+    )
 
 
 def test_a_bad_row_is_reported_before_a_duplicate_id(spark: SparkSession, tmp_path: Path) -> None:

@@ -130,7 +130,8 @@ def test_each_task_holds_the_groups_assigned_to_it(
     spark: SparkSession, uneven: Path, tmp_path: Path
 ) -> None:
     """On local[2], 8 groups of uneven sizes run in 2 tasks of 1,100 operations each, each
-    task exactly the groups `assign` gave its partition, reported after the job."""
+    task exactly the groups `assign` gave its partition, reported after the job (the direct
+    read; Spark's read gives its tasks the same groups: the test below)."""
     reported: list[ReplayTask] = []
     replay(
         spark,
@@ -139,6 +140,7 @@ def test_each_task_holds_the_groups_assigned_to_it(
         [ReplayConfig()],
         operations=False,
         tasks=reported.extend,
+        read="direct",
     )
     plan = assign({(f"p{i:04d}", 0): n for i, n in enumerate(SIZES)}, 2)
     assert [task.partition for task in reported] == [0, 1]
@@ -162,8 +164,10 @@ def test_the_balanced_replay_gives_the_hash_partitioned_and_the_plain_summary(
     spark: SparkSession, uneven: Path, tmp_path: Path
 ) -> None:
     """Under two configurations (16 groups) in 3 partitions, the summary and every operation's
-    row are those of hash partitioning and of the plain replay in this process."""
+    row are those of Spark's read (balanced, and hash-partitioned) and of the plain replay in
+    this process; the direct read's tasks run the groups Spark's read gives them."""
     reported: list[ReplayTask] = []
+    through_spark: list[ReplayTask] = []
     configs = dict(enumerate(CONFIGS))
     replay(
         spark,
@@ -172,14 +176,26 @@ def test_the_balanced_replay_gives_the_hash_partitioned_and_the_plain_summary(
         CONFIGS,
         partitions=3,
         tasks=reported.extend,
+        read="direct",
+    )
+    replay(
+        spark,
+        str(uneven),
+        str(tmp_path / "spark"),
+        CONFIGS,
+        partitions=3,
+        tasks=through_spark.extend,
+        read="spark",
     )
     replay(spark, str(uneven), str(tmp_path / "hashed"), CONFIGS, balance=False, tasks=None)
+    assert [task.groups for task in reported] == [task.groups for task in through_spark]
     assert [task.partition for task in reported] == [0, 1, 2]
     assert sum(len(task.groups) for task in reported) == 16
     totals = sorted(task.operations for task in reported)
     assert sum(totals) == 2 * sum(SIZES)
     assert totals[-1] - totals[0] <= max(SIZES)  # within one group of even
     assert summary_rows(tmp_path / "balanced") == summary_rows(tmp_path / "hashed")
+    assert summary_rows(tmp_path / "balanced") == summary_rows(tmp_path / "spark")
     ops = ["purgatory", "config_id", "op_id", "outcome", "watched_at", "deadline", "ended_at"]
 
     def rows(table: pa.Table) -> list[dict[str, object]]:
@@ -191,6 +207,14 @@ def test_the_balanced_replay_gives_the_hash_partitioned_and_the_plain_summary(
     plain = replay_table(pq.read_table(uneven), configs)
     expected = rows(plain.filter(pc.is_valid(plain["op_id"])))
     assert rows(pq.read_table(tmp_path / "balanced" / "operations")) == expected
+    assert rows(pq.read_table(tmp_path / "spark" / "operations")) == expected
+    # The same files: the same columns (the wait too), types, metadata and values.
+    for part in ("summary", "operations"):
+        direct, through = (pq.read_table(tmp_path / out / part) for out in ("balanced", "spark"))
+        assert direct.schema == through.schema
+        key = ["purgatory", "config_id", *(["op_id"] if part == "operations" else [])]
+        order = [(name, "ascending") for name in key]
+        assert direct.sort_by(order).to_pylist() == through.sort_by(order).to_pylist()
     assert rows(pq.read_table(tmp_path / "hashed" / "operations")) == expected
 
 

@@ -165,6 +165,7 @@ def _replayed(
         operations=not args.summary_only,
         shards=getattr(args, "shards", 1),
         warmup=getattr(args, "warmup", 0.0),
+        read=getattr(args, "read", "auto"),
     )
     rows = [row.asDict() for row in summary.collect()]
     print_replay_summary(rows, costs)

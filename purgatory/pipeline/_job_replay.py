@@ -1,17 +1,23 @@
 """The replay job: a trace under every configuration of a grid, on Spark.
 
 Each (purgatory, configuration) is one group. The driver counts each purgatory's operations and
-assigns the groups to the job's partitions, balanced by operation count (`_balance.assign`);
-the trace, joined with that small plan (which also crosses it with the configurations), is
-repartitioned so that each partition holds exactly its groups, sorted by arrival inside each
-partition, and the replay engine (`purgatory.pipeline._replay.replay_batches`) streams each
-partition's batches inside ``mapInArrow``. Each group's summary comes from its own task, so the
-job needs no aggregation over every operation; writing every operation's row is optional.
+assigns the groups to the job's partitions, balanced by operation count (`_balance.assign`).
+Then, by default (the direct read, `purgatory.pipeline._direct`), the plan itself, a row per
+group, is placed a partition per task, and each task reads its groups' rows from the trace's
+Parquet files with pyarrow, checks and sorts them, and streams them through the replay engine
+(`purgatory.pipeline._replay.replay_batches`) inside ``mapInArrow``: the JVM carries only the
+plan and the engine's rows. With Spark's read (``read="spark"``, the job before), the trace,
+checked by `load_trace` and joined with the plan (which also crosses it with the
+configurations), is repartitioned so that each partition holds exactly its groups, sorted by
+arrival inside each partition, and the engine streams each partition's batches. Each group's
+summary comes from its own task, so the job needs no aggregation over every operation; writing
+every operation's row is optional.
 
 Each task also says what it did: its partition, where it ran (host, Python worker), its groups,
-and the wall and CPU seconds of its Python worker, of which reading its input (the Arrow batches
-from the JVM, and waiting for them). The driver gathers these from the groups' rows after the
-job (`ReplayTask`) and prints one line per task on stderr, or hands them to `tasks`.
+and the wall and CPU seconds of its Python worker, of which getting its input (reading, checking
+and sorting its rows; or the JVM's Arrow batches, and waiting for them). The driver gathers
+these from the groups' rows after the job (`ReplayTask`) and prints one line per task on stderr,
+or hands them to `tasks`.
 """
 
 from __future__ import annotations
@@ -30,8 +36,18 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ._balance import assign, partition_keys
-from ._frames import read_errors, spark_schema
-from ._job_trace import load_trace, read_parquet
+from ._checks import horizon_limits
+from ._direct import (
+    WORK_COLUMNS,
+    decode_problems,
+    direct_read_problem,
+    encode_problems,
+    purgatory_counts,
+    task_input,
+    trace_problem,
+)
+from ._frames import read_errors, spark_schema, task_errors
+from ._job_trace import _read_trace, load_trace, read_parquet
 from ._load import CostProfile
 from ._replay import OUTPUT_SCHEMA, ReplayConfig, replay_batches
 from ._spark import atomic_output, is_connect
@@ -56,6 +72,12 @@ TASK_SCHEMA: Final = pa.schema(
     ]
 )
 _JOB_SCHEMA: Final = pa.schema([*OUTPUT_SCHEMA, *TASK_SCHEMA])
+#: The direct read's rows add what a task found wrong in the trace (JSON; null on every other
+#: row): one row at the task's end, if it found anything.
+_PROBLEM: Final = "task_problem"
+_DIRECT_SCHEMA: Final = pa.schema([*_JOB_SCHEMA, pa.field(_PROBLEM, pa.string())])
+#: How `replay` reads the trace (`replay`'s ``read``).
+READ_PATHS: Final = ("auto", "direct", "spark")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +144,7 @@ def replay(
     shards: int = 1,
     warmup: float = 0.0,
     boundaries: Callable[[Sequence[Boundary]], object] | Literal["print"] | None = "print",
+    read: Literal["auto", "direct", "spark"] = "auto",
 ) -> DataFrame:
     """Replay a trace under every configuration; write ``summary/`` (and ``operations/``) to `out`.
 
@@ -149,6 +172,14 @@ def replay(
             longest timeout (a loaded core's backlog).
         boundaries: With `shards`: called with every boundary checked; default: a line each
             on stderr; ``None``: nothing.
+        read: How the tasks get their rows. ``"direct"``: each task reads its groups' rows
+            from the trace's Parquet files itself (pyarrow; the executors must see the files
+            at the same path), checks and sorts them; the JVM carries only the plan and the
+            engine's rows (`purgatory.pipeline._direct`). ``"spark"``: Spark reads and checks
+            the trace (`load_trace`), shuffles each group's rows to its task and sorts them
+            there. ``"auto"`` (the default): direct, unless the tasks cannot read the files
+            themselves (`direct_read_problem`; a line on stderr says so), or `balance` is off
+            or `shards` is not 1 (Spark's read). Both give the same rows, summaries and errors.
 
     Returns:
         The summary, read back from `out`.
@@ -157,7 +188,13 @@ def replay(
         raise ValueError("replay needs at least one configuration")
     if partitions is not None and partitions < 1:
         raise ValueError(f"partitions must be >= 1, not {partitions}")
+    if read not in READ_PATHS:
+        raise ValueError(f"read must be one of {', '.join(READ_PATHS)}, not {read!r}")
+    if not balance and read == "direct":
+        raise ValueError("balance=False is the Spark read's hash partitioning: read='spark'")
     if shards != 1:
+        if read == "direct":
+            raise ValueError("a replay split into time shards reads its trace through Spark")
         if event_log is not None:
             raise ValueError("a replay split into time shards writes no event log")
         from ._job_shards import print_boundaries, replay_split
@@ -176,8 +213,8 @@ def replay(
             tasks=tasks,
             boundaries=print_boundaries if boundaries == "print" else boundaries,
         )
-    trace = load_trace(spark, trace_path, configs)
     by_id = dict(enumerate(configs))
+    files = _direct_files(spark, trace_path, read) if balance and read != "spark" else None
     grid = spark.createDataFrame(
         [
             (i, c.tick, c.wheel_size, c.purge_interval, c.timeout_scale, c.rate_scale, c.trigger)
@@ -186,33 +223,31 @@ def replay(
         "config_id int, tick double, wheel_size int, purge_interval int, timeout_scale double, "
         "rate_scale double, trigger string",
     )
-    if balance:
-        crossed = _balanced(spark, trace, by_id, partitions)
-    else:
-        # Hash partitioning keeps a group in one partition, but places the groups blindly.
-        crossed = trace.crossJoin(F.broadcast(grid.select("config_id")))
-        if partitions is None:
-            crossed = crossed.repartition("purgatory", "config_id")
-        else:
-            crossed = crossed.repartition(partitions, "purgatory", "config_id")
-    work = crossed.sortWithinPartitions("purgatory", "config_id", "arrival", "op_id").select(
-        "purgatory", "config_id", "op_id", "arrival", "keys", "timeout", "condition_at"
-    )
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return _reported(
-            batches,
-            lambda timed: replay_batches(
-                timed, by_id, event_log_dir=event_log, costs=costs, operations=operations
-            ),
+    def engine(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return replay_batches(
+            batches, by_id, event_log_dir=event_log, costs=costs, operations=operations
         )
 
-    result = work.mapInArrow(run, spark_schema(_JOB_SCHEMA))
+    if files is not None:
+        result = _direct(spark, trace_path, files, configs, partitions=partitions, engine=engine)
+    else:
+        result = _through_spark(
+            spark,
+            trace_path,
+            configs,
+            grid=grid,
+            partitions=partitions,
+            balance=balance,
+            engine=engine,
+        )
     if operations:  # read twice: the operations, then the groups' rows
         result = result.persist(StorageLevel.MEMORY_AND_DISK)
     # The groups' rows, read twice too: the summary, then the tasks' report.
     groups = result.where(F.col("op_id").isNull()).persist(StorageLevel.MEMORY_AND_DISK)
     try:
+        if files is not None:
+            _raise_problems(groups, trace_path)
         summary = _summary(groups, grid)
         with (
             atomic_output(spark, out, overwrite=overwrite) as staging,
@@ -238,6 +273,129 @@ def replay(
     if tasks is not None:
         tasks(done)
     return read_parquet(spark, f"{out}/summary").orderBy("purgatory", "config_id")
+
+
+def _through_spark(
+    spark: SparkSession,
+    trace_path: str,
+    configs: Sequence[ReplayConfig],
+    *,
+    grid: DataFrame,
+    partitions: int | None,
+    balance: bool,
+    engine: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+) -> DataFrame:
+    """The job's rows, the trace read through Spark: `load_trace`'s checks, then each group's
+    rows shuffled to its partition and sorted there, handed to the engine as Arrow batches."""
+    trace = load_trace(spark, trace_path, configs)
+    if balance:
+        crossed = _balanced(spark, trace, dict(enumerate(configs)), partitions)
+    else:
+        # Hash partitioning keeps a group in one partition, but places the groups blindly.
+        crossed = trace.crossJoin(F.broadcast(grid.select("config_id")))
+        if partitions is None:
+            crossed = crossed.repartition("purgatory", "config_id")
+        else:
+            crossed = crossed.repartition(partitions, "purgatory", "config_id")
+    work = crossed.sortWithinPartitions("purgatory", "config_id", "arrival", "op_id").select(
+        *WORK_COLUMNS
+    )
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return _reported(batches, engine)
+
+    return work.mapInArrow(run, spark_schema(_JOB_SCHEMA))
+
+
+def _direct_files(spark: SparkSession, trace_path: str, read: str) -> list[str] | None:
+    """The trace's files for the direct read (as Spark lists them), or ``None``: read through
+    Spark, said on stderr (``read="auto"`` where the tasks cannot read them: `direct_read_problem`).
+
+    The trace's schema is checked here as `load_trace` checks it (Spark's inference), so a
+    missing or a mistyped column is reported in the same words on both paths.
+    """
+    files = sorted(_read_trace(spark, trace_path).inputFiles())
+    why = direct_read_problem(files)
+    if why is None:
+        return files
+    if read == "direct":
+        raise ValueError(f"the trace cannot be read directly: {why}")
+    print(f"replay: reading the trace through Spark, not directly: {why}", file=sys.stderr)
+    return None
+
+
+def _direct(
+    spark: SparkSession,
+    trace_path: str,
+    files: Sequence[str],
+    configs: Sequence[ReplayConfig],
+    *,
+    partitions: int | None,
+    engine: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+) -> DataFrame:
+    """The job's rows, each task reading its groups' rows from the trace's files itself.
+
+    The driver counts each purgatory's rows (that column alone) and assigns the groups to the
+    partitions (`assign`); the plan, a row per group, is placed a partition per task
+    (`partition_keys`), and ``mapInArrow`` over it runs `task_input` into the engine. The JVM
+    carries only the plan and the rows the engine emits. Rows without a purgatory are checked
+    by the first task (they are all bad: the job fails naming the first).
+    """
+    counts = purgatory_counts(files, trace_path)
+    by_id = dict(enumerate(configs))
+    weights = {(name, i): n for name, n in counts.items() if name is not None for i in by_id}
+    n = partitions if partitions is not None else max(1, min(_parallelism(spark), len(weights)))
+    keys = partition_keys(n)
+    rows: list[tuple[str | None, int | None, int]] = [
+        (name, config_id, keys[p]) for (name, config_id), p in sorted(assign(weights, n).items())
+    ]
+    if None in counts:
+        rows.append((None, None, keys[0]))
+    plan = spark.createDataFrame(
+        rows, "purgatory string, config_id int, _partition_key int"
+    ).repartition(n, "_partition_key")
+    limits = horizon_limits(configs)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        mine: dict[str | None, list[int]] = {}
+        for batch in batches:
+            names, ids = batch.column("purgatory").to_pylist(), batch.column("config_id")
+            for name, config_id in zip(names, ids.to_pylist(), strict=True):
+                group = mine.setdefault(name, [])
+                if config_id is not None:
+                    group.append(config_id)
+        problems: list[dict[str, Any]] = []
+        source = task_input(files, trace_path, mine, limits, problems)
+        for batch in _reported(source, engine):
+            yield pa.RecordBatch.from_arrays(
+                [*batch.columns, pa.nulls(batch.num_rows, pa.string())], schema=_DIRECT_SCHEMA
+            )
+        if problems:  # (the group's columns, not nullable: no group's values)
+            said = [
+                pa.array([""] if field.type == pa.string() else [-1], field.type)
+                if not field.nullable
+                else pa.nulls(1, field.type)
+                for field in _JOB_SCHEMA
+            ]
+            yield pa.RecordBatch.from_arrays(
+                [*said, pa.array([encode_problems(problems)], pa.string())], schema=_DIRECT_SCHEMA
+            )
+
+    return plan.mapInArrow(run, spark_schema(_DIRECT_SCHEMA))
+
+
+def _raise_problems(groups: DataFrame, trace_path: str) -> None:
+    """Raise what the direct read's tasks found in the trace (`trace_problem`), if anything.
+
+    The first action on the job's rows; a `TraceError` that a task raises all the same is
+    raised as itself (`task_errors`).
+    """
+    with task_errors():
+        found = groups.where(F.col(_PROBLEM).isNotNull()).select(_PROBLEM).collect()
+    problems = [problem for row in found for problem in decode_problems(row[0])]
+    error = trace_problem(problems, trace_path)
+    if error is not None:
+        raise error
 
 
 def _balanced(

@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ._checks import TRACE_COLUMNS, horizon_limits
+from ._direct import bad_row_message, duplicate_message
 from ._frames import (
     TraceError,
     as_given,
@@ -220,13 +221,7 @@ def _check_rows(with_file: DataFrame, problem: Column, root: str) -> None:
         .collect()
     )
     if bad:
-        first = bad[0]
-        raise TraceError(
-            f"trace file {as_given(first['_file'], root)}: row purgatory={first['purgatory']!r} "
-            f"op_id={first['op_id']!r}: {first['_problem']} (arrival={first['arrival']!r}, "
-            f"timeout={first['timeout']!r}, condition_at={first['condition_at']!r})"
-            + (f"; {len(bad) - 1}+ more bad rows" if len(bad) > 1 else "")
-        )
+        raise TraceError(bad_row_message(bad[0].asDict(), len(bad) - 1, root))
 
 
 def _check_unique_ids(trace: DataFrame, with_file: DataFrame, root: str) -> None:
@@ -258,11 +253,8 @@ def _check_unique_ids(trace: DataFrame, with_file: DataFrame, root: str) -> None
     )
     if found:
         first = found[0]
-        files = sorted(as_given(file, root) for file in first["files"])
         raise TraceError(
-            f"trace file {', '.join(files)}: duplicate op_id "
-            f"{first['op_id']!r} in purgatory {first['purgatory']!r} ({first['n']} rows; "
-            "an operation id must be unique within its purgatory)"
+            duplicate_message(first["purgatory"], first["op_id"], first["n"], first["files"], root)
         )
 
 

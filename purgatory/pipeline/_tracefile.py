@@ -12,7 +12,7 @@ Pure pyarrow (no Spark): the tests call it directly.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO, Any, Final
 
 import numpy as np
@@ -24,7 +24,7 @@ from ._checks import trace_schema_problem
 from ._frames import TraceError, file_cause, first_line
 from ._generate import TRACE_SCHEMA
 
-__all__ = ("trace_batches",)
+__all__ = ("bad_rows", "trace_batches")
 
 _CAST: Final = pa.schema([pa.field(f.name, f.type) for f in TRACE_SCHEMA])
 
@@ -64,8 +64,14 @@ def _not_finite(column: Any) -> Any:
     return pc.invert(pc.is_finite(column))
 
 
-def _problems(rows: pa.Table) -> list[tuple[Any, str]]:
-    """(mask of the rows with the problem, the problem), in the order `load_trace` checks."""
+def _problems(
+    rows: pa.Table, limits: Sequence[tuple[float, float, str]] = ()
+) -> list[tuple[Any, str]]:
+    """(mask of the rows with the problem, the problem), in the order `load_trace` checks.
+
+    `limits`: the timer's horizons to check the timeouts against (`horizon_limits`; the data
+    source knows no configuration and checks none, the direct read of a replay does).
+    """
     arrival, timeout, condition = rows["arrival"], rows["timeout"], rows["condition_at"]
     keys = rows["keys"]
     lengths = pc.fill_null(pc.list_value_length(keys), 0)
@@ -82,6 +88,13 @@ def _problems(rows: pa.Table) -> list[tuple[Any, str]]:
         (pc.is_null(timeout), "column 'timeout' is null"),
         (_not_finite(timeout), "column 'timeout' is not finite"),
         (pc.less(timeout, 0), "column 'timeout' is negative"),
+        *(
+            (
+                pc.greater(pc.multiply(timeout, scale), limit),
+                f"column 'timeout' is beyond the timer's horizon ({label})",
+            )
+            for scale, limit, label in limits
+        ),
         (pc.is_null(keys), "column 'keys' is null"),
         (pc.equal(lengths, 0), "column 'keys' is empty"),
         (pa.array(null_keys), "column 'keys' holds a null key"),
@@ -90,19 +103,27 @@ def _problems(rows: pa.Table) -> list[tuple[Any, str]]:
     ]
 
 
-def _check_rows(name: str, rows: pa.Table) -> None:
-    """Refuse the first bad row of `rows` (by purgatory, then op_id), saying how many more."""
+def bad_rows(rows: pa.Table, limits: Sequence[tuple[float, float, str]] = ()) -> pa.Table | None:
+    """The rows of `rows` (a table of `TRACE_SCHEMA`'s types, one chunk) that `load_trace` would
+    refuse, with their first problem in a ``_problem`` column; ``None`` if there is none."""
     first: pa.Array | None = None
     said = pa.nulls(rows.num_rows, pa.string())
-    for mask, problem in _problems(rows):
+    for mask, problem in _problems(rows, limits):
         hit = pc.fill_null(mask, False)
         if not pc.any(hit).as_py():
             continue
         said = pc.if_else(pc.and_(hit, pc.is_null(said)), problem, said)
         first = hit if first is None else pc.or_(first, hit)
     if first is None:
+        return None
+    return rows.append_column("_problem", said).filter(first)
+
+
+def _check_rows(name: str, rows: pa.Table) -> None:
+    """Refuse the first bad row of `rows` (by purgatory, then op_id), saying how many more."""
+    bad = bad_rows(rows)
+    if bad is None:
         return
-    bad = rows.append_column("_problem", said).filter(first)
     bad = bad.sort_by([("purgatory", "ascending"), ("op_id", "ascending")])
     row = bad.slice(0, 1).to_pylist()[0]
     more = bad.num_rows - 1

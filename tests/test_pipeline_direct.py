@@ -1,0 +1,234 @@
+"""The replay's direct read alone (`purgatory.pipeline._direct`, no Spark).
+
+A task's input read from the trace's files is its groups' rows in the order Spark's read hands
+them over (the engine's output equal to the plain replay's); only the row groups whose statistics
+may hold a purgatory are read; what the tasks find wrong merges into the error `load_trace` gives
+for the whole trace. That both read paths give the same rows, summaries and errors on Spark:
+test_pipeline.py and test_pipeline_balance.py.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from spark_support import CONFIGS, bad_trace, write_trace
+
+from purgatory.pipeline import W1, replay_table
+from purgatory.pipeline._checks import horizon_limits
+from purgatory.pipeline._direct import (
+    BATCH_ROWS,
+    WORK_COLUMNS,
+    decode_problems,
+    direct_read_problem,
+    encode_problems,
+    purgatory_counts,
+    task_input,
+    trace_problem,
+)
+from purgatory.pipeline._generate import chunk_plan, generate_chunk
+from purgatory.pipeline._replay import replay_batches
+
+W1_DIRECT = W1(
+    purgatories=3,
+    operations=1000,
+    rate=2000.0,
+    timeout=0.1,
+    p50=0.04,
+    p75=0.09,
+    keys=20,
+    seed=11,
+    chunk=400,
+)
+
+
+def uri(path: Path) -> str:
+    """A file as Spark's ``inputFiles`` names it."""
+    return path.resolve().as_uri()
+
+
+@pytest.fixture(scope="module")
+def shuffled(tmp_path_factory: pytest.TempPathFactory) -> tuple[pa.Table, list[str]]:
+    """A trace of 3 purgatories, its rows shuffled over 3 files of row groups of 250 rows
+    (every row group mixes purgatories, and a path with a space); (the table, its files)."""
+    table = pa.concat_tables(
+        pa.Table.from_batches([generate_chunk(W1_DIRECT, chunk)]) for chunk in chunk_plan(W1_DIRECT)
+    )
+    order = list(range(table.num_rows))
+    random.Random(5).shuffle(order)
+    rows = table.take(order)
+    directory = tmp_path_factory.mktemp("direct") / "a trace"
+    directory.mkdir()
+    files = []
+    for i in range(3):
+        path = directory / f"part-{i}.parquet"
+        part = rows.slice(i * 1000, 1000)
+        pq.write_table(part, path, row_group_size=250, write_page_checksum=True)
+        files.append(uri(path))
+    return table, files
+
+
+def ops(table: pa.Table) -> list[dict[str, Any]]:
+    return sorted(
+        table.to_pylist(), key=lambda r: (r["purgatory"], r["config_id"], r["op_id"] or -1)
+    )
+
+
+def test_a_task_replays_its_groups_as_the_plain_replay_does(
+    shuffled: tuple[pa.Table, list[str]],
+) -> None:
+    table, files = shuffled
+    assert purgatory_counts(files, "trace") == {"p0000": 1000, "p0001": 1000, "p0002": 1000}
+    configs = dict(enumerate(CONFIGS))
+    groups: dict[str | None, list[int]] = {
+        "p0002": [1, 0],
+        "p0000": [1],
+    }  # the plan's order does not matter
+    problems: list[dict[str, Any]] = []
+    batches = list(task_input(files, "trace", groups, horizon_limits(CONFIGS), problems))
+    assert problems == []
+    assert all(b.schema.names == list(WORK_COLUMNS) and b.num_rows <= BATCH_ROWS for b in batches)
+    seen = [(b["purgatory"][0].as_py(), b["config_id"][0].as_py()) for b in batches]
+    assert list(dict.fromkeys(seen)) == [("p0000", 1), ("p0002", 0), ("p0002", 1)]
+    got = pa.Table.from_batches(list(replay_batches(batches, configs)))
+    plain = replay_table(table, configs)
+    wanted = plain.filter(
+        pc.is_in(
+            pc.binary_join_element_wise(
+                plain["purgatory"], pc.cast(plain["config_id"], pa.string()), "@"
+            ),
+            pa.array(["p0000@1", "p0002@0", "p0002@1"]),
+        )
+    )
+    assert got.num_rows == wanted.num_rows == 3 * 1000 + 3
+    assert ops(got) == ops(wanted)
+
+
+def corrupt(path: Path, row_group: int) -> None:
+    """Zero a stretch of the first data page of `row_group`'s ``op_id`` column."""
+    column = pq.read_metadata(path).row_group(row_group).column(1)
+    start = column.data_page_offset + 40
+    data = bytearray(path.read_bytes())
+    data[start : start + 200] = bytes(200)
+    path.write_bytes(data)
+
+
+def test_only_the_row_groups_that_may_hold_a_purgatory_are_read(tmp_path: Path) -> None:
+    """A file of one purgatory per row group, the second row group corrupted: purgatory a is
+    read (its row group alone), b's read is reported naming the file, as Spark's read does."""
+    n = 400
+    table = pa.table(
+        {
+            "purgatory": ["a"] * n + ["b"] * n,
+            "op_id": pa.array(range(2 * n), pa.int64()),
+            "arrival": [i * 0.001 for i in range(2 * n)],
+            "keys": pa.array([["k"]] * (2 * n), pa.list_(pa.string())),
+            "timeout": [0.1] * (2 * n),
+            "condition_at": pa.nulls(2 * n, pa.float64()),
+        }
+    )
+    path = tmp_path / "trace" / "part-0.parquet"
+    path.parent.mkdir()
+    pq.write_table(table, path, row_group_size=n, write_page_checksum=True)
+    corrupt(path, 1)
+    limits = horizon_limits(CONFIGS)
+    batches = list(task_input([uri(path)], str(path.parent), {"a": [0]}, limits, []))
+    assert sum(b.num_rows for b in batches) == n
+    problems: list[dict[str, Any]] = []
+    assert (
+        list(task_input([uri(path)], str(path.parent), {"b": [0], "c": [0]}, limits, problems))
+        == []
+    )
+    assert [p["kind"] for p in problems] == ["file"]  # (and the task's input ended)
+    assert str(trace_problem(problems, str(path.parent))) == (
+        f"trace file {path.parent}/part-0.parquet: a Parquet page fails its checksum "
+        "(the file is corrupted)"
+    )
+
+
+def found_by(files: list[str], root: str, tasks: list[dict[str | None, list[int]]]) -> list[Any]:
+    """What tasks with these groups report, through the job's JSON."""
+    said = []
+    for groups in tasks:
+        problems: list[dict[str, Any]] = []
+        assert list(task_input(files, root, groups, horizon_limits(CONFIGS[:1]), problems)) == []
+        said += decode_problems(encode_problems(problems)) if problems else []
+    return said
+
+
+def test_the_tasks_findings_merge_into_load_traces_error(tmp_path: Path) -> None:
+    files = bad_trace(tmp_path / "bad")
+    root = str(tmp_path / "bad")
+    assert purgatory_counts(files, root) == {"a": 3, "b": 4, "c": 2, None: 1}
+    # a's rows in one task, b's (under two configurations) in two: one report each.
+    said = found_by(files, root, [{"a": [0], "b": [0]}, {"b": [1], "c": [0]}])
+    error = trace_problem(said, root)
+    assert str(error) == (
+        f"trace file {root}/part-0.parquet: row purgatory='a' op_id=2: column 'keys' is empty "
+        "(arrival=0.0, timeout=1.0, condition_at=None); 4+ more bad rows"
+    )
+    # With the row without a purgatory (checked by one task): it comes first, as Spark sorts.
+    said += found_by(files, root, [{None: []}])
+    assert str(trace_problem(said, root)).startswith(
+        f"trace file {root}/part-0.parquet: row purgatory=None op_id=3: column 'purgatory' is null"
+    )
+    # Without the bad rows, the first duplicate id (by purgatory, then id), with its files.
+    duplicates = [p for p in said if p["kind"] == "duplicate"]
+    assert [p["purgatory"] for p in duplicates] == ["c"]  # b's duplicate hides behind bad rows
+    assert str(trace_problem(duplicates, root)) == (
+        f"trace file {root}/part-0.parquet, {root}/part-1.parquet: duplicate op_id 4 in "
+        "purgatory 'c' (2 rows; an operation id must be unique within its purgatory)"
+    )
+    assert trace_problem([], root) is None
+
+
+def test_a_task_that_found_a_problem_replays_nothing_more(tmp_path: Path) -> None:
+    """Purgatory a has a bad row: its task still checks z (good), but yields none of its rows
+    (the job fails); z's own task replays it."""
+    directory = tmp_path / "t"
+    directory.mkdir()
+    path = directory / "part-0.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "purgatory": ["a", "z", "z"],
+                "op_id": pa.array([0, 0, 1], pa.int64()),
+                "arrival": [0.0, 0.0, 0.1],
+                "keys": pa.array([[], ["k"], ["k"]], pa.list_(pa.string())),
+                "timeout": [1.0, 1.0, 1.0],
+                "condition_at": pa.nulls(3, pa.float64()),
+            }
+        ),
+        path,
+    )
+    limits = horizon_limits(CONFIGS[:1])
+    problems: list[dict[str, Any]] = []
+    assert (
+        list(task_input([uri(path)], str(directory), {"a": [0], "z": [0]}, limits, problems)) == []
+    )
+    assert [(p["kind"], p["purgatory"]) for p in problems] == [("rows", "a")]
+    problems = []
+    rows = list(task_input([uri(path)], str(directory), {"z": [0]}, limits, problems))
+    assert problems == []
+    assert [b.num_rows for b in rows] == [2]
+
+
+def test_files_the_tasks_cannot_read_are_named_with_why(tmp_path: Path) -> None:
+    path = write_trace(tmp_path / "a b" / "part-0.parquet")
+    assert direct_read_problem([uri(path), str(path)]) is None
+    assert "%20" in uri(path)  # Spark's names are URIs: the direct read unquotes them
+    said = direct_read_problem([uri(path), "s3a://bucket/trace/part-0.parquet"])
+    assert str(said).startswith("pyarrow cannot open s3a://bucket/trace/part-0.parquet: ")
+    assert direct_read_problem(["file://elsewhere/x"]) == (
+        "pyarrow cannot open file://elsewhere/x: a file on another host (elsewhere)"
+    )
+    # A trace written with partitionBy("purgatory"): that column is in the directories' names.
+    inner = write_trace(tmp_path / "by" / "purgatory=p" / "part-0.parquet", purgatory=None)
+    assert direct_read_problem([uri(inner)]) == (
+        f"{uri(inner)} holds no column 'purgatory' (Spark reads it from the directories' names)"
+    )
