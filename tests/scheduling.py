@@ -1,0 +1,46 @@
+"""The order in which `make test` deals the test modules to its workers: the longest first.
+
+`make test` runs pytest on one worker per core with ``--dist loadfile`` (a module's tests stay on
+one worker: a Spark module starts its cluster, server or streaming runs once for its tests) and
+``--no-loadscope-reorder``, so that pytest-xdist deals the modules in the order the workers
+collected them. Its own order, the modules with the most tests first, deals the Spark modules
+last (a few long tests each), and one worker then spent the run's last minutes on one of them
+while the other had nothing left. Dealt longest first (the greedy rule for scheduling on
+identical machines), the modules dealt last are the short ones, and the workers end close
+together.
+
+`LONG` holds the modules' measured times (a module and its ``[python]`` twin are dealt apart);
+the others follow in pytest-xdist's own order (the most tests first). A run in one process
+(no xdist worker) keeps the file order. A module that grows long belongs in `LONG`: ``pytest
+-n 2 --dist loadfile --junitxml=FILE`` gives each test's time, setup and teardown included.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+#: Seconds each module took in all (its tests' setup, call and teardown) in a run of the whole
+#: suite on two workers (a 2-core machine, load 2-3 from that run alone): the modules of a
+#: minute or more, and those of 10 s or more that take few tests.
+LONG: dict[str, float] = {}
+
+
+def scope(item: pytest.Item) -> str:
+    """What ``--dist loadfile`` keeps on one worker: the module's node id (a core module's
+    pure twin, ``tests/test_x.py[python]``, is a module of its own)."""
+    return item.nodeid.split("::", 1)[0]
+
+
+def weight(module: str) -> float:
+    return LONG.get(module.rsplit("/", 1)[-1], 0.0)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):  # not an xdist worker: the file order
+        return
+    count = Counter(scope(item) for item in items)
+    # Stable: the tests of a module stay together and in their order.
+    items.sort(key=lambda item: (-weight(scope(item)), -count[scope(item)]))
