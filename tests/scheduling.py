@@ -21,10 +21,22 @@ from collections import Counter
 
 import pytest
 
-#: Seconds each module took in all (its tests' setup, call and teardown) in a run of the whole
-#: suite on two workers (a 2-core machine, load 2-3 from that run alone): the modules of a
-#: minute or more, and those of 10 s or more that take few tests.
-LONG: dict[str, float] = {}
+#: Seconds each module took (its slowest tests' setup and call, summed: a lower bound) in a run
+#: of the whole suite on two workers on a busy 2-core machine (pytest --durations=30); shards'
+#: from its own run. Only their order matters: rough figures deal the same order.
+LONG: dict[str, float] = {
+    "test_pipeline_clusters.py": 280,
+    "test_pipeline_class_archive.py": 136,
+    "test_pipeline_live.py": 64,
+    "test_pipeline_stuck.py": 50,
+    "test_pipeline_shards.py": 50,
+    "test_docs.py": 49,
+    "test_differential.py": 47,
+    "test_differential_machine.py": 47,
+    "test_packaging.py": 46,
+    "test_pipeline.py": 38,
+    "test_load_model.py": 36,
+}
 
 
 def scope(item: pytest.Item) -> str:
