@@ -18,13 +18,16 @@ demo: $(BIN)/python
 # (the native core, which the install compiles: a build that fell back to the pure modules fails
 # test_implementations.py), the core's test modules a second time on the pure-Python modules in
 # the same run (tests/implementations.py; their ids end in [python]), one pytest worker per core
-# (pytest-xdist; a module's tests stay on one worker). About 10 minutes on a quiet 2-core machine.
+# (pytest-xdist; a module's tests stay on one worker), the longest modules dealt first
+# (tests/scheduling.py: --no-loadscope-reorder keeps that order). About 10 minutes on a quiet
+# 2-core machine.
 test: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,docs,examples,spark]'
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	PURGATORY_EXPECT_IMPLEMENTATION=native $(BIN)/python -m pytest -n auto --dist loadfile
+	PURGATORY_EXPECT_IMPLEMENTATION=native $(BIN)/python -m pytest -n auto --dist loadfile \
+		--no-loadscope-reorder
 
 # The edit-test loop: the core's tests on the default build only, no lint (about a minute).
 quick: $(BIN)/python
@@ -49,7 +52,9 @@ sanitize: $(BIN)/python
 
 # The reference-leak tests (tests/test_leaks.py) on Debian's debug interpreter: tools/leaks.sh
 # installs python3.11-dbg from apt when it is missing, makes build/dbg-venv with the `leaks`
-# extra, and counts sys.gettotalrefcount() over each hot and error path.
+# extra, and counts sys.gettotalrefcount() over each hot and error path. It builds the package
+# from a copy (build/dbg-src), away from `make sanitize`'s build: .ci/run runs the two side by
+# side (`make -j2 --output-sync=target sanitize leaks`).
 leaks:
 	tools/leaks.sh
 

@@ -24,8 +24,9 @@ from virtual_time import VirtualTimeLoop, VirtualTimeUVLoop
 # of its own.
 os.environ["PURGATORY_SPARK_CLASS_ARCHIVE"] = "off"
 
-# Each core test module runs on both implementations in this one run (tests/implementations.py).
-pytest_plugins = ["implementations"]
+# Each core test module runs on both implementations in this one run (tests/implementations.py);
+# `make test`'s workers are dealt the longest modules first (tests/scheduling.py).
+pytest_plugins = ["implementations", "scheduling"]
 
 
 def pytest_asyncio_loop_factories(

@@ -54,8 +54,18 @@ fi
 log=build/dbg-venv/pip.log
 pip=(env PYTHONWARNINGS=ignore "$venv/bin/python" -m pip install --quiet
     --disable-pip-version-check)
+# The package is built from a copy of what its build reads (build/dbg-src), not in the tree:
+# pip builds a local directory in place, and its build/ and egg-info there are those of `make
+# sanitize`'s build (which also deletes build/lib.* and build/temp.*): so copied, `.ci/run`
+# runs the two side by side. (No compiled module is copied: the debug build compiles its own.)
+src=build/dbg-src
+rm -rf "$src"
+mkdir -p "$src"
+tar -c --exclude=__pycache__ --exclude='*.so' --exclude='*.o' \
+    pyproject.toml setup.py README.md LICENSE purgatory | tar -x -C "$src"
 # The package itself anew every run (its version does not change with the sources).
-if ! { "${pip[@]}" '.[leaks]' && "${pip[@]}" --no-deps --force-reinstall .; } >"$log" 2>&1; then
+if ! { "${pip[@]}" "./$src[leaks]" && "${pip[@]}" --no-deps --force-reinstall "./$src"; } \
+    >"$log" 2>&1; then
     cat "$log" >&2
     exit 1
 fi
