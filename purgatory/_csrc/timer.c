@@ -7,49 +7,8 @@
 /* Times whose ticks a double holds exactly enough to take the C path (2**62 ticks). */
 #define TICK_LIMIT 4611686018427387904.0
 
-static int
-timer_traverse(PyObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
-    TimerObject *t = (TimerObject *)self;
-    Py_VISIT(t->now);
-    Py_VISIT(t->expire);
-    Py_VISIT(t->housekeeping);
-    Py_VISIT(t->alarm);
-    Py_VISIT(t->in_flight);
-    Py_VISIT(t->wheel);
-    Py_VISIT(t->due_at);
-    Py_VISIT(t->outcome);
-    return 0;
-}
-
-static int
-timer_clear(PyObject *self)
-{
-    TimerObject *t = (TimerObject *)self;
-    Py_CLEAR(t->now);
-    Py_CLEAR(t->expire);
-    Py_CLEAR(t->housekeeping);
-    Py_CLEAR(t->alarm);
-    Py_CLEAR(t->in_flight);
-    Py_CLEAR(t->wheel);
-    Py_CLEAR(t->due_at);
-    Py_CLEAR(t->outcome);
-    return 0;
-}
-
-static void
-timer_dealloc(PyObject *self)
-{
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    if (((TimerObject *)self)->weakreflist != NULL) {
-        PyObject_ClearWeakRefs(self);
-    }
-    timer_clear(self);
-    type->tp_free(self);
-    Py_DECREF(type); /* (a heap type: its instances hold it) */
-}
+/* Its fields' table is TIMER_FIELDS (native.h), beside the struct. */
+TYPE_LIFECYCLE(timer, TimerObject, TIMER_FIELDS, NO_FIELDS, HAS_WEAKREFS, NO_MORE)
 
 static PyObject *
 timer_get_weakref(PyObject *self, void *closure)
@@ -303,17 +262,6 @@ timer_add_due(NativeState *st, TimerObject *t, PyObject *op)
     }
     t->delayed++;
     return timer_wake_alarm(st, t, due);
-}
-
-static Py_ssize_t
-timer_in_flight(TimerObject *t)
-{
-    Py_ssize_t n = 0;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(t->in_flight); i++) {
-        PyObject *due = PyList_GET_ITEM(t->in_flight, i);
-        n += PyList_Check(due) ? PyList_GET_SIZE(due) : 0;
-    }
-    return n;
 }
 
 /* Expire the pending operations of `due`; if a callback interrupts the pass, what was not

@@ -147,39 +147,28 @@ bucket_drop_all(BucketObject *b)
     }
 }
 
+/* The bucket's lifecycle: its fields' table is BUCKET_FIELDS (native.h); the hand-written part
+ * is its entries, a walk of its list (visited; dropped last by tp_clear, bucket_drop_all). */
 static int
-bucket_traverse(PyObject *self, visitproc visit, void *arg)
+bucket_entries_visit(PyObject *self, visitproc visit, void *arg)
 {
-    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     BucketObject *b = (BucketObject *)self;
-    Py_VISIT(b->older);
-    Py_VISIT(b->wheel);
-    Py_VISIT(b->others);
     for (TimerLink *l = bucket_first(b); l != NULL && l != &b->head; l = l->next) {
         Py_VISIT(l->entry);
     }
     return 0;
 }
 
-static int
-bucket_clear(PyObject *self)
+static void
+bucket_entries_forget(PyObject *self)
 {
-    BucketObject *b = (BucketObject *)self;
-    Py_CLEAR(b->older);
-    Py_CLEAR(b->wheel);
-    bucket_drop_all(b);
-    return 0;
+    bucket_drop_all((BucketObject *)self);
 }
 
-static void
-bucket_dealloc(PyObject *self)
-{
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    bucket_clear(self);
-    type->tp_free(self);
-    Py_DECREF(type); /* (a heap type: its instances hold it) */
-}
+#define bucket_entries_unready NO_MORE_unready
+#define bucket_entries_free NO_MORE_free
+
+TYPE_LIFECYCLE(bucket, BucketObject, BUCKET_FIELDS, NO_FIELDS, NO_WEAKREFS, bucket_entries)
 
 static PyMemberDef bucket_members[] = {
     {"expiration", Py_T_LONGLONG, offsetof(BucketObject, expiration), 0, NULL},
@@ -554,17 +543,13 @@ static PyMethodDef bucket_methods[] = {
 
 /* -- the wheel's fields ------------------------------------------------------------------------ */
 
+/* The wheel's lifecycle: its fields' table is WHEEL_FIELDS (native.h); the hand-written part is
+ * its queue of buckets (a C array of references) and its tick arrays (C memory, freed by the
+ * dealloc only: a cleared wheel still reads them). */
 static int
-wheel_traverse(PyObject *self, visitproc visit, void *arg)
+wheel_queue_visit(PyObject *self, visitproc visit, void *arg)
 {
-    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     WheelObject *w = (WheelObject *)self;
-    Py_VISIT(w->active);
-    Py_VISIT(w->levels);
-    Py_VISIT(w->overdue);
-    Py_VISIT(w->slots1);
-    Py_VISIT(w->todo);
-    Py_VISIT(w->memo_bucket);
     for (Py_ssize_t i = 0; i < w->heap_len; i++) {
         Py_VISIT(w->heap[i].bucket);
     }
@@ -586,35 +571,31 @@ wheel_clear_heap(WheelObject *w)
     PyMem_Free(heap);
 }
 
-static int
-wheel_clear(PyObject *self)
+/* Before tp_clear releases anything (a release may run code that reaches the wheel). */
+static void
+wheel_queue_unready(PyObject *self)
 {
-    WheelObject *w = (WheelObject *)self;
-    w->ready = 0;
-    Py_CLEAR(w->active);
-    Py_CLEAR(w->levels);
-    Py_CLEAR(w->overdue);
-    Py_CLEAR(w->slots1);
-    Py_CLEAR(w->todo);
-    Py_CLEAR(w->memo_bucket);
-    w->heap_set = 0;
-    wheel_clear_heap(w);
-    return 0;
+    ((WheelObject *)self)->ready = 0;
 }
 
 static void
-wheel_dealloc(PyObject *self)
+wheel_queue_forget(PyObject *self)
 {
-    PyTypeObject *type = Py_TYPE(self);
     WheelObject *w = (WheelObject *)self;
-    PyObject_GC_UnTrack(self);
-    wheel_clear(self);
+    w->heap_set = 0;
+    wheel_clear_heap(w); /* (ready reset again: a release above may have checked it) */
+}
+
+static void
+wheel_queue_free(PyObject *self)
+{
+    WheelObject *w = (WheelObject *)self;
     PyMem_Free(w->current.v);
     PyMem_Free(w->spans.v);
     PyMem_Free(w->leads.v);
-    type->tp_free(self);
-    Py_DECREF(type); /* (a heap type: its instances hold it) */
 }
+
+TYPE_LIFECYCLE(wheel, WheelObject, WHEEL_FIELDS, NO_FIELDS, NO_WEAKREFS, wheel_queue)
 
 /* -- ticks per level (`_current`, `_spans`, `_leads`) as C integers ------------------------------ */
 
