@@ -103,6 +103,11 @@ typedef struct {
     PyObject *others; /* {id(entry): its link's address} for entries that are not operations */
 } BucketObject;
 
+/* The bucket's owned object fields (wheel.c: TYPE_LIFECYCLE; its entries are the hand-written
+ * part, bucket_entries: a walk of its list). `others` holds ints only: cleared first, it runs
+ * nothing. */
+#define BUCKET_FIELDS(X) X(older) X(wheel) X(others)
+
 /* The head of the types whose object fields Python code may replace: `ready` says every field
  * was checked to have what the C bodies expect; assigning a field from Python (its setter,
  * `field_set`) clears it, and the next C call checks again. */
@@ -147,6 +152,10 @@ typedef struct {
     Py_ssize_t todo_done, wheel_size;
 } WheelObject;
 
+/* The wheel's owned object fields (wheel.c: TYPE_LIFECYCLE; its queue of buckets and its tick
+ * arrays are the hand-written part, wheel_queue). */
+#define WHEEL_FIELDS(X) X(active) X(levels) X(overdue) X(slots1) X(todo) X(memo_bucket)
+
 typedef struct {
     CORE_HEAD
     PyObject *weakreflist;
@@ -162,6 +171,10 @@ typedef struct {
     Py_ssize_t delayed, expired, drained, passes;
     char closed, due_now;
 } TimerObject;
+
+/* The timer's owned object fields (timer.c: TYPE_LIFECYCLE). */
+#define TIMER_FIELDS(X)                                                                         \
+    X(now) X(expire) X(housekeeping) X(alarm) X(in_flight) X(wheel) X(due_at) X(outcome)
 
 typedef struct {
     CORE_HEAD
@@ -249,11 +262,14 @@ field_set(PyObject *self, PyObject *value, void *closure)
  * - WEAK: HAS_WEAKREFS for a type with a `weakreflist` member (cleared first in the dealloc),
  *   else NO_WEAKREFS;
  * - MORE: the hand-written part, for what is not a plain owned field (a C array of objects: the
- *   threshold queue's ring and heap): `MORE##_visit(self, visit, arg)` (int) and
- *   `MORE##_forget(self)` (void, run last by tp_clear), or NO_MORE.
+ *   threshold queue's ring and heap, the wheel's queue of buckets; a bucket's list of entries):
+ *   `MORE##_visit(self, visit, arg)` (int), `MORE##_unready(self)` (void, run first by
+ *   tp_clear, before any release can run code: a core's `ready` reset), `MORE##_forget(self)`
+ *   (void, run last by tp_clear) and `MORE##_free(self)` (void, run by the dealloc after
+ *   tp_clear's work: C memory a cleared object still uses, the wheel's tick arrays), or NO_MORE.
  *
- * The dealloc: untrack, weak references, tp_clear's work, the kept fields, tp_free, the type
- * (a heap type: its instances hold it). */
+ * The dealloc: untrack, weak references, tp_clear's work, the kept fields, MORE's free, tp_free,
+ * the type (a heap type: its instances hold it). */
 #define NO_FIELDS(X)
 #define LIFE_VISIT_(member) Py_VISIT(o_->member);
 #define LIFE_CLEAR_(member) Py_CLEAR(o_->member);
@@ -270,7 +286,17 @@ NO_MORE_visit(PyObject *self, visitproc visit, void *arg)
 }
 
 static inline void
+NO_MORE_unready(PyObject *self)
+{
+}
+
+static inline void
 NO_MORE_forget(PyObject *self)
+{
+}
+
+static inline void
+NO_MORE_free(PyObject *self)
 {
 }
 
@@ -287,6 +313,7 @@ NO_MORE_forget(PyObject *self)
     {                                                                                           \
         Type *o_ = (Type *)self;                                                                \
         (void)o_;                                                                               \
+        MORE##_unready(self);                                                                   \
         FIELDS(LIFE_CLEAR_)                                                                     \
         MORE##_forget(self);                                                                    \
         return 0;                                                                               \
@@ -300,6 +327,7 @@ NO_MORE_forget(PyObject *self)
         WEAK(o_)                                                                                \
         prefix##_clear(self);                                                                   \
         KEPT(LIFE_CLEAR_)                                                                       \
+        MORE##_free(self);                                                                      \
         type->tp_free(self);                                                                    \
         Py_DECREF(type);                                                                        \
     }

@@ -735,6 +735,9 @@ threshold_queue_forget(PyObject *self)
     queue_forget((ThresholdObject *)self);
 }
 
+#define threshold_queue_unready NO_MORE_unready
+#define threshold_queue_free NO_MORE_free
+
 TYPE_LIFECYCLE(threshold, ThresholdObject, THRESHOLD_FIELDS, NO_FIELDS, NO_WEAKREFS,
                threshold_queue)
 

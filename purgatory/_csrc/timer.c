@@ -7,49 +7,8 @@
 /* Times whose ticks a double holds exactly enough to take the C path (2**62 ticks). */
 #define TICK_LIMIT 4611686018427387904.0
 
-static int
-timer_traverse(PyObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
-    TimerObject *t = (TimerObject *)self;
-    Py_VISIT(t->now);
-    Py_VISIT(t->expire);
-    Py_VISIT(t->housekeeping);
-    Py_VISIT(t->alarm);
-    Py_VISIT(t->in_flight);
-    Py_VISIT(t->wheel);
-    Py_VISIT(t->due_at);
-    Py_VISIT(t->outcome);
-    return 0;
-}
-
-static int
-timer_clear(PyObject *self)
-{
-    TimerObject *t = (TimerObject *)self;
-    Py_CLEAR(t->now);
-    Py_CLEAR(t->expire);
-    Py_CLEAR(t->housekeeping);
-    Py_CLEAR(t->alarm);
-    Py_CLEAR(t->in_flight);
-    Py_CLEAR(t->wheel);
-    Py_CLEAR(t->due_at);
-    Py_CLEAR(t->outcome);
-    return 0;
-}
-
-static void
-timer_dealloc(PyObject *self)
-{
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    if (((TimerObject *)self)->weakreflist != NULL) {
-        PyObject_ClearWeakRefs(self);
-    }
-    timer_clear(self);
-    type->tp_free(self);
-    Py_DECREF(type); /* (a heap type: its instances hold it) */
-}
+/* Its fields' table is TIMER_FIELDS (native.h), beside the struct. */
+TYPE_LIFECYCLE(timer, TimerObject, TIMER_FIELDS, NO_FIELDS, HAS_WEAKREFS, NO_MORE)
 
 static PyObject *
 timer_get_weakref(PyObject *self, void *closure)
@@ -305,15 +264,61 @@ timer_add_due(NativeState *st, TimerObject *t, PyObject *op)
     return timer_wake_alarm(st, t, due);
 }
 
+/* The expiry callback failed (`exc`, taken): how many of `due` it expired, the others (not
+ * finished) back into the wheel, due at the next pass; a failure there replaces `*exc`. */
 static Py_ssize_t
-timer_in_flight(TimerObject *t)
+timer_expire_interrupted(NativeState *st, TimerObject *t, PyObject *due, PyObject **exc)
 {
-    Py_ssize_t n = 0;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(t->in_flight); i++) {
-        PyObject *due = PyList_GET_ITEM(t->in_flight, i);
-        n += PyList_Check(due) ? PyList_GET_SIZE(due) : 0;
+    Py_ssize_t expired = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(due); i++) {
+        PyObject *op = PyList_GET_ITEM(due, i);
+        if (Op_Check(op) && ((OpObject *)op)->state & ST_EXPIRED) {
+            expired++;
+        }
     }
-    return n;
+    if (t->closed) {
+        return expired;
+    }
+    WheelObject *w = (WheelObject *)t->wheel;
+    Py_INCREF(w);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(due); i++) {
+        PyObject *op = PyList_GET_ITEM(due, i);
+        if (Op_Check(op) && !(((OpObject *)op)->state & ST_FINISHED)) {
+            if (wheel_add(st, w, op, ((OpObject *)op)->deadline) == LLONG_MIN) {
+                Py_SETREF(*exc, fetch_exception());
+                break;
+            }
+            t->delayed++;
+        }
+    }
+    Py_DECREF(w);
+    return expired;
+}
+
+/* After the callback: `in_flight.pop()` (the reference's finally), the count added to the
+ * outcome's total; `exc` (taken) restored, or `expired` returned. */
+static Py_ssize_t
+timer_expire_done(NativeState *st, TimerObject *t, PyObject *in_flight, PyObject *outcome,
+                  Py_ssize_t expired, PyObject *exc)
+{
+    Py_ssize_t n = PyList_GET_SIZE(in_flight);
+    if (n > 0 && PyList_SetSlice(in_flight, n - 1, n, NULL) < 0) {
+        Py_XSETREF(exc, fetch_exception());
+    }
+    Py_DECREF(in_flight);
+    int as_expired = PyUnicode_Compare(outcome, N.s_expired) == 0;
+    Py_DECREF(outcome);
+    if (as_expired) {
+        t->expired += expired;
+    }
+    else {
+        t->drained += expired;
+    }
+    if (exc != NULL) {
+        restore_exception(exc);
+        return -1;
+    }
+    return expired;
 }
 
 /* Expire the pending operations of `due`; if a callback interrupts the pass, what was not
@@ -343,47 +348,57 @@ timer_expire_taken(NativeState *st, TimerObject *t, PyObject *due, PyObject *now
     }
     else {
         exc = fetch_exception();
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(due); i++) {
-            PyObject *op = PyList_GET_ITEM(due, i);
-            if (Op_Check(op) && ((OpObject *)op)->state & ST_EXPIRED) {
-                expired++;
-            }
-        }
-        if (!t->closed) {
-            WheelObject *w = (WheelObject *)t->wheel;
-            Py_INCREF(w);
-            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(due); i++) {
-                PyObject *op = PyList_GET_ITEM(due, i);
-                if (Op_Check(op) && !(((OpObject *)op)->state & ST_FINISHED)) {
-                    if (wheel_add(st, w, op, ((OpObject *)op)->deadline) == LLONG_MIN) {
-                        Py_SETREF(exc, fetch_exception());
-                        break;
-                    }
-                    t->delayed++;
-                }
-            }
-            Py_DECREF(w);
-        }
+        expired = timer_expire_interrupted(st, t, due, &exc);
     }
-    /* finally: in_flight.pop() */
-    Py_ssize_t n = PyList_GET_SIZE(in_flight);
-    if (n > 0 && PyList_SetSlice(in_flight, n - 1, n, NULL) < 0) {
-        Py_XSETREF(exc, fetch_exception());
+    return timer_expire_done(st, t, in_flight, outcome, expired, exc);
+}
+
+/* The housekeeping asked for (`_due_at`, a tick) is this pass's if the wheel reached it: then
+ * none is owed (inf). 0, or -1 on error. */
+static int
+timer_settle_due_at(TimerObject *t, WheelObject *w)
+{
+    if (!PyLong_CheckExact(t->due_at)) {
+        return 0;
     }
-    Py_DECREF(in_flight);
-    int as_expired = PyUnicode_Compare(outcome, N.s_expired) == 0;
-    Py_DECREF(outcome);
-    if (as_expired) {
-        t->expired += expired;
-    }
-    else {
-        t->drained += expired;
-    }
-    if (exc != NULL) {
-        restore_exception(exc);
+    long long due_at = PyLong_AsLongLong(t->due_at);
+    long long current = wheel_current(w);
+    if ((due_at == -1 || current == LLONG_MIN) && PyErr_Occurred()) {
         return -1;
     }
-    return expired;
+    if (due_at <= current) {
+        PyObject *inf = PyFloat_FromDouble(INFINITY);
+        if (inf == NULL) {
+            return -1;
+        }
+        Py_SETREF(t->due_at, inf);
+    }
+    return 0;
+}
+
+/* The pass's housekeeping (`_housekeeping(taken, budget)`): whether another pass is owed now
+ * (`due_now`). 0, or -1 on error. */
+static int
+timer_housekeep(TimerObject *t, Py_ssize_t taken, PyObject *budget_obj)
+{
+    PyObject *taken_obj = PyLong_FromSsize_t(taken);
+    if (taken_obj == NULL) {
+        return -1;
+    }
+    PyObject *housekeeping = Py_NewRef(t->housekeeping);
+    PyObject *owed = call2(housekeeping, taken_obj, budget_obj);
+    Py_DECREF(housekeeping);
+    Py_DECREF(taken_obj);
+    if (owed == NULL) {
+        return -1;
+    }
+    int truth = PyObject_IsTrue(owed);
+    Py_DECREF(owed);
+    if (truth < 0) {
+        return -1;
+    }
+    t->due_now = (char)truth;
+    return 0;
 }
 
 /* run_pass(now, budget): the pass at `now` (its float value `seconds`); how many expired. */
@@ -403,25 +418,12 @@ timer_run_pass(NativeState *st, TimerObject *t, PyObject *now, double seconds, P
         return -1;
     }
     t->passes++;
-    if (PyLong_CheckExact(t->due_at)) { /* the housekeeping asked for is this pass's */
-        long long due_at = PyLong_AsLongLong(t->due_at);
-        long long current = wheel_current(w);
-        if ((due_at == -1 || current == LLONG_MIN) && PyErr_Occurred()) {
-            Py_DECREF(w);
-            Py_DECREF(due);
-            return -1;
-        }
-        if (due_at <= current) {
-            PyObject *inf = PyFloat_FromDouble(INFINITY);
-            if (inf == NULL) {
-                Py_DECREF(w);
-                Py_DECREF(due);
-                return -1;
-            }
-            Py_SETREF(t->due_at, inf);
-        }
-    }
+    int err = timer_settle_due_at(t, w);
     Py_DECREF(w);
+    if (err < 0) {
+        Py_DECREF(due);
+        return -1;
+    }
     Py_ssize_t expired = 0;
     Py_ssize_t taken = PyList_GET_SIZE(due);
     if (taken) {
@@ -429,26 +431,9 @@ timer_run_pass(NativeState *st, TimerObject *t, PyObject *now, double seconds, P
         expired = timer_expire_taken(st, t, due, now);
     }
     Py_DECREF(due);
-    if (expired < 0) {
+    if (expired < 0 || timer_housekeep(t, taken, budget_obj) < 0) {
         return -1;
     }
-    PyObject *taken_obj = PyLong_FromSsize_t(taken);
-    if (taken_obj == NULL) {
-        return -1;
-    }
-    PyObject *housekeeping = Py_NewRef(t->housekeeping);
-    PyObject *owed = call2(housekeeping, taken_obj, budget_obj);
-    Py_DECREF(housekeeping);
-    Py_DECREF(taken_obj);
-    if (owed == NULL) {
-        return -1;
-    }
-    int truth = PyObject_IsTrue(owed);
-    Py_DECREF(owed);
-    if (truth < 0) {
-        return -1;
-    }
-    t->due_now = (char)truth;
     return expired;
 }
 

@@ -147,39 +147,28 @@ bucket_drop_all(BucketObject *b)
     }
 }
 
+/* The bucket's lifecycle: its fields' table is BUCKET_FIELDS (native.h); the hand-written part
+ * is its entries, a walk of its list (visited; dropped last by tp_clear, bucket_drop_all). */
 static int
-bucket_traverse(PyObject *self, visitproc visit, void *arg)
+bucket_entries_visit(PyObject *self, visitproc visit, void *arg)
 {
-    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     BucketObject *b = (BucketObject *)self;
-    Py_VISIT(b->older);
-    Py_VISIT(b->wheel);
-    Py_VISIT(b->others);
     for (TimerLink *l = bucket_first(b); l != NULL && l != &b->head; l = l->next) {
         Py_VISIT(l->entry);
     }
     return 0;
 }
 
-static int
-bucket_clear(PyObject *self)
+static void
+bucket_entries_forget(PyObject *self)
 {
-    BucketObject *b = (BucketObject *)self;
-    Py_CLEAR(b->older);
-    Py_CLEAR(b->wheel);
-    bucket_drop_all(b);
-    return 0;
+    bucket_drop_all((BucketObject *)self);
 }
 
-static void
-bucket_dealloc(PyObject *self)
-{
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    bucket_clear(self);
-    type->tp_free(self);
-    Py_DECREF(type); /* (a heap type: its instances hold it) */
-}
+#define bucket_entries_unready NO_MORE_unready
+#define bucket_entries_free NO_MORE_free
+
+TYPE_LIFECYCLE(bucket, BucketObject, BUCKET_FIELDS, NO_FIELDS, NO_WEAKREFS, bucket_entries)
 
 static PyMemberDef bucket_members[] = {
     {"expiration", Py_T_LONGLONG, offsetof(BucketObject, expiration), 0, NULL},
@@ -554,17 +543,13 @@ static PyMethodDef bucket_methods[] = {
 
 /* -- the wheel's fields ------------------------------------------------------------------------ */
 
+/* The wheel's lifecycle: its fields' table is WHEEL_FIELDS (native.h); the hand-written part is
+ * its queue of buckets (a C array of references) and its tick arrays (C memory, freed by the
+ * dealloc only: a cleared wheel still reads them). */
 static int
-wheel_traverse(PyObject *self, visitproc visit, void *arg)
+wheel_queue_visit(PyObject *self, visitproc visit, void *arg)
 {
-    Py_VISIT(Py_TYPE(self)); /* (a heap type: its instances hold it) */
     WheelObject *w = (WheelObject *)self;
-    Py_VISIT(w->active);
-    Py_VISIT(w->levels);
-    Py_VISIT(w->overdue);
-    Py_VISIT(w->slots1);
-    Py_VISIT(w->todo);
-    Py_VISIT(w->memo_bucket);
     for (Py_ssize_t i = 0; i < w->heap_len; i++) {
         Py_VISIT(w->heap[i].bucket);
     }
@@ -586,35 +571,31 @@ wheel_clear_heap(WheelObject *w)
     PyMem_Free(heap);
 }
 
-static int
-wheel_clear(PyObject *self)
+/* Before tp_clear releases anything (a release may run code that reaches the wheel). */
+static void
+wheel_queue_unready(PyObject *self)
 {
-    WheelObject *w = (WheelObject *)self;
-    w->ready = 0;
-    Py_CLEAR(w->active);
-    Py_CLEAR(w->levels);
-    Py_CLEAR(w->overdue);
-    Py_CLEAR(w->slots1);
-    Py_CLEAR(w->todo);
-    Py_CLEAR(w->memo_bucket);
-    w->heap_set = 0;
-    wheel_clear_heap(w);
-    return 0;
+    ((WheelObject *)self)->ready = 0;
 }
 
 static void
-wheel_dealloc(PyObject *self)
+wheel_queue_forget(PyObject *self)
 {
-    PyTypeObject *type = Py_TYPE(self);
     WheelObject *w = (WheelObject *)self;
-    PyObject_GC_UnTrack(self);
-    wheel_clear(self);
+    w->heap_set = 0;
+    wheel_clear_heap(w); /* (ready reset again: a release above may have checked it) */
+}
+
+static void
+wheel_queue_free(PyObject *self)
+{
+    WheelObject *w = (WheelObject *)self;
     PyMem_Free(w->current.v);
     PyMem_Free(w->spans.v);
     PyMem_Free(w->leads.v);
-    type->tp_free(self);
-    Py_DECREF(type); /* (a heap type: its instances hold it) */
 }
+
+TYPE_LIFECYCLE(wheel, WheelObject, WHEEL_FIELDS, NO_FIELDS, NO_WEAKREFS, wheel_queue)
 
 /* -- ticks per level (`_current`, `_spans`, `_leads`) as C integers ------------------------------ */
 
@@ -831,6 +812,29 @@ heap_get(PyObject *self, void *closure)
     return list;
 }
 
+/* One of `_heap`'s tuples (tick, -level, count, bucket) into `item` (its bucket borrowed);
+ * nothing here runs code. 0, or -1 with a TypeError (or an overflow's error). */
+static int
+heap_item_parse(NativeState *st, PyObject *t, WheelItem *item)
+{
+    long long level = 0;
+    if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 4 ||
+        !PyLong_Check(PyTuple_GET_ITEM(t, 0)) || !PyLong_Check(PyTuple_GET_ITEM(t, 1)) ||
+        !PyLong_Check(PyTuple_GET_ITEM(t, 2)) || !Bucket_Check(PyTuple_GET_ITEM(t, 3)) ||
+        as_tick(PyTuple_GET_ITEM(t, 0), &item->tick) < 0 ||
+        as_tick(PyTuple_GET_ITEM(t, 1), &level) < 0 ||
+        as_tick(PyTuple_GET_ITEM(t, 2), &item->count) < 0 || level < INT_MIN || level > 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_TypeError,
+                         "_heap must hold (tick, -level, count, bucket) tuples, got %R", t);
+        }
+        return -1;
+    }
+    item->neg_level = (int)level;
+    item->bucket = PyTuple_GET_ITEM(t, 3);
+    return 0;
+}
+
 /* A list of such tuples (the reference's __init__ assigns an empty one), taken as a heap. */
 static int
 heap_set(PyObject *self, PyObject *value, void *closure)
@@ -851,24 +855,10 @@ heap_set(PyObject *self, PyObject *value, void *closure)
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) { /* (nothing here runs code: the list stays as it is) */
-        PyObject *t = PyList_GET_ITEM(value, i);
-        long long level = 0;
-        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 4 ||
-            !PyLong_Check(PyTuple_GET_ITEM(t, 0)) || !PyLong_Check(PyTuple_GET_ITEM(t, 1)) ||
-            !PyLong_Check(PyTuple_GET_ITEM(t, 2)) || !Bucket_Check(PyTuple_GET_ITEM(t, 3)) ||
-            as_tick(PyTuple_GET_ITEM(t, 0), &heap[i].tick) < 0 ||
-            as_tick(PyTuple_GET_ITEM(t, 1), &level) < 0 ||
-            as_tick(PyTuple_GET_ITEM(t, 2), &heap[i].count) < 0 || level < INT_MIN ||
-            level > 0) {
+        if (heap_item_parse(st, PyList_GET_ITEM(value, i), &heap[i]) < 0) {
             PyMem_Free(heap);
-            if (!PyErr_Occurred()) {
-                PyErr_Format(PyExc_TypeError,
-                             "_heap must hold (tick, -level, count, bucket) tuples, got %R", t);
-            }
             return -1;
         }
-        heap[i].neg_level = (int)level;
-        heap[i].bucket = PyTuple_GET_ITEM(t, 3);
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_INCREF(heap[i].bucket);
@@ -1099,6 +1089,88 @@ wheel_overflow_bucket(NativeState *st, WheelObject *w, long long deadline, long 
     }
 }
 
+/* The first level's bucket for `deadline` (its own tick), queued if its tick starts anew, and
+ * remembered (the memo); a new reference, or NULL. */
+static inline PyObject *
+wheel_level0_bucket(NativeState *st, WheelObject *w, long long deadline, long long size)
+{
+    PyObject *bucket = slot_bucket(st, PyList_GET_ITEM(w->levels, 0), deadline, size);
+    if (bucket == NULL) {
+        return NULL;
+    }
+    BucketObject *b = (BucketObject *)bucket;
+    if (b->expiration != deadline) {
+        b->expiration = deadline;
+        if (wheel_push(w, bucket, deadline) < 0) {
+            Py_DECREF(bucket);
+            return NULL;
+        }
+    }
+    w->memo_low = deadline;
+    w->memo_high = deadline + 1;
+    w->memo_until = deadline;
+    set_field(&w->memo_bucket, bucket);
+    w->memo_due = deadline;
+    return bucket;
+}
+
+/* The second level's bucket for `deadline`, due `lead1` before its span (`*due`), queued if its
+ * span starts anew, and remembered for the deadlines it takes; a new reference, or NULL. */
+static inline PyObject *
+wheel_level1_bucket(NativeState *st, WheelObject *w, long long deadline, long long current,
+                    long long size, long long *due)
+{
+    long long span = w->span1;
+    long long slot = floordiv(deadline, span);
+    PyObject *bucket = slot_bucket(st, w->slots1, slot, size);
+    if (bucket == NULL) {
+        return NULL;
+    }
+    long long start = slot * span;
+    *due = start - w->lead1;
+    BucketObject *b = (BucketObject *)bucket;
+    if (b->expiration != start) {
+        b->expiration = start;
+        if (wheel_push(w, bucket, *due) < 0) {
+            Py_DECREF(bucket);
+            return NULL;
+        }
+    }
+    long long low = current + size > start ? current + size : start;
+    w->memo_low = low;
+    long long high = start + span;
+    w->memo_high = high < w->limit1 ? high : w->limit1;
+    long long until = low - size + 1;
+    w->memo_until = *due < until ? *due : until;
+    set_field(&w->memo_bucket, bucket);
+    w->memo_due = *due;
+    return bucket;
+}
+
+/* The bucket for `deadline` when the memo does not hold it (overdue, the first or second
+ * level, or a higher one), its due tick in `*due`; a new reference, or NULL. */
+static inline PyObject *
+wheel_choose_bucket(NativeState *st, WheelObject *w, long long deadline, long long *due)
+{
+    long long current = wheel_current(w);
+    if (current == LLONG_MIN && PyErr_Occurred()) {
+        return NULL;
+    }
+    long long size = (long long)w->wheel_size;
+    if (deadline <= current) {
+        *due = current;
+        return Py_NewRef(w->overdue);
+    }
+    if (deadline < current + size) {
+        *due = deadline;
+        return wheel_level0_bucket(st, w, deadline, size);
+    }
+    if (deadline < w->limit1) {
+        return wheel_level1_bucket(st, w, deadline, current, size, due);
+    }
+    return wheel_overflow_bucket(st, w, deadline, due);
+}
+
 /* add(entry, deadline): the due tick, or LLONG_MIN with an exception set. The bucket is held
  * from the moment it is chosen: a new level's buckets run Python code, and an entry that is not
  * an operation sets its fields through its own code. The insertion itself runs none. */
@@ -1120,69 +1192,9 @@ wheel_add(NativeState *st, WheelObject *w, PyObject *entry, long long deadline)
         due = w->memo_due;
     }
     else {
-        long long current = wheel_current(w);
-        if (current == LLONG_MIN && PyErr_Occurred()) {
+        bucket = wheel_choose_bucket(st, w, deadline, &due);
+        if (bucket == NULL) {
             return LLONG_MIN;
-        }
-        long long size = (long long)w->wheel_size;
-        if (deadline <= current) {
-            bucket = Py_NewRef(w->overdue);
-            due = current;
-        }
-        else if (deadline < current + size) {
-            bucket = slot_bucket(st, PyList_GET_ITEM(w->levels, 0), deadline, size);
-            if (bucket == NULL) {
-                return LLONG_MIN;
-            }
-            BucketObject *b = (BucketObject *)bucket;
-            if (b->expiration != deadline) {
-                b->expiration = deadline;
-                if (wheel_push(w, bucket, deadline) < 0) {
-                    Py_DECREF(bucket);
-                    return LLONG_MIN;
-                }
-            }
-            due = deadline;
-            w->memo_low = deadline;
-            w->memo_high = deadline + 1;
-            w->memo_until = deadline;
-            set_field(&w->memo_bucket, bucket);
-            w->memo_due = due;
-        }
-        else if (deadline < w->limit1) {
-            long long span = w->span1;
-            long long slot = floordiv(deadline, span);
-            bucket = slot_bucket(st, w->slots1, slot, size);
-            if (bucket == NULL) {
-                return LLONG_MIN;
-            }
-            long long start = slot * span;
-            due = start - w->lead1;
-            BucketObject *b = (BucketObject *)bucket;
-            if (b->expiration != start) {
-                b->expiration = start;
-                if (wheel_push(w, bucket, due) < 0) {
-                    Py_DECREF(bucket);
-                    return LLONG_MIN;
-                }
-            }
-            long long low = current + size;
-            if (start > low) {
-                low = start;
-            }
-            w->memo_low = low;
-            long long high = start + span;
-            w->memo_high = high < w->limit1 ? high : w->limit1;
-            long long until = low - size + 1;
-            w->memo_until = due < until ? due : until;
-            set_field(&w->memo_bucket, bucket);
-            w->memo_due = due;
-        }
-        else {
-            bucket = wheel_overflow_bucket(st, w, deadline, &due);
-            if (bucket == NULL) {
-                return LLONG_MIN;
-            }
         }
     }
     if (bucket_take(st, (BucketObject *)bucket, entry) < 0 ||
@@ -1229,6 +1241,95 @@ wheel_start_cascade(NativeState *st, WheelObject *w, PyObject *bucket)
     return 0;
 }
 
+/* A cascade's step, as its entries read it: the bucket cascading and its older part, the level
+ * below (its slots, span and lead), the wheel's current tick and size, and the due list. */
+typedef struct {
+    PyObject *bucket, *older, *slots, *due;
+    int level;
+    long long span, lead, current, size;
+} Cascade;
+
+/* `entry` cut out of the cascading bucket or its older part: 1, or 0 if it is in neither any
+ * longer (code moved it: skipped), -1 on error. */
+static inline int
+cascade_unlink(NativeState *st, Cascade *c, PyObject *entry)
+{
+    PyObject *source = entry_bucket(st, entry);
+    if (source == NULL) {
+        return -1;
+    }
+    if (source == Py_None || (source != c->bucket && source != c->older)) {
+        Py_DECREF(source);
+        return 0;
+    }
+    PyObject *held = NULL;
+    int err = bucket_cut(st, (BucketObject *)source, entry, &held);
+    if (err == 0) {
+        err = not_in_bucket(entry);
+    }
+    Py_DECREF(source);
+    Py_XDECREF(held); /* (the entry is held by the caller: nothing is released) */
+    return err < 0 ? -1 : 1;
+}
+
+/* The older part of the lower level's bucket for `deadline` (the bucket queued if its span
+ * starts anew, the part made if it has none); a new reference, or NULL. */
+static inline PyObject *
+cascade_target(NativeState *st, WheelObject *w, Cascade *c, long long deadline)
+{
+    long long slot = floordiv(deadline, c->span);
+    PyObject *target = slot_bucket(st, c->slots, slot, c->size);
+    if (target == NULL) {
+        return NULL;
+    }
+    Py_DECREF(target); /* (the level's list holds it, and the list is held by the cascade) */
+    BucketObject *t = (BucketObject *)target;
+    long long start = slot * c->span;
+    if (t->expiration != start) {
+        t->expiration = start;
+        if (wheel_push(w, target, start - c->lead) < 0) {
+            return NULL;
+        }
+    }
+    PyObject *part = t->older;
+    if (part == NULL || part == Py_None || !Bucket_Check(part)) {
+        part = PyObject_CallFunction((PyObject *)Py_TYPE(target), "Oi", (PyObject *)w, c->level);
+        if (part == NULL) {
+            return NULL;
+        }
+        Py_XSETREF(t->older, part);
+    }
+    return Py_NewRef(part);
+}
+
+/* One entry of the cascade (held by the caller): due (appended to `due`) or moved one level
+ * down. 0, or -1 on error. */
+static inline int
+cascade_entry(NativeState *st, WheelObject *w, Cascade *c, PyObject *entry)
+{
+    int cut = cascade_unlink(st, c, entry);
+    if (cut <= 0) {
+        return cut;
+    }
+    long long deadline;
+    if (entry_deadline(st, entry, &deadline) < 0) {
+        return -1;
+    }
+    if (deadline <= c->current) {
+        return PyList_Append(c->due, entry);
+    }
+    PyObject *part = cascade_target(st, w, c, deadline);
+    if (part == NULL) {
+        return -1;
+    }
+    int err = bucket_take(st, (BucketObject *)part, entry);
+    if (err == 0) {
+        err = entry_set_bucket(st, entry, part);
+    }
+    Py_DECREF(part);
+    return err;
+}
+
 /* Move up to `limit` (< 0: all) entries of the cascade under way one level down. */
 static int
 wheel_cascade(NativeState *st, WheelObject *w, Py_ssize_t limit, PyObject *due)
@@ -1242,97 +1343,31 @@ wheel_cascade(NativeState *st, WheelObject *w, Py_ssize_t limit, PyObject *due)
     Py_INCREF(older);
     Py_INCREF(todo);
     int result = -1;
-    Py_ssize_t begin = w->todo_done;
+    Py_ssize_t index = w->todo_done;
     Py_ssize_t end = PyList_GET_SIZE(todo);
-    if (limit >= 0 && begin + limit < end) {
-        end = begin + limit;
+    if (limit >= 0 && index + limit < end) {
+        end = index + limit;
     }
     int level = b->level - 1;
     if (!wheel_ready(st, w) || level < 0 || level >= w->current.n) {
         wheel_changed();
         goto done;
     }
-    PyObject *slots = PyList_GET_ITEM(w->levels, level);
-    long long span = w->spans.v[level], lead = w->leads.v[level], current = w->current.v[0];
-    long long size = (long long)w->wheel_size;
-    Py_INCREF(slots);
-    for (Py_ssize_t index = begin; index < end; index++) {
-        PyObject *entry = PyList_GET_ITEM(todo, index);
-        Py_INCREF(entry);
-        PyObject *source = entry_bucket(st, entry);
-        if (source == NULL) {
-            Py_DECREF(entry);
-            Py_DECREF(slots);
-            goto done;
-        }
-        if (source == Py_None || (source != bucket && source != older)) {
-            Py_DECREF(source);
-            Py_DECREF(entry);
-            continue;
-        }
-        PyObject *held = NULL;
-        int err = bucket_cut(st, (BucketObject *)source, entry, &held);
-        if (err == 0) {
-            err = not_in_bucket(entry);
-        }
-        Py_DECREF(source);
-        Py_XDECREF(held); /* (the entry is held here: nothing is released) */
-        long long deadline;
-        if (err < 0 || entry_deadline(st, entry, &deadline) < 0) {
-            Py_DECREF(entry);
-            Py_DECREF(slots);
-            goto done;
-        }
-        if (deadline <= current) {
-            err = PyList_Append(due, entry);
-            Py_DECREF(entry);
-            if (err < 0) {
-                Py_DECREF(slots);
-                goto done;
-            }
-            continue;
-        }
-        long long slot = floordiv(deadline, span);
-        PyObject *target = slot_bucket(st, slots, slot, size);
-        if (target == NULL) {
-            Py_DECREF(entry);
-            Py_DECREF(slots);
-            goto done;
-        }
-        Py_DECREF(target); /* (the level's list holds it, and the list is held here) */
-        BucketObject *t = (BucketObject *)target;
-        long long start = slot * span;
-        if (t->expiration != start) {
-            t->expiration = start;
-            if (wheel_push(w, target, start - lead) < 0) {
-                Py_DECREF(entry);
-                Py_DECREF(slots);
-                goto done;
-            }
-        }
-        PyObject *part = t->older;
-        if (part == NULL || part == Py_None || !Bucket_Check(part)) {
-            part = PyObject_CallFunction((PyObject *)Py_TYPE(target), "Oi", (PyObject *)w, level);
-            if (part == NULL) {
-                Py_DECREF(entry);
-                Py_DECREF(slots);
-                goto done;
-            }
-            Py_XSETREF(t->older, part);
-        }
-        Py_INCREF(part);
-        err = bucket_take(st, (BucketObject *)part, entry);
-        if (err == 0) {
-            err = entry_set_bucket(st, entry, part);
-        }
-        Py_DECREF(part);
+    Cascade c = {bucket, older, PyList_GET_ITEM(w->levels, level), due, level,
+                 w->spans.v[level], w->leads.v[level], w->current.v[0], (long long)w->wheel_size};
+    Py_INCREF(c.slots);
+    for (; index < end; index++) {
+        PyObject *entry = Py_NewRef(PyList_GET_ITEM(todo, index));
+        int err = cascade_entry(st, w, &c, entry);
         Py_DECREF(entry);
         if (err < 0) {
-            Py_DECREF(slots);
-            goto done;
+            break;
         }
     }
-    Py_DECREF(slots);
+    Py_DECREF(c.slots);
+    if (index < end) {
+        goto done;
+    }
     w->todo_done = end;
     if (end == PyList_GET_SIZE(w->todo) && w->active == bucket) {
         wheel_end_cascade(w);
@@ -1356,6 +1391,86 @@ take_bucket(NativeState *st, PyObject *bucket, PyObject *due)
     return bucket_take_all((BucketObject *)bucket, due);
 }
 
+/* The overdue bucket's entries appended to `due`, then due.sort(key=_deadline_of): stable, so
+ * insertion order within a tick (the sort reads each entry's deadline: code of an entry's own
+ * may run). 0, or -1 on error. */
+static inline int
+wheel_take_overdue(NativeState *st, WheelObject *w, PyObject *due)
+{
+    PyObject *overdue = w->overdue;
+    if (!bucket_size(overdue)) {
+        return 0;
+    }
+    Py_INCREF(overdue);
+    int err = bucket_take_all((BucketObject *)overdue, due);
+    Py_DECREF(overdue);
+    if (err < 0) {
+        return -1;
+    }
+    PyObject *sort_args[2] = {due, N.deadline_of};
+    PyObject *sorted = PyObject_VectorcallMethod(N.s_sort, sort_args, 1, N.kw_key);
+    if (sorted == NULL) {
+        return -1;
+    }
+    Py_DECREF(sorted);
+    return 0;
+}
+
+/* The queue's first bucket, due at `tick` (<= now), popped: its entries due (the first level),
+ * or its cascade started (and run whole if its span began by `now` or there is no budget). */
+static inline int
+wheel_pop_due(NativeState *st, WheelObject *w, long long now, long long tick, Py_ssize_t budget,
+              PyObject *due)
+{
+    PyObject *bucket = heap_pop(w); /* (held from here) */
+    BucketObject *b = (BucketObject *)bucket;
+    if (!bucket_in_use(st, bucket)) {
+        b->expiration = -1;
+        Py_DECREF(bucket);
+        return 0;
+    }
+    wheel_advance_clock(w, tick);
+    int err;
+    if (b->level) {
+        err = wheel_start_cascade(st, w, bucket) < 0 ||
+                      ((budget < 0 || now >= b->expiration) && wheel_cascade(st, w, -1, due) < 0)
+                  ? -1
+                  : 0;
+    }
+    else {
+        b->expiration = -1;
+        err = take_bucket(st, bucket, due);
+    }
+    Py_DECREF(bucket);
+    return err;
+}
+
+/* Every queued bucket due by `now`, in the queue's order; the cascade under way is finished
+ * first when the next bucket is a higher level's or due at or after its span. 0, or -1. */
+static inline int
+wheel_take_queue(NativeState *st, WheelObject *w, long long now, Py_ssize_t budget, PyObject *due)
+{
+    while (w->heap_len) {
+        long long tick = w->heap[0].tick;
+        if (tick > now) {
+            return 0;
+        }
+        PyObject *active = w->active;
+        int err;
+        if (active != NULL && active != Py_None &&
+            (w->heap[0].neg_level || tick >= ((BucketObject *)active)->expiration)) {
+            err = wheel_cascade(st, w, -1, due);
+        }
+        else {
+            err = wheel_pop_due(st, w, now, tick, budget, due);
+        }
+        if (err < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* advance(now, budget): a new list of the due entries, no longer held. `budget` < 0: none. */
 static PyObject *
 wheel_advance(NativeState *st, WheelObject *w, long long now, Py_ssize_t budget)
@@ -1371,20 +1486,8 @@ wheel_advance(NativeState *st, WheelObject *w, long long now, Py_ssize_t budget)
     if (due == NULL) {
         return NULL;
     }
-    PyObject *overdue = w->overdue;
-    if (bucket_size(overdue)) {
-        /* taken out, then due.sort(key=_deadline_of): stable, so insertion order within a tick
-         * (the sort reads each entry's deadline: code of an entry's own may run) */
-        Py_INCREF(overdue);
-        int err = bucket_take_all((BucketObject *)overdue, due);
-        Py_DECREF(overdue);
-        PyObject *sort_args[2] = {due, N.deadline_of};
-        PyObject *sorted =
-            err < 0 ? NULL : PyObject_VectorcallMethod(N.s_sort, sort_args, 1, N.kw_key);
-        if (sorted == NULL) {
-            goto error;
-        }
-        Py_DECREF(sorted);
+    if (wheel_take_overdue(st, w, due) < 0) {
+        goto error;
     }
     if (w->active != NULL && w->active != Py_None &&
         (budget < 0 || now >= ((BucketObject *)w->active)->expiration)) {
@@ -1392,42 +1495,8 @@ wheel_advance(NativeState *st, WheelObject *w, long long now, Py_ssize_t budget)
             goto error;
         }
     }
-    while (w->heap_len) {
-        long long tick = w->heap[0].tick;
-        if (tick > now) {
-            break;
-        }
-        PyObject *active = w->active;
-        if (active != NULL && active != Py_None &&
-            (w->heap[0].neg_level || tick >= ((BucketObject *)active)->expiration)) {
-            if (wheel_cascade(st, w, -1, due) < 0) {
-                goto error;
-            }
-            continue;
-        }
-        PyObject *bucket = heap_pop(w); /* (held from here) */
-        BucketObject *b = (BucketObject *)bucket;
-        if (!bucket_in_use(st, bucket)) {
-            b->expiration = -1;
-            Py_DECREF(bucket);
-            continue;
-        }
-        wheel_advance_clock(w, tick);
-        if (b->level) {
-            if (wheel_start_cascade(st, w, bucket) < 0 ||
-                ((budget < 0 || now >= b->expiration) && wheel_cascade(st, w, -1, due) < 0)) {
-                Py_DECREF(bucket);
-                goto error;
-            }
-            Py_DECREF(bucket);
-            continue;
-        }
-        b->expiration = -1;
-        int err = take_bucket(st, bucket, due);
-        Py_DECREF(bucket);
-        if (err < 0) {
-            goto error;
-        }
+    if (wheel_take_queue(st, w, now, budget, due) < 0) {
+        goto error;
     }
     wheel_advance_clock(w, now);
     if (w->active != NULL && w->active != Py_None && budget >= 0) {
