@@ -23,6 +23,7 @@ import pytest
 import purgatory
 from purgatory import DelayedOperation
 from purgatory._impl import native
+from purgatory._wheel import Bucket, TimingWheel
 
 pytestmark = pytest.mark.skipif(
     purgatory.IMPLEMENTATION != "native", reason="the native core's module: not in the pure build"
@@ -365,3 +366,30 @@ def test_no_c_function_of_the_core_is_over_the_length_limit() -> None:
     long = {f.name for f in tool.too_long(sorted(CSRC.glob("*.[ch]")))}
     assert long - LONG_FOR_NOW == set()
     assert LONG_FOR_NOW - long == set(), "split: remove them from LONG_FOR_NOW"
+
+
+class _Entry:
+    """A timer entry that is not an operation: the two attributes the wheel owns."""
+
+    __slots__ = ("_bucket", "_deadline")
+
+    def __init__(self) -> None:
+        self._bucket: Bucket | None = None
+        self._deadline = 0
+
+
+def test_a_bucket_refuses_a_key_that_is_not_the_entrys_id() -> None:
+    """The native bucket is a list, not a dict: it takes an entry under its own id only, and
+    entries leave it by `remove` (the pure one is a dict keyed by ``id(entry)``, whose misuse
+    this build refuses instead of keeping)."""
+    wheel = TimingWheel(8, start_tick=0)
+    entry, other = _Entry(), _Entry()
+    wheel.add(entry, 3)
+    bucket: Any = entry._bucket
+    assert bucket is not None
+    assert not isinstance(bucket, dict)
+    with pytest.raises(ValueError, match="under its id"):
+        bucket[id(entry)] = other
+    with pytest.raises(TypeError, match="remove"):
+        del bucket[id(entry)]
+    assert list(bucket) == [entry]

@@ -633,23 +633,6 @@ def test_a_bucket_holds_entries_by_identity_in_insertion_order() -> None:
     assert not bucket
 
 
-def test_a_bucket_refuses_a_key_that_is_not_the_entrys_id_on_the_native_build() -> None:
-    """The native bucket is a list, not a dict: it takes an entry under its own id only, and
-    entries leave it by `remove` (the pure one is a dict and would take anything)."""
-    wheel = TimingWheel(8, start_tick=0)
-    entry, other = Entry("entry"), Entry("other")
-    wheel.add(entry, 3)
-    bucket = entry._bucket
-    assert bucket is not None
-    if isinstance(bucket, dict):
-        pytest.skip("the pure bucket is a dict keyed by id(entry)")
-    with pytest.raises(ValueError, match="under its id"):
-        bucket[id(entry)] = other
-    with pytest.raises(TypeError, match="remove"):
-        del bucket[id(entry)]
-    assert list(bucket) == [entry]
-
-
 def test_a_wheel_dropped_mid_cascade_lets_go_of_every_entry() -> None:
     """Every reference a bucket holds is a strong one that the collector sees: a wheel dropped
     in the middle of a cascade (entries in its buckets, their older parts and its cascade's
