@@ -503,7 +503,7 @@ def expire_due(
     now: float,
     outcome: str = "expired",
     *,
-    purge_queue: dict[Any, None],
+    purge_queue: list[Any],
     ended: list[Any] | None,
 ) -> int:
     """Expire every operation of `due` still pending, in order, at the time `now`; return how
@@ -525,9 +525,7 @@ def expire_due(
             continue
         op._state = state | EXPIRED_NOW
         if op._listed:  # the purge-queue protocol (`purgatory._watchers`)
-            purge_queue[op] = None
-            if not op._listed:  # (its __hash__ took it off its last list meanwhile)
-                purge_queue.pop(op, None)
+            purge_queue.append(op)
         expired += 1
         if ended is not None:
             ended += (op, outcome, now)

@@ -523,7 +523,7 @@ struct NativeState {
         *s_join_plain, *s_join_at, *s_tidy, *s_fail, *s_wake_awaiters, *s_refuse,
         *s_ended_before_registration, *s_abandon, *s_request_pass, *s_purge_queue, *s_ended,
         *s_sort, *s_key, *s_discard, *s_threshold, *s_reached, *s_remove;
-    PyObject *s_check_clock, *s_schedule, *s_ticks, *s_outcome, *s_now;
+    PyObject *s_check_clock, *s_schedule, *s_ticks, *s_outcome, *s_now, *s_compact_queue;
     PyObject *s_impl_module, *s_native; /* "purgatory._impl", "native" */
     PyObject *kw_key;             /* ("key",) */
     /* imported at the module's exec */
@@ -689,24 +689,6 @@ dict_discard_in(NativeState *st, PyObject *d, PyObject *key)
 }
 #define dict_discard(d, key) dict_discard_in(st, (d), (key))
 
-/* queue[op] = None, the purge-queue protocol (`purgatory._watchers`), for an operation still on a
- * list; the insertion runs op's __hash__, which may take op off its last list (a trigger of its
- * key), so it is taken out again then: the queue holds nothing that has left every list. The
- * reference does the same (`_purgatory._settled`, `_operation.expire_due`). 0, or -1 on error. */
-static int
-purge_queue_add(NativeState *st, PyObject *queue, OpObject *op)
-{
-    Py_INCREF(queue);
-    Py_INCREF(op);
-    int err = PyDict_SetItem(queue, (PyObject *)op, Py_None);
-    if (err == 0 && op->listed == 0 && dict_discard(queue, (PyObject *)op) < 0) {
-        err = -1;
-    }
-    Py_DECREF(op);
-    Py_DECREF(queue);
-    return err;
-}
-
 /* `a op b` (Py_LT or Py_LE) as Python compares: ints that fit and floats in C, the rest by
  * their own comparison. 1, 0, or -1 on error. */
 static inline int
@@ -738,6 +720,27 @@ discard_result(PyObject *r)
     }
     Py_DECREF(r);
     return 0;
+}
+
+/* queue.append(op), the purge-queue protocol (`purgatory._watchers`), for an operation still on a
+ * list. The queue (an exact list) holds operations by identity: no __hash__ runs, nothing of the
+ * user's (a list's growth is no GC allocation). 0, or -1 on error. */
+static inline int
+purge_queue_add(NativeState *st, PyObject *queue, OpObject *op)
+{
+    (void)st;
+    if (queue != NULL && PyList_CheckExact(queue)) {
+        return PyList_Append(queue, (PyObject *)op);
+    }
+    /* (a field Python code replaced: its `append`, as the reference calls it) */
+    if (queue == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "_purge_queue");
+        return -1;
+    }
+    Py_INCREF(queue);
+    int err = discard_result(PyObject_CallMethod(queue, "append", "O", (PyObject *)op));
+    Py_DECREF(queue);
+    return err;
 }
 
 /* Whether an exception is an interrupt the reference lets through (KeyboardInterrupt or

@@ -50,7 +50,7 @@ purgatory_ready_check(NativeState *st, PurgatoryObject *p)
     return p->attempt != NULL && p->binding != NULL && p->name != NULL &&
            p->max_pending != NULL && p->sink != NULL && p->sync_types != NULL &&
            PySet_Check(p->sync_types) && p->time_op != NULL && p->purge_queue != NULL &&
-           PyDict_CheckExact(p->purge_queue) && p->lists != NULL &&
+           PyList_CheckExact(p->purge_queue) && p->lists != NULL &&
            CORE_CHECK(p->lists, ListsType) && lists_ready((ListsObject *)p->lists) &&
            p->rule != NULL && CORE_CHECK(p->rule, RuleType) &&
            rule_ready(st, (RuleObject *)p->rule) && p->timer != NULL &&

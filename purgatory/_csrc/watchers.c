@@ -7,7 +7,7 @@
 typedef struct {
     CORE_HEAD
     PyObject *lists; /* _lists: dict */
-    PyObject *queue; /* dict */
+    PyObject *queue; /* list: the purge queue, by identity */
     Py_ssize_t entries, purged;
 } ListsObject;
 
@@ -33,7 +33,7 @@ static inline int
 lists_ready_check(ListsObject *l)
 {
     return l->lists != NULL && PyDict_CheckExact(l->lists) && l->queue != NULL &&
-           PyDict_CheckExact(l->queue);
+           PyList_CheckExact(l->queue);
 }
 
 static inline int
@@ -49,21 +49,38 @@ op_mark_listed(OpObject *op, Py_ssize_t listed)
     OP_SET(op) |= SET_LISTED;
 }
 
-/* An entry of `op` left a list: one entry less; out of the purge queue once on none. */
+/* `op` (held by the caller) left its last list (`WatcherLists._gone`): off the purge queue's end
+ * if it is the last queued (a trigger's completion: its settle appended it a moment before),
+ * else left there dead and the queue compacted once mostly dead (the reference's
+ * `_compact_queue`, a cold path). 0, or -1 on error. */
+static int
+lists_gone(NativeState *st, ListsObject *l, PyObject *op)
+{
+    if (!lists_ready(l)) { /* (a field replaced by the user code a trigger ran) */
+        return discard_result(PyObject_CallMethod((PyObject *)l, "_gone", "O", op));
+    }
+    PyObject *queue = l->queue;
+    Py_ssize_t n = PyList_GET_SIZE(queue);
+    if (n > 0 && PyList_GET_ITEM(queue, n - 1) == op) {
+        /* (the list held: the slice drops its reference to `op`, which the caller holds) */
+        Py_INCREF(queue);
+        int err = PyList_SetSlice(queue, n - 1, n, NULL);
+        Py_DECREF(queue);
+        return err;
+    }
+    if (n > 2 * l->entries + 16) {
+        return discard_result(call_method0((PyObject *)l, N.s_compact_queue));
+    }
+    return 0;
+}
+
+/* An entry of `op` left a list: one entry less; off the purge queue once on none. */
 static inline int
 lists_left(NativeState *st, ListsObject *l, OpObject *op)
 {
     l->entries--;
     op->listed--;
-    if (!op->listed) {
-        PyObject *queue = Py_NewRef(l->queue); /* (the lookup runs op's __hash__) */
-        int err = dict_discard(queue, (PyObject *)op);
-        Py_DECREF(queue);
-        if (err < 0) {
-            return -1;
-        }
-    }
-    return 0;
+    return op->listed ? 0 : lists_gone(st, l, (PyObject *)op);
 }
 
 /* -- entries that are not operations ------------------------------------------------------------ */
@@ -735,36 +752,64 @@ purge_entry(NativeState *st, PyObject *lists, PyObject *op, PyObject *key)
     return result;
 }
 
-/* The operations a purge visits, taken out of `queue` (held by the caller): all of them, or
- * `limit` (`[queue.popitem()[0] for _ in range(limit)]`: the last ones, newest first). */
+/* The operations a purge visits, taken out of `queue` (an exact list, held by the caller): all
+ * of them, or the last `limit` (dead ones too), newest first: the reference's slices. The
+ * batch's list is made first (it may collect, and a collection run code that settles into the
+ * queue), the queue read after it: a size changed meanwhile makes it again. */
 static PyObject *
 purge_batch(PyObject *queue, Py_ssize_t limit)
 {
-    PyObject *batch = PyDict_Keys(queue);
-    if (batch == NULL) {
+    Py_ssize_t size, n;
+    PyObject *batch;
+    do {
+        size = PyList_GET_SIZE(queue);
+        n = limit < 0 || size <= limit ? size : limit;
+        batch = PyList_New(n);
+        if (batch == NULL) {
+            return NULL;
+        }
+        if (PyList_GET_SIZE(queue) == size) {
+            break;
+        }
+        Py_DECREF(batch);
+    } while (1);
+    for (Py_ssize_t i = 0; i < n; i++) { /* newest first when a slice: popped from the end */
+        PyObject *op = PyList_GET_ITEM(queue, n < size ? size - 1 - i : i);
+        PyList_SET_ITEM(batch, i, Py_NewRef(op));
+    }
+    /* (the queue's references to them dropped: `batch` holds them all, none is freed) */
+    if (PyList_SetSlice(queue, size - n, size, NULL) < 0) {
+        Py_DECREF(batch);
         return NULL;
     }
-    Py_ssize_t size = PyList_GET_SIZE(batch);
-    if (limit < 0 || size <= limit) {
-        PyDict_Clear(queue);
-        return batch;
-    }
-    PyObject *taken = PyList_New(limit);
-    for (Py_ssize_t i = 0; taken != NULL && i < limit; i++) {
-        PyObject *op = PyList_GET_ITEM(batch, size - 1 - i);
-        PyList_SET_ITEM(taken, i, Py_NewRef(op));
-        if (PyDict_DelItem(queue, op) < 0) {
-            Py_CLEAR(taken);
-        }
-    }
-    Py_DECREF(batch);
-    return taken;
+    return batch;
 }
 
-/* One queued operation (held by the caller) off the lists of its keys: entries removed, or -1. */
+/* Whether the queued `o` is still on a list (`o._listed`, not 0): 1, 0 (dead), or -1. */
+static int
+entry_listed(NativeState *st, PyObject *o)
+{
+    if (Op_Check(o)) {
+        return ((OpObject *)o)->listed != 0;
+    }
+    PyObject *v = PyObject_GetAttrString(o, "_listed");
+    if (v == NULL) {
+        return -1;
+    }
+    int truth = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return truth;
+}
+
+/* One queued operation (held by the caller) off the lists of its keys: entries removed, or -1.
+ * A dead one (it left every list once queued) is skipped. */
 static Py_ssize_t
 purge_op(NativeState *st, PyObject *lists, PyObject *op)
 {
+    int live = entry_listed(st, op);
+    if (live <= 0) {
+        return live;
+    }
     PyObject *keys = Op_Check(op) ? Py_XNewRef(((OpObject *)op)->keys)
                                   : PyObject_GetAttrString(op, "_keys");
     if (keys == NULL || !PyTuple_Check(keys)) {
