@@ -263,16 +263,28 @@ field_set(PyObject *self, PyObject *value, void *closure)
  *   else NO_WEAKREFS;
  * - MORE: the hand-written part, for what is not a plain owned field (a C array of objects: the
  *   threshold queue's ring and heap, the wheel's queue of buckets; a bucket's list of entries):
- *   `MORE##_visit(self, visit, arg)` (int), `MORE##_unready(self)` (void, run first by
- *   tp_clear, before any release can run code: a core's `ready` reset), `MORE##_forget(self)`
- *   (void, run last by tp_clear) and `MORE##_free(self)` (void, run by the dealloc after
- *   tp_clear's work: C memory a cleared object still uses, the wheel's tick arrays), or NO_MORE.
+ *   `MORE##_visit(self, visit, arg)` (int), `MORE##_unready(self)` (void: the object's "set
+ *   up" flag reset, a core's `ready`, an operation's `set` bits; run by tp_clear first, again
+ *   before each field's release, since a release may run code that calls a method, which may
+ *   check the fields again and find them whole if that code assigned them, and once more at its
+ *   end), `MORE##_forget(self)` (void, run last by tp_clear, before that final reset) and
+ *   `MORE##_free(self)` (void, run by the dealloc after tp_clear's work: C memory a cleared
+ *   object still uses, the wheel's tick arrays), or NO_MORE, or READY_ONLY (a core whose only
+ *   hand-written part is its `ready` reset).
+ *
+ * So a method called on an object a collection is clearing, or has cleared, takes the path of
+ * an object not set up (the reference's, which finds the fields unset: an AttributeError, as
+ * for a pure object whose slots the collection cleared) and never reads a NULL field as one the
+ * check found set.
  *
  * The dealloc: untrack, weak references, tp_clear's work, the kept fields, MORE's free, tp_free,
  * the type (a heap type: its instances hold it). */
 #define NO_FIELDS(X)
 #define LIFE_VISIT_(member) Py_VISIT(o_->member);
 #define LIFE_CLEAR_(member) Py_CLEAR(o_->member);
+#define LIFE_CLEAR_UNREADY_(member)                                                             \
+    unready_(self);                                                                             \
+    Py_CLEAR(o_->member);
 #define HAS_WEAKREFS(o)                                                                         \
     if ((o)->weakreflist != NULL) {                                                             \
         PyObject_ClearWeakRefs((PyObject *)(o));                                                \
@@ -300,6 +312,17 @@ NO_MORE_free(PyObject *self)
 {
 }
 
+/* The hand-written part of a core that has nothing but its `ready` (CORE_HEAD) to reset. */
+#define READY_ONLY_visit NO_MORE_visit
+#define READY_ONLY_forget NO_MORE_forget
+#define READY_ONLY_free NO_MORE_free
+
+static inline void
+READY_ONLY_unready(PyObject *self)
+{
+    ((CoreObject *)self)->ready = 0;
+}
+
 #define TYPE_LIFECYCLE(prefix, Type, FIELDS, KEPT, WEAK, MORE)                                  \
     static int prefix##_traverse(PyObject *self, visitproc visit, void *arg)                    \
     {                                                                                           \
@@ -312,10 +335,12 @@ NO_MORE_free(PyObject *self)
     static int prefix##_clear(PyObject *self)                                                   \
     {                                                                                           \
         Type *o_ = (Type *)self;                                                                \
+        void (*const unready_)(PyObject *) = MORE##_unready;                                    \
         (void)o_;                                                                               \
-        MORE##_unready(self);                                                                   \
-        FIELDS(LIFE_CLEAR_)                                                                     \
+        unready_(self);                                                                         \
+        FIELDS(LIFE_CLEAR_UNREADY_)                                                             \
         MORE##_forget(self);                                                                    \
+        unready_(self);                                                                         \
         return 0;                                                                               \
     }                                                                                           \
     static void prefix##_dealloc(PyObject *self)                                                \

@@ -7,7 +7,7 @@
 
 /* Its fields' table is PURGATORY_FIELDS (native.h), beside the struct. */
 TYPE_LIFECYCLE(purgatory, PurgatoryObject, PURGATORY_FIELDS, NO_FIELDS, HAS_WEAKREFS,
-               NO_MORE)
+               READY_ONLY)
 
 static PyObject *
 purgatory_get_weakref(PyObject *self, void *closure)
@@ -57,10 +57,15 @@ purgatory_ready_check(NativeState *st, PurgatoryObject *p)
            CORE_CHECK(p->timer, TimerType) && timer_ready(st, (TimerObject *)p->timer);
 }
 
+/* Set up: its own `ready`, and its parts' (the lists, the rule, the timer, and theirs: reset by
+ * their own assignments and clear, which the purgatory is not told of) still set, else checked
+ * again. */
 static inline int
 purgatory_ready(NativeState *st, PurgatoryObject *o)
 {
-    return o->ready || (o->ready = (char)purgatory_ready_check(st, o));
+    return (o->ready && lists_ready((ListsObject *)o->lists) &&
+            rule_ready(st, (RuleObject *)o->rule) && timer_ready(st, (TimerObject *)o->timer)) ||
+           (o->ready = (char)purgatory_ready_check(st, o));
 }
 
 /* `sink.<list> += items`, then `sink.take()` if `limit_check` and it holds `limit` items. */

@@ -15,7 +15,7 @@ typedef struct {
 
 /* -- WatcherLists' fields ----------------------------------------------------------------------- */
 
-TYPE_LIFECYCLE(lists, ListsObject, LISTS_FIELDS, NO_FIELDS, NO_WEAKREFS, NO_MORE)
+TYPE_LIFECYCLE(lists, ListsObject, LISTS_FIELDS, NO_FIELDS, NO_WEAKREFS, READY_ONLY)
 
 static PyGetSetDef lists_getset[] = {
     FIELD(ListsObject, lists, "_lists"),
