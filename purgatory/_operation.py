@@ -47,7 +47,8 @@ Fields                                   Writers
   step, the bucket's own ``remove`` (``op._bucket.remove(op)``, which sets ``_bucket`` to
   ``None``), is taken by the wheel, by the timer as it discards or drains, and by the
   purgatory's settle (``_settled``), which runs once per operation. Nothing else writes them.
-  The wheel holds an operation by identity: it never calls its ``__hash__``.
+  The wheel holds an operation by identity: it never calls its ``__hash__``, nor does the
+  watcher lists' purge queue (a ``list``).
 - ``_keys``, ``_listed``, ``_marks``: the watcher lists (`_watchers.py`), which set them when
   they register the operation.
 
