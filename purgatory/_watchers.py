@@ -476,13 +476,16 @@ class WatcherLists(_ListsCore, Generic[Op]):
         queue = self.queue
         lists = self._lists
         get = lists.get
+        # The batch is copied, then what it took deleted by its count: a collection the copy
+        # starts may run code that settles into the queue, which stays for the next purge.
         if limit is None or len(queue) <= limit:
             batch = queue[:]  # the usual case: all of it
-            queue.clear()
+            del queue[: len(batch)]
         else:  # the newest `limit` (dead ones too: they cost a read), newest first
-            batch = queue[-limit:]
+            start = len(queue) - limit
+            batch = queue[start:]
+            del queue[start : start + len(batch)]
             batch.reverse()
-            del queue[-limit:]
         purged = 0
         for op in batch:
             if not op._listed:  # dead: it left every list once queued
