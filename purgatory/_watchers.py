@@ -42,11 +42,15 @@ operation for the purge rule, `PurgeRule.owed`; a timer pass counts those it too
 else about the queue is here. An operation that leaves its last list once queued is taken off
 the queue's end if it is the last one queued (a trigger that completes a watcher: its settle
 appended it a moment before), and is otherwise left there, dead: the purge skips an entry
-whose ``_listed`` is 0. Dead entries are what the queue holds beyond the finished operations
-still listed (today's bound, the lists' own garbage); so they stay few, and nothing keeps a
-finished operation alive long, the queue is compacted (`_compact_queue`) whenever an operation
-leaves its last list and the queue is longer than ``2 * entries + 16``: more than half of it is
-dead then (each live entry is on a list), so a compaction costs O(1) per entry dropped.
+whose ``_listed`` is 0, and a slice of it (``purge(limit)``) takes the newest `limit` entries
+still listed, dropping the dead ones it meets. The queue's last entry is never dead (what a
+removal from its end uncovers goes too), so the queue is empty exactly when no finished
+operation is left on a list, as the purge rule reads it (`PurgeRule.after_pass`). Dead entries
+are what the queue holds beyond the finished operations still listed (its bound before, the
+lists' own garbage); so they stay few, and nothing keeps a finished operation alive long, the
+queue is compacted (`_compact_queue`) whenever an operation leaves its last list and the queue
+is longer than ``2 * entries + 16``: more than half of it is dead then (each live entry is on a
+list), so a compaction costs O(1) per entry dropped.
 """
 
 from __future__ import annotations
@@ -352,7 +356,6 @@ class WatcherLists(_ListsCore, Generic[Op]):
             candidates = (ops,)
             drop = _NOTHING_TO_POP.pop
         completed = 0
-        queue = self.queue
         try:
             for op in candidates:
                 state = op._state
@@ -373,10 +376,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
                             self._entries -= 1
                             op._listed -= 1
                             if not op._listed:
-                                if queue and queue[-1] is op:  # (its settle, a moment ago)
-                                    queue.pop()
-                                else:
-                                    self._gone(op)
+                                self._gone(op)
                         if state & EXPIRED_NOW == DONE:  # completed, not expired meanwhile
                             completed += 1
                     elif claimed:
@@ -403,10 +403,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
             self._entries -= 1
             single._listed -= 1
             if not single._listed:
-                if queue and queue[-1] is single:  # (its settle, a moment ago)
-                    queue.pop()
-                else:
-                    self._gone(single)
+                self._gone(single)
         else:
             self._tidy(key, ops, single)  # a newcomer may have joined the key meanwhile
         return completed
@@ -420,11 +417,14 @@ class WatcherLists(_ListsCore, Generic[Op]):
             self._gone(op)
 
     def _gone(self, op: Op) -> None:
-        """`op` left its last list: off the end of the purge queue if it is the last queued,
-        else left there dead, and the queue compacted once mostly dead (the module docstring)."""
+        """`op` left its last list: off the end of the purge queue if it is the last queued
+        (with the dead it uncovers: the end stays live), else left there dead, and the queue
+        compacted once mostly dead (the module docstring)."""
         queue = self.queue
         if queue and queue[-1] is op:
             queue.pop()
+            while queue and not queue[-1]._listed:
+                queue.pop()
         elif len(queue) > 2 * self._entries + 16:
             self._compact_queue()
 
@@ -473,21 +473,10 @@ class WatcherLists(_ListsCore, Generic[Op]):
 
         Runtime complexity: O(keys of the operations purged).
         """
-        queue = self.queue
         lists = self._lists
         get = lists.get
-        # The batch is copied, then what it took deleted by its count: a collection the copy
-        # starts may run code that settles into the queue, which stays for the next purge.
-        if limit is None or len(queue) <= limit:
-            batch = queue[:]  # the usual case: all of it
-            del queue[: len(batch)]
-        else:  # the newest `limit` (dead ones too: they cost a read), newest first
-            start = len(queue) - limit
-            batch = queue[start:]
-            del queue[start : start + len(batch)]
-            batch.reverse()
         purged = 0
-        for op in batch:
+        for op in self._purge_batch(limit):
             if not op._listed:  # dead: it left every list once queued
                 continue
             for key in op._keys:
@@ -524,6 +513,26 @@ class WatcherLists(_ListsCore, Generic[Op]):
         self._purged += purged
         self._entries -= purged
         return purged
+
+    def _purge_batch(self, limit: int | None) -> list[Op]:
+        """The operations a purge visits, taken out of the queue: all of them (``None``, or
+        no more than `limit`), or the newest `limit` still listed, newest first, the dead ones
+        met on the way dropped (and those the queue's end uncovers: it stays live)."""
+        queue = self.queue
+        if limit is None or len(queue) <= limit:
+            # Copied, then deleted by the count taken: a collection the copy starts may run
+            # code that settles into the queue, which stays for the next purge.
+            batch = queue[:]  # the usual case: all of it
+            del queue[: len(batch)]
+            return batch
+        batch = []
+        while queue and len(batch) < limit:
+            op = queue.pop()
+            if op._listed:
+                batch.append(op)
+        while queue and not queue[-1]._listed:
+            queue.pop()
+        return batch
 
     def drain(self) -> list[Op]:
         """Empty every list (a shutdown): return the operations that were on them, once each
@@ -571,9 +580,10 @@ class WatcherLists(_ListsCore, Generic[Op]):
         Checked: no list is empty; each operation on a list names the key and counts the lists
         that hold it; the entry count is right; every finished operation still on a list is
         queued for the purge, once; what the queue holds beyond them is dead (finished, on no
-        list, ``_listed`` 0); threshold containers are consistent. By identity throughout: an
-        operation's ``__hash__`` and ``__eq__`` are not called.
+        list, ``_listed`` 0), and not at its end; threshold containers are consistent. By
+        identity throughout: an operation's ``__hash__`` and ``__eq__`` are not called.
         """
+        assert not self.queue or self.queue[-1]._listed, "the purge queue ends with a dead entry"
         queued: dict[int, int] = {}
         for op in self.queue:
             assert op._state & FINISHED, f"{op!r} queued for the purge but not finished"

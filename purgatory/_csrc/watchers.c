@@ -49,10 +49,55 @@ op_mark_listed(OpObject *op, Py_ssize_t listed)
     OP_SET(op) |= SET_LISTED;
 }
 
+/* Whether the queued `o` is still on a list (`o._listed`, not 0): 1, 0 (dead), or -1. */
+static int
+entry_listed(NativeState *st, PyObject *o)
+{
+    if (Op_Check(o)) {
+        return ((OpObject *)o)->listed != 0;
+    }
+    PyObject *v = PyObject_GetAttrString(o, "_listed");
+    if (v == NULL) {
+        return -1;
+    }
+    int truth = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return truth;
+}
+
+/* The purge queue's last entry taken off (the caller holds `queue`): 0, or -1. */
+static inline int
+queue_pop_end(PyObject *queue)
+{
+    Py_ssize_t n = PyList_GET_SIZE(queue);
+    return PyList_SetSlice(queue, n - 1, n, NULL);
+}
+
+/* The dead entries at the end of the purge queue (held by the caller) taken off: its end stays
+ * live (`WatcherLists._gone`). An entry that is not an operation is read by its attribute, code
+ * that may change the queue: the end is read again after it. 0, or -1. */
+static int
+queue_trim(NativeState *st, PyObject *queue)
+{
+    while (PyList_GET_SIZE(queue) > 0) {
+        PyObject *last = Py_NewRef(PyList_GET_ITEM(queue, PyList_GET_SIZE(queue) - 1));
+        int live = entry_listed(st, last);
+        Py_ssize_t n = PyList_GET_SIZE(queue);
+        int err = live == 0 && n > 0 && PyList_GET_ITEM(queue, n - 1) == last
+                      ? queue_pop_end(queue)
+                      : 0;
+        Py_DECREF(last);
+        if (live != 0 || err < 0) {
+            return live < 0 || err < 0 ? -1 : 0;
+        }
+    }
+    return 0;
+}
+
 /* `op` (held by the caller) left its last list (`WatcherLists._gone`): off the purge queue's end
  * if it is the last queued (a trigger's completion: its settle appended it a moment before),
- * else left there dead and the queue compacted once mostly dead (the reference's
- * `_compact_queue`, a cold path). 0, or -1 on error. */
+ * with the dead it uncovers, else left there dead and the queue compacted once mostly dead (the
+ * reference's `_compact_queue`, a cold path). 0, or -1 on error. */
 static int
 lists_gone(NativeState *st, ListsObject *l, PyObject *op)
 {
@@ -62,9 +107,9 @@ lists_gone(NativeState *st, ListsObject *l, PyObject *op)
     PyObject *queue = l->queue;
     Py_ssize_t n = PyList_GET_SIZE(queue);
     if (n > 0 && PyList_GET_ITEM(queue, n - 1) == op) {
-        /* (the list held: the slice drops its reference to `op`, which the caller holds) */
+        /* (held: the pop drops the queue's reference to `op`, which the caller holds) */
         Py_INCREF(queue);
-        int err = PyList_SetSlice(queue, n - 1, n, NULL);
+        int err = queue_pop_end(queue) < 0 || queue_trim(st, queue) < 0 ? -1 : 0;
         Py_DECREF(queue);
         return err;
     }
@@ -752,53 +797,67 @@ purge_entry(NativeState *st, PyObject *lists, PyObject *op, PyObject *key)
     return result;
 }
 
-/* The operations a purge visits, taken out of `queue` (an exact list, held by the caller): all
- * of them, or the last `limit` (dead ones too), newest first: the reference's slices. The
+/* All the operations of `queue` (an exact list, held by the caller), taken out for a purge. The
  * batch's list is made first (it may collect, and a collection run code that settles into the
- * queue), the queue read after it: a size changed meanwhile makes it again. */
+ * queue), the queue read after it: as the reference's copy, what it took is deleted by its
+ * count, and what was added meanwhile stays for the next purge. */
 static PyObject *
-purge_batch(PyObject *queue, Py_ssize_t limit)
+purge_all(PyObject *queue)
 {
-    Py_ssize_t size, n;
+    Py_ssize_t n;
     PyObject *batch;
-    do {
-        size = PyList_GET_SIZE(queue);
-        n = limit < 0 || size <= limit ? size : limit;
+    do { /* (made again if the queue shrank meanwhile: a compaction) */
+        n = PyList_GET_SIZE(queue);
         batch = PyList_New(n);
         if (batch == NULL) {
             return NULL;
         }
-        if (PyList_GET_SIZE(queue) == size) {
+        if (PyList_GET_SIZE(queue) >= n) {
             break;
         }
         Py_DECREF(batch);
     } while (1);
-    for (Py_ssize_t i = 0; i < n; i++) { /* newest first when a slice: popped from the end */
-        PyObject *op = PyList_GET_ITEM(queue, n < size ? size - 1 - i : i);
-        PyList_SET_ITEM(batch, i, Py_NewRef(op));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyList_SET_ITEM(batch, i, Py_NewRef(PyList_GET_ITEM(queue, i)));
     }
     /* (the queue's references to them dropped: `batch` holds them all, none is freed) */
-    if (PyList_SetSlice(queue, size - n, size, NULL) < 0) {
+    if (PyList_SetSlice(queue, 0, n, NULL) < 0) {
         Py_DECREF(batch);
         return NULL;
     }
     return batch;
 }
 
-/* Whether the queued `o` is still on a list (`o._listed`, not 0): 1, 0 (dead), or -1. */
-static int
-entry_listed(NativeState *st, PyObject *o)
+/* The newest `limit` operations of `queue` still listed, taken out for a purge slice, newest
+ * first; the dead ones met on the way, and those its end uncovers, dropped (the reference's
+ * loop of pops). */
+static PyObject *
+purge_slice(NativeState *st, PyObject *queue, Py_ssize_t limit)
 {
-    if (Op_Check(o)) {
-        return ((OpObject *)o)->listed != 0;
+    PyObject *batch = PyList_New(0);
+    while (batch != NULL && PyList_GET_SIZE(batch) < limit && PyList_GET_SIZE(queue) > 0) {
+        PyObject *op = Py_NewRef(PyList_GET_ITEM(queue, PyList_GET_SIZE(queue) - 1));
+        int live = queue_pop_end(queue) < 0 ? -1 : entry_listed(st, op);
+        if (live < 0 || (live > 0 && PyList_Append(batch, op) < 0)) {
+            Py_CLEAR(batch);
+        }
+        Py_DECREF(op);
     }
-    PyObject *v = PyObject_GetAttrString(o, "_listed");
-    if (v == NULL) {
-        return -1;
+    if (batch != NULL && queue_trim(st, queue) < 0) {
+        Py_CLEAR(batch);
     }
-    int truth = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return truth;
+    return batch;
+}
+
+/* The operations a purge visits, taken out of `queue` (held by the caller): all of them, or a
+ * slice of `limit`. */
+static PyObject *
+purge_batch(NativeState *st, PyObject *queue, Py_ssize_t limit)
+{
+    if (limit < 0 || PyList_GET_SIZE(queue) <= limit) {
+        return purge_all(queue);
+    }
+    return purge_slice(st, queue, limit);
 }
 
 /* One queued operation (held by the caller) off the lists of its keys: entries removed, or -1.
@@ -837,7 +896,7 @@ static Py_ssize_t
 lists_purge(NativeState *st, ListsObject *l, Py_ssize_t limit)
 {
     PyObject *queue = Py_NewRef(l->queue);
-    PyObject *batch = purge_batch(queue, limit);
+    PyObject *batch = purge_batch(st, queue, limit);
     Py_DECREF(queue);
     if (batch == NULL) {
         return -1;
