@@ -48,7 +48,7 @@ removal from its end uncovers goes too), so the queue is empty exactly when no f
 operation is left on a list, as the purge rule reads it (`PurgeRule.after_pass`). Dead entries
 are what the queue holds beyond the finished operations still listed (its bound before, the
 lists' own garbage); so they stay few, and nothing keeps a finished operation alive long, the
-queue is compacted (`_compact_queue`) whenever an operation leaves its last list and the queue
+queue is compacted (`_gone`) whenever an operation leaves its last list and the queue
 is longer than ``2 * entries + 16``: more than half of it is dead then (each live entry is on a
 list), so a compaction costs O(1) per entry dropped.
 """
@@ -425,12 +425,8 @@ class WatcherLists(_ListsCore, Generic[Op]):
             queue.pop()
             while queue and not queue[-1]._listed:
                 queue.pop()
-        elif len(queue) > 2 * self._entries + 16:
-            self._compact_queue()
-
-    def _compact_queue(self) -> None:
-        """Drop the purge queue's dead entries (``_listed`` 0), in place, keeping its order."""
-        self.queue[:] = [op for op in self.queue if op._listed]
+        elif len(queue) > 2 * self._entries + 16:  # compacted in place, in order
+            queue[:] = [queued for queued in queue if queued._listed]
 
     def _tidy(self, key: Hashable, ops: Any, single: Op | None) -> None:
         """After a trigger of `key`: drop a finished lone watcher, or the key's emptied list."""
@@ -476,7 +472,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
         lists = self._lists
         get = lists.get
         purged = 0
-        for op in self._purge_batch(limit):
+        for op in _purge_batch(self.queue, limit):
             if not op._listed:  # dead: it left every list once queued
                 continue
             for key in op._keys:
@@ -513,26 +509,6 @@ class WatcherLists(_ListsCore, Generic[Op]):
         self._purged += purged
         self._entries -= purged
         return purged
-
-    def _purge_batch(self, limit: int | None) -> list[Op]:
-        """The operations a purge visits, taken out of the queue: all of them (``None``, or
-        no more than `limit`), or the newest `limit` still listed, newest first, the dead ones
-        met on the way dropped (and those the queue's end uncovers: it stays live)."""
-        queue = self.queue
-        if limit is None or len(queue) <= limit:
-            # Copied, then deleted by the count taken: a collection the copy starts may run
-            # code that settles into the queue, which stays for the next purge.
-            batch = queue[:]  # the usual case: all of it
-            del queue[: len(batch)]
-            return batch
-        batch = []
-        while queue and len(batch) < limit:
-            op = queue.pop()
-            if op._listed:
-                batch.append(op)
-        while queue and not queue[-1]._listed:
-            queue.pop()
-        return batch
 
     def drain(self) -> list[Op]:
         """Empty every list (a shutdown): return the operations that were on them, once each
@@ -617,6 +593,26 @@ class WatcherLists(_ListsCore, Generic[Op]):
         for op in self.queue:
             if not op._listed:
                 assert id(op) not in held, f"{op!r} queued dead but still on a list"
+
+
+def _purge_batch(queue: list[Any], limit: int | None) -> list[Any]:
+    """The operations a purge visits, taken out of the purge `queue`: all of them (``None``, or
+    no more than `limit`), or the newest `limit` still listed, newest first, the dead ones met
+    on the way dropped (and those the queue's end uncovers: it stays live)."""
+    if limit is None or len(queue) <= limit:
+        # Copied, then deleted by the count taken: a collection the copy starts may run code
+        # that settles into the queue, which stays for the next purge.
+        batch = queue[:]  # the usual case: all of it
+        del queue[: len(batch)]
+        return batch
+    batch = []
+    while queue and len(batch) < limit:
+        op = queue.pop()
+        if op._listed:
+            batch.append(op)
+    while queue and not queue[-1]._listed:
+        queue.pop()
+    return batch
 
 
 def _report_attempt(op: Any, key: Hashable, exc: BaseException) -> None:

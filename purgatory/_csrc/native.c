@@ -324,7 +324,7 @@ static const Interned interned[] = {
     INTERNED(s_ticks, "ticks"),
     INTERNED(s_outcome, "outcome"),
     INTERNED(s_now, "now"),
-    INTERNED(s_compact_queue, "_compact_queue"),
+    INTERNED(s_gone, "_gone"),
     INTERNED(s_impl_module, "purgatory._impl"),
     INTERNED(s_native, "native"),
     {0, NULL},

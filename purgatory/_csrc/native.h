@@ -548,7 +548,7 @@ struct NativeState {
         *s_join_plain, *s_join_at, *s_tidy, *s_fail, *s_wake_awaiters, *s_refuse,
         *s_ended_before_registration, *s_abandon, *s_request_pass, *s_purge_queue, *s_ended,
         *s_sort, *s_key, *s_discard, *s_threshold, *s_reached, *s_remove;
-    PyObject *s_check_clock, *s_schedule, *s_ticks, *s_outcome, *s_now, *s_compact_queue;
+    PyObject *s_check_clock, *s_schedule, *s_ticks, *s_outcome, *s_now, *s_gone;
     PyObject *s_impl_module, *s_native; /* "purgatory._impl", "native" */
     PyObject *kw_key;             /* ("key",) */
     /* imported at the module's exec */

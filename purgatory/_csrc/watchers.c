@@ -96,13 +96,13 @@ queue_trim(NativeState *st, PyObject *queue)
 
 /* `op` (held by the caller) left its last list (`WatcherLists._gone`): off the purge queue's end
  * if it is the last queued (a trigger's completion: its settle appended it a moment before),
- * with the dead it uncovers, else left there dead and the queue compacted once mostly dead (the
- * reference's `_compact_queue`, a cold path). 0, or -1 on error. */
+ * with the dead it uncovers, else left there dead and the queue compacted once mostly dead (by
+ * the reference's `_gone`, a cold path). 0, or -1 on error. */
 static int
 lists_gone(NativeState *st, ListsObject *l, PyObject *op)
 {
     if (!lists_ready(l)) { /* (a field replaced by the user code a trigger ran) */
-        return discard_result(PyObject_CallMethod((PyObject *)l, "_gone", "O", op));
+        return discard_result(call_method1((PyObject *)l, N.s_gone, op));
     }
     PyObject *queue = l->queue;
     Py_ssize_t n = PyList_GET_SIZE(queue);
@@ -114,7 +114,7 @@ lists_gone(NativeState *st, ListsObject *l, PyObject *op)
         return err;
     }
     if (n > 2 * l->entries + 16) {
-        return discard_result(call_method0((PyObject *)l, N.s_compact_queue));
+        return discard_result(call_method1((PyObject *)l, N.s_gone, op));
     }
     return 0;
 }
