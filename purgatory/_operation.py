@@ -47,7 +47,8 @@ Fields                                   Writers
   step, the bucket's own ``remove`` (``op._bucket.remove(op)``, which sets ``_bucket`` to
   ``None``), is taken by the wheel, by the timer as it discards or drains, and by the
   purgatory's settle (``_settled``), which runs once per operation. Nothing else writes them.
-  The wheel holds an operation by identity: it never calls its ``__hash__``.
+  The wheel holds an operation by identity: it never calls its ``__hash__``, nor does the
+  watcher lists' purge queue (a ``list``).
 - ``_keys``, ``_listed``, ``_marks``: the watcher lists (`_watchers.py`), which set them when
   they register the operation.
 
@@ -503,7 +504,7 @@ def expire_due(
     now: float,
     outcome: str = "expired",
     *,
-    purge_queue: dict[Any, None],
+    purge_queue: list[Any],
     ended: list[Any] | None,
 ) -> int:
     """Expire every operation of `due` still pending, in order, at the time `now`; return how
@@ -525,9 +526,7 @@ def expire_due(
             continue
         op._state = state | EXPIRED_NOW
         if op._listed:  # the purge-queue protocol (`purgatory._watchers`)
-            purge_queue[op] = None
-            if not op._listed:  # (its __hash__ took it off its last list meanwhile)
-                purge_queue.pop(op, None)
+            purge_queue.append(op)
         expired += 1
         if ended is not None:
             ended += (op, outcome, now)

@@ -708,9 +708,7 @@ class DelayedOperationPurgatory(_PurgatoryCore, Generic[Op]):
         else:
             self._cancelled += 1
         if op._listed:  # the purge-queue protocol (`purgatory._watchers`)
-            self._purge_queue[op] = None
-            if not op._listed:  # (its __hash__ took it off its last list meanwhile)
-                self._purge_queue.pop(op, None)
+            self._purge_queue.append(op)
         if self._sink is not None:  # the bulk path of the event log: one extend, no call
             self._sink.ends += (op, outcome, self._timer.now())
             if self._sink.eager:

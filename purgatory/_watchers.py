@@ -28,19 +28,29 @@ released by marking the key ``None`` (its marks become a ``dict`` then).
 
 Finished operations are dropped lazily, as in Kafka: by the trigger that finds them, or by the
 purge. Every operation counts the lists that hold it (``_listed``); one that finishes while
-listed enters the purge queue, and leaves it the moment it has left its last list, so the
-purge visits only garbage, never every watched entry, and nothing keeps a finished operation
-alive.
+listed enters the purge queue, so the purge visits only garbage, never every watched entry.
 
 The purge-queue protocol. The queue (`WatcherLists.queue`) is the one piece of the lists that
 code elsewhere writes, by one rule: whoever settles an operation whose ``_listed`` is not zero
-puts it in the queue (``queue[op] = None``), before any callback runs, and takes it out again
-if the insertion (the operation's own ``__hash__``, user code) took it off its last list: the
-queue holds nothing that has left every list. The purgatory's
-``_settled`` (a completion or a cancellation) and the timer pass's expiry loop
-(`purgatory._operation.expire_due`) do, on paths that run once per operation and cannot afford a
-call (the settle also counts the operation for the purge rule, `PurgeRule.owed`; a timer pass
-counts those it took). Everything else about the queue (taking operations out, the purge) is here.
+appends it to the queue (``queue.append(op)``), before any callback runs. The queue is a
+``list`` held by identity: nothing in it calls an operation's ``__hash__`` or ``__eq__`` (a
+class may assign them after its first watch: user code, re-entrant), and an operation settles
+once, so it is queued at most once. The purgatory's ``_settled`` (a completion or a
+cancellation) and the timer pass's expiry loop (`purgatory._operation.expire_due`) append, on
+paths that run once per operation and cannot afford a call (the settle also counts the
+operation for the purge rule, `PurgeRule.owed`; a timer pass counts those it took). Everything
+else about the queue is here. An operation that leaves its last list once queued is taken off
+the queue's end if it is the last one queued (a trigger that completes a watcher: its settle
+appended it a moment before), and is otherwise left there, dead: the purge skips an entry
+whose ``_listed`` is 0, and a slice of it (``purge(limit)``) takes the newest `limit` entries
+still listed, dropping the dead ones it meets. The queue's last entry is never dead (what a
+removal from its end uncovers goes too), so the queue is empty exactly when no finished
+operation is left on a list, as the purge rule reads it (`PurgeRule.after_pass`). Dead entries
+are what the queue holds beyond the finished operations still listed (its bound before, the
+lists' own garbage); so they stay few, and nothing keeps a finished operation alive long, the
+queue is compacted (`_gone`) whenever an operation leaves its last list and the queue
+is longer than ``2 * entries + 16``: more than half of it is dead then (each live entry is on a
+list), so a compaction costs O(1) per entry dropped.
 """
 
 from __future__ import annotations
@@ -94,8 +104,9 @@ class WatcherLists(_ListsCore, Generic[Op]):
     def __init__(self) -> None:
         # A key's watchers: the operation, an ordered set or a ThresholdWatchers.
         self._lists: dict[Hashable, Any] = {}
-        #: Operations that finished while still on some list: what the next purge visits.
-        self.queue: dict[Op, None] = {}
+        #: Operations that finished while still on some list (and dead ones: ``_listed`` 0,
+        #: skipped), by identity: what the next purge visits.
+        self.queue: list[Op] = []
         self._entries = 0
         self._purged = 0
 
@@ -291,7 +302,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
             except Exception:  # noqa: BLE001 - the key that failed to hash fails again
                 continue
         op._listed = 0
-        self.queue.pop(op, None)
+        self._gone(op)
 
     # -- the trigger --------------------------------------------------------------------------
 
@@ -345,7 +356,6 @@ class WatcherLists(_ListsCore, Generic[Op]):
             candidates = (ops,)
             drop = _NOTHING_TO_POP.pop
         completed = 0
-        queue = self.queue
         try:
             for op in candidates:
                 state = op._state
@@ -366,7 +376,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
                             self._entries -= 1
                             op._listed -= 1
                             if not op._listed:
-                                queue.pop(op, None)
+                                self._gone(op)
                         if state & EXPIRED_NOW == DONE:  # completed, not expired meanwhile
                             completed += 1
                     elif claimed:
@@ -376,7 +386,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
                         self._entries -= 1
                         op._listed -= 1
                         if not op._listed:
-                            queue.pop(op, None)
+                            self._gone(op)
                 else:
                     attempt(op)
         except BaseException:
@@ -393,18 +403,30 @@ class WatcherLists(_ListsCore, Generic[Op]):
             self._entries -= 1
             single._listed -= 1
             if not single._listed:
-                queue.pop(single, None)
+                self._gone(single)
         else:
             self._tidy(key, ops, single)  # a newcomer may have joined the key meanwhile
         return completed
 
     def left(self, op: Op) -> None:
         """`op`, finished through another key, left one of its lists as a release found it (see
-        `ThresholdWatchers.release`): one entry fewer, out of the purge queue once on none."""
+        `ThresholdWatchers.release`): one entry fewer, off the purge queue once on none."""
         self._entries -= 1
         op._listed -= 1
         if not op._listed:
-            self.queue.pop(op, None)
+            self._gone(op)
+
+    def _gone(self, op: Op) -> None:
+        """`op` left its last list: off the end of the purge queue if it is the last queued
+        (with the dead it uncovers: the end stays live), else left there dead, and the queue
+        compacted once mostly dead (the module docstring)."""
+        queue = self.queue
+        if queue and queue[-1] is op:
+            queue.pop()
+            while queue and not queue[-1]._listed:
+                queue.pop()
+        elif len(queue) > 2 * self._entries + 16:  # compacted in place, in order
+            queue[:] = [queued for queued in queue if queued._listed]
 
     def _tidy(self, key: Hashable, ops: Any, single: Op | None) -> None:
         """After a trigger of `key`: drop a finished lone watcher, or the key's emptied list."""
@@ -416,7 +438,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
             self._entries -= 1
             single._listed -= 1
             if not single._listed:
-                self.queue.pop(single, None)
+                self._gone(single)
 
     # -- cancel, finish, purge, drain ---------------------------------------------------------
 
@@ -433,13 +455,12 @@ class WatcherLists(_ListsCore, Generic[Op]):
         taken = _take_all(ops)
         self._entries -= len(taken)
         cancelled = []
-        queue = self.queue
         for op in taken:
             op._listed -= 1
             if cancel(op):
                 cancelled.append(op)
             if not op._listed:
-                queue.pop(op, None)
+                self._gone(op)
         return cancelled
 
     def purge(self, limit: int | None) -> int:
@@ -448,17 +469,12 @@ class WatcherLists(_ListsCore, Generic[Op]):
 
         Runtime complexity: O(keys of the operations purged).
         """
-        queue = self.queue
         lists = self._lists
         get = lists.get
-        if limit is None or len(queue) <= limit:
-            batch: Iterable[Op] = list(queue)  # the usual case: all of it, no item tuples
-            queue.clear()
-        else:
-            popitem = queue.popitem
-            batch = [popitem()[0] for _ in range(limit)]
         purged = 0
-        for op in batch:
+        for op in _purge_batch(self.queue, limit):
+            if not op._listed:  # dead: it left every list once queued
+                continue
             for key in op._keys:
                 # _discard(key, op), its two common shapes inlined: the purge visits every
                 # operation that finished on a list, so this runs once per such entry.
@@ -539,9 +555,17 @@ class WatcherLists(_ListsCore, Generic[Op]):
 
         Checked: no list is empty; each operation on a list names the key and counts the lists
         that hold it; the entry count is right; every finished operation still on a list is
-        queued for the purge, and the queue holds nothing that has left every list; threshold
-        containers are consistent.
+        queued for the purge, once; what the queue holds beyond them is dead (finished, on no
+        list, ``_listed`` 0), and not at its end; threshold containers are consistent. By
+        identity throughout: an operation's ``__hash__`` and ``__eq__`` are not called.
         """
+        assert not self.queue or self.queue[-1]._listed, "the purge queue ends with a dead entry"
+        queued: dict[int, int] = {}
+        for op in self.queue:
+            assert op._state & FINISHED, f"{op!r} queued for the purge but not finished"
+            if op._listed:
+                assert id(op) not in queued, f"{op!r} queued twice for the purge"
+                queued[id(op)] = 1
         held: dict[int, int] = {}
         by_id: dict[int, Op] = {}
         entries = 0
@@ -561,14 +585,34 @@ class WatcherLists(_ListsCore, Generic[Op]):
                 by_id[id(op)] = op
                 assert key in op._keys, f"{op!r} is on {key!r}'s list but does not watch it"
                 if op._state & FINISHED:
-                    assert op in self.queue, f"finished {op!r} on {key!r}'s list, not queued"
+                    assert id(op) in queued, f"finished {op!r} on {key!r}'s list, not queued"
         assert entries == self._entries, f"{entries} entries, {self._entries} counted"
         for ident, count in held.items():
             op = by_id[ident]
             assert op._listed == count, f"{op!r} counts {op._listed} lists, is on {count}"
         for op in self.queue:
-            assert op._state & FINISHED, f"{op!r} queued for the purge but not finished"
-            assert id(op) in held, f"{op!r} has left every list but is still queued"
+            if not op._listed:
+                assert id(op) not in held, f"{op!r} queued dead but still on a list"
+
+
+def _purge_batch(queue: list[Any], limit: int | None) -> list[Any]:
+    """The operations a purge visits, taken out of the purge `queue`: all of them (``None``, or
+    no more than `limit`), or the newest `limit` still listed, newest first, the dead ones met
+    on the way dropped (and those the queue's end uncovers: it stays live)."""
+    if limit is None or len(queue) <= limit:
+        # Copied, then deleted by the count taken: a collection the copy starts may run code
+        # that settles into the queue, which stays for the next purge.
+        batch = queue[:]  # the usual case: all of it
+        del queue[: len(batch)]
+        return batch
+    batch = []
+    while queue and len(batch) < limit:
+        op = queue.pop()
+        if op._listed:
+            batch.append(op)
+    while queue and not queue[-1]._listed:
+        queue.pop()
+    return batch
 
 
 def _report_attempt(op: Any, key: Hashable, exc: BaseException) -> None:

@@ -90,10 +90,10 @@ def test_a_c_body_runs_only_for_the_packages_own_module() -> None:
         return -1
 
     ours = native.function(reference, "_operation.expire_due")
-    assert ours([], 0, purge_queue={}, ended=None) == 0  # the C body: nothing due, none expired
+    assert ours([], 0, purge_queue=[], ended=None) == 0  # the C body: nothing due, none expired
     assert calls == []
     theirs = a_second_instance().function(reference, "_operation.expire_due")
-    assert theirs([], 0, purge_queue={}, ended=None) == -1
+    assert theirs([], 0, purge_queue=[], ended=None) == -1
     assert len(calls) == 1
 
 

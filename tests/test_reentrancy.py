@@ -214,9 +214,10 @@ def test_operation_hash_assigned_later_is_not_called_while_timed() -> None:
 
 class Unhashed(FlagOperation):
     """An operation class whose ``__hash__`` and ``__eq__`` (assigned after its first watch:
-    the purgatory refuses such a class at admission) fail the test while `armed`: the timer and
-    its wheel must never call them. (The watcher lists' purge queue is keyed by operation: a
-    settle of an operation still on a list hashes it there, so the tests settle unlisted ones.)"""
+    the purgatory refuses such a class at admission) fail the test while `armed`: the timer, its
+    wheel and the watcher lists' purge queue must never call them. (A key watched by several
+    operations holds them in a ``dict``, which does: the tests give each operation keys of its
+    own.)"""
 
     armed = False
 
@@ -262,11 +263,9 @@ def test_watch_cascade_and_cancel_never_call_an_operations_hash_or_eq() -> None:
         assert _only(p.cancel_for_key("k0")) is ops[0]
         assert _only(p.cancel_for_key("k2")) is ops[2]
         assert Unhashed.armed, "an operation was hashed or compared"
-        Unhashed.armed = False  # op1 expires, and is queued for the purge: hashed there
-        clock.advance(0.6)
+        clock.advance(0.6)  # op1 expires, and is queued for the purge (by identity)
         assert ops[1].is_expired
-        assert p.purge() == 1  # (a cancel pops from a queue that is not empty: a hash)
-        Unhashed.armed = True
+        assert p.purge() == 1
         for _ in range(58):  # to 29.6 s: the 30 s bucket's cascade falls due (29.18 s) and runs
             clock.advance(0.5)
         assert _only(p.cancel_for_key("k3")) is ops[3]  # from the part its cascade moved it to
@@ -331,11 +330,14 @@ def _only(ops: list[Any]) -> Any:
 
 
 @pytest.mark.parametrize("how", ["force_complete", "expiry"])
-def test_operation_hash_triggering_its_key_as_it_is_queued_for_the_purge(how: str) -> None:
-    """Settling an operation still on a list queues it for the purge (``queue[op] = None``):
-    the insertion runs the class's ``__hash__``, which here triggers the operation's key, and
-    the trigger takes the finished operation off its last list. The queue must not keep it
-    (found by the hostile differential test, on both builds alike)."""
+def test_operation_hash_is_not_called_as_it_is_queued_for_the_purge(how: str) -> None:
+    """Settling an operation still on a list queues it for the purge. The queue was keyed by
+    the operation, so the insertion ran its class's ``__hash__`` (assigned after the class's
+    first watch), which here triggers the operation's key: the trigger took the finished
+    operation off its last list in the middle of its settle, and the queue had to be re-checked
+    after it (found by the hostile differential test). The queue holds operations by identity
+    now: the settle calls nothing, the trigger after it drops the operation from its list and
+    from the queue's end, and the purge finds nothing."""
     clock, p = manual_purgatory()
     op = LateHash(0.05)
     assert not p.try_complete_else_watch(op, ["a"])
@@ -352,14 +354,63 @@ def test_operation_hash_triggering_its_key_as_it_is_queued_for_the_purge(how: st
             assert op.force_complete()
         else:
             clock.advance(0.1)
-        assert fired == [0]  # the trigger found it finished and dropped it
+        assert fired == []
         assert op.is_completed
-        assert op._listed == 0
+        assert (op._listed, len(p._lists.queue)) == (1, 1)
         check_invariants(p)
+        assert p.check_and_complete("a") == 0  # found finished and dropped, not counted again
+        assert (op._listed, len(p._lists.queue), p.watched()) == (0, 0, 0)
         assert p.purge() == 0
+        assert fired == []
         check_invariants(p)
     finally:
         del LateHash.__hash__
+
+
+def test_settled_on_two_keys_every_way_and_purged_without_a_hash_or_eq() -> None:
+    """Operations on two keys of their own each, settled every way a listed operation settles
+    (``force_complete``; a trigger of one key and then of the other; a timer pass's expiry; a
+    cancel of one key, and of both; a trigger at a threshold), then purged: the purge queue
+    takes and gives them by identity, and the purge takes every settled one off every list."""
+    clock, p = manual_purgatory()
+    assert not p.try_complete_else_watch(Unhashed(10.0, "admitted"), ["admitted"])
+    assert len(p.cancel_for_key("admitted")) == 1  # (cancelled on its only key: not queued)
+    Unhashed.__hash__ = _unhashed_hash  # type: ignore[assignment,method-assign]
+    Unhashed.__eq__ = _unhashed_eq  # type: ignore[assignment,method-assign]
+    try:
+        ops = [Unhashed(0.5 if i == 2 else 30.0, f"op{i}") for i in range(6)]
+        Unhashed.armed = True
+        for i, op in enumerate(ops[:5]):
+            assert not p.try_complete_else_watch(op, [f"a{i}", f"b{i}"])
+        assert not p.try_complete_else_watch(ops[5], {"a5": 5, "b5": 7})
+        assert ops[0].force_complete()  # queued, on both lists
+        ops[1].ready = True
+        assert p.check_and_complete("a1") == 1  # completed, queued, off a1
+        assert p.check_and_complete("b1") == 0  # off b1: its last list (and the queue's end)
+        clock.advance(0.6)  # ops[2] expires, queued on both lists
+        assert _only(p.cancel_for_key("a3")) is ops[3]  # queued, still on b3
+        assert _only(p.cancel_for_key("a4")) is ops[4]
+        assert p.cancel_for_key("b4") == []  # (cancelled already) off its last list
+        ops[5].ready = True
+        assert p.check_and_complete("a5", 5) == 1  # released at its threshold, completed
+        assert Unhashed.armed, "an operation was hashed or compared"
+        Unhashed.armed = False
+        check_invariants(p)
+        assert p._lists.queue == [ops[0], ops[2], ops[3], ops[5]]  # (list ==: by identity first)
+        Unhashed.armed = True
+        assert p.purge() == 2 + 2 + 1 + 1  # ops[0] and ops[2] on two lists, 3 and 5 on one
+        assert Unhashed.armed, "an operation was hashed or compared"
+        Unhashed.armed = False
+        assert (p.watched(), len(p._lists), p._lists.queue) == (0, 0, [])
+        assert [op._listed for op in ops] == [0] * 6
+        outcomes = [(op.is_completed, op.is_expired, op.is_cancelled) for op in ops]
+        assert outcomes == [(True, False, False)] * 2 + [(True, True, False)] + [
+            (False, False, True)
+        ] * 2 + [(True, False, False)]
+        check_invariants(p)
+    finally:
+        Unhashed.armed = False
+        del Unhashed.__hash__, Unhashed.__eq__
 
 
 # -- row 5: the operation completed while its watch reads the keys -------------------------------

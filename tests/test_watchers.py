@@ -198,3 +198,79 @@ def test_purge_now_releases_what_only_the_lists_still_hold() -> None:
     assert (p.watched(), p.statistics().keys, p.statistics().purged) == (0, 0, 12)
     assert p.purge() == 0
     check_invariants(p)
+
+
+def test_the_purge_queue_stays_bounded_with_no_purge() -> None:
+    """The purge queue holds operations by identity, so one that leaves its last list is taken
+    off only from the queue's end; elsewhere it stays there, dead, until the purge or a
+    compaction. With no timer pass at all (a driven clock never moved: no purge), rounds that
+    each leave two dead entries behind a live one keep the queue within twice the lists'
+    entries, and release what it held dead."""
+    _clock, p = manual_purgatory()
+    pending = [Big() for _ in range(3)]  # entries the bound allows
+    for index, op in enumerate(pending):
+        assert not p.try_complete_else_watch(op, [f"pending-{index}"])
+    refs = []
+    longest = 0
+    previous: str | None = None
+    for index in range(500):
+        first, second = Big(), Big()
+        assert not p.try_complete_else_watch(first, [f"first-{index}"])
+        assert not p.try_complete_else_watch(second, [f"second-{index}"])
+        assert first.force_complete()
+        assert second.force_complete()  # both queued, `second` last (and left listed)
+        assert p.check_and_complete(f"first-{index}") == 0  # off its list: dead in the queue
+        if previous is not None:  # the last round's `second`: dead too
+            assert p.check_and_complete(previous) == 0
+        previous = f"second-{index}"
+        longest = max(longest, len(p._lists.queue))
+        refs.append(weakref.ref(first))
+        del first, second
+        check_watchers(p)
+    assert p._rule.purges == 0
+    bound = 2 * (len(pending) + 2) + 16  # the most entries as one leaves: two seconds listed
+    assert longest <= bound
+    gc.collect()
+    assert len([ref for ref in refs if ref() is not None]) <= bound
+    assert (p.purge(), p.watched(), p._lists.queue) == (1, 3, [])  # the last `second`
+    check_invariants(p)
+
+
+def test_a_purge_slice_takes_the_newest_still_listed() -> None:
+    """`purge(limit)` takes the newest `limit` operations of the queue still on a list, newest
+    first, dropping the dead entries it meets (they left every list once queued); the rest wait
+    for the next slice."""
+    _clock, p = manual_purgatory()
+    ops = [Big() for _ in range(6)]
+    for index, op in enumerate(ops):
+        keys = [f"k{index}"] if index >= 4 else [f"k{index}", "shared"]
+        assert not p.try_complete_else_watch(op, keys)
+    for op in ops:
+        assert op.force_complete()
+    assert p.check_and_complete("k4") == 0  # off its only list, not the queue's last: dead
+    assert p._lists.queue == ops
+    assert p._lists.purge(2) == 1 + 2  # ops[5] (on k5) and ops[3] (on k3 and "shared")
+    assert p._lists.queue == ops[:3]
+    assert [op._listed for op in ops] == [2, 2, 2, 0, 0, 0]
+    assert p.check_and_complete("k2") == 0  # ops[2] off k2: still on "shared"
+    assert p.purge() == 2 + 2 + 1
+    assert (p.watched(), p._lists.queue) == (0, [])
+    check_invariants(p)
+
+
+def test_the_purge_queue_never_ends_with_a_dead_entry() -> None:
+    """An operation taken off the queue's end takes the dead entries before it along: the queue
+    is empty exactly when no finished operation is left on a list (what the purge rule reads)."""
+    _clock, p = manual_purgatory()
+    ops = [Big() for _ in range(3)]
+    for index, op in enumerate(ops):
+        assert not p.try_complete_else_watch(op, [f"k{index}"])
+    for op in ops:
+        assert op.force_complete()
+    assert p.check_and_complete("k0") == 0
+    assert p.check_and_complete("k1") == 0
+    assert p._lists.queue == ops  # two dead, the last one live
+    check_watchers(p)
+    assert p.check_and_complete("k2") == 0
+    assert p._lists.queue == []
+    check_invariants(p)

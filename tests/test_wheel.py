@@ -12,6 +12,7 @@ an explicit O(1) ``remove`` followed by ``add``.
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 import random
 import weakref
@@ -741,3 +742,45 @@ def test_an_entry_released_by_a_bucket_may_add_to_it_again() -> None:
     assert names(bucket) == ["ghost"]
     bucket.clear()
     assert len(bucket) == 0
+
+
+def test_a_cascade_target_taken_out_of_the_wheel_as_its_older_part_is_made() -> None:
+    """A cascade moves an entry into the older part of its bucket one level down, making the part
+    if the bucket has none: ``Bucket(wheel, level)``, Python code (the bucket's ``__init__``, or
+    a collection it starts). Here that code takes the target bucket out of its level and out of
+    the wheel's queue, the two that held it. The reference holds the target in a local; the
+    native wheel once borrowed it across the making (a use after free: run under
+    ``PYTHONMALLOC=debug`` or AddressSanitizer to see it) and holds it now."""
+    wheel = TimingWheel(4, start_tick=0)
+    entry = Entry("moved")
+    wheel.add(entry, 9)  # level 2 (8..11), cascaded into level 1's slot 0 (8..9) at tick 4
+    assert wheel.levels == 3
+    original_init = Bucket.__init__
+    taken: list[int] = []
+
+    def meddling_init(self: Bucket, owner: TimingWheel, level: int) -> None:
+        target = wheel._levels[1][0]
+        if not taken and target.expiration == 8 and target.older is None:
+            taken.append(id(target))
+            wheel._levels[1][0] = Bucket(wheel, 1)
+            queue = [item for item in wheel._heap if item[3] is not target]
+            heapq.heapify(queue)
+            wheel._heap = queue
+            del target
+        original_init(self, owner, level)
+
+    Bucket.__init__ = meddling_init  # type: ignore[method-assign,assignment]
+    try:
+        assert wheel.advance(6) == []
+    finally:
+        Bucket.__init__ = original_init  # type: ignore[method-assign]
+    assert len(taken) == 1
+    # Where the entry is now differs: the native wheel's queue is its own, the reference's
+    # advance goes on with the list it read before `_heap` was assigned (which still has the
+    # target, cascaded on). In both it is held by the bucket it says, and leaves it.
+    part = entry._bucket
+    assert part is not None
+    assert [e for e in part if e is entry] == [entry]
+    part.remove(entry)
+    assert entry._bucket is None
+    assert wheel.advance(12) == []

@@ -60,7 +60,7 @@ expire_due_native(NativeState *st, PyObject *due, PyObject *const *args, Py_ssiz
 {
     PyObject *slots[4] = {NULL, NULL, NULL, NULL}; /* now, outcome, purge_queue, ended */
     if (!expire_due_args(st, args, nargs, kwnames, slots) || !PyList_CheckExact(due) ||
-        !PyDict_CheckExact(slots[2]) || !(slots[3] == Py_None || PyList_CheckExact(slots[3]))) {
+        !PyList_CheckExact(slots[2]) || !(slots[3] == Py_None || PyList_CheckExact(slots[3]))) {
         return NOT_HANDLED;
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(due); i++) {
@@ -324,6 +324,7 @@ static const Interned interned[] = {
     INTERNED(s_ticks, "ticks"),
     INTERNED(s_outcome, "outcome"),
     INTERNED(s_now, "now"),
+    INTERNED(s_gone, "_gone"),
     INTERNED(s_impl_module, "purgatory._impl"),
     INTERNED(s_native, "native"),
     {0, NULL},

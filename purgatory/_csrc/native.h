@@ -263,16 +263,28 @@ field_set(PyObject *self, PyObject *value, void *closure)
  *   else NO_WEAKREFS;
  * - MORE: the hand-written part, for what is not a plain owned field (a C array of objects: the
  *   threshold queue's ring and heap, the wheel's queue of buckets; a bucket's list of entries):
- *   `MORE##_visit(self, visit, arg)` (int), `MORE##_unready(self)` (void, run first by
- *   tp_clear, before any release can run code: a core's `ready` reset), `MORE##_forget(self)`
- *   (void, run last by tp_clear) and `MORE##_free(self)` (void, run by the dealloc after
- *   tp_clear's work: C memory a cleared object still uses, the wheel's tick arrays), or NO_MORE.
+ *   `MORE##_visit(self, visit, arg)` (int), `MORE##_unready(self)` (void: the object's "set
+ *   up" flag reset, a core's `ready`, an operation's `set` bits; run by tp_clear first, again
+ *   before each field's release, since a release may run code that calls a method, which may
+ *   check the fields again and find them whole if that code assigned them, and once more at its
+ *   end), `MORE##_forget(self)` (void, run last by tp_clear, before that final reset) and
+ *   `MORE##_free(self)` (void, run by the dealloc after tp_clear's work: C memory a cleared
+ *   object still uses, the wheel's tick arrays), or NO_MORE, or READY_ONLY (a core whose only
+ *   hand-written part is its `ready` reset).
+ *
+ * So a method called on an object a collection is clearing, or has cleared, takes the path of
+ * an object not set up (the reference's, which finds the fields unset: an AttributeError, as
+ * for a pure object whose slots the collection cleared) and never reads a NULL field as one the
+ * check found set.
  *
  * The dealloc: untrack, weak references, tp_clear's work, the kept fields, MORE's free, tp_free,
  * the type (a heap type: its instances hold it). */
 #define NO_FIELDS(X)
 #define LIFE_VISIT_(member) Py_VISIT(o_->member);
 #define LIFE_CLEAR_(member) Py_CLEAR(o_->member);
+#define LIFE_CLEAR_UNREADY_(member)                                                             \
+    unready_(self);                                                                             \
+    Py_CLEAR(o_->member);
 #define HAS_WEAKREFS(o)                                                                         \
     if ((o)->weakreflist != NULL) {                                                             \
         PyObject_ClearWeakRefs((PyObject *)(o));                                                \
@@ -300,6 +312,17 @@ NO_MORE_free(PyObject *self)
 {
 }
 
+/* The hand-written part of a core that has nothing but its `ready` (CORE_HEAD) to reset. */
+#define READY_ONLY_visit NO_MORE_visit
+#define READY_ONLY_forget NO_MORE_forget
+#define READY_ONLY_free NO_MORE_free
+
+static inline void
+READY_ONLY_unready(PyObject *self)
+{
+    ((CoreObject *)self)->ready = 0;
+}
+
 #define TYPE_LIFECYCLE(prefix, Type, FIELDS, KEPT, WEAK, MORE)                                  \
     static int prefix##_traverse(PyObject *self, visitproc visit, void *arg)                    \
     {                                                                                           \
@@ -312,10 +335,12 @@ NO_MORE_free(PyObject *self)
     static int prefix##_clear(PyObject *self)                                                   \
     {                                                                                           \
         Type *o_ = (Type *)self;                                                                \
+        void (*const unready_)(PyObject *) = MORE##_unready;                                    \
         (void)o_;                                                                               \
-        MORE##_unready(self);                                                                   \
-        FIELDS(LIFE_CLEAR_)                                                                     \
+        unready_(self);                                                                         \
+        FIELDS(LIFE_CLEAR_UNREADY_)                                                             \
         MORE##_forget(self);                                                                    \
+        unready_(self);                                                                         \
         return 0;                                                                               \
     }                                                                                           \
     static void prefix##_dealloc(PyObject *self)                                                \
@@ -523,7 +548,7 @@ struct NativeState {
         *s_join_plain, *s_join_at, *s_tidy, *s_fail, *s_wake_awaiters, *s_refuse,
         *s_ended_before_registration, *s_abandon, *s_request_pass, *s_purge_queue, *s_ended,
         *s_sort, *s_key, *s_discard, *s_threshold, *s_reached, *s_remove;
-    PyObject *s_check_clock, *s_schedule, *s_ticks, *s_outcome, *s_now;
+    PyObject *s_check_clock, *s_schedule, *s_ticks, *s_outcome, *s_now, *s_gone;
     PyObject *s_impl_module, *s_native; /* "purgatory._impl", "native" */
     PyObject *kw_key;             /* ("key",) */
     /* imported at the module's exec */
@@ -689,24 +714,6 @@ dict_discard_in(NativeState *st, PyObject *d, PyObject *key)
 }
 #define dict_discard(d, key) dict_discard_in(st, (d), (key))
 
-/* queue[op] = None, the purge-queue protocol (`purgatory._watchers`), for an operation still on a
- * list; the insertion runs op's __hash__, which may take op off its last list (a trigger of its
- * key), so it is taken out again then: the queue holds nothing that has left every list. The
- * reference does the same (`_purgatory._settled`, `_operation.expire_due`). 0, or -1 on error. */
-static int
-purge_queue_add(NativeState *st, PyObject *queue, OpObject *op)
-{
-    Py_INCREF(queue);
-    Py_INCREF(op);
-    int err = PyDict_SetItem(queue, (PyObject *)op, Py_None);
-    if (err == 0 && op->listed == 0 && dict_discard(queue, (PyObject *)op) < 0) {
-        err = -1;
-    }
-    Py_DECREF(op);
-    Py_DECREF(queue);
-    return err;
-}
-
 /* `a op b` (Py_LT or Py_LE) as Python compares: ints that fit and floats in C, the rest by
  * their own comparison. 1, 0, or -1 on error. */
 static inline int
@@ -738,6 +745,27 @@ discard_result(PyObject *r)
     }
     Py_DECREF(r);
     return 0;
+}
+
+/* queue.append(op), the purge-queue protocol (`purgatory._watchers`), for an operation still on a
+ * list. The queue (an exact list) holds operations by identity: no __hash__ runs, nothing of the
+ * user's (a list's growth is no GC allocation). 0, or -1 on error. */
+static inline int
+purge_queue_add(NativeState *st, PyObject *queue, OpObject *op)
+{
+    (void)st;
+    if (queue != NULL && PyList_CheckExact(queue)) {
+        return PyList_Append(queue, (PyObject *)op);
+    }
+    /* (a field Python code replaced: its `append`, as the reference calls it) */
+    if (queue == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "_purge_queue");
+        return -1;
+    }
+    Py_INCREF(queue);
+    int err = discard_result(PyObject_CallMethod(queue, "append", "O", (PyObject *)op));
+    Py_DECREF(queue);
+    return err;
 }
 
 /* Whether an exception is an interrupt the reference lets through (KeyboardInterrupt or

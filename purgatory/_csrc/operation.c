@@ -31,8 +31,21 @@ static int purgatory_settled(NativeState *st, PyObject *purgatory, OpObject *op,
 
 /* -- life ------------------------------------------------------------------------------------ */
 
-/* Its fields' table is OP_FIELDS (native.h); `set` and the number fields hold no object. */
-TYPE_LIFECYCLE(op, OpObject, OP_FIELDS, NO_FIELDS, NO_WEAKREFS, NO_MORE)
+/* Its fields' table is OP_FIELDS (native.h); `set` and the number fields hold no object. The
+ * hand-written part is the `set` bits: reset as tp_clear starts (and before each release), so
+ * that a cleared operation is not set up (`op_is_set_up`) and reads as a pure one whose slots a
+ * collection cleared, every field unset. */
+#define op_set_visit NO_MORE_visit
+#define op_set_forget NO_MORE_forget
+#define op_set_free NO_MORE_free
+
+static inline void
+op_set_unready(PyObject *self)
+{
+    OP_SET(self) = 0;
+}
+
+TYPE_LIFECYCLE(op, OpObject, OP_FIELDS, NO_FIELDS, NO_WEAKREFS, op_set)
 
 /* __init__(self, timeout) for the common timeouts (a finite float or int >= 0); anything else
  * (a bad timeout, keywords, a class with a __setattr__ of its own, which sees the reference's

@@ -7,7 +7,7 @@
 
 /* Its fields' table is PURGATORY_FIELDS (native.h), beside the struct. */
 TYPE_LIFECYCLE(purgatory, PurgatoryObject, PURGATORY_FIELDS, NO_FIELDS, HAS_WEAKREFS,
-               NO_MORE)
+               READY_ONLY)
 
 static PyObject *
 purgatory_get_weakref(PyObject *self, void *closure)
@@ -50,17 +50,22 @@ purgatory_ready_check(NativeState *st, PurgatoryObject *p)
     return p->attempt != NULL && p->binding != NULL && p->name != NULL &&
            p->max_pending != NULL && p->sink != NULL && p->sync_types != NULL &&
            PySet_Check(p->sync_types) && p->time_op != NULL && p->purge_queue != NULL &&
-           PyDict_CheckExact(p->purge_queue) && p->lists != NULL &&
+           PyList_CheckExact(p->purge_queue) && p->lists != NULL &&
            CORE_CHECK(p->lists, ListsType) && lists_ready((ListsObject *)p->lists) &&
            p->rule != NULL && CORE_CHECK(p->rule, RuleType) &&
            rule_ready(st, (RuleObject *)p->rule) && p->timer != NULL &&
            CORE_CHECK(p->timer, TimerType) && timer_ready(st, (TimerObject *)p->timer);
 }
 
+/* Set up: its own `ready`, and its parts' (the lists, the rule, the timer, and theirs: reset by
+ * their own assignments and clear, which the purgatory is not told of) still set, else checked
+ * again. */
 static inline int
 purgatory_ready(NativeState *st, PurgatoryObject *o)
 {
-    return o->ready || (o->ready = (char)purgatory_ready_check(st, o));
+    return (o->ready && lists_ready((ListsObject *)o->lists) &&
+            rule_ready(st, (RuleObject *)o->rule) && timer_ready(st, (TimerObject *)o->timer)) ||
+           (o->ready = (char)purgatory_ready_check(st, o));
 }
 
 /* `sink.<list> += items`, then `sink.take()` if `limit_check` and it holds `limit` items. */

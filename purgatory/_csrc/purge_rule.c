@@ -12,7 +12,7 @@ typedef struct {
 
 #define RULE_FIELDS(X) X(lists) X(timer) X(idle_at)
 
-TYPE_LIFECYCLE(rule, RuleObject, RULE_FIELDS, NO_FIELDS, NO_WEAKREFS, NO_MORE)
+TYPE_LIFECYCLE(rule, RuleObject, RULE_FIELDS, NO_FIELDS, NO_WEAKREFS, READY_ONLY)
 
 static PyGetSetDef rule_getset[] = {
     FIELD(RuleObject, timer, "_timer"),
@@ -41,10 +41,13 @@ rule_ready_check(NativeState *st, RuleObject *r)
            lists_ready((ListsObject *)r->lists) && r->timer != NULL && r->idle_at != NULL;
 }
 
+/* Set up: its own `ready`, and its lists' (which a field's assignment or a collection's clear
+ * resets without telling the rule) still set, else checked again. */
 static inline int
 rule_ready(NativeState *st, RuleObject *o)
 {
-    return o->ready || (o->ready = (char)rule_ready_check(st, o));
+    return (o->ready && ((CoreObject *)o->lists)->ready) ||
+           (o->ready = (char)rule_ready_check(st, o));
 }
 
 /* due(): whether the rule says purge and no pass was asked for yet (1 once, 0; -1 on error).

@@ -28,8 +28,10 @@ typedef struct {
 } ThresholdObject;
 
 /* Its owned object fields; the run and the heap (C arrays of objects) are the lifecycle's
- * hand-written part (`threshold_queue_visit` / `threshold_queue_forget`). */
-#define THRESHOLD_FIELDS(X) X(plain) X(at) X(shape)
+ * hand-written part (`threshold_queue_visit` / `threshold_queue_forget`). `at` is what says the
+ * object is set up (`threshold_ready`): cleared first, so that a method called while the others
+ * are released (or after) takes the path of a threshold not set up. */
+#define THRESHOLD_FIELDS(X) X(at) X(plain) X(shape)
 
 #define Threshold_Check(o) CORE_CHECK((o), ThresholdType)
 #define RUN_AT(t, i) ((t)->run[((t)->run_head + (i)) & ((t)->run_cap - 1)])
@@ -294,7 +296,7 @@ op_threshold_of(NativeState *st, PyObject *o, PyObject *key)
 static inline int
 threshold_ready(PyObject *o)
 {
-    return ((ThresholdObject *)o)->at != NULL;
+    return ((ThresholdObject *)o)->at != NULL && ((ThresholdObject *)o)->plain != NULL;
 }
 
 /* `t.plain` or `t.at` as it is now (a new reference), or NULL with an error: read again after

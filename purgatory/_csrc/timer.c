@@ -8,7 +8,7 @@
 #define TICK_LIMIT 4611686018427387904.0
 
 /* Its fields' table is TIMER_FIELDS (native.h), beside the struct. */
-TYPE_LIFECYCLE(timer, TimerObject, TIMER_FIELDS, NO_FIELDS, HAS_WEAKREFS, NO_MORE)
+TYPE_LIFECYCLE(timer, TimerObject, TIMER_FIELDS, NO_FIELDS, HAS_WEAKREFS, READY_ONLY)
 
 static PyObject *
 timer_get_weakref(PyObject *self, void *closure)
@@ -54,10 +54,13 @@ timer_ready_check(NativeState *st, TimerObject *t)
            t->outcome != NULL && PyUnicode_CheckExact(t->outcome) && t->tick > 0.0;
 }
 
+/* Set up: its own `ready`, and its wheel's (reset by the wheel's own assignments and clear)
+ * still set, else checked again. */
 static inline int
 timer_ready(NativeState *st, TimerObject *o)
 {
-    return o->ready || (o->ready = (char)timer_ready_check(st, o));
+    return (o->ready && ((CoreObject *)o->wheel)->ready) ||
+           (o->ready = (char)timer_ready_check(st, o));
 }
 
 /* `due < wake_tick` as Python compares an int with whatever the alarm holds: 1, 0, -1. */

@@ -7,7 +7,7 @@
 typedef struct {
     CORE_HEAD
     PyObject *lists; /* _lists: dict */
-    PyObject *queue; /* dict */
+    PyObject *queue; /* list: the purge queue, by identity */
     Py_ssize_t entries, purged;
 } ListsObject;
 
@@ -15,7 +15,7 @@ typedef struct {
 
 /* -- WatcherLists' fields ----------------------------------------------------------------------- */
 
-TYPE_LIFECYCLE(lists, ListsObject, LISTS_FIELDS, NO_FIELDS, NO_WEAKREFS, NO_MORE)
+TYPE_LIFECYCLE(lists, ListsObject, LISTS_FIELDS, NO_FIELDS, NO_WEAKREFS, READY_ONLY)
 
 static PyGetSetDef lists_getset[] = {
     FIELD(ListsObject, lists, "_lists"),
@@ -33,7 +33,7 @@ static inline int
 lists_ready_check(ListsObject *l)
 {
     return l->lists != NULL && PyDict_CheckExact(l->lists) && l->queue != NULL &&
-           PyDict_CheckExact(l->queue);
+           PyList_CheckExact(l->queue);
 }
 
 static inline int
@@ -49,21 +49,83 @@ op_mark_listed(OpObject *op, Py_ssize_t listed)
     OP_SET(op) |= SET_LISTED;
 }
 
-/* An entry of `op` left a list: one entry less; out of the purge queue once on none. */
+/* Whether the queued `o` is still on a list (`o._listed`, not 0): 1, 0 (dead), or -1. */
+static int
+entry_listed(NativeState *st, PyObject *o)
+{
+    if (Op_Check(o)) {
+        return ((OpObject *)o)->listed != 0;
+    }
+    PyObject *v = PyObject_GetAttrString(o, "_listed");
+    if (v == NULL) {
+        return -1;
+    }
+    int truth = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return truth;
+}
+
+/* The purge queue's last entry taken off (the caller holds `queue`): 0, or -1. */
+static inline int
+queue_pop_end(PyObject *queue)
+{
+    Py_ssize_t n = PyList_GET_SIZE(queue);
+    return PyList_SetSlice(queue, n - 1, n, NULL);
+}
+
+/* The dead entries at the end of the purge queue (held by the caller) taken off: its end stays
+ * live (`WatcherLists._gone`). An entry that is not an operation is read by its attribute, code
+ * that may change the queue: the end is read again after it. 0, or -1. */
+static int
+queue_trim(NativeState *st, PyObject *queue)
+{
+    while (PyList_GET_SIZE(queue) > 0) {
+        PyObject *last = Py_NewRef(PyList_GET_ITEM(queue, PyList_GET_SIZE(queue) - 1));
+        int live = entry_listed(st, last);
+        Py_ssize_t n = PyList_GET_SIZE(queue);
+        int err = live == 0 && n > 0 && PyList_GET_ITEM(queue, n - 1) == last
+                      ? queue_pop_end(queue)
+                      : 0;
+        Py_DECREF(last);
+        if (live != 0 || err < 0) {
+            return live < 0 || err < 0 ? -1 : 0;
+        }
+    }
+    return 0;
+}
+
+/* `op` (held by the caller) left its last list (`WatcherLists._gone`): off the purge queue's end
+ * if it is the last queued (a trigger's completion: its settle appended it a moment before),
+ * with the dead it uncovers, else left there dead and the queue compacted once mostly dead (by
+ * the reference's `_gone`, a cold path). 0, or -1 on error. */
+static int
+lists_gone(NativeState *st, ListsObject *l, PyObject *op)
+{
+    if (!lists_ready(l)) { /* (a field replaced by the user code a trigger ran) */
+        return discard_result(call_method1((PyObject *)l, N.s_gone, op));
+    }
+    PyObject *queue = l->queue;
+    Py_ssize_t n = PyList_GET_SIZE(queue);
+    if (n > 0 && PyList_GET_ITEM(queue, n - 1) == op) {
+        /* (held: the pop drops the queue's reference to `op`, which the caller holds) */
+        Py_INCREF(queue);
+        int err = queue_pop_end(queue) < 0 || queue_trim(st, queue) < 0 ? -1 : 0;
+        Py_DECREF(queue);
+        return err;
+    }
+    if (n > 2 * l->entries + 16) {
+        return discard_result(call_method1((PyObject *)l, N.s_gone, op));
+    }
+    return 0;
+}
+
+/* An entry of `op` left a list: one entry less; off the purge queue once on none. */
 static inline int
 lists_left(NativeState *st, ListsObject *l, OpObject *op)
 {
     l->entries--;
     op->listed--;
-    if (!op->listed) {
-        PyObject *queue = Py_NewRef(l->queue); /* (the lookup runs op's __hash__) */
-        int err = dict_discard(queue, (PyObject *)op);
-        Py_DECREF(queue);
-        if (err < 0) {
-            return -1;
-        }
-    }
-    return 0;
+    return op->listed ? 0 : lists_gone(st, l, (PyObject *)op);
 }
 
 /* -- entries that are not operations ------------------------------------------------------------ */
@@ -735,36 +797,78 @@ purge_entry(NativeState *st, PyObject *lists, PyObject *op, PyObject *key)
     return result;
 }
 
-/* The operations a purge visits, taken out of `queue` (held by the caller): all of them, or
- * `limit` (`[queue.popitem()[0] for _ in range(limit)]`: the last ones, newest first). */
+/* All the operations of `queue` (an exact list, held by the caller), taken out for a purge. The
+ * batch's list is made first (it may collect, and a collection run code that settles into the
+ * queue), the queue read after it: as the reference's copy, what it took is deleted by its
+ * count, and what was added meanwhile stays for the next purge. */
 static PyObject *
-purge_batch(PyObject *queue, Py_ssize_t limit)
+purge_all(PyObject *queue)
 {
-    PyObject *batch = PyDict_Keys(queue);
-    if (batch == NULL) {
+    Py_ssize_t n;
+    PyObject *batch;
+    do { /* (made again if the queue shrank meanwhile: a compaction) */
+        n = PyList_GET_SIZE(queue);
+        batch = PyList_New(n);
+        if (batch == NULL) {
+            return NULL;
+        }
+        if (PyList_GET_SIZE(queue) >= n) {
+            break;
+        }
+        Py_DECREF(batch);
+    } while (1);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyList_SET_ITEM(batch, i, Py_NewRef(PyList_GET_ITEM(queue, i)));
+    }
+    /* (the queue's references to them dropped: `batch` holds them all, none is freed) */
+    if (PyList_SetSlice(queue, 0, n, NULL) < 0) {
+        Py_DECREF(batch);
         return NULL;
     }
-    Py_ssize_t size = PyList_GET_SIZE(batch);
-    if (limit < 0 || size <= limit) {
-        PyDict_Clear(queue);
-        return batch;
-    }
-    PyObject *taken = PyList_New(limit);
-    for (Py_ssize_t i = 0; taken != NULL && i < limit; i++) {
-        PyObject *op = PyList_GET_ITEM(batch, size - 1 - i);
-        PyList_SET_ITEM(taken, i, Py_NewRef(op));
-        if (PyDict_DelItem(queue, op) < 0) {
-            Py_CLEAR(taken);
-        }
-    }
-    Py_DECREF(batch);
-    return taken;
+    return batch;
 }
 
-/* One queued operation (held by the caller) off the lists of its keys: entries removed, or -1. */
+/* The newest `limit` operations of `queue` still listed, taken out for a purge slice, newest
+ * first; the dead ones met on the way, and those its end uncovers, dropped (the reference's
+ * loop of pops). */
+static PyObject *
+purge_slice(NativeState *st, PyObject *queue, Py_ssize_t limit)
+{
+    PyObject *batch = PyList_New(0);
+    while (batch != NULL && PyList_GET_SIZE(batch) < limit && PyList_GET_SIZE(queue) > 0) {
+        PyObject *op = Py_NewRef(PyList_GET_ITEM(queue, PyList_GET_SIZE(queue) - 1));
+        int live = queue_pop_end(queue) < 0 ? -1 : entry_listed(st, op);
+        if (live < 0 || (live > 0 && PyList_Append(batch, op) < 0)) {
+            Py_CLEAR(batch);
+        }
+        Py_DECREF(op);
+    }
+    if (batch != NULL && queue_trim(st, queue) < 0) {
+        Py_CLEAR(batch);
+    }
+    return batch;
+}
+
+/* The operations a purge visits, taken out of `queue` (held by the caller): all of them, or a
+ * slice of `limit`. */
+static PyObject *
+purge_batch(NativeState *st, PyObject *queue, Py_ssize_t limit)
+{
+    if (limit < 0 || PyList_GET_SIZE(queue) <= limit) {
+        return purge_all(queue);
+    }
+    return purge_slice(st, queue, limit);
+}
+
+/* One queued operation (held by the caller) off the lists of its keys: entries removed, or -1.
+ * A dead one (it left every list once queued) is skipped. */
 static Py_ssize_t
 purge_op(NativeState *st, PyObject *lists, PyObject *op)
 {
+    int live = entry_listed(st, op);
+    if (live <= 0) {
+        return live;
+    }
     PyObject *keys = Op_Check(op) ? Py_XNewRef(((OpObject *)op)->keys)
                                   : PyObject_GetAttrString(op, "_keys");
     if (keys == NULL || !PyTuple_Check(keys)) {
@@ -792,7 +896,7 @@ static Py_ssize_t
 lists_purge(NativeState *st, ListsObject *l, Py_ssize_t limit)
 {
     PyObject *queue = Py_NewRef(l->queue);
-    PyObject *batch = purge_batch(queue, limit);
+    PyObject *batch = purge_batch(st, queue, limit);
     Py_DECREF(queue);
     if (batch == NULL) {
         return -1;

@@ -1278,16 +1278,19 @@ static inline PyObject *
 cascade_target(NativeState *st, WheelObject *w, Cascade *c, long long deadline)
 {
     long long slot = floordiv(deadline, c->span);
+    /* held to the end, as the reference's local `target`: making its older part runs Python
+     * code (the bucket's class, a collection), which may take it out of the level's list and
+     * the wheel's queue, the two that held it */
     PyObject *target = slot_bucket(st, c->slots, slot, c->size);
     if (target == NULL) {
         return NULL;
     }
-    Py_DECREF(target); /* (the level's list holds it, and the list is held by the cascade) */
     BucketObject *t = (BucketObject *)target;
     long long start = slot * c->span;
     if (t->expiration != start) {
         t->expiration = start;
         if (wheel_push(w, target, start - c->lead) < 0) {
+            Py_DECREF(target);
             return NULL;
         }
     }
@@ -1295,11 +1298,17 @@ cascade_target(NativeState *st, WheelObject *w, Cascade *c, long long deadline)
     if (part == NULL || part == Py_None || !Bucket_Check(part)) {
         part = PyObject_CallFunction((PyObject *)Py_TYPE(target), "Oi", (PyObject *)w, c->level);
         if (part == NULL) {
+            Py_DECREF(target);
             return NULL;
         }
-        Py_XSETREF(t->older, part);
+        /* (the older value's release may run code: `part` is ours, not borrowed from `t`) */
+        Py_XSETREF(t->older, Py_NewRef(part));
     }
-    return Py_NewRef(part);
+    else {
+        Py_INCREF(part);
+    }
+    Py_DECREF(target);
+    return part;
 }
 
 /* One entry of the cascade (held by the caller): due (appended to `due`) or moved one level

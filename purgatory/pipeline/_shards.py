@@ -383,7 +383,7 @@ def fingerprint(group: _Group) -> str:
             rule._purging,
             rule._armed,
             rule._idle_at,
-            sorted(op.op_id for op in p._purge_queue),
+            sorted(op.op_id for op in p._purge_queue if op._listed),  # (not the dead)
             p.watched(),
         ),
         "timer": (

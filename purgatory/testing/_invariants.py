@@ -75,8 +75,9 @@ def check_watchers(purgatory: DelayedOperationPurgatory[Any]) -> None:
 
     Checked: no key has an empty list; each operation on a list watches that key and counts the
     lists that hold it; the entry count is right; every finished operation still on a list is
-    queued for the purge, and the purge queue holds nothing that has left every list; each
-    key's threshold watchers are in their run or their heap, once, and dead cells are counted.
+    queued for the purge, once, and what else the purge queue holds has left every list (and is
+    not its last entry); each key's threshold watchers are in their run or their heap, once, and
+    dead cells are counted.
 
     Args:
         purgatory: The purgatory whose watcher lists to check.
