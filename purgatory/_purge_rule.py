@@ -47,7 +47,7 @@ LINGER: Final = 1.0
 _NEVER: Final = 2**63 - 1
 
 
-class _PyRuleCore:
+class _RuleCore:
     """A purge rule's fields (the native class has them as a C layout: `purgatory._impl`)."""
 
     __slots__ = (
@@ -67,7 +67,7 @@ class _PyRuleCore:
 
 
 @final
-class PurgeRule(_PyRuleCore):
+class PurgeRule(_RuleCore):
     """Kafka's purge rule over one purgatory's watcher lists, the time bound, and the slices."""
 
     __slots__ = ()
