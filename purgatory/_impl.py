@@ -3,7 +3,11 @@
 The pure-Python modules are the core's specification and a complete implementation, and they
 stay whole in every process, as CPython keeps ``asyncio.futures._PyFuture`` beside
 ``_asyncio.Future``: each core module defines its class over a pure *core* (its fields as
-``__slots__``) under the public name and keeps it as ``_Py<Name>``; nothing ever patches it.
+``__slots__``, named as the C core's type is: ``_OperationCore``, ...) under the public name and
+keeps it as ``_Py<Name>``; nothing ever patches it. The pure classes build pure parts (class
+attributes such as ``DelayedOperationPurgatory._Lists`` name them), so a pure purgatory never
+calls C.
+
 Where the package was built with its C extension (``purgatory._native``), the module then makes
 the native class with `twin`: the same namespace (the very same functions, properties and
 docstring) over the C core (the fields as a C layout), with a C body (a ``NativeMethod``) for
@@ -26,11 +30,11 @@ import os
 import types
 from typing import Any, Final, Literal
 
-__all__ = ("IMPLEMENTATION", "install", "native", "twin")
+__all__ = ("IMPLEMENTATION", "native", "twin")
 
 #: The native core's interface version these modules are written for (``NATIVE_API_VERSION`` in
 #: ``purgatory/_csrc/native.h``).
-API_VERSION: Final = 4
+API_VERSION: Final = 5
 
 
 def _disabled() -> bool:
@@ -62,12 +66,6 @@ IMPLEMENTATION: Final[Literal["native", "python"]] = "python" if native is None 
 """Which implementation of the core runs: ``"native"`` (the C core the wheels carry) or
 ``"python"`` (the pure-Python modules: where the core could not be compiled, or with
 ``PURGATORY_NO_EXTENSIONS=1`` set before the import). Both behave the same; only speed differs."""
-
-
-def install(cls: type, *names: str) -> None:
-    """Give the methods `names` of `cls` their native body, if the native core runs."""
-    if native is not None:
-        native.install(cls, *names)
 
 
 def twin(reference: type, core: type, *, hot: tuple[str, ...] = (), **overrides: Any) -> type:
