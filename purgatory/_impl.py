@@ -101,7 +101,11 @@ def twin(reference: type, core: type, *, hot: tuple[str, ...] = (), **overrides:
         namespace[name] = _copied(reference, name, value, cells)
     namespace["__slots__"] = ()
     for name in hot:
-        function = reference.__dict__[name]
+        function = reference.__dict__.get(name)
+        if not isinstance(function, types.FunctionType):
+            raise TypeError(f"twin({reference.__qualname__}): {name} is not a function of its own")
+        # (its fallback, the reference, runs on the native class: re-celled if it uses super())
+        function = _recelled(function, cells)
         namespace[name] = native.function(function, f"{reference.__name__}.{name}")
     namespace.update(overrides)
 

@@ -198,7 +198,8 @@ def test_a_field_shadowed_is_refused_on_either_class(base: str) -> None:
 
 
 def test_twin_refuses_what_it_cannot_copy() -> None:
-    """A class attribute of an unknown kind is refused, not shared by accident."""
+    """A class attribute of an unknown kind is refused, not shared by accident; so are a hot
+    name without a function and a class whose first base is not a pure core."""
     if native is None:
         pytest.skip("the pure modules alone run here: twin needs the extension")
 
@@ -211,6 +212,11 @@ def test_twin_refuses_what_it_cannot_copy() -> None:
 
     with pytest.raises(TypeError, match="cannot copy strange"):
         twin(Odd, native.RuleCore)
+    del Odd.strange
+    with pytest.raises(TypeError, match="missing is not a function of its own"):
+        twin(Odd, native.RuleCore, hot=("missing",))
+    with pytest.raises(TypeError, match="is not a pure core"):
+        twin(_purge_rule.PurgeRule, native.RuleCore)  # (the native class: its base is the C core)
 
 
 # -- side by side: the same script on every pairing of purgatory and operation classes --------
