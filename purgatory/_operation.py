@@ -465,7 +465,14 @@ class DelayedOperation(_OperationCore, ABC, Generic[T_co]):
 _PyDelayedOperation = DelayedOperation
 """The reference, whole in every process; `DelayedOperation` is the native class where the core
 is built (made by `purgatory._impl.twin`: ``__init__`` and `force_complete` C bodies over the C
-layout), this one otherwise. Subclass the public one."""
+layout), this one otherwise. Subclass the public one.
+
+An operation of either class may be watched by a purgatory of either (tests/test_twins.py runs
+every pairing through one script): a pure purgatory reads a native operation's fields through
+their descriptors, as it reads its own; a native purgatory's C bodies see that a pure operation
+is not of their C layout and hand it to the reference functions or read it through its
+attributes (rule 3 of purgatory/_csrc/README.md), so it behaves the same, at the reference's
+speed."""
 
 #: The cores an operation's fields live in: what `_refuse_shadowed_fields` stops at.
 _CORES: tuple[type, ...] = (_OperationCore,)
