@@ -140,8 +140,8 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
     The reference, whole, is `_PyThresholdWatchers`. Where the core is built, `ThresholdWatchers`
     is its twin over the C core, which has its own queue (a C ring and a C heap, sifted as
     `heapq` sifts) and its own `add`, `release`, `pop`, `push`, `unpush`, `clear` and `compact`;
-    the cold reads (``len``, iteration, ``repr``, `holds`, `check_orders`) are these functions,
-    which read ``run`` and ``heap`` as copies there.
+    the cold reads (``len``, iteration, ``repr``, `holds`, `check_orders`, `_check`) are these
+    functions, which read ``run`` and ``heap`` as copies there.
     """
 
     __slots__ = ()
