@@ -95,11 +95,13 @@ def twin(reference: type, core: type, *, hot: tuple[str, ...] = (), **overrides:
     )
     cells: list[Any] = []
     namespace: dict[str, Any] = {}
-    for name, value in reference.__dict__.items():
-        if name in _MADE_AGAIN or (name in core.__dict__ and name not in _THE_REFERENCES):
-            continue
-        namespace[name] = _copied(reference, name, value, cells)
-    namespace["__slots__"] = ()
+    for name, value in reference.__dict__.items():  # (in its order: the dict's layout too)
+        if name == "__slots__":
+            namespace[name] = ()
+        elif name not in _MADE_AGAIN and (name not in core.__dict__ or name in _THE_REFERENCES):
+            if name == "__final__":  # (set once made, as `typing.final` did)
+                continue
+            namespace[name] = _copied(reference, name, value, cells)
     for name in hot:
         function = reference.__dict__.get(name)
         if not isinstance(function, types.FunctionType):
@@ -115,6 +117,8 @@ def twin(reference: type, core: type, *, hot: tuple[str, ...] = (), **overrides:
     made = types.new_class(reference.__name__, bases, {"metaclass": type(reference)}, body)
     for cell in cells:
         cell.cell_contents = made
+    if "__final__" in reference.__dict__:
+        made.__final__ = reference.__final__  # type: ignore[attr-defined]
     return made
 
 
