@@ -99,9 +99,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
 
     __slots__ = ()
 
-    #: The class of a key's threshold watchers (the native lists' are the native
-    #: `ThresholdWatchers`).
-    _Thresholds: type[ThresholdWatchers[Any]] = _PyThresholdWatchers
+    _Thresholds = _PyThresholdWatchers  # a key's (the native lists': the native class)
 
     def __init__(self) -> None:
         # A key's watchers: the operation, an ordered set or a ThresholdWatchers.
