@@ -29,7 +29,7 @@ import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
-from ._purgatory import DelayedOperationPurgatory, PurgatoryStatistics
+from ._purgatory import PURGATORY_TYPES, DelayedOperationPurgatory, PurgatoryStatistics
 
 __all__ = ("FIELDS", "Field", "Tracked")
 
@@ -173,7 +173,7 @@ class Tracked:
             ValueError: It is shut down, already exported, or another purgatory exported here
                 has its name (its samples would be indistinguishable).
         """
-        if not isinstance(purgatory, DelayedOperationPurgatory):
+        if not isinstance(purgatory, PURGATORY_TYPES):
             raise TypeError(f"expected a DelayedOperationPurgatory, got {purgatory!r}")
         if purgatory.closed:
             raise ValueError(f"purgatory {purgatory.name!r} is shut down: nothing to export")

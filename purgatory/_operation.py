@@ -72,7 +72,7 @@ from ._asyncio import (
     report_exception,
 )
 from ._errors import OperationCancelled, PurgatoryClosed
-from ._impl import install, native
+from ._impl import native, twin
 
 __all__ = ("DelayedOperation", "Owner", "expire_due", "not_set_up")
 
@@ -139,16 +139,12 @@ FIELDS = (
     "_timeout",
 )
 
-if TYPE_CHECKING or native is None:
 
-    class _OperationCore:
-        """The fields of an operation (see the module docstring for their owners); the native
-        core gives them a C layout (see `_impl.py`)."""
+class _OperationCore:
+    """The fields of an operation (see the module docstring for their owners); the native class
+    has them as a C layout (see `_impl.py`)."""
 
-        __slots__ = FIELDS
-
-else:
-    _OperationCore = native.OperationCore
+    __slots__ = FIELDS
 
 
 class DelayedOperation(_OperationCore, ABC, Generic[T_co]):
@@ -466,7 +462,26 @@ class DelayedOperation(_OperationCore, ABC, Generic[T_co]):
             self._future = new_future()
 
 
-install(DelayedOperation, "__init__", "force_complete")
+_PyDelayedOperation = DelayedOperation
+"""The reference, whole in every process; `DelayedOperation` is the native class where the core
+is built (made by `purgatory._impl.twin`: ``__init__`` and `force_complete` C bodies over the C
+layout), this one otherwise. Subclass the public one.
+
+An operation of either class may be watched by a purgatory of either (tests/test_twins.py runs
+every pairing through one script): a pure purgatory reads a native operation's fields through
+their descriptors, as it reads its own; a native purgatory's C bodies see that a pure operation
+is not of their C layout and hand it to the reference functions or read it through its
+attributes (rule 3 of purgatory/_csrc/README.md), so it behaves the same, at the reference's
+speed."""
+
+#: The cores an operation's fields live in: what `_refuse_shadowed_fields` stops at.
+_CORES: tuple[type, ...] = (_OperationCore,)
+
+if not TYPE_CHECKING and native is not None:
+    DelayedOperation = twin(
+        _PyDelayedOperation, native.OperationCore, hot=("__init__", "force_complete")
+    )
+    _CORES = (_OperationCore, native.OperationCore)
 
 
 def _refuse_shadowed_fields(cls: type) -> None:
@@ -485,7 +500,7 @@ def _refuse_shadowed_fields(cls: type) -> None:
     """
     for name in FIELDS:
         for base in cls.__mro__:
-            if base is _OperationCore:
+            if base in _CORES:
                 break
             if name in base.__dict__:
                 where = "" if base is cls else f" (inherited from {base.__qualname__})"
@@ -565,5 +580,7 @@ def _report_expiration(op: DelayedOperation[Any], exc: BaseException) -> None:
     report_exception(f"{type(op).__qualname__}.on_expiration raised", exc, operation=op)
 
 
-if native is not None:
-    expire_due = native.function(expire_due, "_operation.expire_due")
+if not TYPE_CHECKING and native is not None:
+    #: `expire_due` with its loop in C (the native purgatory's; the reference's body for any
+    #: entry that is not a native operation). The pure purgatory calls `expire_due` itself.
+    native_expire_due = native.function(expire_due, "_operation.expire_due")

@@ -45,13 +45,13 @@ from ._asyncio import (
 from ._clock import Alarm, DrivenClock
 from ._errors import PurgatoryClosed, PurgatoryFull
 from ._events import EventLog, EventSink, Tapper, sink_for, tapped
-from ._impl import install, native
+from ._impl import native, twin
 from ._operation import ASYNC, DONE, FINISHED, DelayedOperation, Settlement, expire_due, not_set_up
-from ._purge_rule import PurgeRule
+from ._purge_rule import PurgeRule, _PyPurgeRule
 from ._reaper import LoopBinding
 from ._statistics import PurgatoryStatistics, read_statistics
-from ._timer import SystemTimer
-from ._watchers import WatcherLists
+from ._timer import SystemTimer, _PySystemTimer
+from ._watchers import WatcherLists, _PyWatcherLists
 
 __all__ = ("DEFAULT_WHEEL_SIZE", "DelayedOperationPurgatory", "PurgatoryStatistics")
 
@@ -216,33 +216,28 @@ def _check_identity_semantics(cls: type) -> None:
         )
 
 
-if TYPE_CHECKING or native is None:
+class _PurgatoryCore:
+    """A purgatory's fields (the native class has them as a C layout: `purgatory._impl`)."""
 
-    class _PurgatoryCore:
-        """A purgatory's fields (the native core gives them a C layout: `purgatory._impl`)."""
-
-        __slots__ = (
-            "__weakref__",
-            "_attempt",
-            "_attempts",
-            "_binding",
-            "_cancelled",
-            "_closed",
-            "_completed",
-            "_lists",
-            "_max_pending",
-            "_max_timeout",
-            "_name",
-            "_purge_queue",
-            "_rule",
-            "_sink",
-            "_sync_types",
-            "_time_op",
-            "_timer",
-        )
-
-else:
-    _PurgatoryCore = native.PurgatoryCore
+    __slots__ = (
+        "__weakref__",
+        "_attempt",
+        "_attempts",
+        "_binding",
+        "_cancelled",
+        "_closed",
+        "_completed",
+        "_lists",
+        "_max_pending",
+        "_max_timeout",
+        "_name",
+        "_purge_queue",
+        "_rule",
+        "_sink",
+        "_sync_types",
+        "_time_op",
+        "_timer",
+    )
 
 
 @final
@@ -280,6 +275,9 @@ class DelayedOperationPurgatory(_PurgatoryCore, Generic[Op]):
 
     __slots__ = ()
 
+    _Lists, _Timer, _Rule = _PyWatcherLists, _PySystemTimer, _PyPurgeRule  # the parts it builds
+    _expire_due = staticmethod(expire_due)  # (the native class's: native parts, the C loop)
+
     def __init__(
         self,
         name: str,
@@ -296,7 +294,7 @@ class DelayedOperationPurgatory(_PurgatoryCore, Generic[Op]):
         self._max_pending = max_pending
         # Where the operations' watches and ends go, raw, with no call per event (`_events`).
         self._sink: EventSink | None = None if event_log is None else sink_for(event_log, name)
-        self._lists: WatcherLists[Op] = WatcherLists()
+        self._lists: WatcherLists[Op] = self._Lists()
         # The purge queue of the lists, shared by protocol (see `purgatory._watchers`).
         self._purge_queue = self._lists.queue
         self._completed = 0
@@ -308,14 +306,14 @@ class DelayedOperationPurgatory(_PurgatoryCore, Generic[Op]):
         self._attempts = AttemptRunner()
         self._attempt = self._attempts.attempt
         ended = None if self._sink is None else self._sink.ends
-        self._timer: SystemTimer[Op] = SystemTimer(
+        self._timer: SystemTimer[Op] = self._Timer(
             float(tick),
             wheel_size,
             partial(_unbound_time, name) if clock is None else clock.current_time,
-            partial(expire_due, purge_queue=self._purge_queue, ended=ended),
+            partial(self._expire_due, purge_queue=self._purge_queue, ended=ended),
             self._after_pass,
         )
-        self._rule = PurgeRule(self._lists, purge_interval, self._timer, bounded=clock is None)
+        self._rule = self._Rule(self._lists, purge_interval, self._timer, bounded=clock is None)
         # How a watch times its operation: `SystemTimer.add`, or at once once drained.
         self._time_op = self._timer.add
         self._max_timeout = self._timer.max_timeout
@@ -722,7 +720,8 @@ class DelayedOperationPurgatory(_PurgatoryCore, Generic[Op]):
         """Hand the operations' events to `tap` too, batch by batch (`purgatory._histograms`)."""
         sink = self._sink = tapped(self._sink, self._name, tap)
         sink.each_pass = self._binding.driven  # no time bound takes the batches of a driven clock
-        self._timer.expire_with(partial(expire_due, purge_queue=self._purge_queue, ended=sink.ends))
+        expire = partial(self._expire_due, purge_queue=self._purge_queue, ended=sink.ends)
+        self._timer.expire_with(expire)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -776,11 +775,29 @@ def _checked_alarm(alarm: object, clock: object) -> Alarm | None:
     )
 
 
-install(
+_PyDelayedOperationPurgatory = DelayedOperationPurgatory
+"""The reference, whole in every process: it builds `_PyWatcherLists`, a `_PySystemTimer` and a
+`_PyPurgeRule`, and expires with the pure `expire_due`. `DelayedOperationPurgatory` is the native
+class where the core is built (made by `purgatory._impl.twin`, its parts the native ones), this
+one otherwise."""
+
+if not TYPE_CHECKING and native is not None:
+    from ._operation import native_expire_due
+
+    DelayedOperationPurgatory = twin(
+        _PyDelayedOperationPurgatory,
+        native.PurgatoryCore,
+        hot=("try_complete_else_watch", "check_and_complete", "_settled"),
+        _Lists=WatcherLists,
+        _Timer=SystemTimer,
+        _Rule=PurgeRule,
+        _expire_due=staticmethod(native_expire_due),
+    )
+
+#: Both purgatory classes (one on the pure build), for what takes a purgatory of either.
+PURGATORY_TYPES: tuple[type[DelayedOperationPurgatory[Any]], ...] = (
     DelayedOperationPurgatory,
-    "try_complete_else_watch",
-    "check_and_complete",
-    "_settled",
+    _PyDelayedOperationPurgatory,
 )
 
 

@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, final
 
-from ._impl import install, native
+from ._impl import native, twin
 
 if TYPE_CHECKING:
     from ._events import EventSink
@@ -47,28 +47,23 @@ LINGER: Final = 1.0
 _NEVER: Final = 2**63 - 1
 
 
-if TYPE_CHECKING or native is None:
+class _RuleCore:
+    """A purge rule's fields (the native class has them as a C layout: `purgatory._impl`)."""
 
-    class _RuleCore:
-        """A purge rule's fields (the native core gives them a C layout: `purgatory._impl`)."""
-
-        __slots__ = (
-            "_armed",
-            "_bounded",
-            "_idle_at",
-            "_lists",
-            "_purging",
-            "_requested",
-            "_timer",
-            "interval",
-            "linger",
-            "owed",
-            "purges",
-            "trip",
-        )
-
-else:
-    _RuleCore = native.RuleCore
+    __slots__ = (
+        "_armed",
+        "_bounded",
+        "_idle_at",
+        "_lists",
+        "_purging",
+        "_requested",
+        "_timer",
+        "interval",
+        "linger",
+        "owed",
+        "purges",
+        "trip",
+    )
 
 
 @final
@@ -182,4 +177,9 @@ class PurgeRule(_RuleCore):
         self.trip = self.interval
 
 
-install(PurgeRule, "due")
+_PyPurgeRule = PurgeRule
+"""The reference, whole in every process; `PurgeRule` is the native class where the core is
+built (its `due` a C body), this one otherwise."""
+
+if not TYPE_CHECKING and native is not None:
+    PurgeRule = twin(_PyPurgeRule, native.RuleCore, hot=("due",))

@@ -55,7 +55,7 @@ from collections import deque
 from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, final
 
-from ._impl import native
+from ._impl import native, twin
 from ._operation import FINISHED
 
 __all__ = ("ThresholdWatchers", "check_orders", "shape_of", "threshold_of")
@@ -121,8 +121,15 @@ def threshold_of(op: Any, key: Hashable) -> Any:
     return marks
 
 
+class _ThresholdCore:
+    """One key's threshold watchers' fields (the native class has them as a C type of its own,
+    its queue a C ring and a C heap: `purgatory._impl`)."""
+
+    __slots__ = ("at", "dead", "heap", "plain", "run", "shape")
+
+
 @final
-class _PyThresholdWatchers(Generic[Op]):
+class ThresholdWatchers(_ThresholdCore, Generic[Op]):
     """The watchers of one key of which some watch at a threshold.
 
     ``plain`` holds the operations tried by every trigger of the key (watched without a
@@ -130,11 +137,14 @@ class _PyThresholdWatchers(Generic[Op]):
     of operations); each of its thresholds is queued in ``run`` (increasing order) or ``heap``;
     ``dead`` counts the queued entries whose threshold has left ``at``.
 
-    The reference, whole: the native core's `ThresholdWatchers` is its own C type (the queue a
-    C ring and a C heap, sifted as `heapq` sifts), chosen by name at the end of this module.
+    The reference, whole, is `_PyThresholdWatchers`. Where the core is built, `ThresholdWatchers`
+    is its twin over the C core, which has its own queue (a C ring and a C heap, sifted as
+    `heapq` sifts) and its own `add`, `release`, `pop`, `push`, `unpush`, `clear` and `compact`;
+    the cold reads (``len``, iteration, ``repr``, `holds`, `check_orders`, `_check`) are these
+    functions, which read ``run`` and ``heap`` as copies there.
     """
 
-    __slots__ = ("at", "dead", "heap", "plain", "run", "shape")
+    __slots__ = ()
 
     def __init__(self, plain: dict[Op, None]) -> None:
         self.plain = plain
@@ -369,21 +379,8 @@ class _PyThresholdWatchers(Generic[Op]):
             assert not self.heap[i] < self.heap[(i - 1) >> 1], "heap order broken"
 
 
-if TYPE_CHECKING or native is None:
-    ThresholdWatchers = _PyThresholdWatchers
-else:
+_PyThresholdWatchers = ThresholdWatchers
 
-    @final
-    class ThresholdWatchers(native.ThresholdCore, Generic[Op]):  # type: ignore[no-redef]
-        """The native core's ThresholdWatchers: its queue, `add`, `release`, `pop`, `push`,
-        `unpush`, `clear` and `compact` are C; the cold reads (``len``, iteration, ``repr``,
-        `holds`, `check_orders`, `_check`) are the reference's own functions, which read
-        ``run`` and ``heap`` as copies."""
-
-        __slots__ = ()
-        __len__ = _PyThresholdWatchers.__len__
-        __iter__ = _PyThresholdWatchers.__iter__
-        __repr__ = _PyThresholdWatchers.__repr__
-        holds = _PyThresholdWatchers.holds
-        check_orders = _PyThresholdWatchers.check_orders
-        _check = _PyThresholdWatchers._check
+if not TYPE_CHECKING and native is not None:
+    # The C core's own methods and fields are its (`twin` copies none of their names).
+    ThresholdWatchers = twin(_PyThresholdWatchers, native.ThresholdCore)

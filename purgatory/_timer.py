@@ -25,9 +25,9 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final
 
-from ._impl import install, native
+from ._impl import native, twin
 from ._operation import EXPIRED, FINISHED
-from ._wheel import TimingWheel
+from ._wheel import TimingWheel, _PyTimingWheel
 
 if TYPE_CHECKING:
     from ._clock import Alarm
@@ -69,34 +69,29 @@ def time_limit(tick: float) -> float:
     return min(math.ldexp(1.0, exponent + 52), MAX_TIME_TICKS * tick)
 
 
-if TYPE_CHECKING or native is None:
+class _TimerCore:
+    """A timer's fields (the native class has them as a C layout: `purgatory._impl`)."""
 
-    class _TimerCore:
-        """A timer's fields (the native core gives them a C layout: `purgatory._impl`)."""
-
-        __slots__ = (
-            "__weakref__",
-            "_closed",
-            "_due_at",
-            "_due_now",
-            "_expire",
-            "_housekeeping",
-            "_in_flight",
-            "_outcome",
-            "alarm",
-            "delayed",
-            "drained",
-            "expired",
-            "max_timeout",
-            "now",
-            "passes",
-            "tick",
-            "time_limit",
-            "wheel",
-        )
-
-else:
-    _TimerCore = native.TimerCore
+    __slots__ = (
+        "__weakref__",
+        "_closed",
+        "_due_at",
+        "_due_now",
+        "_expire",
+        "_housekeeping",
+        "_in_flight",
+        "_outcome",
+        "alarm",
+        "delayed",
+        "drained",
+        "expired",
+        "max_timeout",
+        "now",
+        "passes",
+        "tick",
+        "time_limit",
+        "wheel",
+    )
 
 
 @final
@@ -116,6 +111,9 @@ class SystemTimer(_TimerCore, Generic[Op]):
     """
 
     __slots__ = ()
+
+    #: The class of the timer's wheel (the native timer's is the native `TimingWheel`).
+    _Wheel: type[TimingWheel] = _PyTimingWheel
 
     def __init__(
         self,
@@ -156,7 +154,7 @@ class SystemTimer(_TimerCore, Generic[Op]):
         self._due_at: float = math.inf
         # Due lists of the passes under way, so that a shutdown inside one finds them.
         self._in_flight: list[list[Op]] = []
-        self.wheel = TimingWheel(wheel_size, 0)
+        self.wheel = self._Wheel(wheel_size, 0)
 
     def __len__(self) -> int:
         """Operations held."""
@@ -327,7 +325,7 @@ class SystemTimer(_TimerCore, Generic[Op]):
         for due in self._in_flight:
             held.extend(due)
         # A fresh wheel: a cascade under way would otherwise keep its entries referenced.
-        self.wheel = TimingWheel(self.wheel.wheel_size, self.wheel.current_tick)
+        self.wheel = self._Wheel(self.wheel.wheel_size, self.wheel.current_tick)
         self.delayed = 0
         return held
 
@@ -497,4 +495,14 @@ def _deadline_of(op: Any) -> int:
     return deadline
 
 
-install(SystemTimer, "add", "add_due", "run_pass", "next_pass_tick")
+_PySystemTimer = SystemTimer
+"""The reference, whole in every process (its wheel a `_PyTimingWheel`); `SystemTimer` is the
+native class where the core is built (made by `purgatory._impl.twin`), this one otherwise."""
+
+if not TYPE_CHECKING and native is not None:
+    SystemTimer = twin(
+        _PySystemTimer,
+        native.TimerCore,
+        hot=("add", "add_due", "run_pass", "next_pass_tick"),
+        _Wheel=TimingWheel,
+    )

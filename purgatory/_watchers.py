@@ -61,7 +61,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
 from ._asyncio import report_exception, report_false_claim
-from ._impl import install, native
+from ._impl import native, twin
 from ._operation import DONE, EXPIRED_NOW, FINISHED
 from ._thresholds import ThresholdWatchers, _PyThresholdWatchers, check_orders, threshold_of
 
@@ -75,24 +75,22 @@ Op = TypeVar("Op", bound="DelayedOperation[Any]")
 # Stands in for a key's list when the key has a lone watcher: only ever popped from, never filled.
 _NOTHING_TO_POP: dict[Any, None] = {}
 _MISSING: Any = object()
-_COLLECTIONS = (dict, ThresholdWatchers)
+# The two kinds of a key's threshold watchers: the pure lists hold the first, the native the other
+# (one class on the pure build); a type test accepts either, a container is made by `_Thresholds`.
+_THRESHOLDS = (_PyThresholdWatchers, ThresholdWatchers)
+_COLLECTIONS = (dict, *_THRESHOLDS)
 _heappush = heapq.heappush
 
 
-if TYPE_CHECKING or native is None:
+class _ListsCore:
+    """The watcher lists' fields (the native class has them as a C layout: `purgatory._impl`)."""
 
-    class _ListsCore:
-        """The watcher lists' fields (the native core gives them a C layout: `purgatory._impl`)."""
-
-        __slots__ = (
-            "_entries",
-            "_lists",
-            "_purged",
-            "queue",
-        )
-
-else:
-    _ListsCore = native.ListsCore
+    __slots__ = (
+        "_entries",
+        "_lists",
+        "_purged",
+        "queue",
+    )
 
 
 @final
@@ -100,6 +98,8 @@ class WatcherLists(_ListsCore, Generic[Op]):
     """The watcher lists of one purgatory, for all keys, and their purge."""
 
     __slots__ = ()
+
+    _Thresholds = _PyThresholdWatchers  # a key's (the native lists': the native class)
 
     def __init__(self) -> None:
         # A key's watchers: the operation, an ordered set or a ThresholdWatchers.
@@ -140,7 +140,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
         ops = self._lists.get(key)
         if ops is None or type(ops) is dict:
             return
-        if type(ops) is ThresholdWatchers:
+        if type(ops) in _THRESHOLDS:
             ops.check_orders(threshold, key)
             return
         other = threshold_of(ops, key)  # a lone watcher
@@ -230,7 +230,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
                             waiting.append(op)
                     else:
                         at[threshold] = [waiting, op]
-                elif type(ops) is ThresholdWatchers:  # the native core's: its own queue
+                elif type(ops) is self._Thresholds:  # the native lists': its own queue
                     if not ops.add(op, threshold):
                         listed -= 1
                 elif ops is op:
@@ -251,7 +251,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
     def _join_at(self, key: Hashable, op: Op, ops: Any, threshold: Any) -> None:
         """Add `op` at `threshold` to `key`'s watchers `ops`, a lone operation or an ordered
         set, which become a `ThresholdWatchers`."""
-        watchers = _grown(ops, key)
+        watchers = _grown(ops, key, self._Thresholds)
         watchers.add(op, threshold)
         self._lists[key] = watchers
 
@@ -259,7 +259,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
         """Add `op` as a plain watcher of `key`, whose watchers are `ops` (usually not an
         ordered set: its case is inline in `register`); ``False`` if `op` already watched
         `key` (the key was given twice)."""
-        if type(ops) is ThresholdWatchers:
+        if type(ops) is self._Thresholds:
             if ops.holds(op, key):
                 return False
             ops.plain[op] = None
@@ -287,7 +287,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
         if lone_plain:
             self._lists[key] = {ops: None, op: None}
             return True
-        watchers = _grown(ops, key)
+        watchers = _grown(ops, key, self._Thresholds)
         watchers.plain[op] = None
         self._lists[key] = watchers
         return True
@@ -336,7 +336,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
         if type(ops) is dict:
             candidates = list(ops)
             drop = ops.pop
-        elif type(ops) is ThresholdWatchers:
+        elif type(ops) is self._Thresholds:
             if reached is None:
                 candidates = list(ops)
                 drop = partial(ops.pop, key=key)
@@ -503,7 +503,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
                     purged += 1
                     if not (ops.plain or at):
                         del lists[key]
-                elif type(ops) is ThresholdWatchers:  # the native core's: its own queue
+                elif type(ops) is self._Thresholds:  # the native lists': its own queue
                     purged += self._discard(key, op)
             op._listed = 0
         self._purged += purged
@@ -536,7 +536,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
             del ops[op]
             if not ops:
                 del lists[key]
-        elif type(ops) is ThresholdWatchers:
+        elif type(ops) is self._Thresholds:
             if ops.pop(op, _MISSING, key) is _MISSING:
                 return False
             if not (ops.plain or ops.at):
@@ -570,7 +570,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
         by_id: dict[int, Op] = {}
         entries = 0
         for key, ops in self._lists.items():
-            if type(ops) is ThresholdWatchers:
+            if type(ops) is self._Thresholds:
                 ops._check()
                 for threshold, waiting in ops.at.items():
                     for op in waiting if type(waiting) is list else [waiting]:
@@ -637,11 +637,12 @@ def _empty(ops: Any) -> bool:
     return not (ops.plain or ops.at)
 
 
-def _grown(ops: Any, key: Hashable) -> ThresholdWatchers[Any]:
-    """The `ThresholdWatchers` of `key` that holds what the lone or ordered-set `ops` held."""
+def _grown(ops: Any, key: Hashable, kind: type[ThresholdWatchers[Any]]) -> ThresholdWatchers[Any]:
+    """The threshold watchers (of the lists' `kind`) of `key` that hold what the lone or
+    ordered-set `ops` held."""
     if type(ops) is dict:
-        return ThresholdWatchers(ops)
-    watchers: ThresholdWatchers[Any] = ThresholdWatchers({})
+        return kind(ops)
+    watchers: ThresholdWatchers[Any] = kind({})
     watchers.add(ops, threshold_of(ops, key))  # one threshold: nothing to compare with
     return watchers
 
@@ -652,11 +653,22 @@ def _take_all(ops: Any) -> list[Any]:
         taken = list(ops)
         ops.clear()
         return taken
-    if type(ops) is ThresholdWatchers:
+    if type(ops) in _THRESHOLDS:
         taken = list(ops)
         ops.clear()
         return taken
     return [ops]
 
 
-install(WatcherLists, "register", "trigger", "purge")
+_PyWatcherLists = WatcherLists
+"""The reference, whole in every process (its keys' threshold watchers `_PyThresholdWatchers`);
+`WatcherLists` is the native class where the core is built (made by `purgatory._impl.twin`),
+this one otherwise."""
+
+if not TYPE_CHECKING and native is not None:
+    WatcherLists = twin(
+        _PyWatcherLists,
+        native.ListsCore,
+        hot=("register", "trigger", "purge"),
+        _Thresholds=ThresholdWatchers,
+    )

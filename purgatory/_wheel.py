@@ -55,59 +55,54 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
-from ._impl import install, native
+from ._impl import native, twin
 
 __all__ = ("Bucket", "TimerEntry", "TimingWheel")
 
 
-if TYPE_CHECKING or native is None:
+class _BucketCore(dict[Any, Any]):
+    """A bucket's fields and its protocol in pure Python: a ``dict`` keyed by ``id(entry)``
+    (the native class has them as a C layout and a C list: `purgatory._impl`)."""
 
-    class _BucketCore(dict[Any, Any]):
-        """A bucket's fields and its protocol in pure Python: a ``dict`` keyed by ``id(entry)``
-        (the native core gives them a C layout and a C list: `purgatory._impl`)."""
+    __slots__ = ("expiration", "level", "older", "wheel")
 
-        __slots__ = ("expiration", "level", "older", "wheel")
+    def __iter__(self) -> Iterator[Any]:
+        """The entries, in insertion order (not their ids: the keys are this module's)."""
+        return iter(self.values())
 
-        def __iter__(self) -> Iterator[Any]:
-            """The entries, in insertion order (not their ids: the keys are this module's)."""
-            return iter(self.values())
+    def remove(self, entry: TimerEntry) -> None:
+        """Take `entry`, which this bucket holds, out of it and out of the wheel: the removal
+        protocol's one step (Kafka's ``TimerTaskList.remove``), which also sets its ``_bucket``
+        to ``None``. O(1); ``KeyError`` if the bucket does not hold it."""
+        del self[id(entry)]
+        entry._bucket = None
 
-        def remove(self, entry: TimerEntry) -> None:
-            """Take `entry`, which this bucket holds, out of it and out of the wheel: the removal
-            protocol's one step (Kafka's ``TimerTaskList.remove``), which also sets its ``_bucket``
-            to ``None``. O(1); ``KeyError`` if the bucket does not hold it."""
-            del self[id(entry)]
-            entry._bucket = None
 
-    class _WheelCore:
-        """A wheel's fields (the native core gives them a C layout: `purgatory._impl`)."""
+class _WheelCore:
+    """A wheel's fields (the native class has them as a C layout: `purgatory._impl`)."""
 
-        __slots__ = (
-            "_active",
-            "_current",
-            "_heap",
-            "_lead1",
-            "_leads",
-            "_levels",
-            "_limit1",
-            "_memo_until",
-            "_overdue",
-            "_push_count",
-            "_slots1",
-            "_span1",
-            "_spans",
-            "_todo",
-            "_todo_done",
-            "_wheel_size",
-            "memo_bucket",
-            "memo_due",
-            "memo_high",
-            "memo_low",
-        )
-
-else:
-    _BucketCore = native.BucketCore
-    _WheelCore = native.WheelCore
+    __slots__ = (
+        "_active",
+        "_current",
+        "_heap",
+        "_lead1",
+        "_leads",
+        "_levels",
+        "_limit1",
+        "_memo_until",
+        "_overdue",
+        "_push_count",
+        "_slots1",
+        "_span1",
+        "_spans",
+        "_todo",
+        "_todo_done",
+        "_wheel_size",
+        "memo_bucket",
+        "memo_due",
+        "memo_high",
+        "memo_low",
+    )
 
 
 @final
@@ -169,6 +164,9 @@ class TimingWheel(_WheelCore):
 
     __slots__ = ()
 
+    #: The class of the wheel's buckets (the native wheel's are the native `Bucket`).
+    _Bucket: type[Bucket] = Bucket
+
     def __init__(self, wheel_size: int, start_tick: int = 0) -> None:
         if isinstance(wheel_size, bool) or not isinstance(wheel_size, int):
             raise TypeError(f"wheel_size must be an int, got {wheel_size!r}")
@@ -180,10 +178,10 @@ class TimingWheel(_WheelCore):
         self._leads: list[int] = [0]
         # _current[i] is the current tick truncated to level i's bucket span.
         self._current: list[int] = [start_tick]
-        self._levels: list[list[Bucket]] = [[Bucket(self, 0) for _ in range(wheel_size)]]
+        self._levels: list[list[Bucket]] = [[self._Bucket(self, 0) for _ in range(wheel_size)]]
         # (due tick, -level, push count, bucket): ties pop the older (higher-level) bucket first.
         self._heap: list[tuple[int, int, int, Bucket]] = []
-        self._overdue = Bucket(self, -1)
+        self._overdue = self._Bucket(self, -1)
         self._push_count = 0
         # The cascade in progress: its bucket, its entries as they were, how many are done.
         self._active: Bucket | None = None
@@ -492,7 +490,7 @@ class TimingWheel(_WheelCore):
         span = self._spans[-1] * factor
         self._spans.append(span)
         self._leads.append(span if size >= 4 else 0)
-        self._levels.append([Bucket(self, level) for _ in range(size)])
+        self._levels.append([self._Bucket(self, level) for _ in range(size)])
         previous = self._current[-1]
         self._current.append(previous - previous % span)
         if level == 1:
@@ -578,7 +576,7 @@ class TimingWheel(_WheelCore):
                 self._push(target, start - lead)
             part = target.older
             if part is None:
-                part = target.older = Bucket(self, level)
+                part = target.older = self._Bucket(self, level)
             part[id(entry)] = entry
             entry._bucket = part
         self._todo_done = end
@@ -599,6 +597,19 @@ def _deadline_of(entry: Any) -> int:
     return deadline
 
 
-# The heap and the ticks are C data on the native build: every method that changes them is native.
-_OWNERS = ("_push", "_add_level", "_advance_clock")
-install(TimingWheel, "add", "remove", "advance", "next_deadline", *_OWNERS)
+_PyBucket = Bucket
+_PyTimingWheel = TimingWheel
+"""The reference, whole in every process: the pure wheel makes `_PyBucket`s. Where the core is
+built, `Bucket` and `TimingWheel` are the native classes (a bucket an intrusive C list, the
+wheel's heap and ticks C data), made from these by `purgatory._impl.twin`."""
+
+if not TYPE_CHECKING and native is not None:
+    Bucket = twin(_PyBucket, native.BucketCore)
+    # The heap and the ticks are C data: every method that changes them is native.
+    _OWNERS = ("_push", "_add_level", "_advance_clock")
+    TimingWheel = twin(
+        _PyTimingWheel,
+        native.WheelCore,
+        hot=("add", "remove", "advance", "next_deadline", *_OWNERS),
+        _Bucket=Bucket,
+    )

@@ -1,7 +1,10 @@
 """Both implementations of the core in one test run: each core test module is collected twice.
 
-The package runs one core per process: the native one where it is built, the pure-Python
-modules with ``PURGATORY_NO_EXTENSIONS=1`` (read once, when ``purgatory._impl`` is imported).
+The package's public names are one core per process: the native classes where it is built, the
+pure-Python ones with ``PURGATORY_NO_EXTENSIONS=1`` (read once, when ``purgatory._impl`` is
+imported). The pure classes stay importable beside the native ones (``_PyDelayedOperation``, ...:
+tests/test_twins.py drives them side by side), but the whole suite, written against the public
+names and the package's own imports, runs on each core through this plugin.
 CPython tests ``asyncio.Future`` and its pure twin in one process by importing the pure module
 fresh with the accelerator blocked (``import_fresh_module(..., blocked=['_asyncio'])``); this
 plugin does the same for the whole package. It imports ``purgatory`` a second time with the

@@ -64,7 +64,7 @@ def test_the_types_are_heap_types_immutable_as_the_static_ones_were() -> None:
     assert native.OperationCore.__module__ == "purgatory._operation"
     assert "__new__" not in vars(native.OperationCore)
     with pytest.raises(TypeError):
-        native.NativeMethod()  # only `install` and `function` make one
+        native.NativeMethod()  # only `function` makes one
 
 
 def test_the_facade_pushes_nothing_into_the_core() -> None:

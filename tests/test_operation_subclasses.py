@@ -20,6 +20,7 @@ import pytest
 from helpers import manual_purgatory
 
 from purgatory import DelayedOperation
+from purgatory._impl import native
 from purgatory._operation import FIELDS, _OperationCore
 from purgatory.testing import check_invariants
 
@@ -389,6 +390,8 @@ def _fields(op: object) -> dict[str, Any]:
 def test_the_core_names_its_fields_as_slots_on_both_implementations() -> None:
     """`copyreg` finds a class's slots in ``__slots__``: the native core's are the reference's."""
     assert _OperationCore.__dict__["__slots__"] == FIELDS
+    if native is not None:
+        assert native.OperationCore.__dict__["__slots__"] == FIELDS
 
 
 @pytest.mark.parametrize("cls", [Plain, Slotted])

@@ -1,8 +1,9 @@
 /* NativeMethod: a C body behind a Python reference function.
  *
- * `install(cls, name)` replaces the function `name` of the class `cls` (the pure-Python
- * reference) by a NativeMethod that runs the C body registered for "<cls.__name__>.<name>".
- * Everything a user or a tool reads of it (the name, the qualified name, the docstring, the
+ * `function(ref, key)` makes a NativeMethod that runs the C body registered as `key`
+ * ("<class name>.<method name>") behind the pure-Python reference function `ref`; the package's
+ * `_impl.twin` puts it in the native class it makes beside the reference's class, which it
+ * never touches. Everything a user or a tool reads of it (the name, the qualified name, the docstring, the
  * signature, `help()`) is the reference function's, reached through `__wrapped__` as for a
  * decorated function; calls run the C body, and the reference itself whenever the C body says
  * the case is not its own (NOT_HANDLED). It is a method descriptor (Py_TPFLAGS_METHOD_DESCRIPTOR),
@@ -183,56 +184,6 @@ typedef struct {
     const char *name;
     native_fn fn;
 } NativeEntry;
-
-PyDoc_STRVAR(install_doc,
-"install(cls, *names)\n--\n\n"
-"Replace each function `name` of `cls` by the native body registered for it, keeping the\n"
-"function as the reference (its name, docstring and signature; its body for the rare cases).");
-
-static PyObject *
-native_install(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs < 1 || !PyType_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "install(cls, *names): cls must be a class");
-        return NULL;
-    }
-    PyTypeObject *cls = (PyTypeObject *)args[0];
-    const char *cls_name = strrchr(cls->tp_name, '.');
-    cls_name = cls_name == NULL ? cls->tp_name : cls_name + 1;
-    for (Py_ssize_t i = 1; i < nargs; i++) {
-        const char *name = PyUnicode_AsUTF8(args[i]);
-        if (name == NULL) {
-            return NULL;
-        }
-        char key[256];
-        snprintf(key, sizeof key, "%s.%s", cls_name, name);
-        native_fn fn = native_lookup(key);
-        if (fn == NULL) {
-            PyErr_Format(PyExc_LookupError, "no native body for %s", key);
-            return NULL;
-        }
-        PyObject *ref = PyDict_GetItemWithError(cls->tp_dict, args[i]);
-        if (ref == NULL) {
-            if (!PyErr_Occurred()) {
-                PyErr_Format(PyExc_LookupError, "%s has no function %s of its own", cls_name,
-                             name);
-            }
-            return NULL;
-        }
-        Py_INCREF(ref); /* (the allocation may collect, and a __del__ change the class) */
-        PyObject *m = native_method_new(module, fn, ref);
-        Py_DECREF(ref);
-        if (m == NULL) {
-            return NULL;
-        }
-        int err = PyObject_SetAttr((PyObject *)cls, args[i], m);
-        Py_DECREF(m);
-        if (err < 0) {
-            return NULL;
-        }
-    }
-    Py_RETURN_NONE;
-}
 
 /* What the class `type` holds under `name`, found along its MRO as attribute lookup finds it but
  * not bound nor unwrapped (a staticmethod is the staticmethod, not its function): a new reference,

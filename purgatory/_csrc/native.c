@@ -1,7 +1,8 @@
 /* purgatory._native: the native core (see native.h for what it is and how it is split).
  *
  * Built as one translation unit: this file includes the parts, then defines their types, the
- * registry of C bodies that `install` puts behind the reference's methods, and the module.
+ * registry of C bodies that `function` puts behind the reference's functions (the package's
+ * `_impl.twin` makes the native classes with them), and the module.
  */
 
 #include "native.h"
@@ -215,7 +216,6 @@ native_pull_helpers(PyObject *m)
 }
 
 static PyMethodDef native_methods[] = {
-    {"install", (PyCFunction)(void (*)(void))native_install, METH_FASTCALL, install_doc},
     {"function", (PyCFunction)(void (*)(void))native_function, METH_FASTCALL, function_doc},
     {NULL},
 };

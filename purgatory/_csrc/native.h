@@ -1,10 +1,11 @@
 /* The native core: what its parts share.
  *
  * The pure-Python modules (purgatory/_operation.py, _wheel.py, _timer.py, _watchers.py,
- * _thresholds.py, _purge_rule.py, _purgatory.py) are the specification. This extension gives
- * their hot types a C layout (struct fields instead of slots, the same names seen from Python)
- * and their hot methods a C body; every cold method stays the Python one and works on the same
- * fields. A C method that meets anything unusual (an argument of another type, a rare branch)
+ * _thresholds.py, _purge_rule.py, _purgatory.py) are the specification, whole in every process.
+ * This extension gives each of their hot types a native twin (`purgatory._impl.twin`): the same
+ * class namespace over a C layout (struct fields instead of slots, the same names seen from
+ * Python), with a C body for its hot methods; every cold method is the Python one, shared, and
+ * works on the same fields. A C method that meets anything unusual (an argument of another type, a rare branch)
  * returns NOT_HANDLED before any side effect, and the reference function runs instead
  * (`NativeMethod`): the rare paths, their errors and their messages are the reference's own.
  *
@@ -37,7 +38,7 @@
 
 /* Bumped whenever a field or a method moves between the C and the Python side: the Python
  * modules refuse a build of another version (a stale build after a checkout). */
-#define NATIVE_API_VERSION 4
+#define NATIVE_API_VERSION 5
 
 /* -- the operation's state bits (purgatory/_operation.py) ------------------------------------ */
 #define ST_ASYNC 1
@@ -374,7 +375,7 @@ READY_ONLY_unready(PyObject *self)
 #define PurgatoryType (*N.purgatory_type)
 #define NativeMethodType (*N.native_method_type)
 
-/* An instance of one of the core types: its own type, the reference's class over it (the
+/* An instance of one of the core types: its own type, the native class over it (the
  * usual case, one comparison more), or anything deeper. */
 #define CORE_CHECK(o, T)                                                                         \
     (Py_IS_TYPE((o), &(T)) || Py_TYPE(o)->tp_base == &(T) || PyType_IsSubtype(Py_TYPE(o), &(T)))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._operation import FINISHED
-from .._purgatory import DelayedOperationPurgatory
+from .._purgatory import PURGATORY_TYPES, DelayedOperationPurgatory
 from .._thresholds import ThresholdWatchers
 from .._wheel import TimingWheel
 
@@ -97,6 +97,6 @@ def check_threshold_watchers(watchers: ThresholdWatchers[Any]) -> None:
 
 def _purgatory(obj: object, check: str) -> DelayedOperationPurgatory[Any]:
     """`obj` if it is a purgatory; a clear error if a test passed something else."""
-    if not isinstance(obj, DelayedOperationPurgatory):
+    if not isinstance(obj, PURGATORY_TYPES):
         raise TypeError(f"{check}() takes a DelayedOperationPurgatory, got {obj!r}")
     return obj
