@@ -9,10 +9,13 @@ test_pipeline.py and test_pipeline_balance.py.
 
 from __future__ import annotations
 
+import math
 import random
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -26,11 +29,14 @@ from purgatory.pipeline._direct import (
     WORK_COLUMNS,
     decode_problems,
     direct_read_problem,
+    driver_columns,
     encode_problems,
+    first_duplicate,
     purgatory_counts,
     task_input,
     trace_problem,
 )
+from purgatory.pipeline._frames import TraceError
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
 from purgatory.pipeline._replay import replay_batches
 
@@ -232,3 +238,92 @@ def test_files_the_tasks_cannot_read_are_named_with_why(tmp_path: Path) -> None:
     assert direct_read_problem([uri(inner)]) == (
         f"{uri(inner)} holds no column 'purgatory' (Spark reads it from the directories' names)"
     )
+
+
+def test_the_split_drivers_columns_are_each_purgatorys_in_the_files_order(
+    shuffled: tuple[pa.Table, list[str]],
+) -> None:
+    """The split replay's driver reads each purgatory's arrivals and timeouts (and conditions
+    when asked) from every file, cast to doubles, in the files' order, and its longest
+    timeout; the shuffled rows are grouped by purgatory."""
+    _, files = shuffled
+    read = pa.concat_tables(
+        pq.read_table(urllib.parse.unquote(file.removeprefix("file://"))) for file in files
+    )
+    limits = horizon_limits(CONFIGS)
+    found = driver_columns(files, "trace", limits, conditions=True)
+    plain = driver_columns(files, "trace", limits, conditions=False)
+    assert found.counts() == plain.counts() == {"p0000": 1000, "p0001": 1000, "p0002": 1000}
+    assert plain.conditions == {}
+    for name in ("p0000", "p0001", "p0002"):
+        mine = read.filter(pc.equal(read["purgatory"], name))
+        assert found.arrivals[name].tolist() == mine["arrival"].to_pylist()
+        assert plain.timeouts[name].tolist() == mine["timeout"].to_pylist()
+        conditions = [math.nan if c is None else c for c in mine["condition_at"].to_pylist()]
+        assert found.conditions[name].tolist() == pytest.approx(conditions, nan_ok=True)
+        assert found.longest[name] == max(mine["timeout"].to_pylist())
+        arrival, _, condition = found.for_carry()[name]
+        assert arrival is found.arrivals[name]
+        assert condition is found.conditions[name]
+
+
+@pytest.mark.parametrize(
+    ("without", "first"),
+    [
+        ((), "row purgatory=None op_id=3: column 'purgatory' is null"),
+        ((None,), "row purgatory='a' op_id=2: column 'keys' is empty"),
+        ((None, "a", "b"), "duplicate op_id 4 in purgatory 'c' (2 rows;"),
+    ],
+    ids=["no-purgatory", "bad-rows", "duplicate"],
+)
+def test_what_the_split_drivers_checks_find_is_the_groups_jobs_error(
+    tmp_path: Path, without: tuple[str | None, ...], first: str
+) -> None:
+    """A row no shard reads (no purgatory, an arrival not a number), a bad row the driver's
+    columns show, or a duplicate id across files: the driver raises the error the groups job's
+    tasks give for the whole trace (`load_trace`'s, test_pipeline.py)."""
+    files = bad_trace(tmp_path / "bad", without)
+    root = str(tmp_path / "bad")
+    names = purgatory_counts(files, root)
+    expected = trace_problem(found_by(files, root, [{name: [0] for name in names}]), root)
+    assert expected is not None
+    assert first in str(expected)
+    with pytest.raises(TraceError) as error:
+        driver_columns(files, root, horizon_limits(CONFIGS[:1]), conditions=False)
+    assert str(error.value) == str(expected)
+
+
+def test_a_split_purgatorys_bad_rows_are_merged_from_its_shards() -> None:
+    """Each shard reports its own range's first rows; the error shows the first of them all
+    and counts up to 4 more, as `load_trace` does over the whole trace."""
+
+    def row(op_id: int) -> dict[str, Any]:
+        return {
+            "_file": "file:/t/part-0.parquet",
+            "purgatory": "p",
+            "op_id": op_id,
+            "_problem": "column 'keys' is empty",
+            "arrival": float(op_id),
+            "timeout": 1.0,
+            "condition_at": None,
+        }
+
+    said = [
+        {"kind": "rows", "purgatory": "p", "shard": 0, "rows": [row(7), row(9)]},
+        {"kind": "rows", "purgatory": "p", "shard": 1, "rows": [row(3), row(4), row(8)]},
+        {"kind": "rows", "purgatory": "p", "shard": 2, "rows": [row(11)]},
+    ]
+    error = trace_problem(said, "/t")
+    assert str(error) == (
+        "trace file /t/part-0.parquet: row purgatory='p' op_id=3: column 'keys' is empty "
+        "(arrival=3.0, timeout=1.0, condition_at=None); 4+ more bad rows"
+    )
+    one = trace_problem(said[2:], "/t")
+    assert str(one).endswith("condition_at=None)")
+
+
+def test_the_first_duplicate_id_sorted_or_not() -> None:
+    assert first_duplicate(np.arange(10)) is None
+    assert first_duplicate(np.array([5, 1, 9, 1, 5])) == 1
+    assert first_duplicate(np.array([0, 1, 2, 2, 3])) == 2
+    assert first_duplicate(np.array([], np.int64)) is None

@@ -51,7 +51,16 @@ if TYPE_CHECKING:
     from ._replay import ReplayConfig, _Group
     from ._shards import Key, ShardRange
 
-__all__ = ("PASS", "UNIT", "Reenact", "carry", "purge_points", "time_of", "trace_columns")
+__all__ = (
+    "PASS",
+    "UNIT",
+    "Reenact",
+    "by_purgatory",
+    "carry",
+    "purge_points",
+    "time_of",
+    "trace_columns",
+)
 
 #: The kinds of purge point: a timer pass that expired operations purged (at the pass), or a
 #: completion asked for a pass that purged (at the completion's instant, before anything else).
@@ -193,23 +202,50 @@ def trace_columns(
 ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], dict[str, float]]:
     """Each purgatory's arrivals, timeouts and conditions (NaN: never) as float64 arrays, and
     its longest timeout, from a trace table (`carry`'s input)."""
-    import pyarrow.compute as pc
-
-    names = pc.dictionary_encode(trace["purgatory"]).combine_chunks()
-    codes = names.indices.to_numpy(zero_copy_only=False)
-    order = np.argsort(codes, kind="stable")
-    bounds = np.searchsorted(codes[order], np.arange(len(names.dictionary) + 1))
     values = [
         trace[c].cast(pa.float64()).to_numpy() for c in ("arrival", "timeout", "condition_at")
     ]
     columns: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     longest: dict[str, float] = {}
-    for i, name in enumerate(names.dictionary.to_pylist()):
-        rows = order[bounds[i] : bounds[i + 1]]
-        arrival, timeout, condition = (v[rows] for v in values)
+    for name, (arrival, timeout, condition) in by_purgatory(trace["purgatory"], values).items():
         columns[name] = (arrival, timeout, condition)
         longest[name] = float(timeout.max()) if len(timeout) else 0.0
     return columns, longest
+
+
+def by_purgatory(
+    names: pa.Array | pa.ChunkedArray, values: list[np.ndarray]
+) -> dict[str, list[np.ndarray]]:
+    """`values` (arrays of the rows of `names`, no null name) split by purgatory, each in the
+    rows' order. Rows already grouped by purgatory (a trace of one, or written in order) are
+    sliced, not copied."""
+    import pyarrow.compute as pc
+
+    if isinstance(names, pa.ChunkedArray):
+        if pa.types.is_dictionary(names.type):  # (one dictionary for every chunk)
+            names = pa.table({"n": names}).unify_dictionaries()["n"]
+        names = names.combine_chunks()
+    if not pa.types.is_dictionary(names.type):
+        names = pc.dictionary_encode(names)
+    codes = names.indices.to_numpy(zero_copy_only=False)
+    n_names = len(names.dictionary)
+    if len(codes) < 2 or bool(np.all(codes[1:] >= codes[:-1])):
+        bounds = np.searchsorted(codes, np.arange(n_names + 1))
+        order = None
+    else:
+        order = np.argsort(codes, kind="stable")
+        bounds = np.searchsorted(codes[order], np.arange(n_names + 1))
+    out: dict[str, list[np.ndarray]] = {}
+    for i, name in enumerate(names.dictionary.to_pylist()):
+        lo, hi = int(bounds[i]), int(bounds[i + 1])
+        if lo == hi:
+            continue
+        if order is None:
+            out[name] = [v[lo:hi] for v in values]
+        else:
+            rows = order[lo:hi]
+            out[name] = [v[rows] for v in values]
+    return out
 
 
 class Reenact:
