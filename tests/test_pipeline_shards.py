@@ -298,6 +298,42 @@ def test_foreseen_purges_are_the_replays(
     assert times.tolist() == pytest.approx(starts, rel=0, abs=config.tick * 1e-5)
 
 
+def counter_hits_step_by_step(
+    before: list[int], sizes: list[int], units: int, cycle: int
+) -> tuple[list[int], list[int]]:
+    """Kafka's purge counter one step at a time (each pass's completions, then the pass)."""
+    unit_hits: list[int] = []
+    pass_hits: list[int] = []
+    owed = done = 0
+    for j, (end, size) in enumerate(zip([*before, units], [*sizes, 0], strict=True)):
+        unit_hits += range(done + cycle - owed - 1, end, cycle)
+        owed = (owed + end - done) % cycle
+        done = end
+        if j < len(sizes):
+            owed += size
+            if owed >= cycle:
+                pass_hits.append(j)
+                owed = 0
+    return unit_hits, pass_hits
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_purge_counter_in_blocks_is_the_step_by_step_one(seed: int) -> None:
+    # Passes of 1 to 3 operations (or up to a whole cycle) between runs of completions, many
+    # passes hitting: the counter's hits found a block at a time are those of a loop.
+    rng = np.random.default_rng(seed)
+    cycle = int(rng.choice([1, 2, 5, 11, 1001]))
+    steps = int(rng.integers(0, 6000))
+    units = int(rng.integers(0, 20000))
+    before = np.sort(rng.integers(0, units + 1, steps))
+    sizes = rng.integers(1, 4 if seed % 2 else cycle + 2, steps)
+    hits, passes = _purge_carry._counter_hits(before, sizes, units, cycle)
+    expected = counter_hits_step_by_step(before.tolist(), sizes.tolist(), units, cycle)
+    assert (hits.tolist(), passes.tolist()) == expected
+    assert len(hits) > 0  # (every seed's trace has both kinds of hits)
+    assert len(passes) > 0
+
+
 @pytest.mark.parametrize("tick", [0.001, 0.002, 0.01, 1 / 3, 0.1])
 def test_time_of_is_the_timers(tick: float) -> None:
     # The foreseen passes' times are the timer's own, float for float.
