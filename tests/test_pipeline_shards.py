@@ -48,6 +48,7 @@ from purgatory.pipeline._shards import (
     Boundary,
     Key,
     ShardRange,
+    _kth,
     _merge_ranges,
     plan_ranges,
     settle,
@@ -296,6 +297,17 @@ def test_foreseen_purges_are_the_replays(
     # (A pass runs at its tick's time, up to a millionth of a tick past the earliest that
     # reaches the tick, where the foreseen point is.)
     assert times.tolist() == pytest.approx(starts, rel=0, abs=config.tick * 1e-5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_kth_of_sorted_runs_is_the_kth_of_them_merged(seed: int) -> None:
+    # Runs with values repeated within and across them (waits of the same length), and an
+    # empty run: every rank's value is the merged sort's.
+    rng = np.random.default_rng(seed)
+    runs = [np.sort(np.round(rng.exponential(1.0, int(rng.integers(0, 300))), 1)) for _ in range(4)]
+    runs.append(np.zeros(0))
+    merged = np.sort(np.concatenate(runs))
+    assert [_kth(runs, k) for k in range(1, len(merged) + 1)] == merged.tolist()
 
 
 def counter_hits_step_by_step(
