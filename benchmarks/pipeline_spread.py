@@ -40,7 +40,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .environment import describe_environment, load_average
 from .pipeline import RESULTS, ROOT, _tree_cpu_seconds, write_section
@@ -150,7 +150,7 @@ def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, An
     boundaries: list[Any] = []
     phases: list[Any] = []
     config, shards = ReplayConfig(), 1
-    read = "direct" if partitioning == "direct" else "spark"
+    read: Literal["direct", "spark"] = "direct" if partitioning == "direct" else "spark"
     if partitioning.startswith("shards:"):
         # Unsplit or split, the direct read: the best a user has either way.
         _, count, interval = partitioning.split(":")

@@ -19,7 +19,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -444,7 +444,12 @@ def test_a_bad_trace_is_reported_the_same_by_both_reads(
     the split replay's direct read (its driver finds these)."""
     bad_trace(tmp_path / "bad", without)
     said = {}
-    for read, shards in (("spark", 1), ("direct", 1), ("direct", 2)):
+    runs: list[tuple[Literal["spark", "direct"], int]] = [
+        ("spark", 1),
+        ("direct", 1),
+        ("direct", 2),
+    ]
+    for read, shards in runs:
         out = str(tmp_path / f"{read}{shards}")
         with pytest.raises(TraceError) as error:
             replay(spark, str(tmp_path / "bad"), out, CONFIGS, read=read, shards=shards)

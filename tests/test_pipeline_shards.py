@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -475,7 +475,10 @@ def test_a_shard_reads_only_the_row_groups_of_its_arrivals(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("read", ["direct", "spark"])
 def test_spark_split_job_equals_the_unsplit_job(
-    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str], read: str
+    spark: SparkSession,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    read: Literal["direct", "spark"],
 ) -> None:
     # A purgatory under three configurations in 3 shards each on local[2]: with purges at every
     # pass every boundary matches; with a purge every 101 finishes the driver carries the
