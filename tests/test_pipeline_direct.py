@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -276,8 +277,9 @@ def test_the_split_drivers_columns_are_each_purgatorys_in_the_files_order(
     ],
     ids=["no-purgatory", "bad-rows", "duplicate"],
 )
+@pytest.mark.parametrize("conditions", [False, True])
 def test_what_the_split_drivers_checks_find_is_the_groups_jobs_error(
-    tmp_path: Path, without: tuple[str | None, ...], first: str
+    tmp_path: Path, without: tuple[str | None, ...], first: str, conditions: bool
 ) -> None:
     """A row no shard reads (no purgatory, an arrival not a number), a bad row the driver's
     columns show, or a duplicate id across files: the driver raises the error the groups job's
@@ -289,8 +291,44 @@ def test_what_the_split_drivers_checks_find_is_the_groups_jobs_error(
     assert expected is not None
     assert first in str(expected)
     with pytest.raises(TraceError) as error:
-        driver_columns(files, root, horizon_limits(CONFIGS[:1]), conditions=False)
+        driver_columns(files, root, horizon_limits(CONFIGS[:1]), conditions=conditions)
     assert str(error.value) == str(expected)
+
+
+@pytest.mark.parametrize(
+    ("condition", "problem"),
+    [
+        (math.nan, "column 'condition_at' is not finite (use null for never)"),
+        (math.inf, "column 'condition_at' is not finite (use null for never)"),
+        (-1.0, "column 'condition_at' is before the arrival"),
+    ],
+)
+def test_the_split_driver_finds_a_bad_condition_among_nulls(
+    tmp_path: Path, condition: float, problem: str
+) -> None:
+    """A condition stored as NaN (not null: never), infinite, or before its arrival, among
+    nulls: found by the driver's checks of its columns when it reads the conditions (for the
+    purge counter), and said as the tasks say it."""
+    (tmp_path / "t").mkdir()
+    path = tmp_path / "t" / "part-0.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "purgatory": ["p"] * 3,
+                "op_id": pa.array([0, 1, 2], pa.int64()),
+                "arrival": [0.0, 0.1, 0.2],
+                "keys": pa.array([["k"]] * 3, pa.list_(pa.string())),
+                "timeout": [1.0, 1.0, 1.0],
+                "condition_at": pa.array([None, condition, 0.5], pa.float64()),
+            }
+        ),
+        path,
+    )
+    limits = horizon_limits(CONFIGS[:1])
+    with pytest.raises(TraceError, match=re.escape(f"op_id=1: {problem}")):
+        driver_columns([uri(path)], str(tmp_path / "t"), limits, conditions=True)
+    found = driver_columns([uri(path)], str(tmp_path / "t"), limits, conditions=False)
+    assert found.counts() == {"p": 3}  # (without the conditions: the tasks find it)
 
 
 def test_a_split_purgatorys_bad_rows_are_merged_from_its_shards() -> None:
@@ -327,3 +365,40 @@ def test_the_first_duplicate_id_sorted_or_not() -> None:
     assert first_duplicate(np.array([5, 1, 9, 1, 5])) == 1
     assert first_duplicate(np.array([0, 1, 2, 2, 3])) == 2
     assert first_duplicate(np.array([], np.int64)) is None
+
+
+@pytest.mark.parametrize(
+    ("second", "duplicate"),
+    [([5, 6, 7, 8, 9], None), ([3, 4, 5, 6, 7], 3), ([9, 8, 7, 6, 5], None)],
+    ids=["increasing", "restarting", "decreasing"],
+)
+def test_ids_increasing_file_after_file_are_unique_and_others_are_checked(
+    tmp_path: Path, second: list[int], duplicate: int | None
+) -> None:
+    """Two files of one purgatory, ids 0..4 then `second`: ids that go on increasing need no
+    sort; others are checked whole (a duplicate found, or none)."""
+    (tmp_path / "t").mkdir()
+    files = []
+    for i, ids in enumerate(([0, 1, 2, 3, 4], second)):
+        path = tmp_path / "t" / f"part-{i}.parquet"
+        pq.write_table(
+            pa.table(
+                {
+                    "purgatory": ["p"] * 5,
+                    "op_id": pa.array(ids, pa.int64()),
+                    "arrival": [float(i * 5 + k) for k in range(5)],
+                    "keys": pa.array([["k"]] * 5, pa.list_(pa.string())),
+                    "timeout": [1.0] * 5,
+                    "condition_at": pa.nulls(5, pa.float64()),
+                }
+            ),
+            path,
+        )
+        files.append(uri(path))
+    limits = horizon_limits(CONFIGS[:1])
+    if duplicate is None:
+        found = driver_columns(files, str(tmp_path / "t"), limits, conditions=True)
+        assert found.arrivals["p"].tolist() == [float(k) for k in range(10)]
+        return
+    with pytest.raises(TraceError, match=f"duplicate op_id {duplicate} in purgatory 'p'"):
+        driver_columns(files, str(tmp_path / "t"), limits, conditions=False)

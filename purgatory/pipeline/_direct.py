@@ -647,6 +647,7 @@ def driver_columns(
     codes: list[np.ndarray] = []
     read: dict[str, list[np.ndarray]] = {c: [] for c in numbers}
     unset = 0  # (conditions null: never)
+    last: dict[int, int] | None = {}  # (each purgatory's last id, while they only increase)
     for uri in files:
         parquet = _parquet(uri, root, dictionary=True)
         try:
@@ -662,25 +663,52 @@ def driver_columns(
                 else pc.dictionary_encode(chunk.cast(pa.string()))  # (a large_string column)
             )
             known = [names.setdefault(n, len(names)) for n in encoded.dictionary.to_pylist()]
-            codes.append(np.array(known, np.int64)[encoded.indices.to_numpy()])
+            if len(known) == 1:  # (a file of one purgatory, as `generate` writes them)
+                codes.append(np.full(len(encoded), known[0], np.int32))
+            else:
+                codes.append(np.array(known, np.int32)[encoded.indices.to_numpy()])
         for c in numbers:
             column = part[c].cast(_CAST.field(c).type, safe=False)
             unset += column.null_count if c == "condition_at" else 0
             read[c].append(column.to_numpy())
+        if last is not None:
+            last = _increasing(last, codes[-len(part["purgatory"].chunks) :], read["op_id"][-1])
     if not codes:
         return TraceColumns({}, {}, {}, {})
-    values = {c: np.concatenate(read[c]) for c in numbers}
+    # (Ids that only increase, file after file, are unique: not gathered, nor sorted.)
+    checked = ["arrival", "timeout", *(["condition_at"] if conditions else [])]
+    if last is None:
+        checked.insert(0, "op_id")
+    values = {c: np.concatenate(read[c]) for c in checked}
     if _suspect(values, unset, limits):
         raise _whole_check(files, root, limits)
-    grouped = by_purgatory(np.concatenate(codes), list(names), [values[c] for c in numbers])
-    if any(first_duplicate(ids) is not None for ids, *_ in grouped.values()):
+    grouped = by_purgatory(np.concatenate(codes), list(names), [values[c] for c in checked])
+    if last is None and any(first_duplicate(v[0]) is not None for v in grouped.values()):
         raise _whole_check(files, root, limits)
+    first = 1 if last is None else 0
     return TraceColumns(
-        arrivals={name: v[1] for name, v in grouped.items()},
-        timeouts={name: v[2] for name, v in grouped.items()},
-        conditions={name: v[3] for name, v in grouped.items()} if conditions else {},
-        longest={name: float(v[2].max()) for name, v in grouped.items()},
+        arrivals={name: v[first] for name, v in grouped.items()},
+        timeouts={name: v[first + 1] for name, v in grouped.items()},
+        conditions={name: v[first + 2] for name, v in grouped.items()} if conditions else {},
+        longest={name: float(v[first + 1].max()) for name, v in grouped.items()},
     )
+
+
+def _increasing(
+    last: dict[int, int], codes: Sequence[np.ndarray], ids: np.ndarray
+) -> dict[int, int] | None:
+    """`last` (each purgatory's last id so far) with a file's ids, if they are of one
+    purgatory and follow its last id in increasing order; else ``None``: the ids must then be
+    checked whole."""
+    if not len(ids):
+        return last
+    first = codes[0][0] if len(codes[0]) else None
+    if first is None or any(len(c) and (c.min() != first or c.max() != first) for c in codes):
+        return None
+    code = int(first)
+    if int(ids[0]) <= last.get(code, int(ids[0]) - 1) or not bool(np.all(ids[1:] > ids[:-1])):
+        return None
+    return {**last, code: int(ids[-1])}
 
 
 def _suspect(values: Mapping[str, np.ndarray], unset: int, limits: Limits) -> bool:
@@ -689,21 +717,25 @@ def _suspect(values: Mapping[str, np.ndarray], unset: int, limits: Limits) -> bo
     timeout null or not finite, a negative timeout or one beyond a horizon, a condition not
     finite but null (`unset` of them) or before its arrival."""
     arrival, timeout = values["arrival"], values["timeout"]
+    if not len(arrival):
+        return False
+    # (Extremes, not a mask per row: a NaN or an infinity shows in them, and scaling by a
+    # positive factor keeps the order, so the longest timeout is beyond a horizon if any is.)
+    extremes = [float(arrival.min()), float(arrival.max()), float(timeout.min())]
+    longest = float(timeout.max())
+    if not all(math.isfinite(x) for x in [*extremes, longest]) or extremes[2] < 0:
+        return True
+    beyond = any(longest * scale > limit for scale, limit, _ in limits)
+    condition = values.get("condition_at")
+    if beyond or condition is None:
+        return beyond
+    if np.count_nonzero(np.isnan(condition)) != unset:  # (a NaN stored, not a null)
+        return True
+    infinite = unset < len(condition) and not (
+        math.isfinite(float(np.nanmin(condition))) and math.isfinite(float(np.nanmax(condition)))
+    )
     with np.errstate(invalid="ignore"):
-        if not (np.isfinite(arrival).all() and np.isfinite(timeout).all()):
-            return True
-        if (timeout < 0).any() or any(
-            (timeout * scale > limit).any() for scale, limit, _ in limits
-        ):
-            return True
-        condition = values.get("condition_at")
-        if condition is None:
-            return False
-        return bool(
-            np.isinf(condition).any()
-            or np.count_nonzero(np.isnan(condition)) != unset
-            or (condition < arrival).any()
-        )
+        return infinite or bool((condition < arrival).any())
 
 
 def _whole_check(files: Sequence[str], root: str, limits: Limits) -> TraceError:

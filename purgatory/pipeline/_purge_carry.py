@@ -289,12 +289,13 @@ def by_purgatory(
     """`values` (arrays over the same rows) split by purgatory: `codes` gives each row's, an
     index into `names`; each purgatory's rows in their order. Rows already grouped by
     purgatory (a trace of one, or written in order) are sliced, not copied."""
+    marks = np.arange(len(names) + 1, dtype=codes.dtype)  # (the codes' type: not copied)
     if len(codes) < 2 or bool(np.all(codes[1:] >= codes[:-1])):
-        bounds = np.searchsorted(codes, np.arange(len(names) + 1))
+        bounds = np.searchsorted(codes, marks)
         order = None
     else:
         order = np.argsort(codes, kind="stable")
-        bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+        bounds = np.searchsorted(codes[order], marks)
     out: dict[str, list[np.ndarray]] = {}
     for i, name in enumerate(names):
         lo, hi = int(bounds[i]), int(bounds[i + 1])
