@@ -11,7 +11,11 @@ fresh driver process, alternated:
   before); with ``--hash``, also ``local[2]`` with the groups hash-partitioned into Spark's
   shuffle partitions (the earlier job, ``replay(..., balance=False)``);
 - with ``--cluster``: a standalone master on loopback with one, then two one-core workers (as
-  ``tests/test_pipeline_clusters.py`` starts them), both reads.
+  ``tests/test_pipeline_clusters.py`` starts them), both reads;
+- with ``--shards N`` instead: one purgatory, unsplit on ``local[1]`` and split into N time
+  shards on ``local[2]``, both with the direct read (the unsplit job's best), at each
+  ``--purge-interval``; the split job's driver also says where its time went (`Phase`:
+  reading and checking the columns, planning, the Spark job, merging, writing).
 
 Per run: the job's wall seconds; the CPU seconds of its processes (``/proc``: the driver's
 Python, the JVM, Spark's Python workers; on the cluster, each worker's tree: its executor JVM and
@@ -36,7 +40,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .environment import describe_environment, load_average
 from .pipeline import RESULTS, ROOT, _tree_cpu_seconds, write_section
@@ -129,7 +133,7 @@ def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, An
 
     `partitioning`: ``direct`` (balanced, the direct read), ``spark`` (balanced, Spark's read)
     or ``hash`` (hash-partitioned, Spark's read), or ``shards:N:P`` (each group in N time
-    shards, purge interval P; N = 1: unsplit).
+    shards, purge interval P; N = 1: unsplit; the direct read either way).
     """
     from purgatory.pipeline import ReplayConfig, get_session, replay
 
@@ -144,10 +148,13 @@ def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, An
     cpu = _process_cpu(os.getpid())
     reported: list[Any] = []
     boundaries: list[Any] = []
+    phases: list[Any] = []
     config, shards = ReplayConfig(), 1
+    read: Literal["direct", "spark"] = "direct" if partitioning == "direct" else "spark"
     if partitioning.startswith("shards:"):
+        # Unsplit or split, the direct read: the best a user has either way.
         _, count, interval = partitioning.split(":")
-        config, shards = ReplayConfig(purge_interval=int(interval)), int(count)
+        config, shards, read = ReplayConfig(purge_interval=int(interval)), int(count), "direct"
     started = time.perf_counter()
     summary = replay(
         spark,
@@ -157,10 +164,11 @@ def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, An
         overwrite=True,
         operations=False,
         balance=partitioning != "hash",
-        read="direct" if partitioning == "direct" else "spark",
+        read=read,
         tasks=reported.extend,
         shards=shards,
         boundaries=boundaries.extend,
+        phases=phases.extend,
     )
     operations = sum(row["operations"] for row in summary.collect())
     seconds = time.perf_counter() - started
@@ -175,6 +183,9 @@ def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, An
         "cpu": {kind: after[kind] - cpu[kind] for kind in after},
         "stages": stages,
         "boundaries": [b.describe() for b in boundaries],
+        "phases": [
+            {"name": p.name, "seconds": p.seconds, "cpu_seconds": p.cpu_seconds} for p in phases
+        ],
         "tasks": [
             {
                 "partition": t.partition,
@@ -230,6 +241,15 @@ def _run(
         + f" (load {load} -> {run['load_after']})",
         flush=True,
     )
+    if run["phases"]:
+        print(
+            "  driver: "
+            + ", ".join(
+                f"{p['name']} {p['seconds']:.1f} s ({p['cpu_seconds']:.1f} CPU)"
+                for p in run["phases"]
+            ),
+            flush=True,
+        )
     for task in run["tasks"]:
         print(
             f"  partition {task['partition']}: {len(task['groups'])} groups "
@@ -330,7 +350,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Generate the trace; the local runs, alternated; the cluster runs (``--cluster``).
 
     With ``--shards N``: one purgatory, unsplit on ``local[1]`` and in N time shards on
-    ``local[2]`` (purge interval ``--purge-interval``), alternated.
+    ``local[2]`` (purge interval ``--purge-interval``), both the direct read, alternated.
     """
     from purgatory.pipeline import W1, generate, get_session
 
@@ -357,7 +377,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 (
                     "local[1]",
                     f"shards:1:{interval}",
-                    f"purge interval {interval}: local[1], unsplit",
+                    f"purge interval {interval}: local[1], unsplit (direct read)",
                 ),
                 (
                     "local[2]",
@@ -511,7 +531,11 @@ def render_shards(f: dict[str, Any]) -> str:
         f"{' '.join(map(str, f['purge_interval']))} --operations {f['operations']} --write`: one "
         f"W1 purgatory of **{f['operations']:,} operations** under one configuration per purge "
         f"interval, summary only, unsplit on `local[1]` and in {f['shards']} time shards on "
-        "`local[2]`, each run a driver process of its own, alternated. Purge interval 0 purges "
+        "`local[2]`, each run a driver process of its own, alternated. Both read the trace "
+        "directly (the default): the unsplit job is the groups job's direct read, its one task "
+        "reading the purgatory's rows from the Parquet files itself, the best a user has "
+        "without the split; the split job's driver reads the columns it plans from and its "
+        "tasks read their shards' rows. Purge interval 0 purges "
         "at every pass (the warm-ups rebuild the state); Kafka's 1000 counts over the whole "
         "history, and the driver carries that count into each shard (the unsplit replay's "
         "purges foreseen from the trace and re-enacted by the warm-ups): every boundary should "
@@ -522,9 +546,9 @@ def render_shards(f: dict[str, Any]) -> str:
         f"is in the table); {env['git']}.",
         "",
         "| run | wall s | CPU s: driver / JVM / Python workers | tasks: shards, operations "
-        "replayed (warm-ups included), Python wall s (CPU s) | boundaries matched | load before "
-        "-> after |",
-        "|---|---:|---|---|---|---|",
+        "replayed (warm-ups included), Python wall s (CPU s) | the driver's phases: wall s "
+        "(its CPU s) | boundaries matched | load before -> after |",
+        "|---|---:|---|---|---|---|---|",
     ]
     for run in f["runs"]:
         cpu = " / ".join(f"{v:.1f}" for v in run["cpu"].values())
@@ -535,8 +559,12 @@ def render_shards(f: dict[str, Any]) -> str:
         )
         said = run.get("boundaries", [])
         matched = sum("matched" in line for line in said)
+        phases = ", ".join(
+            f"{p['name']} {p['seconds']:.1f} ({p['cpu_seconds']:.1f})"
+            for p in run.get("phases", [])
+        )
         lines.append(
-            f"| {run['label']} | {run['seconds']:.1f} | {cpu} | {tasks} | "
+            f"| {run['label']} | {run['seconds']:.1f} | {cpu} | {tasks} | {phases or '-'} | "
             f"{matched} of {len(said)} | {run['load_before']} -> {run['load_after']} |"
         )
     lines += [

@@ -19,7 +19,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -440,15 +440,22 @@ def test_a_bad_trace_is_reported_the_same_by_both_reads(
 ) -> None:
     """Bad rows in several purgatories and files, duplicate ids, a row without a purgatory:
     the direct read's tasks, each checking its own purgatories under two configurations,
-    give the error Spark's validation of the whole trace gives, and write nothing."""
+    give the error Spark's validation of the whole trace gives, and write nothing; so does
+    the split replay's direct read (its driver finds these)."""
     bad_trace(tmp_path / "bad", without)
     said = {}
-    for read in ("spark", "direct"):
+    runs: list[tuple[Literal["spark", "direct"], int]] = [
+        ("spark", 1),
+        ("direct", 1),
+        ("direct", 2),
+    ]
+    for read, shards in runs:
+        out = str(tmp_path / f"{read}{shards}")
         with pytest.raises(TraceError) as error:
-            replay(spark, str(tmp_path / "bad"), str(tmp_path / read), CONFIGS, read=read)
-        said[read] = str(error.value)
-    assert said["direct"] == said["spark"]
-    assert first in said["direct"]
+            replay(spark, str(tmp_path / "bad"), out, CONFIGS, read=read, shards=shards)
+        said[(read, shards)] = str(error.value)
+    assert said[("direct", 1)] == said[("spark", 1)] == said[("direct", 2)]
+    assert first in said[("direct", 1)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]  # no output, no staging
 
 

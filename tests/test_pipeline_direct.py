@@ -9,10 +9,14 @@ test_pipeline.py and test_pipeline_balance.py.
 
 from __future__ import annotations
 
+import math
 import random
+import re
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -26,11 +30,14 @@ from purgatory.pipeline._direct import (
     WORK_COLUMNS,
     decode_problems,
     direct_read_problem,
+    driver_columns,
     encode_problems,
+    first_duplicate,
     purgatory_counts,
     task_input,
     trace_problem,
 )
+from purgatory.pipeline._frames import TraceError
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
 from purgatory.pipeline._replay import replay_batches
 
@@ -232,3 +239,166 @@ def test_files_the_tasks_cannot_read_are_named_with_why(tmp_path: Path) -> None:
     assert direct_read_problem([uri(inner)]) == (
         f"{uri(inner)} holds no column 'purgatory' (Spark reads it from the directories' names)"
     )
+
+
+def test_the_split_drivers_columns_are_each_purgatorys_in_the_files_order(
+    shuffled: tuple[pa.Table, list[str]],
+) -> None:
+    """The split replay's driver reads each purgatory's arrivals and timeouts (and conditions
+    when asked) from every file, cast to doubles, in the files' order, and its longest
+    timeout; the shuffled rows are grouped by purgatory."""
+    _, files = shuffled
+    read = pa.concat_tables(
+        pq.read_table(urllib.parse.unquote(file.removeprefix("file://"))) for file in files
+    )
+    limits = horizon_limits(CONFIGS)
+    found = driver_columns(files, "trace", limits, conditions=True)
+    plain = driver_columns(files, "trace", limits, conditions=False)
+    assert found.counts() == plain.counts() == {"p0000": 1000, "p0001": 1000, "p0002": 1000}
+    assert plain.conditions == {}
+    for name in ("p0000", "p0001", "p0002"):
+        mine = read.filter(pc.equal(read["purgatory"], name))
+        assert found.arrivals[name].tolist() == mine["arrival"].to_pylist()
+        assert plain.timeouts[name].tolist() == mine["timeout"].to_pylist()
+        conditions = [math.nan if c is None else c for c in mine["condition_at"].to_pylist()]
+        assert found.conditions[name].tolist() == pytest.approx(conditions, nan_ok=True)
+        assert found.longest[name] == max(mine["timeout"].to_pylist())
+        arrival, _, condition = found.for_carry()[name]
+        assert arrival is found.arrivals[name]
+        assert condition is found.conditions[name]
+
+
+@pytest.mark.parametrize(
+    ("without", "first"),
+    [
+        ((), "row purgatory=None op_id=3: column 'purgatory' is null"),
+        ((None,), "row purgatory='a' op_id=2: column 'keys' is empty"),
+        ((None, "a", "b"), "duplicate op_id 4 in purgatory 'c' (2 rows;"),
+    ],
+    ids=["no-purgatory", "bad-rows", "duplicate"],
+)
+@pytest.mark.parametrize("conditions", [False, True])
+def test_what_the_split_drivers_checks_find_is_the_groups_jobs_error(
+    tmp_path: Path, without: tuple[str | None, ...], first: str, conditions: bool
+) -> None:
+    """A row no shard reads (no purgatory, an arrival not a number), a bad row the driver's
+    columns show, or a duplicate id across files: the driver raises the error the groups job's
+    tasks give for the whole trace (`load_trace`'s, test_pipeline.py)."""
+    files = bad_trace(tmp_path / "bad", without)
+    root = str(tmp_path / "bad")
+    names = purgatory_counts(files, root)
+    expected = trace_problem(found_by(files, root, [{name: [0] for name in names}]), root)
+    assert expected is not None
+    assert first in str(expected)
+    with pytest.raises(TraceError) as error:
+        driver_columns(files, root, horizon_limits(CONFIGS[:1]), conditions=conditions)
+    assert str(error.value) == str(expected)
+
+
+@pytest.mark.parametrize(
+    ("condition", "problem"),
+    [
+        (math.nan, "column 'condition_at' is not finite (use null for never)"),
+        (math.inf, "column 'condition_at' is not finite (use null for never)"),
+        (-1.0, "column 'condition_at' is before the arrival"),
+    ],
+)
+def test_the_split_driver_finds_a_bad_condition_among_nulls(
+    tmp_path: Path, condition: float, problem: str
+) -> None:
+    """A condition stored as NaN (not null: never), infinite, or before its arrival, among
+    nulls: found by the driver's checks of its columns when it reads the conditions (for the
+    purge counter), and said as the tasks say it."""
+    (tmp_path / "t").mkdir()
+    path = tmp_path / "t" / "part-0.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "purgatory": ["p"] * 3,
+                "op_id": pa.array([0, 1, 2], pa.int64()),
+                "arrival": [0.0, 0.1, 0.2],
+                "keys": pa.array([["k"]] * 3, pa.list_(pa.string())),
+                "timeout": [1.0, 1.0, 1.0],
+                "condition_at": pa.array([None, condition, 0.5], pa.float64()),
+            }
+        ),
+        path,
+    )
+    limits = horizon_limits(CONFIGS[:1])
+    with pytest.raises(TraceError, match=re.escape(f"op_id=1: {problem}")):
+        driver_columns([uri(path)], str(tmp_path / "t"), limits, conditions=True)
+    found = driver_columns([uri(path)], str(tmp_path / "t"), limits, conditions=False)
+    assert found.counts() == {"p": 3}  # (without the conditions: the tasks find it)
+
+
+def test_a_split_purgatorys_bad_rows_are_merged_from_its_shards() -> None:
+    """Each shard reports its own range's first rows; the error shows the first of them all
+    and counts up to 4 more, as `load_trace` does over the whole trace."""
+
+    def row(op_id: int) -> dict[str, Any]:
+        return {
+            "_file": "file:/t/part-0.parquet",
+            "purgatory": "p",
+            "op_id": op_id,
+            "_problem": "column 'keys' is empty",
+            "arrival": float(op_id),
+            "timeout": 1.0,
+            "condition_at": None,
+        }
+
+    said = [
+        {"kind": "rows", "purgatory": "p", "shard": 0, "rows": [row(7), row(9)]},
+        {"kind": "rows", "purgatory": "p", "shard": 1, "rows": [row(3), row(4), row(8)]},
+        {"kind": "rows", "purgatory": "p", "shard": 2, "rows": [row(11)]},
+    ]
+    error = trace_problem(said, "/t")
+    assert str(error) == (
+        "trace file /t/part-0.parquet: row purgatory='p' op_id=3: column 'keys' is empty "
+        "(arrival=3.0, timeout=1.0, condition_at=None); 4+ more bad rows"
+    )
+    one = trace_problem(said[2:], "/t")
+    assert str(one).endswith("condition_at=None)")
+
+
+def test_the_first_duplicate_id_sorted_or_not() -> None:
+    assert first_duplicate(np.arange(10)) is None
+    assert first_duplicate(np.array([5, 1, 9, 1, 5])) == 1
+    assert first_duplicate(np.array([0, 1, 2, 2, 3])) == 2
+    assert first_duplicate(np.array([], np.int64)) is None
+
+
+@pytest.mark.parametrize(
+    ("second", "duplicate"),
+    [([5, 6, 7, 8, 9], None), ([3, 4, 5, 6, 7], 3), ([9, 8, 7, 6, 5], None)],
+    ids=["increasing", "restarting", "decreasing"],
+)
+def test_ids_increasing_file_after_file_are_unique_and_others_are_checked(
+    tmp_path: Path, second: list[int], duplicate: int | None
+) -> None:
+    """Two files of one purgatory, ids 0..4 then `second`: ids that go on increasing need no
+    sort; others are checked whole (a duplicate found, or none)."""
+    (tmp_path / "t").mkdir()
+    files = []
+    for i, ids in enumerate(([0, 1, 2, 3, 4], second)):
+        path = tmp_path / "t" / f"part-{i}.parquet"
+        pq.write_table(
+            pa.table(
+                {
+                    "purgatory": ["p"] * 5,
+                    "op_id": pa.array(ids, pa.int64()),
+                    "arrival": [float(i * 5 + k) for k in range(5)],
+                    "keys": pa.array([["k"]] * 5, pa.list_(pa.string())),
+                    "timeout": [1.0] * 5,
+                    "condition_at": pa.nulls(5, pa.float64()),
+                }
+            ),
+            path,
+        )
+        files.append(uri(path))
+    limits = horizon_limits(CONFIGS[:1])
+    if duplicate is None:
+        found = driver_columns(files, str(tmp_path / "t"), limits, conditions=True)
+        assert found.arrivals["p"].tolist() == [float(k) for k in range(10)]
+        return
+    with pytest.raises(TraceError, match=f"duplicate op_id {duplicate} in purgatory 'p'"):
+        driver_columns(files, str(tmp_path / "t"), limits, conditions=False)

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -31,16 +31,24 @@ from purgatory.pipeline import (
     W1,
     CostProfile,
     ReplayConfig,
+    _direct,
+    _job_replay,
     _job_shards,
     _purge_carry,
     replay,
     replay_table,
 )
+from purgatory.pipeline._checks import horizon_limits
+from purgatory.pipeline._direct import ShardRead
+from purgatory.pipeline._frames import TraceError
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
+from purgatory.pipeline._job_replay import Phase
+from purgatory.pipeline._job_trace import load_trace
 from purgatory.pipeline._shards import (
     Boundary,
     Key,
     ShardRange,
+    _kth,
     _merge_ranges,
     plan_ranges,
     settle,
@@ -291,6 +299,53 @@ def test_foreseen_purges_are_the_replays(
     assert times.tolist() == pytest.approx(starts, rel=0, abs=config.tick * 1e-5)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_kth_of_sorted_runs_is_the_kth_of_them_merged(seed: int) -> None:
+    # Runs with values repeated within and across them (waits of the same length), and an
+    # empty run: every rank's value is the merged sort's.
+    rng = np.random.default_rng(seed)
+    runs = [np.sort(np.round(rng.exponential(1.0, int(rng.integers(0, 300))), 1)) for _ in range(4)]
+    runs.append(np.zeros(0))
+    merged = np.sort(np.concatenate(runs))
+    assert [_kth(runs, k) for k in range(1, len(merged) + 1)] == merged.tolist()
+
+
+def counter_hits_step_by_step(
+    before: list[int], sizes: list[int], units: int, cycle: int
+) -> tuple[list[int], list[int]]:
+    """Kafka's purge counter one step at a time (each pass's completions, then the pass)."""
+    unit_hits: list[int] = []
+    pass_hits: list[int] = []
+    owed = done = 0
+    for j, (end, size) in enumerate(zip([*before, units], [*sizes, 0], strict=True)):
+        unit_hits += range(done + cycle - owed - 1, end, cycle)
+        owed = (owed + end - done) % cycle
+        done = end
+        if j < len(sizes):
+            owed += size
+            if owed >= cycle:
+                pass_hits.append(j)
+                owed = 0
+    return unit_hits, pass_hits
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_purge_counter_in_blocks_is_the_step_by_step_one(seed: int) -> None:
+    # Passes of 1 to 3 operations (or up to a whole cycle) between runs of completions, many
+    # passes hitting: the counter's hits found a block at a time are those of a loop.
+    rng = np.random.default_rng(seed)
+    cycle = int(rng.choice([1, 2, 5, 11, 1001]))
+    steps = int(rng.integers(0, 6000))
+    units = int(rng.integers(0, 20000))
+    before = np.sort(rng.integers(0, units + 1, steps))
+    sizes = rng.integers(1, 4 if seed % 2 else cycle + 2, steps)
+    hits, passes = _purge_carry._counter_hits(before, sizes, units, cycle)
+    expected = counter_hits_step_by_step(before.tolist(), sizes.tolist(), units, cycle)
+    assert (hits.tolist(), passes.tolist()) == expected
+    assert len(hits) > 0  # (every seed's trace has both kinds of hits)
+    assert len(passes) > 0
+
+
 @pytest.mark.parametrize("tick", [0.001, 0.002, 0.01, 1 / 3, 0.1])
 def test_time_of_is_the_timers(tick: float) -> None:
     # The foreseen passes' times are the timer's own, float for float.
@@ -370,36 +425,67 @@ def trace_of(
 def test_a_task_reads_its_shards_rows_as_the_shuffle_brings_them(
     tmp_path: Path, stored: pa.DataType
 ) -> None:
-    # Each shard's rows read by its task from the trace's files (two files, small row groups
-    # skipped by the arrival range where arrivals are stored as doubles) are the rows the
-    # one-process reference gives the shard, in its order.
+    # Each shard's rows read by its task from the trace's files (two files of small row
+    # groups) are the rows the one-process reference gives the shard, in its order.
     trace = w1_trace(operations=3000)
     trace = trace.set_column(2, "arrival", trace["arrival"].cast(stored))
     (tmp_path / "t").mkdir()
     pq.write_table(trace.slice(0, 1700), tmp_path / "t" / "a.parquet", row_group_size=300)
     pq.write_table(trace.slice(1700), tmp_path / "t" / "b.parquet", row_group_size=300)
+    files = [(tmp_path / "t" / name).as_uri() for name in ("a.parquet", "b.parquet")]
     config = ReplayConfig(purge_interval=10)
     cast = trace.set_column(2, "arrival", trace["arrival"].cast(pa.float64()))
-    arrivals = np.sort(cast["arrival"].to_numpy())
-    ranges = plan_ranges({("p0000", 0): arrivals}, 3)
+    ranges = plan_ranges({("p0000", 0): cast["arrival"].to_numpy()}, 3)
     columns, longest = _purge_carry.trace_columns(cast)
     ranges = _purge_carry.carry(ranges, columns, longest, {0: config})
     expected = shard_input(cast, 0, config, ranges)
     for (name, config_id, k), shard in sorted(ranges.items()):
         lo = shard.warmup_start(warmup_seconds(longest[name], config))
-        batches = _job_shards.shard_rows(str(tmp_path / "t"), (name, config_id, k, lo, shard.end))
-        got = pa.Table.from_batches(list(batches)).select(expected.column_names)
+        read = ShardRead(name, config_id, k, lo, shard.end, shard.start, shard.end, True)
+        problems: list[dict[str, Any]] = []
+        batches = list(_direct.shard_input(files, "t", [read], horizon_limits([config]), problems))
+        assert problems == []
+        got = pa.Table.from_batches(batches).select(expected.column_names)
         assert got.to_pylist() == expected.filter(pc.equal(expected["shard"], k)).to_pylist()
 
 
+def test_a_shard_reads_only_the_row_groups_of_its_arrivals(tmp_path: Path) -> None:
+    # Row groups of 250 operations in arrival order, the last one's page corrupted: the first
+    # shard's task never reads it (the arrival statistics exclude it); the last one's says so.
+    trace = w1_trace(operations=1000)
+    path = tmp_path / "t" / "part-0.parquet"
+    path.parent.mkdir()
+    pq.write_table(trace, path, row_group_size=250, write_page_checksum=True)
+    column = pq.read_metadata(path).row_group(3).column(1)
+    data = bytearray(path.read_bytes())
+    data[column.data_page_offset + 40 : column.data_page_offset + 240] = bytes(200)
+    path.write_bytes(data)
+    arrival = trace["arrival"].to_numpy()
+    first = ShardRead("p0000", 0, 0, -math.inf, arrival[400], -math.inf, arrival[400], True)
+    last = ShardRead("p0000", 0, 1, arrival[300], math.inf, arrival[400], math.inf, True)
+    limits = horizon_limits([ReplayConfig()])
+    problems: list[dict[str, Any]] = []
+    rows = list(_direct.shard_input([path.as_uri()], "t", [first], limits, problems))
+    assert problems == []
+    assert sum(b.num_rows for b in rows) == 401
+    assert list(_direct.shard_input([path.as_uri()], "t", [last], limits, problems)) == []
+    assert [p["kind"] for p in problems] == ["file"]
+    assert "fails its checksum" in problems[0]["message"]
+
+
+@pytest.mark.parametrize("read", ["direct", "spark"])
 def test_spark_split_job_equals_the_unsplit_job(
-    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: SparkSession,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    read: Literal["direct", "spark"],
 ) -> None:
     # A purgatory under three configurations in 3 shards each on local[2]: with purges at every
     # pass every boundary matches; with a purge every 101 finishes the driver carries the
     # counter into the shards (read from the trace's files) and every boundary matches too;
     # with Kafka's 1000, no purge has run yet before a boundary: replayed sequentially (a
-    # second job), and said on stderr. Every output equals the unsplit job's.
+    # second job), and said on stderr. Every output equals the unsplit job's, with the tasks
+    # reading their shards' rows themselves or Spark shuffling them.
     trace = w1_trace(operations=1200, rate=500.0)  # boundaries 0.8 s apart: past a warm-up
     pq.write_table(trace, tmp_path / "trace.parquet")
     path = str(tmp_path / "trace.parquet")
@@ -410,7 +496,9 @@ def test_spark_split_job_equals_the_unsplit_job(
     ]
     replay(spark, path, str(tmp_path / "one"), configs, tasks=None)
     capsys.readouterr()
-    replay(spark, path, str(tmp_path / "split"), configs, tasks=None, shards=3)
+    phases: list[Phase] = []
+    split = str(tmp_path / "split")
+    replay(spark, path, split, configs, tasks=None, shards=3, read=read, phases=phases.extend)
     said = [line for line in capsys.readouterr().err.splitlines() if "boundary" in line]
     for part in ("summary", "operations"):
         expected = pq.read_table(tmp_path / "one" / part).to_pylist()
@@ -421,6 +509,35 @@ def test_spark_split_job_equals_the_unsplit_job(
     assert all(line.endswith("matched") for line in said if "p0000@0 " in line), said
     assert all(line.endswith("matched") for line in said if "p0000@1 " in line), said
     assert all(line.endswith("replayed sequentially") for line in said if "p0000@2 " in line)
+    first = "columns" if read == "direct" else "load_trace"
+    assert [p.name for p in phases] == ["files", first, "plan", "tasks", "merge", "write"]
+    assert all(p.seconds >= 0 and p.cpu_seconds >= 0 for p in phases)
+
+
+def test_a_split_replay_reports_a_bad_trace_as_the_unsplit_one(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # Keys the driver does not read: 7 bad rows over three shards under two configurations,
+    # each reported once, by the shard whose own range holds it (others read some of them in
+    # their warm-ups); the error is the one Spark's validation gives for the whole trace, and
+    # nothing is written.
+    trace = w1_trace(operations=600, rate=500.0)
+    keys = trace["keys"].to_pylist()
+    for i in (590, 20, 300, 301, 450, 10, 599):
+        keys[i] = []
+    trace = trace.set_column(3, "keys", pa.array(keys, pa.list_(pa.string())))
+    (tmp_path / "t").mkdir()
+    pq.write_table(trace, tmp_path / "t" / "part-0.parquet", row_group_size=100)
+    path = str(tmp_path / "t")
+    configs = [ReplayConfig(), ReplayConfig(purge_interval=10)]
+    with pytest.raises(TraceError) as whole:
+        load_trace(spark, path, configs)
+    with pytest.raises(TraceError) as split:
+        replay(spark, path, str(tmp_path / "o"), configs, tasks=None, shards=3)
+    assert str(split.value) == str(whole.value)
+    assert "op_id=10: column 'keys' is empty" in str(split.value)
+    assert str(split.value).endswith("; 4+ more bad rows")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]
 
 
 def test_a_split_replay_writes_no_event_log(spark: SparkSession, tmp_path: Path) -> None:
@@ -439,6 +556,8 @@ def test_spark_split_job_where_the_driver_cannot_read_the_trace(
     # back; the summary still equals the one-process replay's.
     trace = w1_trace(operations=800, rate=500.0)
     pq.write_table(trace, tmp_path / "trace.parquet")
+    # (As on HDFS: the tasks cannot read the files, so Spark's read; nor can the driver.)
+    monkeypatch.setattr(_job_replay, "direct_read_problem", lambda files: "no pyarrow here")
     monkeypatch.setattr(_job_shards, "_local_columns", lambda path: None)
     config = ReplayConfig(purge_interval=10)
     replay(

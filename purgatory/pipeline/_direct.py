@@ -19,16 +19,25 @@ purgatory's rows, so the check per task is exact. A task that has found a proble
 more (it still checks the rest of its input). A file pyarrow cannot read ends the task's input,
 reported the same way with one line naming it, as Spark's read does.
 
+The split replay (`purgatory.pipeline._job_shards`) reads through the same code: each time
+shard's task reads its purgatory's rows in its shard's arrival range (`shard_input`: the row
+groups whose arrival statistics exclude it skipped too) with the same casts and checks, each
+shard reporting the bad rows of its own range; its driver reads the columns it plans the shards
+from once (`driver_columns`) and checks there what needs every row of a purgatory (the ids) or
+rows that no shard reads (no purgatory, an arrival that is not a number).
+
 pyarrow only: no Spark session is needed (the tests call it directly).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -44,10 +53,15 @@ from ._tracefile import bad_rows
 __all__ = (
     "BATCH_ROWS",
     "SHOWN_BAD_ROWS",
+    "ShardRead",
+    "TraceColumns",
     "bad_row_message",
     "direct_read_problem",
+    "driver_columns",
     "duplicate_message",
+    "first_duplicate",
     "purgatory_counts",
+    "shard_input",
     "task_input",
     "trace_problem",
 )
@@ -108,17 +122,19 @@ def trace_problem(problems: Sequence[Mapping[str, Any]], root: str) -> TraceErro
     """The error `load_trace` raises for the whole trace, from what the tasks found, or ``None``.
 
     Each purgatory read by several tasks (one per configuration) is reported by each, the same:
-    one report per purgatory is kept. A file that cannot be read comes first (the first by
-    name), then a bad row anywhere, then a duplicate id.
+    one report per purgatory is kept. A purgatory split into time shards is reported by its
+    shards (``shard``), each for the rows of its own range, under one configuration: the
+    reports of its shards add up. A file that cannot be read comes first (the first by name),
+    then a bad row anywhere, then a duplicate id.
     """
-    rows: dict[str | None, list[dict[str, Any]]] = {}
+    rows: dict[tuple[str | None, int | None], list[dict[str, Any]]] = {}
     duplicates: dict[str, Mapping[str, Any]] = {}
     files = sorted(p["message"] for p in problems if p["kind"] == "file")
     if files:  # (as Spark's read: an unreadable file stops the validation's scan)
         return TraceError(files[0])
     for problem in problems:
         if problem["kind"] == "rows":
-            rows[problem["purgatory"]] = problem["rows"]
+            rows[(problem["purgatory"], problem.get("shard"))] = problem["rows"]
         else:
             duplicates[problem["purgatory"]] = problem
     if rows:
@@ -199,16 +215,25 @@ def _unreadable(uri: str, root: str, exc: BaseException) -> TraceError:
     return TraceError(f"trace file {as_given(uri, root)}: {cause}")
 
 
-def _parquet(uri: str, root: str) -> pq.ParquetFile:
-    """The file open with every page's checksum verified; its schema a trace's."""
+def _parquet(uri: str, root: str, *, dictionary: bool = False) -> pq.ParquetFile:
+    """The file open with every page's checksum verified; its schema a trace's. With
+    `dictionary`, its ``purgatory`` column is read dictionary-encoded (a code per row)."""
     filesystem, path = _open(uri)
     try:
-        parquet = pq.ParquetFile(filesystem.open_input_file(path), page_checksum_verification=True)
+        source = filesystem.open_input_file(path)
+        parquet = pq.ParquetFile(source, page_checksum_verification=True)
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise _unreadable(uri, root, exc) from None
     problem = trace_schema_problem(parquet.schema_arrow)
     if problem is not None:
         raise TraceError(f"trace file {as_given(uri, root)}: {problem}")
+    if dictionary:  # (its schema checked as stored; the footer not read again)
+        parquet = pq.ParquetFile(
+            source,
+            metadata=parquet.metadata,
+            page_checksum_verification=True,
+            read_dictionary=["purgatory"],
+        )
     return parquet
 
 
@@ -247,40 +272,66 @@ def _may_hold(statistics: Any, name: str | None) -> bool:
     return bool(low <= key <= high)
 
 
+def _may_overlap(statistics: Any, lo: float, hi: float) -> bool:
+    """Whether a row group may hold arrivals in ``[lo, hi]``, by the ``arrival`` column chunk's
+    statistics. Only floating-point columns are pruned: their cast to double is exact, so the
+    statistics compare as the cast rows do (an integer's may round)."""
+    if statistics is None or not statistics.has_min_max:
+        return True
+    if statistics.physical_type not in ("FLOAT", "DOUBLE"):
+        return True
+    low, high = float(statistics.min), float(statistics.max)
+    if math.isnan(low) or math.isnan(high):
+        return True
+    return high >= lo and low <= hi
+
+
+def _column_index(metadata: pq.FileMetaData, name: str) -> int | None:
+    return next(
+        (j for j in range(metadata.num_columns) if metadata.schema.column(j).path == name), None
+    )
+
+
 class _Trace:
     """The trace's files as one task reads them: each file's footer read once."""
 
     def __init__(self, files: Sequence[str], root: str) -> None:
         self.files = list(files)
         self.root = root
-        self._footers: dict[int, tuple[pq.FileMetaData, int | None]] = {}
+        self._footers: dict[int, tuple[pq.FileMetaData, int | None, int | None]] = {}
 
-    def _footer(self, index: int) -> tuple[pq.FileMetaData, int | None]:
+    def _footer(self, index: int) -> tuple[pq.FileMetaData, int | None, int | None]:
+        """A file's footer, and the indices of its ``purgatory`` and ``arrival`` columns."""
         if index not in self._footers:
-            parquet = _parquet(self.files[index], self.root)
-            metadata = parquet.metadata
-            column = next(
-                (
-                    j
-                    for j in range(metadata.num_columns)
-                    if metadata.schema.column(j).path == "purgatory"
-                ),
-                None,
+            metadata = _parquet(self.files[index], self.root).metadata
+            self._footers[index] = (
+                metadata,
+                _column_index(metadata, "purgatory"),
+                _column_index(metadata, "arrival"),
             )
-            self._footers[index] = (metadata, column)
         return self._footers[index]
 
-    def rows_of(self, name: str | None) -> pa.Table:
-        """Every row of purgatory `name` (``None``: the rows without one), cast to the trace
-        schema's types, with the index of its file in `_FILE`; one chunk."""
+    def rows_of(self, name: str | None, lo: float = -math.inf, hi: float = math.inf) -> pa.Table:
+        """Every row of purgatory `name` (``None``: the rows without one) arriving in ``[lo,
+        hi]`` (by default: every row), cast to the trace schema's types, with the index of its
+        file in `_FILE`; one chunk. Row groups whose statistics exclude the purgatory or the
+        arrivals are not read."""
+        bounded = lo > -math.inf or hi < math.inf
         parts = []
         for index, uri in enumerate(self.files):
-            metadata, column = self._footer(index)
+            metadata, column, arrivals = self._footer(index)
             groups = [
                 g
                 for g in range(metadata.num_row_groups)
-                if column is None
-                or _may_hold(metadata.row_group(g).column(column).statistics, name)
+                if (
+                    column is None
+                    or _may_hold(metadata.row_group(g).column(column).statistics, name)
+                )
+                and (
+                    not bounded
+                    or arrivals is None
+                    or _may_overlap(metadata.row_group(g).column(arrivals).statistics, lo, hi)
+                )
             ]
             if not groups:
                 continue
@@ -303,6 +354,13 @@ class _Trace:
             if not table.num_rows:
                 continue
             table = table.select(_CAST.names).cast(_CAST, safe=False)
+            if bounded:
+                arrival = table["arrival"]
+                table = table.filter(
+                    pc.and_(pc.greater_equal(arrival, lo), pc.less_equal(arrival, hi))
+                )
+                if not table.num_rows:
+                    continue
             file = pa.array(np.full(table.num_rows, index, dtype=np.int32))
             parts.append(table.append_column(_FILE, file))
         if not parts:
@@ -312,7 +370,12 @@ class _Trace:
     def bad(self, rows: pa.Table, limits: Limits) -> list[dict[str, Any]]:
         """The first `SHOWN_BAD_ROWS` bad rows of `rows`, in `load_trace`'s order."""
         found = bad_rows(rows, limits)
-        if found is None:
+        return [] if found is None else self.shown(found)
+
+    def shown(self, found: pa.Table) -> list[dict[str, Any]]:
+        """The first `SHOWN_BAD_ROWS` of bad rows found (`bad_rows`), in `load_trace`'s order,
+        their files named."""
+        if not found.num_rows:
             return []
         named = pc.take(pa.array(self.files, pa.string()), found[_FILE])
         found = found.set_column(found.schema.get_field_index(_FILE), _FILE, named)
@@ -331,11 +394,9 @@ class _Trace:
 
     def duplicate(self, name: str, rows: pa.Table) -> dict[str, Any] | None:
         """The smallest op_id that `rows` (one purgatory's, no null id) hold more than once."""
-        ids = np.sort(rows["op_id"].to_numpy())  # (sorted: 8 times faster than a hash count)
-        repeated = ids[1:][ids[1:] == ids[:-1]]
-        if not len(repeated):
+        op_id = first_duplicate(rows["op_id"].to_numpy())
+        if op_id is None:
             return None
-        op_id = int(repeated[0])
         mine = rows.filter(pc.equal(rows["op_id"], op_id))
         files = sorted({self.files[i] for i in mine[_FILE].to_pylist()})
         return {
@@ -392,18 +453,134 @@ def task_input(
             continue
         if problems or not groups[name]:
             continue  # the job fails: check the rest, replay nothing more
-        order = pc.sort_indices(rows, sort_keys=[("arrival", "ascending"), ("op_id", "ascending")])
-        rows = rows.select([c for c in WORK_COLUMNS if c != "config_id"])
+        order = _arrival_order(rows)
         for config_id in sorted(groups[name]):
-            # A batch at a time (not a sorted copy of the whole purgatory: half the memory).
-            for start in range(0, len(order), BATCH_ROWS):
-                batch = rows.take(order.slice(start, BATCH_ROWS)).combine_chunks()
-                columns = batch.columns
-                config = pa.array(np.full(batch.num_rows, config_id, dtype=np.int32))
-                yield pa.RecordBatch.from_arrays(
-                    [columns[0].chunk(0), config, *(c.chunk(0) for c in columns[1:])],
-                    names=list(WORK_COLUMNS),
-                )
+            yield from _sorted_batches(rows, order, config_id)
+
+
+def _arrival_order(rows: pa.Table) -> pa.Array | None:
+    """The indices of `rows` (checked: no nulls, ids unique) by arrival, then op_id (Arrow's
+    C++ sort); ``None`` if they are in that order already (a trace written in time order, as
+    `generate` writes it: one comparison a row instead of a sort)."""
+    arrival = rows["arrival"].to_numpy()
+    ids = rows["op_id"].to_numpy()
+    after, before = arrival[1:], arrival[:-1]
+    if bool(np.all((after > before) | ((after == before) & (ids[1:] > ids[:-1])))):
+        return None
+    return pc.sort_indices(rows, sort_keys=[("arrival", "ascending"), ("op_id", "ascending")])
+
+
+def _sorted_batches(
+    rows: pa.Table, order: pa.Array | None, config_id: int, shard: int | None = None
+) -> Iterator[pa.RecordBatch]:
+    """`rows` in `order` (``None``: as they are) as the engine's batches of `WORK_COLUMNS`
+    under `config_id` (and a ``shard`` column after them, if given), `BATCH_ROWS` at a time:
+    a batch taken at a time, not a sorted copy of the whole input (half the memory)."""
+    rows = rows.select([c for c in WORK_COLUMNS if c != "config_id"])
+    names = [*WORK_COLUMNS, *(["shard"] if shard is not None else [])]
+    for start in range(0, rows.num_rows, BATCH_ROWS):
+        if order is None:
+            batch = rows.slice(start, BATCH_ROWS).combine_chunks()
+        else:
+            batch = rows.take(order.slice(start, BATCH_ROWS)).combine_chunks()
+        columns = batch.columns
+        n = batch.num_rows
+        extra = [pa.array(np.full(n, shard, dtype=np.int32))] if shard is not None else []
+        yield pa.RecordBatch.from_arrays(
+            [
+                columns[0].chunk(0),
+                pa.array(np.full(n, config_id, dtype=np.int32)),
+                *(c.chunk(0) for c in columns[1:]),
+                *extra,
+            ],
+            names=names,
+        )
+
+
+def first_duplicate(ids: np.ndarray) -> int | None:
+    """The smallest id that `ids` (no nulls) hold more than once, or ``None``. Ids already
+    increasing (a trace written in order) take one comparison each; others are sorted (8 times
+    faster than a hash count)."""
+    if len(ids) < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return None
+    ordered = np.sort(ids, kind="stable")  # (runs already in order are merged, not re-sorted)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    return int(repeated[0]) if len(repeated) else None
+
+
+class ShardRead(NamedTuple):
+    """One time shard's input, as its task reads it (`shard_input`).
+
+    Attributes:
+        purgatory, config_id, shard: The shard (`purgatory.pipeline._shards.Key`).
+        lo, hi: Its input's arrivals, ``[lo, hi]``: its warm-up, its own range and the next
+            shard's first arrival.
+        start, end: Its own range, ``[start, end)`` (the last shard's takes in ``end`` too):
+            the rows whose problems it reports.
+        report: Whether it reports the bad rows of its own range (under one configuration of
+            each purgatory only: those of the others read the same rows).
+    """
+
+    purgatory: str
+    config_id: int
+    shard: int
+    lo: float
+    hi: float
+    start: float
+    end: float
+    report: bool
+
+
+def shard_input(
+    files: Sequence[str],
+    root: str,
+    shards: Sequence[ShardRead],
+    limits: Limits,
+    problems: list[dict[str, Any]],
+) -> Iterator[pa.RecordBatch]:
+    """One task's input for `replay_shards`, read from the trace's files: `task_input` for
+    time shards.
+
+    Each shard's rows, those of its purgatory arriving in ``[lo, hi]``, are read (only the row
+    groups whose statistics may hold them), cast and checked as `task_input` reads them, sorted
+    by arrival then op_id, and yielded as batches of `WORK_COLUMNS` and ``shard``, shard by
+    shard in the order of (purgatory, config_id, shard).
+
+    The checks are `task_input`'s, over every row read; a shard reports (``report``) the bad
+    rows of its own range only, so that each row is reported once (its purgatory's ranges
+    under one configuration cover every row whose arrival is a number: the driver has checked
+    the rest, and the ids, `driver_columns`). A shard with a bad row in its input is not
+    replayed, nor anything after it in the task (the job fails).
+    """
+    trace = _Trace(files, root)
+    failed = False
+    for read in sorted(shards):
+        try:
+            rows = trace.rows_of(read.purgatory, read.lo, read.hi)
+        except TraceError as exc:
+            problems.append({"kind": "file", "message": str(exc)})
+            return
+        found = bad_rows(rows, limits)
+        if found is not None:
+            failed = True
+            if read.report:
+                arrival = found["arrival"]
+                own = pc.greater_equal(arrival, read.start)
+                if read.end < math.inf:
+                    own = pc.and_(own, pc.less(arrival, read.end))
+                shown = trace.shown(found.filter(pc.fill_null(own, False)))
+                if shown:
+                    problems.append(
+                        {
+                            "kind": "rows",
+                            "purgatory": read.purgatory,
+                            "shard": read.shard,
+                            "rows": shown,
+                        }
+                    )
+        if failed:
+            continue
+        yield from _sorted_batches(rows, _arrival_order(rows), read.config_id, read.shard)
 
 
 def encode_problems(problems: Sequence[Mapping[str, Any]]) -> str:
@@ -414,3 +591,160 @@ def encode_problems(problems: Sequence[Mapping[str, Any]]) -> str:
 def decode_problems(text: str) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = json.loads(text)
     return found
+
+
+# -- the split replay's driver ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TraceColumns:
+    """What the split replay's driver reads of a trace (`driver_columns`), by purgatory.
+
+    Attributes:
+        arrivals, timeouts: Each purgatory's, as float64 arrays, in the files' order.
+        conditions: Its conditions (NaN: never), if they were read (else empty).
+        longest: Its longest timeout.
+    """
+
+    arrivals: dict[str, np.ndarray]
+    timeouts: dict[str, np.ndarray]
+    conditions: dict[str, np.ndarray]
+    longest: dict[str, float]
+
+    def counts(self) -> dict[str, int]:
+        """Each purgatory's operations."""
+        return {name: len(values) for name, values in self.arrivals.items()}
+
+    def for_carry(self) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """`purgatory.pipeline._purge_carry.carry`'s columns (with the conditions read)."""
+        return {
+            name: (self.arrivals[name], self.timeouts[name], self.conditions[name])
+            for name in self.arrivals
+        }
+
+
+def driver_columns(
+    files: Sequence[str], root: str, limits: Limits, *, conditions: bool
+) -> TraceColumns:
+    """Each purgatory's arrivals and timeouts (and with `conditions` its conditions) from the
+    trace's files, for the split replay's plan, and the checks only the driver can make.
+
+    Read once, with pyarrow (every page's checksum verified, as the tasks read), only the
+    columns the plan needs and the ids. The driver checks its columns' rows as `task_input`
+    checks them, but for the keys (`bad_rows` without them), and the ids' uniqueness per
+    purgatory, which needs every row of a purgatory at once; the tasks check the keys (and
+    everything else again) on the rows they read (`shard_input`). Should the driver find any
+    problem, it reads the trace whole and checks it as the groups job's tasks do, so that the
+    error is `load_trace`'s for the whole trace.
+
+    Raises:
+        TraceError: A file that cannot be read, or the trace's first problem.
+    """
+    from ._purge_carry import by_purgatory
+
+    numbers = ["op_id", "arrival", "timeout", *(["condition_at"] if conditions else [])]
+    names: dict[str, int] = {}
+    codes: list[np.ndarray] = []
+    read: dict[str, list[np.ndarray]] = {c: [] for c in numbers}
+    unset = 0  # (conditions null: never)
+    last: dict[int, int] | None = {}  # (each purgatory's last id, while they only increase)
+    for uri in files:
+        parquet = _parquet(uri, root, dictionary=True)
+        try:
+            part = parquet.read(columns=["purgatory", *numbers])
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            raise _unreadable(uri, root, exc) from None
+        if part["purgatory"].null_count or part["op_id"].null_count:
+            raise _whole_check(files, root, limits)
+        for chunk in part["purgatory"].chunks:
+            encoded = (
+                chunk
+                if pa.types.is_dictionary(chunk.type)
+                else pc.dictionary_encode(chunk.cast(pa.string()))  # (a large_string column)
+            )
+            known = [names.setdefault(n, len(names)) for n in encoded.dictionary.to_pylist()]
+            if len(known) == 1:  # (a file of one purgatory, as `generate` writes them)
+                codes.append(np.full(len(encoded), known[0], np.int32))
+            else:
+                codes.append(np.array(known, np.int32)[encoded.indices.to_numpy()])
+        for c in numbers:
+            column = part[c].cast(_CAST.field(c).type, safe=False)
+            unset += column.null_count if c == "condition_at" else 0
+            read[c].append(column.to_numpy())
+        if last is not None:
+            last = _increasing(last, codes[-len(part["purgatory"].chunks) :], read["op_id"][-1])
+    if not codes:
+        return TraceColumns({}, {}, {}, {})
+    # (Ids that only increase, file after file, are unique: not gathered, nor sorted.)
+    checked = ["arrival", "timeout", *(["condition_at"] if conditions else [])]
+    if last is None:
+        checked.insert(0, "op_id")
+    values = {c: np.concatenate(read[c]) for c in checked}
+    if _suspect(values, unset, limits):
+        raise _whole_check(files, root, limits)
+    grouped = by_purgatory(np.concatenate(codes), list(names), [values[c] for c in checked])
+    if last is None and any(first_duplicate(v[0]) is not None for v in grouped.values()):
+        raise _whole_check(files, root, limits)
+    first = 1 if last is None else 0
+    return TraceColumns(
+        arrivals={name: v[first] for name, v in grouped.items()},
+        timeouts={name: v[first + 1] for name, v in grouped.items()},
+        conditions={name: v[first + 2] for name, v in grouped.items()} if conditions else {},
+        longest={name: float(v[first + 1].max()) for name, v in grouped.items()},
+    )
+
+
+def _increasing(
+    last: dict[int, int], codes: Sequence[np.ndarray], ids: np.ndarray
+) -> dict[int, int] | None:
+    """`last` (each purgatory's last id so far) with a file's ids, if they are of one
+    purgatory and follow its last id in increasing order; else ``None``: the ids must then be
+    checked whole."""
+    if not len(ids):
+        return last
+    first = codes[0][0] if len(codes[0]) else None
+    if first is None or any(len(c) and (c.min() != first or c.max() != first) for c in codes):
+        return None
+    code = int(first)
+    if int(ids[0]) <= last.get(code, int(ids[0]) - 1) or not bool(np.all(ids[1:] > ids[:-1])):
+        return None
+    return {**last, code: int(ids[-1])}
+
+
+def _suspect(values: Mapping[str, np.ndarray], unset: int, limits: Limits) -> bool:
+    """Whether the driver's columns show a row that `task_input`'s checks refuse (arrays, a
+    pass or two each, where `bad_rows` over Arrow takes five times as long): an arrival or a
+    timeout null or not finite, a negative timeout or one beyond a horizon, a condition not
+    finite but null (`unset` of them) or before its arrival."""
+    arrival, timeout = values["arrival"], values["timeout"]
+    if not len(arrival):
+        return False
+    # (Extremes, not a mask per row: a NaN or an infinity shows in them, and scaling by a
+    # positive factor keeps the order, so the longest timeout is beyond a horizon if any is.)
+    extremes = [float(arrival.min()), float(arrival.max()), float(timeout.min())]
+    longest = float(timeout.max())
+    if not all(math.isfinite(x) for x in [*extremes, longest]) or extremes[2] < 0:
+        return True
+    beyond = any(longest * scale > limit for scale, limit, _ in limits)
+    condition = values.get("condition_at")
+    if beyond or condition is None:
+        return beyond
+    if np.count_nonzero(np.isnan(condition)) != unset:  # (a NaN stored, not a null)
+        return True
+    infinite = unset < len(condition) and not (
+        math.isfinite(float(np.nanmin(condition))) and math.isfinite(float(np.nanmax(condition)))
+    )
+    with np.errstate(invalid="ignore"):
+        return infinite or bool((condition < arrival).any())
+
+
+def _whole_check(files: Sequence[str], root: str, limits: Limits) -> TraceError:
+    """The trace's error, from checking every purgatory's rows as the groups job's tasks do."""
+    names = purgatory_counts(files, root)
+    problems: list[dict[str, Any]] = []
+    for _ in task_input(files, root, dict.fromkeys(names, ()), limits, problems):
+        pass  # (no configuration: only checked)
+    error = trace_problem(problems, root)
+    if error is None:  # (the driver's checks are the same: unreachable)
+        raise AssertionError("the driver found a problem in the trace that its tasks do not")
+    return error

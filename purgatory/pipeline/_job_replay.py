@@ -26,7 +26,8 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -56,7 +57,7 @@ from ._summary import COUNTS, GAUGES, REPLAY_SUMMARY_COLUMNS, STATS, share
 if TYPE_CHECKING:
     from ._shards import Boundary
 
-__all__ = ("ReplayTask", "print_tasks", "replay")
+__all__ = ("Phase", "ReplayTask", "print_tasks", "replay")
 
 #: What each task adds to its groups' rows (null on the operations' rows): where the group ran,
 #: and the seconds its Python worker spent on it (wall, CPU; of which reading its input).
@@ -74,8 +75,8 @@ TASK_SCHEMA: Final = pa.schema(
 _JOB_SCHEMA: Final = pa.schema([*OUTPUT_SCHEMA, *TASK_SCHEMA])
 #: The direct read's rows add what a task found wrong in the trace (JSON; null on every other
 #: row): one row at the task's end, if it found anything.
-_PROBLEM: Final = "task_problem"
-_DIRECT_SCHEMA: Final = pa.schema([*_JOB_SCHEMA, pa.field(_PROBLEM, pa.string())])
+PROBLEM: Final = "task_problem"
+_DIRECT_SCHEMA: Final = pa.schema([*_JOB_SCHEMA, pa.field(PROBLEM, pa.string())])
 #: How `replay` reads the trace (`replay`'s ``read``).
 READ_PATHS: Final = ("auto", "direct", "spark")
 
@@ -122,6 +123,52 @@ class ReplayTask:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One phase of a job as its driver saw it (the split replay's `replay(..., phases=...)`).
+
+    Attributes:
+        name: What the driver did: ``files`` (Spark lists the trace's files and checks their
+            schema), ``columns`` (the driver reads and checks the columns it plans from),
+            ``load_trace`` (Spark's read checks the trace), ``plan`` (the shards' bounds and the
+            purge counter carried), ``tasks`` (the Spark job replaying the shards, until their
+            rows are back: each job's, added up), ``merge`` (each group's summary from its
+            shards), ``write`` (the summary, and the operations, written).
+        seconds: Its wall seconds.
+        cpu_seconds: The driver's Python's CPU seconds in it (not the JVM's, nor the tasks').
+    """
+
+    name: str
+    seconds: float
+    cpu_seconds: float
+
+    def describe(self) -> str:
+        return f"{self.name} {self.seconds:.1f} s ({self.cpu_seconds:.1f} s driver CPU)"
+
+
+class Phases:
+    """Times a driver's phases: ``with phases("name"): ...``; a name timed again adds up."""
+
+    def __init__(self) -> None:
+        self.done: list[Phase] = []
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            seconds, cpu_seconds = time.perf_counter() - wall, time.process_time() - cpu
+            for i, phase in enumerate(self.done):
+                if phase.name == name:
+                    seconds += phase.seconds
+                    cpu_seconds += phase.cpu_seconds
+                    self.done[i] = Phase(name, seconds, cpu_seconds)
+                    break
+            else:
+                self.done.append(Phase(name, seconds, cpu_seconds))
+
+
 def print_tasks(tasks: Sequence[ReplayTask]) -> None:
     """Each task's line on stderr (`replay`'s default report)."""
     for task in tasks:
@@ -145,6 +192,7 @@ def replay(
     warmup: float = 0.0,
     boundaries: Callable[[Sequence[Boundary]], object] | Literal["print"] | None = "print",
     read: Literal["auto", "direct", "spark"] = "auto",
+    phases: Callable[[Sequence[Phase]], object] | None = None,
 ) -> DataFrame:
     """Replay a trace under every configuration; write ``summary/`` (and ``operations/``) to `out`.
 
@@ -179,7 +227,12 @@ def replay(
             the trace (`load_trace`), shuffles each group's rows to its task and sorts them
             there. ``"auto"`` (the default): direct, unless the tasks cannot read the files
             themselves (`direct_read_problem`; a line on stderr says so), or `balance` is off
-            or `shards` is not 1 (Spark's read). Both give the same rows, summaries and errors.
+            (Spark's read). Both give the same rows, summaries and errors. With `shards`, the
+            direct read's driver also reads the columns it plans the shards from, and checks
+            the ids there (`purgatory.pipeline._job_shards`).
+        phases: With `shards`: called with where the driver's time went (`Phase`: reading,
+            planning, the replay's Spark jobs, merging, writing); ``None`` (the default):
+            nothing.
 
     Returns:
         The summary, read back from `out`.
@@ -193,8 +246,6 @@ def replay(
     if not balance and read == "direct":
         raise ValueError("balance=False is the Spark read's hash partitioning: read='spark'")
     if shards != 1:
-        if read == "direct":
-            raise ValueError("a replay split into time shards reads its trace through Spark")
         if event_log is not None:
             raise ValueError("a replay split into time shards writes no event log")
         from ._job_shards import print_boundaries, replay_split
@@ -212,6 +263,8 @@ def replay(
             operations=operations,
             tasks=tasks,
             boundaries=print_boundaries if boundaries == "print" else boundaries,
+            read=read,
+            phases=phases,
         )
     by_id = dict(enumerate(configs))
     files = _direct_files(spark, trace_path, read) if balance and read != "spark" else None
@@ -366,22 +419,31 @@ def _direct(
                     group.append(config_id)
         problems: list[dict[str, Any]] = []
         source = task_input(files, trace_path, mine, limits, problems)
-        for batch in _reported(source, engine):
-            yield pa.RecordBatch.from_arrays(
-                [*batch.columns, pa.nulls(batch.num_rows, pa.string())], schema=_DIRECT_SCHEMA
-            )
-        if problems:  # (the group's columns, not nullable: no group's values)
-            said = [
-                pa.array([""] if field.type == pa.string() else [-1], field.type)
-                if not field.nullable
-                else pa.nulls(1, field.type)
-                for field in _JOB_SCHEMA
-            ]
-            yield pa.RecordBatch.from_arrays(
-                [*said, pa.array([encode_problems(problems)], pa.string())], schema=_DIRECT_SCHEMA
-            )
+        return with_problems(_reported(source, engine), problems, _DIRECT_SCHEMA)
 
     return plan.mapInArrow(run, spark_schema(_DIRECT_SCHEMA))
+
+
+def with_problems(
+    batches: Iterator[pa.RecordBatch], problems: Sequence[Mapping[str, Any]], schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    """A task's `batches` with `schema`'s last column, `PROBLEM`, null; then, if `problems`
+    holds anything once they are done, one row saying it (JSON; the other columns null, or a
+    placeholder where they cannot be: the group's, no group's values)."""
+    for batch in batches:
+        yield pa.RecordBatch.from_arrays(
+            [*batch.columns, pa.nulls(batch.num_rows, pa.string())], schema=schema
+        )
+    if problems:
+        said = [
+            pa.array([""] if field.type == pa.string() else [-1], field.type)
+            if not field.nullable
+            else pa.nulls(1, field.type)
+            for field in list(schema)[:-1]
+        ]
+        yield pa.RecordBatch.from_arrays(
+            [*said, pa.array([encode_problems(problems)], pa.string())], schema=schema
+        )
 
 
 def _raise_problems(groups: DataFrame, trace_path: str) -> None:
@@ -391,7 +453,7 @@ def _raise_problems(groups: DataFrame, trace_path: str) -> None:
     raised as itself (`task_errors`).
     """
     with task_errors():
-        found = groups.where(F.col(_PROBLEM).isNotNull()).select(_PROBLEM).collect()
+        found = groups.where(F.col(PROBLEM).isNotNull()).select(PROBLEM).collect()
     problems = [problem for row in found for problem in decode_problems(row[0])]
     error = trace_problem(problems, trace_path)
     if error is not None:

@@ -1,20 +1,29 @@
 """The replay job with each group split into time shards (`purgatory.pipeline._shards`).
 
-The driver reads each purgatory's arrivals, timeouts and conditions from the trace's files
-itself (pyarrow, 24 bytes per operation, no Spark job) and plans each group's shards from them:
-equal operation counts, and under a purge interval above 0 the unsplit replay's purges foreseen
-and carried into each shard's warm-up (`purgatory.pipeline._purge_carry`). Where it cannot read
-them (a path that is not local), one aggregation over the trace plans the bounds instead (count,
-longest timeout, ``percentile_approx`` of the arrivals, which are arrivals of the trace), and
-the purge counter is not carried. Each shard's task needs its warm-up, its own range and the
-first operation of the next shard: with the files local, it reads them itself (`shard_rows`:
-pyarrow, the arrival range pushed down, sorted in the task), and the JVM only deals the small
-plan out; otherwise the trace is joined with the plan, shuffled and sorted. The shards are dealt
-over the partitions as the groups are (`_balance.assign`). Each task replays its shards
-(`replay_shards`) inside ``mapInArrow``. The driver then checks every boundary's fingerprints,
-replays the shards either side of a mismatched one again as one task (`_shards.settle`), says so
-on stderr (or to `boundaries`), and merges each group's shards into its summary row
-(`merge_shards`), which the summary is computed from as in the unsplit job.
+With the direct read (the default where the tasks can read the trace's files themselves:
+`purgatory.pipeline._direct`), the driver reads each purgatory's ids, arrivals and timeouts
+(and its conditions, for a purge interval above 0) from the files once, with pyarrow, and
+checks there what needs every row of a purgatory (unique ids) or rows no shard reads
+(`driver_columns`); no Spark job reads the trace. It plans each group's shards from them: equal
+operation counts, and under a purge interval above 0 the unsplit replay's purges foreseen and
+carried into each shard's warm-up (`purgatory.pipeline._purge_carry`). Each shard's task needs
+its warm-up, its own range and the first operation of the next shard, and reads them itself
+(`shard_input`: the row groups outside the range skipped, checked as the groups job's tasks
+check theirs, sorted in the task); the JVM only deals the small plan out. What the tasks find
+wrong comes back as the groups job's tasks say it, and is raised as `load_trace`'s error.
+
+With Spark's read (``read="spark"``, or where the tasks cannot read the files), `load_trace`
+checks the trace, and the trace is joined with the plan, shuffled and sorted; the driver plans
+from its own read of the columns where the path is local, or else from one aggregation over the
+trace (count, longest timeout, ``percentile_approx`` of the arrivals, which are arrivals of the
+trace), and the purge counter is then not carried.
+
+The shards are dealt over the partitions as the groups are (`_balance.assign`). Each task
+replays its shards (`replay_shards`) inside ``mapInArrow``. The driver then checks every
+boundary's fingerprints, replays the shards either side of a mismatched one again as one task
+(`_shards.settle`), says so on stderr (or to `boundaries`), and merges each group's shards into
+its summary row (`merge_shards`), which the summary is computed from as in the unsplit job.
+`phases` receives where the driver's time went (`Phase`).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -31,9 +40,21 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ._balance import assign, partition_keys
-from ._checks import local_path
-from ._frames import read_errors, spark_schema
-from ._job_replay import TASK_SCHEMA, ReplayTask, _parallelism, _reported, _summary
+from ._checks import horizon_limits, local_path
+from ._direct import ShardRead, decode_problems, driver_columns, shard_input, trace_problem
+from ._frames import read_errors, spark_schema, task_errors
+from ._job_replay import (
+    PROBLEM,
+    TASK_SCHEMA,
+    Phase,
+    Phases,
+    ReplayTask,
+    _direct_files,
+    _parallelism,
+    _reported,
+    _summary,
+    with_problems,
+)
 from ._job_trace import load_trace, read_parquet
 from ._load import CostProfile
 from ._purge_carry import carry, trace_columns
@@ -54,7 +75,9 @@ from ._spark import atomic_output
 
 __all__ = ("print_boundaries", "replay_split")
 
-_JOB_SCHEMA = pa.schema([*SHARD_SCHEMA, *TASK_SCHEMA])
+_TASK_SCHEMA = pa.schema([*SHARD_SCHEMA, *TASK_SCHEMA])
+#: The job's rows: the shards' (and their operations'), and what a task found wrong (JSON).
+_JOB_SCHEMA = pa.schema([*_TASK_SCHEMA, pa.field(PROBLEM, pa.string())])
 
 
 def print_boundaries(boundaries: Sequence[Boundary]) -> None:
@@ -77,6 +100,8 @@ def replay_split(
     operations: bool = True,
     tasks: Callable[[Sequence[ReplayTask]], object] | None = None,
     boundaries: Callable[[Sequence[Boundary]], object] | None = print_boundaries,
+    read: Literal["auto", "direct", "spark"] = "auto",
+    phases: Callable[[Sequence[Phase]], object] | None = None,
 ) -> DataFrame:
     """`replay` with each group split into `shards` time shards (see the module docstring).
 
@@ -87,6 +112,10 @@ def replay_split(
             (a loaded core's backlog: the warm-up should reach back to a moment it was idle).
         boundaries: Called with every boundary checked (`Boundary`); default: a line each on
             stderr; ``None``: nothing.
+        read: ``"direct"``: the driver and the tasks read the trace's files themselves;
+            ``"spark"``: Spark reads and checks the trace, and shuffles each shard's rows to
+            its task; ``"auto"``: direct where the tasks can read the files.
+        phases: Called with where the driver's time went (`Phase`, in order).
 
     Other arguments and the result as for `purgatory.pipeline.replay`.
     """
@@ -94,11 +123,14 @@ def replay_split(
         raise ValueError(f"shards must be >= 1, not {shards}")
     if not warmup >= 0 or not math.isfinite(warmup):
         raise ValueError(f"warmup must be a finite number of seconds >= 0, not {warmup!r}")
-    # (Read again by each job rather than cached: on one group of a million operations, the
-    # cached trace cost the JVM more garbage collection than the second read, 21.7 against
-    # 19.1 CPU seconds in one run each on a loaded machine: within its noise, and less memory.)
-    trace = load_trace(spark, trace_path, configs)
+    timed = Phases()
     by_id = dict(enumerate(configs))
+    carried = costs is None and shards > 1 and any(c.purge_interval > 0 for c in configs)
+    with timed("files"):
+        files = _direct_files(spark, trace_path, read) if read != "spark" else None
+    trace, (ranges, longest, counts) = _plan(
+        spark, trace_path, files, configs, shards, carried=carried, timed=timed
+    )
     grid = spark.createDataFrame(
         [
             (i, c.tick, c.wheel_size, c.purge_interval, c.timeout_scale, c.rate_scale, c.trigger)
@@ -107,25 +139,6 @@ def replay_split(
         "config_id int, tick double, wheel_size int, purge_interval int, timeout_scale double, "
         "rate_scale double, trigger string",
     )
-    local = _local_columns(trace_path) if shards > 1 else None
-    if local is not None:  # exact bounds from the driver's read: no Spark job
-        columns, longest = local
-        counts = {name: len(values[0]) for name, values in columns.items()}
-        ranges = plan_ranges(
-            {(name, c): np.sort(columns[name][0]) for name in columns for c in by_id}, shards
-        )
-        if costs is None and any(c.purge_interval > 0 for c in configs):
-            ranges = carry(ranges, columns, longest, by_id)
-    else:
-        ranges, longest, counts = _planned(trace, by_id, shards)
-        if costs is None and shards > 1 and any(c.purge_interval > 0 for c in configs):
-            print(
-                f"replay: the purge counter is not carried into the shards (the driver cannot "
-                f"read {trace_path}); their boundaries fall back to sequential",
-                file=sys.stderr,
-            )
-    # (Read by the driver: readable by the tasks too, which Spark would have read it from.)
-    direct = local_path(trace_path) if local is not None else None
     n_tasks = partitions or max(1, min(_parallelism(spark), len(ranges)))
     rounds: list[tuple[DataFrame, set[Key]]] = []
 
@@ -141,33 +154,42 @@ def replay_split(
             warmup=warmup,
             costs=costs,
             operations=operations,
-            direct=direct,
+            files=(files, trace_path) if files is not None else None,
         )
-        rows: dict[Key, Mapping[str, Any]] = {
-            (r["purgatory"], r["config_id"], r["shard"]): r.asDict()
-            for r in result.where(F.col("op_id").isNull()).collect()
-        }
+        if operations:  # read twice: the shards' rows, then the operations'
+            result = result.persist(StorageLevel.MEMORY_AND_DISK)
         rounds.append((result, set(todo)))
-        return rows
+        with timed("tasks"), task_errors():
+            # (Arrow: the shards' waits, 8 bytes per operation, as one buffer each.)
+            found = result.where(F.col("op_id").isNull()).toArrow().to_pylist()
+        problems = [p for r in found if r[PROBLEM] is not None for p in decode_problems(r[PROBLEM])]
+        error = trace_problem(problems, trace_path)
+        if error is not None:
+            raise error
+        return {(r["purgatory"], r["config_id"], r["shard"]): r for r in found}
 
     try:
         final, rows, checked = settle(ranges, run)
-        by_group: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
-        for key in sorted(final):
-            by_group.setdefault((key[0], key[1]), []).append(rows[key])
-        merged = [merge_shards(group_rows, costs is not None) for group_rows in by_group.values()]
-        groups = spark.createDataFrame(
-            [tuple(m[name] for name in OUTPUT_SCHEMA.names) for m in merged],
-            spark_schema(OUTPUT_SCHEMA),
-        )
-        summary = _summary(groups, grid)
-        with (
-            atomic_output(spark, out, overwrite=overwrite) as staging,
-            read_errors("trace file", trace_path),
-        ):
-            if operations:
-                _operations(spark, rounds, set(final)).write.parquet(f"{staging}/operations")
-            summary.coalesce(1).write.parquet(f"{staging}/summary")
+        with timed("merge"):
+            by_group: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+            for key in sorted(final):
+                by_group.setdefault((key[0], key[1]), []).append(rows[key])
+            merged = [
+                merge_shards(group_rows, costs is not None) for group_rows in by_group.values()
+            ]
+        with timed("write"):
+            groups = spark.createDataFrame(
+                [tuple(m[name] for name in OUTPUT_SCHEMA.names) for m in merged],
+                spark_schema(OUTPUT_SCHEMA),
+            )
+            summary = _summary(groups, grid)
+            with (
+                atomic_output(spark, out, overwrite=overwrite) as staging,
+                read_errors("trace file", trace_path),
+            ):
+                if operations:
+                    _operations(spark, rounds, set(final)).write.parquet(f"{staging}/operations")
+                summary.coalesce(1).write.parquet(f"{staging}/summary")
     finally:
         for result, _ in rounds:
             result.unpersist()
@@ -175,7 +197,61 @@ def replay_split(
         boundaries(checked)
     if tasks is not None:
         tasks(_tasks([rows[key] for key in sorted(final)]))
+    if phases is not None:
+        phases(timed.done)
     return read_parquet(spark, f"{out}/summary").orderBy("purgatory", "config_id")
+
+
+Plan = tuple[dict[Key, ShardRange], dict[str, float], dict[str, int]]
+
+
+def _plan(
+    spark: SparkSession,
+    trace_path: str,
+    files: Sequence[str] | None,
+    configs: Sequence[ReplayConfig],
+    shards: int,
+    *,
+    carried: bool,
+    timed: Phases,
+) -> tuple[DataFrame | None, Plan]:
+    """The trace as Spark reads it (``None`` with the direct read: `files`), and the shards'
+    ranges, each purgatory's longest timeout and operation count."""
+    by_id = dict(enumerate(configs))
+    if files is not None:  # the driver's read: checked, exact bounds, no Spark job
+        with timed("columns"):
+            found = driver_columns(files, trace_path, horizon_limits(configs), conditions=carried)
+        with timed("plan"):
+            ranges = plan_ranges(
+                {(name, c): found.arrivals[name] for name in found.arrivals for c in by_id},
+                shards,
+            )
+            if carried:
+                ranges = carry(ranges, found.for_carry(), found.longest, by_id)
+        return None, (ranges, found.longest, found.counts())
+    # (Read again by each job rather than cached: on one group of a million operations, the
+    # cached trace cost the JVM more garbage collection than the second read, 21.7 against
+    # 19.1 CPU seconds in one run each on a loaded machine: within its noise, and less memory.)
+    with timed("load_trace"):
+        trace = load_trace(spark, trace_path, configs)
+    with timed("plan"):
+        local = _local_columns(trace_path) if shards > 1 else None
+        if local is None:
+            if carried:
+                print(
+                    f"replay: the purge counter is not carried into the shards (the driver "
+                    f"cannot read {trace_path}); their boundaries fall back to sequential",
+                    file=sys.stderr,
+                )
+            return trace, _planned(trace, by_id, shards)
+        columns, longest = local  # exact bounds from the driver's read: no Spark job
+        counts = {name: len(values[0]) for name, values in columns.items()}
+        ranges = plan_ranges(
+            {(name, c): columns[name][0] for name in columns for c in by_id}, shards
+        )
+        if carried:
+            ranges = carry(ranges, columns, longest, by_id)
+    return trace, (ranges, longest, counts)
 
 
 def _local_columns(
@@ -183,8 +259,8 @@ def _local_columns(
 ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], dict[str, float]] | None:
     """Each purgatory's arrivals, timeouts and conditions, and its longest timeout, read by the
     driver itself from the trace's files (24 bytes per operation: the shards' bounds, exact, and
-    Kafka's purge counter foreseen, with no Spark job); ``None`` if its files are not local
-    (`local_path`) or pyarrow cannot read them."""
+    Kafka's purge counter foreseen, with no Spark job) with Spark's read; ``None`` if its files
+    are not local (`local_path`) or pyarrow cannot read them."""
     import pyarrow.parquet as pq
 
     local = local_path(trace_path)
@@ -201,9 +277,7 @@ def _local_columns(
     return trace_columns(table)
 
 
-def _planned(
-    trace: DataFrame, by_id: Mapping[int, ReplayConfig], shards: int
-) -> tuple[dict[Key, ShardRange], dict[str, float], dict[str, int]]:
+def _planned(trace: DataFrame, by_id: Mapping[int, ReplayConfig], shards: int) -> Plan:
     """The shards of each group from one aggregation over the trace (count, longest timeout,
     ``percentile_approx`` of the arrivals, which are arrivals of the trace): where the driver
     cannot read the trace's files. Returns the ranges, longest timeouts and counts."""
@@ -238,7 +312,7 @@ def _planned(
 
 def _run(
     spark: SparkSession,
-    trace: DataFrame,
+    trace: DataFrame | None,
     *,
     by_id: Mapping[int, ReplayConfig],
     todo: Mapping[Key, ShardRange],
@@ -248,12 +322,12 @@ def _run(
     warmup: float,
     costs: CostProfile | None,
     operations: bool,
-    direct: str | None = None,
+    files: tuple[Sequence[str], str] | None = None,
 ) -> DataFrame:
-    """One Spark job replaying the shards of `todo` (persisted: read for its shards' rows, then
-    for its operations): the trace joined with the shards' plan, shuffled to their tasks and
-    sorted there, or with `direct` (the trace's local path) each task reading its shards' rows
-    from the files itself (`shard_rows`)."""
+    """One Spark job replaying the shards of `todo`: with `files` (the trace's files as Spark
+    lists them, and its path as given) each task reading its shards' rows itself
+    (`shard_input`), else the trace joined with the shards' plan, shuffled to their tasks and
+    sorted there."""
     per_group: dict[tuple[str, int], int] = {}
     for name, config_id, _ in todo:
         per_group[(name, config_id)] = per_group.get((name, config_id), 0) + 1
@@ -262,6 +336,7 @@ def _run(
     n = max(1, min(n_tasks, len(todo)))
     plan = assign(weights, n)
     part_keys = partition_keys(n)
+    reporting = min(by_id)  # (one configuration's shards report the bad rows: see shard_input)
     shard_plan = spark.createDataFrame(
         [
             (
@@ -270,12 +345,52 @@ def _run(
                 shard.index,
                 shard.warmup_start(warmup_seconds(longest[name], by_id[config_id], warmup)),
                 shard.end,
+                shard.start,
+                config_id == reporting,
                 part_keys[plan[(name, config_id, shard.index)]],
             )
             for (name, config_id, _), shard in sorted(todo.items())
         ],
-        "purgatory string, config_id int, shard int, lo double, hi double, _partition_key int",
+        "purgatory string, config_id int, shard int, lo double, hi double, start double, "
+        "report boolean, _partition_key int",
     )
+    ranges = dict(todo)
+    configs = dict(by_id)
+    schema = spark_schema(_JOB_SCHEMA)
+
+    def replay(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return _reported(
+            batches,
+            lambda timed: replay_shards(timed, configs, ranges, costs=costs, operations=operations),
+            _TASK_SCHEMA,
+        )
+
+    if files is not None:  # each task reads its shards' rows itself: no scan, shuffle or sort
+        paths, root = files
+        limits = horizon_limits(list(by_id.values()))
+
+        def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            mine = [
+                ShardRead(
+                    purgatory=r["purgatory"],
+                    config_id=r["config_id"],
+                    shard=r["shard"],
+                    lo=r["lo"],
+                    hi=r["hi"],
+                    start=r["start"],
+                    end=r["hi"],  # (its input ends at its end: the next shard's first arrival)
+                    report=r["report"],
+                )
+                for batch in batches
+                for r in batch.to_pylist()
+            ]
+            problems: list[dict[str, Any]] = []
+            source = shard_input(paths, root, mine, limits, problems)
+            return with_problems(replay(source), problems, _JOB_SCHEMA)
+
+        planned = shard_plan.repartition(n, "_partition_key")
+        return planned.mapInArrow(read, schema)
+    assert trace is not None
     plan_b = F.broadcast(shard_plan.withColumnRenamed("purgatory", "_p"))
     joined = trace.join(
         plan_b,
@@ -291,78 +406,11 @@ def _run(
         .sortWithinPartitions("purgatory", "config_id", "shard", "arrival", "op_id")
         .select(*columns)
     )
-    ranges = dict(todo)
-    configs = dict(by_id)
 
-    def replay(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return _reported(
-            batches,
-            lambda timed: replay_shards(timed, configs, ranges, costs=costs, operations=operations),
-            _JOB_SCHEMA,
-        )
+    def through_spark(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return with_problems(replay(batches), [], _JOB_SCHEMA)
 
-    if direct is not None:  # each task reads its shards' rows itself: no scan, shuffle or sort
-        path = direct
-
-        def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            mine = sorted(
-                (r["purgatory"], r["config_id"], r["shard"], r["lo"], r["hi"])
-                for batch in batches
-                for r in batch.to_pylist()
-            )
-            rows = (b for shard in mine for b in shard_rows(path, shard))
-            return replay(rows)
-
-        planned = shard_plan.repartition(n, "_partition_key")
-        return planned.mapInArrow(read, spark_schema(_JOB_SCHEMA)).persist(
-            StorageLevel.MEMORY_AND_DISK
-        )
-    return work.mapInArrow(replay, spark_schema(_JOB_SCHEMA)).persist(StorageLevel.MEMORY_AND_DISK)
-
-
-def shard_rows(path: str, shard: tuple[str, int, int, float, float]) -> Iterator[pa.RecordBatch]:
-    """One shard's input, read in its task from the trace's files (a local path): given `shard`
-    as (purgatory, config_id, shard, lo, hi), the rows of that purgatory arriving in
-    ``[lo, hi]``, cast as `load_trace` casts them, sorted by (arrival, op_id), with
-    ``config_id`` and ``shard``: what the shuffle would have brought.
-
-    The arrival range is pushed down to the read (row groups outside it are skipped) where the
-    files store arrivals as doubles, the same comparison as after the cast; the whole range is
-    in this worker's memory at once (its sort), about 100 bytes per operation of W1.
-    """
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from ._tracefile import _CAST
-
-    name, config_id, index, lo, hi = shard
-    stored = pq.read_schema(_first_file(path)).field("arrival").type
-    filters: list[tuple[str, str, Any]] = [("purgatory", "==", name)]
-    if pa.types.is_float64(stored):
-        filters += [("arrival", ">=", lo), ("arrival", "<=", hi)]
-    table = pq.read_table(path, columns=_CAST.names, filters=filters)
-    table = table.select(_CAST.names).cast(_CAST)
-    arrival = table["arrival"]
-    table = table.filter(pc.and_(pc.greater_equal(arrival, lo), pc.less_equal(arrival, hi)))
-    n = table.num_rows
-    table = table.append_column("config_id", pa.array([config_id] * n, pa.int32()))
-    table = table.append_column("shard", pa.array([index] * n, pa.int32()))
-    table = table.sort_by([("arrival", "ascending"), ("op_id", "ascending")])
-    yield from table.to_batches(max_chunksize=10_000)
-
-
-def _first_file(path: str) -> str:
-    """A Parquet file of the trace at `path` (the path itself if it is a file)."""
-    import os
-
-    if not os.path.isdir(path):
-        return path
-    for root, dirs, files in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")))
-        for name in sorted(files):
-            if not name.startswith(("_", ".")) and name.endswith(".parquet"):
-                return os.path.join(root, name)
-    raise FileNotFoundError(f"no Parquet file under {path}")
+    return work.mapInArrow(through_spark, schema)
 
 
 def _operations(

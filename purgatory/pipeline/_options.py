@@ -254,7 +254,7 @@ def add_grid(parser: argparse.ArgumentParser, timeout: str, rate: str) -> None:
         help="how the tasks get the trace's rows. direct: each task reads its groups' rows from "
         "the Parquet files itself (the executors must see them at the same path); spark: Spark "
         "reads, checks, shuffles and sorts them; auto: direct, else Spark's read where the tasks "
-        "cannot read the files themselves (said on stderr) or with --shards",
+        "cannot read the files themselves (said on stderr)",
     )
     group.add_argument(
         "--event-log", default=None, help="directory for the replay's event logs (default: none)"

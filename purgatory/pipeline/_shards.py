@@ -41,10 +41,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from itertools import pairwise
-from typing import Any, Final
+from itertools import islice, pairwise
+from typing import Any, Final, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -128,7 +129,8 @@ class ShardRange:
 
 def shard_bounds(arrivals: np.ndarray, shards: int) -> list[float]:
     """The shards' start arrivals (after the first's): equal operation counts, each an arrival of
-    the trace (sorted `arrivals`), distinct; fewer than ``shards - 1`` if the arrivals repeat."""
+    the trace (sorted `arrivals`, or in place at least at the ranks read: 0 and
+    ``k * n // shards``), distinct; fewer than ``shards - 1`` if the arrivals repeat."""
     n = len(arrivals)
     bounds: list[float] = []
     for k in range(1, shards):
@@ -185,6 +187,47 @@ class _Shard:
         if not self.started:
             self.warmup_ops += 1
         self.group.arrive(op_id, keys, timeout * config.timeout_scale, condition, t)
+
+    def feed_rows(
+        self, batch: pa.RecordBatch, words: dict[str, str], output_rows: int
+    ) -> Iterator[pa.RecordBatch]:
+        """`feed` over a batch of the shard's input (by arrival), yielding its operations' rows
+        `output_rows` at a time: where its warm-up ends and where it stops found by bisection,
+        each part's rows handed to the group in a loop of its own, not row by row through
+        `feed` (`words`: `_key_tuples`' keys)."""
+        group = self.group
+        config = group.config
+        if self.stopped:
+            return
+        op_ids = batch.column("op_id").to_pylist()
+        keys = _key_tuples(batch.column("keys"), words)
+        timeouts = batch.column("timeout").to_pylist()
+        conditions = batch.column("condition_at").to_pylist()
+        arrivals = batch.column("arrival").to_pylist()
+        if config.rate_scale != 1.0:  # (scaled times: row by row)
+            for row in zip(op_ids, keys, timeouts, conditions, arrivals, strict=True):
+                self.feed(*row)
+                if len(group.out) >= output_rows:
+                    yield _with_shard(group.take_rows(), self.shard.index)
+            return
+        shard = self.shard
+        n = len(arrivals)
+        own = 0 if self.started else bisect_left(arrivals, shard.start)
+        stop = bisect_left(arrivals, shard.end, lo=own)
+        arrive = group.arrive
+        scale = config.timeout_scale
+        rows = zip(op_ids, keys, timeouts, conditions, arrivals, strict=True)
+        for op_id, key, timeout, condition, t in islice(rows, own):  # the warm-up's
+            arrive(op_id, key, timeout * scale, condition, t)
+        self.warmup_ops += own
+        if own < n and not self.started:
+            self.begin(arrivals[own])
+        for op_id, key, timeout, condition, t in islice(rows, stop - own):  # its own
+            arrive(op_id, key, timeout * scale, condition, t)
+            if len(group.out) >= output_rows:
+                yield _with_shard(group.take_rows(), shard.index)
+        if stop < n:  # the next shard's first
+            self.end(arrivals[stop])
 
     def begin(self, t: float) -> None:
         """Take the start fingerprint before the first own arrival (at `t`), and forget what the
@@ -297,6 +340,18 @@ def replay_shards(
     current: _Shard | None = None
     ident: tuple[str, int, int] | None = None
 
+    def _group(key: tuple[str, int, int]) -> _Group:
+        name, config_id, _ = key
+        return _new_group(
+            name,
+            configs[config_id],
+            config_id=config_id,
+            event_log_dir=None,
+            check=check,
+            operations=operations,
+            costs=costs,
+        )
+
     def finish(state: _Shard) -> Iterator[pa.RecordBatch]:
         if not state.stopped:
             if state.shard.end != math.inf:
@@ -312,38 +367,35 @@ def replay_shards(
         yield state.row()
 
     for batch in batches:
-        rows = zip(
-            batch.column("purgatory").to_pylist(),
-            batch.column("config_id").to_pylist(),
-            batch.column("shard").to_pylist(),
-            batch.column("op_id").to_pylist(),
-            batch.column("arrival").to_pylist(),
-            _key_tuples(batch.column("keys"), words),
-            batch.column("timeout").to_pylist(),
-            batch.column("condition_at").to_pylist(),
-            strict=True,
-        )
-        for name, config_id, index, op_id, arrival, keys, timeout, condition_at in rows:
-            if ident != (name, config_id, index):
+        for key, rows in _by_shard(batch):
+            if ident != key:
                 if current is not None:
                     yield from finish(current)
-                ident = (name, config_id, index)
-                group = _new_group(
-                    name,
-                    configs[config_id],
-                    config_id=config_id,
-                    event_log_dir=None,
-                    check=check,
-                    operations=operations,
-                    costs=costs,
-                )
-                current = _Shard(group, ranges[ident], operations)
+                ident = key
+                current = _Shard(_group(key), ranges[key], operations)
             assert current is not None
-            current.feed(op_id, keys, timeout, condition_at, arrival)
-            if len(current.group.out) >= output_rows:
-                yield _with_shard(current.group.take_rows(), index)
+            yield from current.feed_rows(rows, words, output_rows)
     if current is not None:
         yield from finish(current)
+
+
+def _by_shard(batch: pa.RecordBatch) -> Iterator[tuple[tuple[str, int, int], pa.RecordBatch]]:
+    """A batch of `replay_shards`' input cut where its shard changes: each part's shard and
+    rows (a batch of one shard's rows, as the direct read makes them, whole)."""
+    n = batch.num_rows
+    if not n:
+        return
+    columns = [batch.column(c) for c in ("purgatory", "config_id", "shard")]
+    first = (columns[0][0].as_py(), columns[1][0].as_py(), columns[2][0].as_py())
+    if first == (columns[0][n - 1].as_py(), columns[1][n - 1].as_py(), columns[2][n - 1].as_py()):
+        yield first, batch  # (sorted by shard: all of it)
+        return
+    keys = list(zip(*(column.to_pylist() for column in columns), strict=True))
+    start = 0
+    for i in range(1, n + 1):
+        if i == n or keys[i] != keys[start]:
+            yield keys[start], batch.slice(start, i - start)
+            start = i
 
 
 def fingerprint(group: _Group) -> str:
@@ -477,13 +529,11 @@ def merge_shards(rows: Sequence[Mapping[str, Any]], loaded: bool) -> dict[str, A
     """
     ordered = sorted(rows, key=lambda r: r["shard"])
     first, last = ordered[0], ordered[-1]
-    waits = np.sort(np.concatenate([np.frombuffer(r["shard_waits"], np.float64) for r in ordered]))
-    lateness = np.sort(
-        np.concatenate([np.frombuffer(r["shard_lateness"], np.float64) for r in ordered])
-    )
+    waits = [np.frombuffer(r["shard_waits"], np.float64) for r in ordered]
+    lateness = [np.frombuffer(r["shard_lateness"], np.float64) for r in ordered]
     out: dict[str, Any] = dict.fromkeys(OUTPUT_SCHEMA.names)
     out["purgatory"], out["config_id"] = first["purgatory"], first["config_id"]
-    ended, expired = len(waits), len(lateness)
+    ended, expired = sum(map(len, waits)), sum(map(len, lateness))
     out.update(
         operations=ended,
         completed=ended - expired,
@@ -495,11 +545,11 @@ def merge_shards(rows: Sequence[Mapping[str, Any]], loaded: bool) -> dict[str, A
     for name in ("timer_passes", "purges", "purged_entries", "attempts"):
         out[name] = sum(r[name] for r in ordered)
     for prefix, values in (("wait", waits), ("lateness", lateness)):
-        n = len(values)
+        n = sum(map(len, values))
         if n:
-            out[f"{prefix}_p50"] = float(values[_nearest_rank(0.5, n) - 1])
-            out[f"{prefix}_p99"] = float(values[_nearest_rank(0.99, n) - 1])
-            out[f"{prefix}_max"] = float(values[-1])
+            out[f"{prefix}_p50"] = _kth(values, _nearest_rank(0.5, n))
+            out[f"{prefix}_p99"] = _kth(values, _nearest_rank(0.99, n))
+            out[f"{prefix}_max"] = _kth(values, n)
     busy = 0.0
     span = 0.0
     late: list[float] = [0.0, 0.0, 0.0]
@@ -524,6 +574,29 @@ def merge_shards(rows: Sequence[Mapping[str, Any]], loaded: bool) -> dict[str, A
     return out
 
 
+def _kth(runs: Sequence[np.ndarray], k: int) -> float:
+    """The `k`-th smallest (1-based) of the values of sorted `runs` together, exactly, without
+    merging them (20 million waits took a second): it is the value v of some run whose rank
+    among them all spans k (fewer than k values below v, k or more up to it), found in its run
+    by bisection on that rank, which grows with v."""
+    ranks = [(r, r.searchsorted) for r in runs if len(r)]
+
+    def up_to(v: float, side: Literal["left", "right"]) -> int:
+        return sum(int(rank(v, side=side)) for _, rank in ranks)
+
+    for run, _ in ranks:
+        lo, hi = 0, len(run)  # the first index whose value has k or more values up to it
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if up_to(float(run[mid]), "right") >= k:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo < len(run) and up_to(float(run[lo]), "left") < k:
+            return float(run[lo])
+    raise ValueError(f"no {k}-th value among {sum(len(r) for r, _ in ranks)}")
+
+
 Key = tuple[str, int, int]
 Runner = Callable[[Mapping[Key, ShardRange]], Mapping[Key, Mapping[str, Any]]]
 
@@ -531,11 +604,22 @@ Runner = Callable[[Mapping[Key, ShardRange]], Mapping[Key, Mapping[str, Any]]]
 def plan_ranges(
     arrivals: Mapping[tuple[str, int], np.ndarray], shards: int
 ) -> dict[Key, ShardRange]:
-    """Each group's shards (`shard_bounds` of its sorted arrivals), keyed (purgatory, config_id,
-    shard)."""
+    """Each group's shards (`shard_bounds` of its arrivals, in any order), keyed (purgatory,
+    config_id, shard).
+
+    Only the arrivals of the ranks `shard_bounds` reads are put in place (``np.partition``:
+    linear, where a sort of 20 million takes seconds), once per array however many groups
+    share it.
+    """
     ranges: dict[Key, ShardRange] = {}
+    bounds: dict[int, list[float]] = {}
     for (name, config_id), times in arrivals.items():
-        starts = [-math.inf, *shard_bounds(times, shards)]
+        if id(times) not in bounds:
+            n = len(times)
+            ranks = sorted({0, *(min(n - 1, (k * n) // shards) for k in range(1, shards))})
+            placed = np.partition(times, ranks) if n else times
+            bounds[id(times)] = shard_bounds(placed, shards)
+        starts = [-math.inf, *bounds[id(times)]]
         ends = [*starts[1:], math.inf]
         for k, (start, end) in enumerate(zip(starts, ends, strict=True)):
             ranges[(name, config_id, k)] = ShardRange(k, start, end)
@@ -690,7 +774,7 @@ def split_table(
 
     arrivals = {}
     for name in sorted(set(trace["purgatory"].to_pylist())):
-        times = np.sort(trace.filter(pc.equal(trace["purgatory"], name))["arrival"].to_numpy())
+        times = trace.filter(pc.equal(trace["purgatory"], name))["arrival"].to_numpy()
         for config_id in configs:
             arrivals[(name, config_id)] = times
     ranges = plan_ranges(arrivals, shards)

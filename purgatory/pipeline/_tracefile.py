@@ -70,16 +70,25 @@ def _problems(
     """(mask of the rows with the problem, the problem), in the order `load_trace` checks.
 
     `limits`: the timer's horizons to check the timeouts against (`horizon_limits`; the data
-    source knows no configuration and checks none, the direct read of a replay does).
+    source knows no configuration and checks none, the direct read of a replay does). Without
+    a ``keys`` column (the split replay's driver reads every column but that one), the checks
+    of the keys are left out.
     """
     arrival, timeout, condition = rows["arrival"], rows["timeout"], rows["condition_at"]
-    keys = rows["keys"]
-    lengths = pc.fill_null(pc.list_value_length(keys), 0)
-    null_keys = np.zeros(rows.num_rows, dtype=bool)
-    items = pc.list_flatten(keys)
-    if items.null_count:
-        parents = pc.list_parent_indices(keys).to_numpy()
-        null_keys[parents[pc.is_null(items).to_numpy(zero_copy_only=False)]] = True
+    checks_keys: list[tuple[Any, str]] = []
+    if "keys" in rows.column_names:
+        keys = rows["keys"]
+        lengths = pc.fill_null(pc.list_value_length(keys), 0)
+        null_keys = np.zeros(rows.num_rows, dtype=bool)
+        items = pc.list_flatten(keys)
+        if items.null_count:
+            parents = pc.list_parent_indices(keys).to_numpy()
+            null_keys[parents[pc.is_null(items).to_numpy(zero_copy_only=False)]] = True
+        checks_keys = [
+            (pc.is_null(keys), "column 'keys' is null"),
+            (pc.equal(lengths, 0), "column 'keys' is empty"),
+            (pa.array(null_keys), "column 'keys' holds a null key"),
+        ]
     return [
         (pc.is_null(rows["purgatory"]), "column 'purgatory' is null"),
         (pc.is_null(rows["op_id"]), "column 'op_id' is null"),
@@ -95,17 +104,16 @@ def _problems(
             )
             for scale, limit, label in limits
         ),
-        (pc.is_null(keys), "column 'keys' is null"),
-        (pc.equal(lengths, 0), "column 'keys' is empty"),
-        (pa.array(null_keys), "column 'keys' holds a null key"),
+        *checks_keys,
         (_not_finite(condition), "column 'condition_at' is not finite (use null for never)"),
         (pc.less(condition, arrival), "column 'condition_at' is before the arrival"),
     ]
 
 
 def bad_rows(rows: pa.Table, limits: Sequence[tuple[float, float, str]] = ()) -> pa.Table | None:
-    """The rows of `rows` (a table of `TRACE_SCHEMA`'s types, one chunk) that `load_trace` would
-    refuse, with their first problem in a ``_problem`` column; ``None`` if there is none."""
+    """The rows of `rows` (a table of `TRACE_SCHEMA`'s types, one chunk; ``keys`` may be left
+    out, and its checks with it) that `load_trace` would refuse, with their first problem in a
+    ``_problem`` column; ``None`` if there is none."""
     first: pa.Array | None = None
     said = pa.nulls(rows.num_rows, pa.string())
     for mask, problem in _problems(rows, limits):
