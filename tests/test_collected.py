@@ -115,7 +115,6 @@ def test_an_operation_cleared_by_a_collection(no_automatic_collection: None) -> 
         ("_state", lambda op: op._state),
         ("_listed", lambda op: op._listed),
         ("watch", lambda op: p.try_complete_else_watch(op, ["k"])),
-        ("__init__", lambda op: FlagOperation.__init__(op, 1.0)),
     ]
 
     def hold(op: FlagOperation, reaching: _Reaching) -> None:
