@@ -17,18 +17,21 @@ references to it by then) and keeps it. Run these under AddressSanitizer (``make
 or ``PYTHONMALLOC=debug`` to turn a read of a freed or unset field into a crash.
 
 No call reached that way stores an attribute in the instance ``__dict__`` of a Python class
-(``FlagOperation.__init__`` does: ``self.name = ...``): that corrupts memory on CPython 3.11
-whatever the class, with or without this package. Its ``subtype_clear`` clears such an
-instance's attribute values (``_PyObject_ClearInstanceAttributes``) but not the byte array
-keeping their insertion order, in front of the values, so each attribute stored again after
-that is appended to the array a second time: once the class has made a couple of dozen
-instances (each one shrinks the values arrays of the next to the attributes the class uses),
-the array has no room left and the store writes the bytes before the block. Only ``ctypes``
-reaches such an instance: the collection has cleared every weak reference to it, it is not in
-any generation that ``gc.get_objects`` or ``gc.get_referrers`` reads, and code that holds a
-strong reference to it makes it reachable, so not collected (a ``__del__`` of its own cycle runs
-before anything is cleared; test_an_operation_reinitialised_by_a_finaliser_of_its_cycle). So
-``__init__`` run during a collection is tested the way user code can run it, by that finaliser.
+(``FlagOperation.__init__`` does: ``self.name = ...``): on CPython 3.11 that corrupts memory
+whatever the class, with or without this package (the object reached is alive: the collection
+and the released container still hold it). ``subtype_clear`` clears such an instance's
+attribute values (``_PyObject_ClearInstanceAttributes``) but not the byte array keeping their
+insertion order, in front of the values, so each attribute stored again afterwards is appended
+to that array a second time; once the class has made a couple of dozen instances (each one
+shrinks the values array of the next, down to the attributes the class uses), the array has no
+room left and the store writes the bytes before the block. ``PYTHONMALLOC=debug`` reports it
+when the block is freed, a debug interpreter's assertion as it is written; AddressSanitizer does
+not see it (the interpreter, which writes it, is not instrumented). Only ``ctypes`` reaches an
+instance in or after its clear: the collection has cleared the weak references to it, it is in
+no generation that ``gc.get_objects`` or ``gc.get_referrers`` reads, and what a ``__del__`` run
+by a release in the clear can reach is not garbage. So ``__init__`` during a collection is
+tested where user code can run it: in a finaliser of the operation's own cycle, which runs
+before anything is cleared (test_an_operation_reinitialised_by_a_finaliser_of_its_cycle).
 """
 
 from __future__ import annotations
@@ -176,8 +179,8 @@ def test_an_operation_reinitialised_by_a_finaliser_of_its_cycle(
     # Each instance a class makes shrinks the attribute values array of the next (CPython
     # 3.11), down to the attributes the class uses: a store of an attribute after the clear of
     # those values would write before the array (see the module docstring), which
-    # PYTHONMALLOC=debug and AddressSanitizer report. Made here so that the operation below has
-    # such an array whatever ran before in this process.
+    # PYTHONMALLOC=debug reports. Made here so that the operation below has such an array
+    # whatever ran before in this process.
     made = [FlagOperation(10.0) for _ in range(32)]
     del made
     calls: Calls = [("__init__", lambda op: FlagOperation.__init__(op, 1.0, "reinitialised"))]
