@@ -420,7 +420,8 @@ class _LoadedGroup(_Group):
     pass runs first in the next iteration, after every callback collected with its timer. What
     an event costs is counted from the work it did: the tries (``attempts``), the operations it
     finished, the expiries of a pass and the entries it purged; an iteration costs the
-    profile's ``iteration``, plus ``wake`` when it followed a sleep.
+    profile's ``iteration``, plus ``wake`` when it followed a sleep; with the core's speed over
+    time in the profile (``speed``), every cost times the factor of the window it starts in.
     """
 
     __slots__ = (
@@ -498,7 +499,8 @@ class _LoadedGroup(_Group):
         """Book an event served from `start` for `cost` seconds; note when the next pass is due.
 
         `event` names it for its draws: with cost distributions in the profile it costs `cost`
-        times a drawn factor (mean 1), and holds the core for a drawn stall beyond that.
+        times a drawn factor (mean 1), and holds the core for a drawn stall beyond that; with
+        the core's speed over time, it costs that times the speed of the window it starts in.
         """
         if self.shaped:
             costs = self.costs
