@@ -23,6 +23,7 @@ from purgatory.pipeline import W1, ReplayConfig, replay_table
 from purgatory.pipeline._calibrate import speed_of
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
 from purgatory.pipeline._load import COST_KINDS, CostProfile, load_profile, profile_from_json
+from purgatory.pipeline._shards import split_table
 
 US = 1e-6
 MS = 1e-3
@@ -171,3 +172,23 @@ def test_timed_units_of_work_give_the_speed_window_by_window() -> None:
     assert speed_of([], window=0.01) == ()
     # One window for all: its factor is 1.
     assert speed_of(units, window=1.0) == (1.0,)
+
+
+def test_a_replay_split_by_time_runs_at_the_same_speeds_as_unsplit() -> None:
+    """The factor is the window of the trace's time the event starts in, not a history: a
+    shard's warm-up meets the same speeds as the unsplit replay did, and the split replay
+    equals it on every row (purging at every pass, so that a warm-up rebuilds the state;
+    near the knee, so the spells make backlogs that cross boundaries)."""
+    trace = w1_trace(40_000, seconds=1.0)
+    configs = {0: ReplayConfig(tick=MS, purge_interval=0)}
+    profile = replace(BASE, speed=SPELLS, speed_window=20 * MS)
+    unsplit = replay_table(trace, configs, costs=profile)
+    split, boundaries = split_table(trace, configs, 3, costs=profile, extra=0.3)
+
+    def rows(table: pa.Table) -> list[dict[str, object]]:
+        return sorted(
+            table.to_pylist(), key=lambda r: (r["op_id"] is None, r["op_id"] or 0, r["purgatory"])
+        )
+
+    assert rows(split) == rows(unsplit)
+    assert len(boundaries) == 2
