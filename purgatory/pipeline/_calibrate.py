@@ -53,10 +53,10 @@ sleeping between callbacks was held off 0.2 times its CPU, one running back to b
 And ``speed`` (`_speed`, `speed_of`): the core's speed over a few seconds, the CPU of a fixed
 unit of work per window of `SPEED_WINDOW` of wall time, over the mean. Measured because the
 real loop of the load validation fell behind in spells no independent draw gives: the median
-arrival's CPU went from 14.9 to 22.6 us for 160 ms at once, with no wait for a CPU (W1 of
-several timeouts at 26,211/s), its lag from 1 to 16 ms meanwhile, and a busy loop timed
-alone on the same machine cost 1.2 times its mean or more in 13 % of its 20 ms windows, in
-spells up to 300 ms.
+arrival's CPU went from 14.9 to 22.6 us for 160 ms at once, with no wait for a CPU (the
+workload of several timeouts at 26,211/s), its lag from 1 to 16 ms meanwhile; and a busy loop
+timed alone on the same machine (a load average of 1.6, other processes on the other core)
+cost 1.2 times its mean or more in 13 % of its 20 ms windows, in spells up to 300 ms.
 """
 
 from __future__ import annotations
