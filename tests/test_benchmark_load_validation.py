@@ -119,6 +119,8 @@ def test_the_report_says_when_the_machine_was_shared_or_the_profile_ran_under_an
     assert text.count("operations per CPU second at overload are -33.3 % from") == 1
     assert text.count("**The real loop is busier below the knee than the model**") == 1
     assert "its thread's CPU was 20 to 30 % more than the replay's busy time" in text
+    # (Said once for the section, and what is known of where it goes once for the report.)
+    assert text.count("**The loop's CPU below the knee**") == 1
 
 
 class ScriptedHoldOffs(HoldOffs):
