@@ -876,8 +876,17 @@ def validate(workload: Workload, profile: CostProfile, args: argparse.Namespace)
     print(f"{workload.name}:", flush=True)
     # The rate the profile saturates at, from a replay at a low rate: rate / utilisation, with
     # every event priced as on a busy loop (a low rate wakes the loop for nearly every event),
-    # at its mean cost and never stalled.
-    busy_loop = replace(profile, wake=0.0, iteration=0.0, wake_latency=(), cost_shape=(), stall=())
+    # at its mean cost (at one speed) and never stalled.
+    busy_loop = replace(
+        profile,
+        wake=0.0,
+        iteration=0.0,
+        wake_latency=(),
+        cost_shape=(),
+        stall=(),
+        speed=(),
+        speed_window=0.0,
+    )
     guess = 1000.0 / predict(workload.trace(1000.0, 2000), busy_loop)["utilisation"]
     print(f"predicted saturation from a probe: {guess:,.0f}/s", flush=True)
     rows = []
