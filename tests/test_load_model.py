@@ -364,8 +364,8 @@ GOOD: dict[str, Any] = {"version": 3, "loop": "asyncio", "costs": GOOD_COSTS}
     [
         ("{not json", "not JSON"),
         ([1, 2], "expected a JSON object"),
-        ({**GOOD, "version": 2}, "version 2, expected 3 or 4 (make a new one with"),
-        ({**GOOD, "version": True}, "version True, expected 3 or 4"),
+        ({**GOOD, "version": 2}, "version 2, expected 3 or 4 or 5 (make a new one with"),
+        ({**GOOD, "version": True}, "version True, expected 3 or 4 or 5"),
         ({**GOOD, "wake_latency": [0.001]}, "wake_latency must be 11 quantiles"),
         (
             {**GOOD, "costs": {**GOOD_COSTS, "expiry": -1e-6}},

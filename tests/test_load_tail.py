@@ -193,7 +193,15 @@ def old_profile(tmp_path: Path) -> str:
     path = tmp_path / "old.json"
     data = BASE.to_json()
     data["version"] = 3
-    for name in ("cost_shape", "stall", "stall_basis", "stall_credit", "stall_mean"):
+    for name in (
+        "cost_shape",
+        "stall",
+        "stall_basis",
+        "stall_credit",
+        "stall_mean",
+        "speed",
+        "speed_window",
+    ):
         del data[name]
     path.write_text(json.dumps(data))
     return str(path)
@@ -236,7 +244,7 @@ def test_a_new_profile_round_trips(tmp_path: Path) -> None:
         ({"cost_shape": [-1.0, *(1.0,) * 12]}, "not factors in [0, 100000]"),
         ({"stall": ["1 ms", *(0.0,) * 12]}, "stall holds a value that is not seconds"),
         ({"stall": [*(0.0,) * 12, 2.0]}, "stall holds 2.0, not seconds in [0, 1]"),
-        ({"version": 5}, "version 5, expected 3 or 4"),
+        ({"version": 6}, "version 6, expected 3 or 4 or 5"),
         ({"stall_basis": -1.0}, "'stall_basis' must be a number of seconds"),
         ({"stall_credit": 2.0}, "'stall_credit' must be a number of seconds in [0, 1]"),
         (

@@ -189,8 +189,17 @@ def machine(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Machine]:
     async def credit(bursts: int) -> float:
         return 0.004
 
+    def speed(seconds: float) -> list[tuple[int, int]]:
+        # 20 ms windows of 10 us units, the third twice as slow.
+        return [
+            (w * 20_000_000 + i * 10_000, 20_000 if w == 2 else 10_000)
+            for w in range(5)
+            for i in range(100)
+        ]
+
     monkeypatch.setattr(_calibrate, "_per_event", per_event)
     monkeypatch.setattr(_calibrate, "_stall_credit", credit)
+    monkeypatch.setattr(_calibrate, "_speed", speed)
     return make
 
 
@@ -240,6 +249,10 @@ def test_the_quiet_machine_solves_to_its_costs_in_the_fewest_rounds(
     assert profile.stall_credit == 0.004
     assert profile.stall_mean == pytest.approx(1e-3 / n)
     assert "none within 4.00 ms of a wake-up" in profile.describe()
+    # The core's speed: five windows of 20 ms, the third twice the others' CPU per unit.
+    assert profile.speed_window == _calibrate.SPEED_WINDOW
+    assert profile.speed == pytest.approx(tuple(x / 1.2 for x in (1, 1, 2, 1, 1)))
+    assert "the core's speed over 5 windows of 20 ms" in profile.describe()
 
 
 def test_a_load_that_drifts_between_rounds_cancels_in_each_rounds_differences(

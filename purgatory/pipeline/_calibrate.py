@@ -50,6 +50,13 @@ event's cost and its chance of being preempted do not. Last, ``stall_credit``
 (`_stall_credit`): how long a loop that woke from its selector runs before it is first
 preempted (the scheduler favours a thread that slept: under a load of 15 on 2 cores a loop
 sleeping between callbacks was held off 0.2 times its CPU, one running back to back 9 times).
+And ``speed`` (`_speed`, `speed_of`): the core's speed over a few seconds, the CPU of a fixed
+unit of work per window of `SPEED_WINDOW` of wall time, over the mean. Measured because the
+real loop of the load validation fell behind in spells no independent draw gives: the median
+arrival's CPU went from 14.9 to 22.6 us for 160 ms at once, with no wait for a CPU (the
+workload of several timeouts at 26,211/s), its lag from 1 to 16 ms meanwhile; and a busy loop
+timed alone on the same machine (a load average of 1.6, other processes on the other core)
+cost 1.2 times its mean or more in 13 % of its 20 ms windows, in spells up to 300 ms.
 """
 
 from __future__ import annotations
@@ -79,6 +86,7 @@ __all__ = (
     "interleaved",
     "shape_and_stall",
     "solve",
+    "speed_of",
 )
 
 #: The loops a profile can be measured on.
@@ -131,10 +139,17 @@ class _Sizes:
     #: Callbacks timed one by one for the distributions (``cost_shape``, ``stall``): enough
     #: for a few at their 0.9999 quantile.
     events: int
+    #: Seconds of work timed back to back for the core's speed over time (``speed``).
+    speed_seconds: float
 
 
-_FULL: Final = _Sizes(7, 15, 0.05, 20_000, 5_000, 50, 5_000, 1_000, 4_000, 1_000, 60, 60_000)
-_QUICK: Final = _Sizes(5, 9, 0.15, 2_000, 500, 10, 500, 60, 500, 200, 15, 5_000)
+_FULL: Final = _Sizes(7, 15, 0.05, 20_000, 5_000, 50, 5_000, 1_000, 4_000, 1_000, 60, 60_000, 6.0)
+_QUICK: Final = _Sizes(5, 9, 0.15, 2_000, 500, 10, 500, 60, 500, 200, 15, 5_000, 1.5)
+#: The window of the core's speed (`_speed`), in seconds: short against the spells measured
+#: (100 to 300 ms), long enough to hold a few hundred units of work.
+SPEED_WINDOW: Final = 0.02
+#: Steps of the pure-Python loop one unit of work of `_speed` runs (about 10 us).
+_SPEED_UNIT: Final = 400
 _KEYS: Final = 100
 #: A step held off the core longer than this (seconds of wall time beyond its CPU) was
 #: preempted, in `_stall_credit`: well above a timer's or a page fault's microseconds.
@@ -338,6 +353,53 @@ async def _stall_credit(bursts: int, longest: float = 0.03, sleep: float = 0.005
                 break
         offsets.append(offset)
     return statistics.median(offsets)
+
+
+def _speed(seconds: float) -> list[tuple[int, int]]:
+    """`seconds` of a fixed unit of work run back to back: each unit's start (wall
+    nanoseconds from the first) and CPU nanoseconds, for `speed_of`.
+
+    On a shared machine the same work costs more CPU for spells of a tenth of a second and
+    more (another virtual machine on the physical core, caches taken): every callback of the
+    spell alike, which independent draws per event (``cost_shape``) cannot give. The unit is
+    a pure-Python loop, as most of a callback's work is interpreted bytecode.
+    """
+    cpu, wall = time.thread_time_ns, time.perf_counter_ns
+    starts, cpus = array("q"), array("q")
+    units = range(_SPEED_UNIT)
+    began = wall()
+    end = began + round(seconds * 1e9)
+    while True:
+        start, at = cpu(), wall()
+        if at >= end:
+            break
+        total = 0
+        for i in units:
+            total += i
+        cpus.append(cpu() - start)
+        starts.append(at - began)
+    return list(zip(starts, cpus, strict=True))
+
+
+def speed_of(units: Sequence[tuple[int, int]], window: float = SPEED_WINDOW) -> tuple[float, ...]:
+    """The core's speed over time from units of work's (start, CPU) nanoseconds (the start
+    counted from the first): for each window of `window` seconds of wall time, the mean CPU
+    of the units started in it over the mean of all units, in the order measured (a profile's
+    ``speed``). A window in which no unit started (the thread held off the core throughout: a
+    wait, which is ``stall``'s, not a slower core) is left out; none at all: empty."""
+    span = round(window * 1e9)
+    sums: dict[int, int] = {}
+    counts: dict[int, int] = {}
+    for start, spent in units:
+        slot = start // span
+        sums[slot] = sums.get(slot, 0) + spent
+        counts[slot] = counts.get(slot, 0) + 1
+    overall = sum(sums.values()) / max(1, sum(counts.values()))
+    if not overall > 0:
+        return ()
+    return tuple(
+        min(MAX_SHAPE, max(sums[slot] / counts[slot] / overall, 1e-3)) for slot in sorted(sums)
+    )
 
 
 def shape_and_stall(
@@ -708,6 +770,8 @@ def calibrate(
     )
     say("stall credit")
     credit = _run(loop, lambda: _stall_credit(sizes.bursts))
+    say("speed over time")
+    speed = speed_of(_speed(sizes.speed_seconds))
     return CostProfile(
         **{kind: cost.value for kind, cost in costs.items()},
         application=application,
@@ -718,6 +782,8 @@ def calibrate(
         stall_basis=basis,
         stall_credit=credit,
         stall_mean=stall_mean,
+        speed=speed,
+        speed_window=SPEED_WINDOW if speed else 0.0,
         loop=loop,
         python=f"{platform.python_implementation()} {platform.python_version()}",
         machine=_machine(),

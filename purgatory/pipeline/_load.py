@@ -17,12 +17,25 @@ An event's cost is not constant on a real loop: most callbacks cost about the sa
 cost many times more (caches taken by another process, a page fault), or are held off the
 core for a while (another process preempting the loop). Near the knee one such event
 delays a whole batch and the reaper behind it, and the backlog takes a long time to drain:
-that is where expiry lateness gets its tail. A profile of version 4 holds both as measured
+that is where expiry lateness gets its tail. A profile of version 4 or later holds both as measured
 (``cost_shape``: an event's CPU cost over the mean, as quantiles; ``stall``: the seconds an
 event is held off the core beyond its CPU, as quantiles), and a replay draws every arrival's,
 condition's and timer pass's from them, by a hash of the group and the event (not from a
 sequence), so the same event gets the same draw however the replay is split. An older
 profile (version 3) has neither and is replayed with constant costs (its description says so).
+
+Nor is the core's speed constant from one moment to the next: on a shared machine (a virtual
+machine's core shares its caches and its physical core with other work) the same callbacks
+cost 1.2 to 1.8 times their mean CPU for spells of 100 to 300 ms, every event of the spell
+alike (measured: the real loop's median arrival at 22.6 us for 160 ms against 14.9 us around
+it, with no wait for a CPU). Independent draws per event average out within a batch; a spell
+does not, and a loop 60 to 85 % busy that is slowed by half for a tenth of a second falls
+behind by tens of milliseconds, the backlog of the expiries due meanwhile. A profile of
+version 5 holds the speed as measured (``speed``: the CPU of a fixed unit of work in each
+window of ``speed_window`` seconds, back to back, over its mean), and a replay multiplies the
+cost of every event starting in a window by that window's factor, the measured sequence laid
+along the trace's time from an offset drawn by the group (the same for the same group
+however the replay is split).
 
 A profile is measured by ``python -m purgatory.pipeline calibrate`` (in `._calibrate`) on the
 machine and loop that matter, and stored as a small versioned JSON file.
@@ -53,10 +66,12 @@ __all__ = (
 
 #: The version of the profile file's layout written; a file of another version than
 #: `READABLE_VERSIONS` is refused.
-PROFILE_VERSION: Final = 4
+PROFILE_VERSION: Final = 5
 #: The versions read: 3 has no cost distributions (``cost_shape``, ``stall``) and is replayed
-#: with constant costs.
-READABLE_VERSIONS: Final = (3, 4)
+#: with constant costs; 4 has them but no ``speed`` (its core runs at one speed).
+READABLE_VERSIONS: Final = (3, 4, 5)
+#: The most factors a profile's ``speed`` holds (minutes of 20 ms windows).
+MAX_SPEED_WINDOWS: Final = 100_000
 #: The probabilities at which a profile gives the scheduling latency of a wake-up
 #: (``wake_latency``): its quantiles, between which a replay draws its latencies.
 LATENCY_QUANTILES: Final = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 1.0)
@@ -155,6 +170,14 @@ class CostProfile:
     #: quantiles alone overstate it (linear up to the largest, one sample, their mean came out
     #: 1.6 to 1.8 times the sample's under load). 0: the quantiles' own mean is kept.
     stall_mean: float = 0.0
+    #: The core's speed over time: the CPU seconds a fixed unit of work took in each window of
+    #: `speed_window` seconds, run back to back, over their mean (a sequence, in the order
+    #: measured: its spells are what matters). A replay multiplies the cost of an event that
+    #: starts in a window of the trace's time by a factor of this sequence (scaled so that
+    #: their mean is 1), laid from an offset drawn per group. Empty: one speed throughout.
+    speed: tuple[float, ...] = ()
+    #: The seconds each factor of `speed` covers (0 without one).
+    speed_window: float = 0.0
     loop: str = "asyncio"
     python: str = ""
     machine: str = ""
@@ -174,6 +197,8 @@ class CostProfile:
     shape_mean: float = field(default=1.0, init=False, repr=False, compare=False)
     #: What `stall_at` multiplies the quantiles' stall by: `stall_mean` over their mean.
     stall_scale: float = field(default=1.0, init=False, repr=False, compare=False)
+    #: The mean of `speed` (1 without one): `speed_at` divides by it.
+    speed_mean: float = field(default=1.0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._check_latency()
@@ -185,6 +210,7 @@ class CostProfile:
             "stall_basis",
             "stall_credit",
             "stall_mean",
+            "speed_window",
         ):
             value = getattr(self, kind)
             if isinstance(value, bool) or not isinstance(value, int | float):
@@ -199,6 +225,35 @@ class CostProfile:
                     f"{value!r:.40}"
                 )
             object.__setattr__(self, kind, seconds)
+        self._check_speed()
+
+    def _check_speed(self) -> None:
+        speed = self.speed
+        if not isinstance(speed, tuple | list) or len(speed) > MAX_SPEED_WINDOWS:
+            raise ValueError(
+                f"speed must be at most {MAX_SPEED_WINDOWS:,} factors, got {speed!r:.60}"
+            )
+        factors = []
+        for value in speed:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"speed holds a value that is not a factor: {value!r:.40}")
+            if not 0 < value <= MAX_SHAPE:
+                raise ValueError(f"speed holds {value!r:.40}, not a factor in (0, {MAX_SHAPE:g}]")
+            factors.append(float(value))
+        if factors and not self.speed_window > 0:
+            raise ValueError("speed is given without its window (speed_window > 0 seconds)")
+        object.__setattr__(self, "speed", tuple(factors))
+        if factors:
+            object.__setattr__(self, "speed_mean", math.fsum(factors) / len(factors))
+
+    def speed_at(self, when: float, offset: int) -> float:
+        """The core's speed factor (mean 1) for work starting at `when` seconds of a trace whose
+        group laid `speed` from window `offset`; 1 without one."""
+        speed = self.speed
+        if not speed:
+            return 1.0
+        window = math.floor(when / self.speed_window) if math.isfinite(when) else 0
+        return speed[(offset + window) % len(speed)] / self.speed_mean
 
     def _check_latency(self) -> None:
         for name, points, unit, top in (
@@ -323,9 +378,16 @@ class CostProfile:
 
     @property
     def constant(self) -> bool:
-        """Whether every event of a kind costs the same (no `cost_shape`, no `stall`: a
-        profile of version 3, or one made by hand): the replay's batches then have no tail."""
-        return not self.cost_shape and not self.stall
+        """Whether every event of a kind costs the same (no `cost_shape`, no `stall`, no
+        `speed`: a profile of version 3, or one made by hand): the replay's batches then have
+        no tail."""
+        return not self.cost_shape and not self.stall and not self.speed
+
+    def spells(self, slower: float = 1.2) -> float:
+        """The share of `speed`'s windows whose work cost `slower` times the mean or more."""
+        if not self.speed:
+            return 0.0
+        return sum(f >= slower * self.speed_mean for f in self.speed) / len(self.speed)
 
     @property
     def zero(self) -> bool:
@@ -336,7 +398,8 @@ class CostProfile:
     def to_json(self) -> dict[str, Any]:
         """The file's content: version, where it was measured, the costs in seconds."""
         data = asdict(self)
-        del data["shape_mean"], data["stall_scale"], data["holdoffs"]  # (a run's, not a profile's)
+        del data["shape_mean"], data["stall_scale"], data["speed_mean"]
+        del data["holdoffs"]  # (a run's, not a profile's)
         return {
             "version": PROFILE_VERSION,
             "loop": data.pop("loop"),
@@ -349,6 +412,8 @@ class CostProfile:
             "stall_basis": data.pop("stall_basis"),
             "stall_credit": data.pop("stall_credit"),
             "stall_mean": data.pop("stall_mean"),
+            "speed": list(data.pop("speed")),
+            "speed_window": data.pop("speed_window"),
             "rounds": data.pop("rounds"),
             "spread": data.pop("spread"),
             "costs": data,
@@ -380,6 +445,17 @@ class CostProfile:
             if self.stall_credit:
                 basis += f", none within {self.stall_credit * 1e3:.2f} ms of a wake-up"
             shape = f"; an event's cost over the mean {factors}; stall {stalls}{basis}"
+        if self.speed:
+            ordered = sorted(f / self.speed_mean for f in self.speed)
+            n = len(ordered)
+            points = ", ".join(
+                f"p{100 * p:g} x{ordered[min(n - 1, max(0, math.ceil(p * n) - 1))]:.2f}"
+                for p in (0.5, 0.9, 0.99, 1.0)
+            )
+            shape += (
+                f"; the core's speed over {n} windows of {self.speed_window * 1e3:g} ms "
+                f"(CPU over the mean): {points}, {self.spells():.0%} of them slowed by 20 % or more"
+            )
         measured = ""
         if self.rounds:
             noisy = ", ".join(
@@ -435,6 +511,9 @@ def profile_from_json(data: Any, where: str) -> CostProfile:
         "stall_basis": data.get("stall_basis", 0.0) if version >= 4 else 0.0,
         "stall_credit": data.get("stall_credit", 0.0) if version >= 4 else 0.0,
         "stall_mean": data.get("stall_mean", 0.0) if version >= 4 else 0.0,
+        # (Version 5 has the core's speed over time; before, one speed throughout.)
+        "speed": data.get("speed", []) if version >= 5 else [],
+        "speed_window": data.get("speed_window", 0.0) if version >= 5 else 0.0,
         "spread": data.get("spread", {}),  # (none in a profile of an older calibrate)
         "rounds": data.get("rounds", 0),
     }

@@ -420,7 +420,8 @@ class _LoadedGroup(_Group):
     pass runs first in the next iteration, after every callback collected with its timer. What
     an event costs is counted from the work it did: the tries (``attempts``), the operations it
     finished, the expiries of a pass and the entries it purged; an iteration costs the
-    profile's ``iteration``, plus ``wake`` when it followed a sleep.
+    profile's ``iteration``, plus ``wake`` when it followed a sleep; with the core's speed over
+    time in the profile (``speed``), every cost times the factor of the window it starts in.
     """
 
     __slots__ = (
@@ -434,6 +435,7 @@ class _LoadedGroup(_Group):
         "late",
         "load",
         "owed",
+        "pace",
         "pass_due",
         "pass_raw",
         "seed",
@@ -484,6 +486,10 @@ class _LoadedGroup(_Group):
         # whatever came before it in this replay (a replay split by time draws the same).
         self.seed = int.from_bytes(seed.digest()[8:16], "big")
         self.shaped = not costs.constant
+        # Where the group lays the profile's measured speed sequence along the trace's time
+        # (None: one speed throughout): a window drawn from the seed, so the same for the
+        # same group however the replay is split.
+        self.pace = self.seed % len(costs.speed) if costs.speed else None
         # Whether the core is held off at given times (a measured run's preemptions).
         self.held = bool(costs.holdoffs)
         # When the loop last woke from its selector (a stall comes only `stall_credit` later).
@@ -493,12 +499,14 @@ class _LoadedGroup(_Group):
         """Book an event served from `start` for `cost` seconds; note when the next pass is due.
 
         `event` names it for its draws: with cost distributions in the profile it costs `cost`
-        times a drawn factor (mean 1), and holds the core for a drawn stall beyond that.
+        times a drawn factor (mean 1), and holds the core for a drawn stall beyond that; with
+        the core's speed over time, it costs that times the speed of the window it starts in.
         """
         if self.shaped:
             costs = self.costs
             seed = self.seed
             cost *= costs.cost_factor(_unit(seed, 2 * event))
+            cost *= self._speed(start)  # the core's speed in the window the event starts in
             end = start + cost
             if start >= self.woke + costs.stall_credit:
                 end += costs.stall_at(_unit(seed, 2 * event + 1), cost)
@@ -522,6 +530,10 @@ class _LoadedGroup(_Group):
             purge = raw <= self.last_pass + 1e-3 * self.config.tick
             self.pass_due = end if purge and raw < start else raw
 
+    def _speed(self, when: float) -> float:
+        """The core's speed factor for work starting at `when` (1 without a measured speed)."""
+        return 1.0 if self.pace is None else self.costs.speed_at(when, self.pace)
+
     def _iterate(self, first: float) -> None:
         """Start the next iteration: the callbacks of the last one are done, and the earliest
         still to come is due at `first` (the reaper's task owed a pass comes before it).
@@ -536,10 +548,11 @@ class _LoadedGroup(_Group):
             if math.isnan(self.start):
                 self.start = free
             self.batch = free
-            self.busy_until = free + costs.iteration
+            turn = costs.iteration * self._speed(free)
+            self.busy_until = free + turn
             if self.held:
                 self.busy_until = costs.held_until(free, self.busy_until)
-            self.busy += int(costs.iteration * _PER_UNIT)
+            self.busy += int(turn * _PER_UNIT)
             if self.owed:
                 self.owed = False
                 self._serve_pass()
@@ -553,10 +566,11 @@ class _LoadedGroup(_Group):
             self.start = wake
         self.woke = wake
         self.batch = wake
-        self.busy_until = wake + costs.wake + costs.iteration
+        turn = (costs.wake + costs.iteration) * self._speed(wake)
+        self.busy_until = wake + turn
         if self.held:
             self.busy_until = costs.held_until(wake, self.busy_until)
-        self.busy += int((costs.wake + costs.iteration) * _PER_UNIT)
+        self.busy += int(turn * _PER_UNIT)
 
     def _serve_pass(self) -> None:
         """The reaper's pass, at the start of the iteration after its timer's."""
