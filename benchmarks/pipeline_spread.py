@@ -15,7 +15,9 @@ fresh driver process, alternated:
 - with ``--shards N`` instead: one purgatory, unsplit on ``local[1]`` and split into N time
   shards on ``local[2]``, both with the direct read (the unsplit job's best), at each
   ``--purge-interval``; the split job's driver also says where its time went (`Phase`:
-  reading and checking the columns, planning, the Spark job, merging, writing).
+  reading and checking the columns, planning, the Spark job, merging, writing); with
+  ``--cluster`` too, the same unsplit on a standalone cluster of one one-core worker and split
+  on one of two (``--no-local``: those only).
 
 Per run: the job's wall seconds; the CPU seconds of its processes (``/proc``: the driver's
 Python, the JVM, Spark's Python workers; on the cluster, each worker's tree: its executor JVM and
@@ -390,7 +392,23 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             runs.append(
                 _run(trace, str(work / "out"), master, partitioning, label=label, workers=[])
             )
-    if args.cluster:
+    if args.cluster and args.shards:
+        for workers in (1, 2):
+            with _standalone(work / f"cluster-{workers}", workers) as (url, pids):
+                for _ in range(args.repetitions):
+                    for interval in args.purge_interval:
+                        count = 1 if workers == 1 else args.shards
+                        runs.append(
+                            _run(
+                                trace,
+                                str(work / "out"),
+                                url,
+                                f"shards:{count}:{interval}",
+                                label=_shards_label(interval, workers, args.shards),
+                                workers=pids,
+                            )
+                        )
+    elif args.cluster:
         for workers in (1, 2):
             with _standalone(work / f"cluster-{workers}", workers) as (url, pids):
                 for _ in range(args.repetitions):
@@ -408,8 +426,19 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "purgatories": w1.purgatories,
         "shards": args.shards,
         "purge_interval": args.purge_interval,
+        "cluster": bool(args.cluster),
         "runs": runs,
     }
+
+
+def _shards_label(interval: int, workers: int, shards: int) -> str:
+    """A ``--shards --cluster`` run's label: the unsplit job on one worker, the split one on
+    two (as the local runs: local[1] unsplit, local[2] split)."""
+    if workers == 1:
+        return f"purge interval {interval}: standalone, 1 one-core worker, unsplit (direct read)"
+    return (
+        f"purge interval {interval}: standalone, {workers} one-core workers, {shards} time shards"
+    )
 
 
 def render(f: dict[str, Any]) -> str:
@@ -520,6 +549,7 @@ def render(f: dict[str, Any]) -> str:
 def render_shards(f: dict[str, Any]) -> str:
     """The Markdown section of a ``--shards`` run."""
     env = f["environment"]
+    cluster = f.get("cluster", False)
     by_label: dict[str, list[dict[str, Any]]] = {}
     for run in f["runs"]:
         by_label.setdefault(run["label"], []).append(run)
@@ -528,10 +558,18 @@ def render_shards(f: dict[str, Any]) -> str:
         "## One group split by time",
         "",
         f"`python -m benchmarks.pipeline_spread --shards {f['shards']} --purge-interval "
-        f"{' '.join(map(str, f['purge_interval']))} --operations {f['operations']} --write`: one "
+        f"{' '.join(map(str, f['purge_interval']))} --operations {f['operations']}"
+        f"{' --cluster' if cluster else ''} --write`: one "
         f"W1 purgatory of **{f['operations']:,} operations** under one configuration per purge "
         f"interval, summary only, unsplit on `local[1]` and in {f['shards']} time shards on "
-        "`local[2]`, each run a driver process of its own, alternated. Both read the trace "
+        "`local[2]`"
+        + (
+            " (and unsplit on a standalone cluster of one one-core worker on loopback, in "
+            f"{f['shards']} time shards on one of two: as the tests' cluster)"
+            if cluster
+            else ""
+        )
+        + ", each run a driver process of its own, alternated. Both read the trace "
         "directly (the default): the unsplit job is the groups job's direct read, its one task "
         "reading the purgatory's rows from the Parquet files itself, the best a user has "
         "without the split; the split job's driver reads the columns it plans from and its "
@@ -545,7 +583,9 @@ def render_shards(f: dict[str, Any]) -> str:
         "(shared: the load average before and after each run, its own Spark processes included, "
         f"is in the table); {env['git']}.",
         "",
-        "| run | wall s | CPU s: driver / JVM / Python workers | tasks: shards, operations "
+        "| run | wall s | CPU s: driver / JVM / Python workers"
+        + (" (/ cluster workers)" if cluster else "")
+        + " | tasks: shards, operations "
         "replayed (warm-ups included), Python wall s (CPU s) | the driver's phases: wall s "
         "(its CPU s) | boundaries matched | load before -> after |",
         "|---|---:|---|---|---|---|---|",
@@ -569,14 +609,22 @@ def render_shards(f: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "Speed-ups, unsplit on local[1] -> split on local[2] (the fastest run of each):",
+        "Speed-ups, unsplit on local[1] -> split on local[2] (and with `--cluster`, unsplit on "
+        "one standalone worker -> split on two; the fastest run of each):",
         "",
     ]
     for interval in f["purge_interval"]:
-        mine = [label for label in by_label if label.startswith(f"purge interval {interval}:")]
-        if len(mine) == 2:
-            slow, fast = (min(r["seconds"] for r in by_label[label]) for label in mine)
-            lines.append(f"- purge interval {interval}: **{slow / fast:.2f}x** (wall)")
+        for where, unsplit, split in (
+            ("", "local[1], unsplit", "local[2], "),
+            (", standalone 1 -> 2 workers", "standalone, 1 one-core", "standalone, 2 one-core"),
+        ):
+            mine = [
+                [label for label in by_label if label.startswith(f"purge interval {interval}: {s}")]
+                for s in (unsplit, split)
+            ]
+            if all(len(found) == 1 for found in mine):
+                slow, fast = (min(r["seconds"] for r in by_label[found[0]]) for found in mine)
+                lines.append(f"- purge interval {interval}{where}: **{slow / fast:.2f}x** (wall)")
     return "\n".join([*lines, "", SHARDS_END, ""])
 
 

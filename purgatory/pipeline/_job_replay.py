@@ -346,10 +346,14 @@ def write_summary(
 
 def read_summary(spark: SparkSession, out: str, schema: T.StructType) -> DataFrame:
     """The summary written to `out`, read back lazily: its schema given (nullable, as Spark
-    reads Parquet), so no Spark job infers it; read only when the caller uses it."""
+    reads Parquet), so no Spark job infers it; read only when the caller uses it.
+
+    Ordered by purgatory and configuration in one partition (a row per group: small), so
+    that its first use is one Spark job, not a sort's sampling and shuffle (three).
+    """
     nullable = T.StructType([T.StructField(f.name, f.dataType, True) for f in schema.fields])
     frame = read_parquet(spark, f"{out}/summary", nullable)
-    return frame.orderBy("purgatory", "config_id")
+    return frame.coalesce(1).sortWithinPartitions("purgatory", "config_id")
 
 
 def _through_spark(
