@@ -19,12 +19,15 @@ fresh driver process, alternated:
   ``--cluster`` too, the same unsplit on a standalone cluster of one one-core worker and split
   on one of two (``--no-local``: those only).
 
-Per run: the job's wall seconds; the CPU seconds of its processes (``/proc``: the driver's
-Python, the JVM, Spark's Python workers; on the cluster, each worker's tree: its executor JVM and
-Python workers); the JVM's own view from the web UI's REST API (this benchmark's sessions only
-turn the UI on): per stage, tasks, run time and the task threads' CPU; and each replay task's
-report (`purgatory.pipeline._job_replay.ReplayTask`): its groups, operations, its Python worker's
-wall and CPU seconds, of which reading its input batches. ``--write`` puts the section in
+Per run: the job's wall seconds (on a cluster, from the moment its executors have
+registered: their JVMs' start is the cluster's, as the local session's JVM is up before a
+local run's clock starts; the seconds waited are in the JSON, ``executors_seconds``); the CPU
+seconds of its processes (``/proc``: the driver's Python, the JVM, Spark's Python workers; on
+the cluster, each worker's tree: its executor JVM and Python workers); the JVM's own view from
+the web UI's REST API (this benchmark's sessions only turn the UI on): per stage, tasks, run
+time and the task threads' CPU; and each replay task's report
+(`purgatory.pipeline._job_replay.ReplayTask`): its groups, operations, its Python worker's wall
+and CPU seconds, of which reading its input batches. ``--write`` puts the section in
 PIPELINE_RESULTS.md between its markers (the other sections kept). The machine is shared: the
 load average is taken before and after each run.
 """
@@ -130,6 +133,23 @@ def _stages(spark: Any) -> list[dict[str, Any]]:
     return found
 
 
+#: The child's environment variable: how many executors its cluster starts (0: local).
+_WORKERS = "PURGATORY_SPREAD_WORKERS"
+
+
+def _executors_up(spark: Any, workers: int, seconds: float = 180.0) -> float:
+    """Wait until `workers` executors have registered with the driver (a cluster's session
+    returns before its executors have started: their JVMs' start is the cluster's, as the
+    local session's JVM is up before a local run's clock starts); return the seconds waited."""
+    started = time.perf_counter()
+    context = spark.sparkContext._jsc.sc()
+    while workers and context.getExecutorMemoryStatus().size() - 1 < workers:  # (the driver's)
+        if time.perf_counter() - started > seconds:
+            raise SystemExit(f"{workers} executors did not register in {seconds:.0f} s")
+        time.sleep(0.1)
+    return time.perf_counter() - started
+
+
 def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, Any]:
     """In a fresh process: one summary-only replay; wall, CPU by process, stages, tasks.
 
@@ -147,6 +167,7 @@ def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, An
             "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         }
     spark = get_session(master, f"purgatory-spread-{partitioning}", conf, ui=True)
+    executors = _executors_up(spark, int(os.environ.get(_WORKERS, "0")))
     cpu = _process_cpu(os.getpid())
     reported: list[Any] = []
     boundaries: list[Any] = []
@@ -181,6 +202,7 @@ def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, An
         "master": master,
         "partitioning": partitioning,
         "seconds": seconds,
+        "executors_seconds": executors,
         "operations": operations,
         "cpu": {kind: after[kind] - cpu[kind] for kind in after},
         "stages": stages,
@@ -211,6 +233,7 @@ def _run(
     load = load_average()
     worker_cpu = [_tree_cpu_seconds(pid) for pid in workers]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    env[_WORKERS] = str(len(workers))
     done = subprocess.run(
         [
             sys.executable,
@@ -240,7 +263,12 @@ def _run(
     print(
         f"{label}: {run['seconds']:.1f} s, CPU "
         + ", ".join(f"{k} {v:.1f}" for k, v in run["cpu"].items())
-        + f" (load {load} -> {run['load_after']})",
+        + f" (load {load} -> {run['load_after']})"
+        + (
+            f"; executors up {run['executors_seconds']:.1f} s before"
+            if run.get("executors_seconds")
+            else ""
+        ),
         flush=True,
     )
     if run["phases"]:
@@ -459,7 +487,9 @@ def render(f: dict[str, Any]) -> str:
         "--write` (see its docstring): a W1 trace of "
         f"**{f['operations']:,} operations** over {f['purgatories']} purgatories "
         f"({f['purgatories']} independent groups under one configuration), summary only, each "
-        "run a driver process of its own, alternated. The direct read: each task reads its "
+        "run a driver process of its own, alternated (on the cluster, timed from the moment its "
+        "executors have registered, as a local run from its session's start). The direct read: "
+        "each task reads its "
         "groups' rows from the trace's Parquet files itself (the default); Spark read: the JVM "
         "reads, checks, shuffles and sorts them (the job before). CPU seconds from `/proc`; the "
         "JVM's stages from the web UI's REST API (task run time and the task threads' CPU); per "
@@ -569,7 +599,13 @@ def render_shards(f: dict[str, Any]) -> str:
             if cluster
             else ""
         )
-        + ", each run a driver process of its own, alternated. Both read the trace "
+        + ", each run a driver process of its own, alternated"
+        + (
+            " (on the cluster, timed from the moment its executors have registered)"
+            if cluster
+            else ""
+        )
+        + ". Both read the trace "
         "directly (the default): the unsplit job is the groups job's direct read, its one task "
         "reading the purgatory's rows from the Parquet files itself, the best a user has "
         "without the split; the split job's driver reads the columns it plans from and its "
@@ -609,8 +645,9 @@ def render_shards(f: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "Speed-ups, unsplit on local[1] -> split on local[2] (and with `--cluster`, unsplit on "
-        "one standalone worker -> split on two; the fastest run of each):",
+        "Speed-ups, unsplit on local[1] -> split on local[2]"
+        + (", and unsplit on one standalone worker -> split on two" if cluster else "")
+        + " (the fastest run of each):",
         "",
     ]
     for interval in f["purge_interval"]:
