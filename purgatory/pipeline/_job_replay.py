@@ -2,16 +2,21 @@
 
 Each (purgatory, configuration) is one group. The driver counts each purgatory's operations and
 assigns the groups to the job's partitions, balanced by operation count (`_balance.assign`).
-Then, by default (the direct read, `purgatory.pipeline._direct`), the plan itself, a row per
-group, is placed a partition per task, and each task reads its groups' rows from the trace's
-Parquet files with pyarrow, checks and sorts them, and streams them through the replay engine
-(`purgatory.pipeline._replay.replay_batches`) inside ``mapInArrow``: the JVM carries only the
-plan and the engine's rows. With Spark's read (``read="spark"``, the job before), the trace,
-checked by `load_trace` and joined with the plan (which also crosses it with the
+Then, by default (the direct read, `purgatory.pipeline._direct`), each task, one per partition
+of a ``range`` (`task_slots`), looks its groups up in the plan by its partition's id, reads their
+rows from the trace's Parquet files with pyarrow, checks and sorts them, and streams them
+through the replay engine (`purgatory.pipeline._replay.replay_batches`) inside ``mapInArrow``:
+the JVM carries only the engine's rows. With Spark's read (``read="spark"``, the job before),
+the trace, checked by `load_trace` and joined with the plan (which also crosses it with the
 configurations), is repartitioned so that each partition holds exactly its groups, sorted by
 arrival inside each partition, and the engine streams each partition's batches. Each group's
 summary comes from its own task, so the job needs no aggregation over every operation; writing
 every operation's row is optional.
+
+On a cluster each Spark job costs seconds of scheduling, so the job runs as few as it can: with
+the direct read of a trace the driver can list (`listed_files`), two: the replay, whose groups'
+rows the driver collects (their problems, the summary: `summary_rows`, and the tasks' report
+come from them), and the summary's write. The summary returned is read back only when used.
 
 Each task also says what it did: its partition, where it ran (host, Python worker), its groups,
 and the wall and CPU seconds of its Python worker, of which getting its input (reading, checking
@@ -238,7 +243,7 @@ def replay(
             nothing.
 
     Returns:
-        The summary, read back from `out`.
+        The summary, read back from `out` when it is used (by purgatory, then configuration).
     """
     if not configs:
         raise ValueError("replay needs at least one configuration")
@@ -421,9 +426,9 @@ def _direct(
     """The job's rows, each task reading its groups' rows from the trace's files itself.
 
     The driver counts each purgatory's rows (that column alone) and assigns the groups to the
-    partitions (`assign`); the plan, a row per group, is placed a partition per task
-    (`partition_keys`), and ``mapInArrow`` over it runs `task_input` into the engine. The JVM
-    carries only the plan and the rows the engine emits. Rows without a purgatory are checked
+    partitions (`assign`); the plan, each partition's groups, is closed over by the tasks, one
+    per partition of `task_slots`, and ``mapInArrow`` over those runs `task_input` into the
+    engine. The JVM carries only the rows the engine emits. Rows without a purgatory are checked
     by the first task (they are all bad: the job fails naming the first).
     """
     counts = purgatory_counts(files, trace_path)

@@ -9,7 +9,10 @@ operation counts, and under a purge interval above 0 the unsplit replay's purges
 carried into each shard's warm-up (`purgatory.pipeline._purge_carry`). Each shard's task needs
 its warm-up, its own range and the first operation of the next shard, and reads them itself
 (`shard_input`: the row groups outside the range skipped, checked as the groups job's tasks
-check theirs, sorted in the task); the JVM only deals the small plan out. What the tasks find
+check theirs, sorted in the task); the tasks, one per partition of a ``range``, look their
+shards up in the plan by their partition's id (no shuffle), and the summary is computed from the
+shards' rows the driver collects: two Spark jobs in all, the replay and the summary's write
+(and a second replay for boundaries that fall back). What the tasks find
 wrong comes back as the groups job's tasks say it, and is raised as `load_trace`'s error.
 
 With Spark's read (``read="spark"``, or where the tasks cannot read the files), `load_trace`
