@@ -264,11 +264,7 @@ def _run(
         f"{label}: {run['seconds']:.1f} s, CPU "
         + ", ".join(f"{k} {v:.1f}" for k, v in run["cpu"].items())
         + f" (load {load} -> {run['load_after']})"
-        + (
-            f"; executors up {run['executors_seconds']:.1f} s before"
-            if run.get("executors_seconds")
-            else ""
-        ),
+        + (f"; executors up {run['executors_seconds']:.1f} s before" if workers else ""),
         flush=True,
     )
     if run["phases"]:
