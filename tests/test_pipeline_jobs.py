@@ -28,7 +28,13 @@ from spark_support import CONFIGS, small_w1, write_trace
 from purgatory.pipeline import ReplayConfig, generate, replay, replay_table
 from purgatory.pipeline._direct import listed_files
 from purgatory.pipeline._frames import spark_schema
-from purgatory.pipeline._job_replay import _summary, read_summary, summary_rows
+from purgatory.pipeline._job_replay import (
+    SUMMARY_SCHEMA,
+    _summary,
+    config_grid,
+    read_summary,
+    summary_rows,
+)
 from purgatory.pipeline._replay import OUTPUT_SCHEMA
 from purgatory.pipeline._shards import Boundary
 
@@ -123,14 +129,8 @@ def test_the_summary_rows_are_sparks_summary_of_the_same_rows(spark: SparkSessio
         [tuple(r[name] for name in OUTPUT_SCHEMA.names) for r in rows],
         spark_schema(OUTPUT_SCHEMA),
     )
-    grid = spark.createDataFrame(
-        [
-            (i, c.tick, c.wheel_size, c.purge_interval, c.timeout_scale, c.rate_scale, c.trigger)
-            for i, c in by_id.items()
-        ],
-        "config_id int, tick double, wheel_size int, purge_interval int, timeout_scale double, "
-        "rate_scale double, trigger string",
-    )
+    grid = config_grid(spark, CONFIGS)
+    assert _summary(frame, grid).schema == SUMMARY_SCHEMA  # (the schema written: Spark's)
     theirs = [tuple(row) for row in _summary(frame, grid).collect()]
     mine = summary_rows(rows, by_id)
     assert len(mine) == len(groups) + len(extra)
@@ -196,4 +196,4 @@ def test_two_spark_jobs_the_replay_and_the_summarys_write(
     assert [(r["purgatory"], r["config_id"]) for r in summary.collect()] == [
         (p, c) for p in ("p0000", "p0001") for c in (0, 1)
     ]
-    assert read_summary(spark, str(tmp_path / "out"), written.schema).schema == written.schema
+    assert read_summary(spark, str(tmp_path / "out")).schema == written.schema

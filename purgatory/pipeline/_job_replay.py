@@ -276,14 +276,6 @@ def replay(
         )
     by_id = dict(enumerate(configs))
     files = _direct_files(spark, trace_path, read) if balance and read != "spark" else None
-    grid = spark.createDataFrame(
-        [
-            (i, c.tick, c.wheel_size, c.purge_interval, c.timeout_scale, c.rate_scale, c.trigger)
-            for i, c in by_id.items()
-        ],
-        "config_id int, tick double, wheel_size int, purge_interval int, timeout_scale double, "
-        "rate_scale double, trigger string",
-    )
 
     def engine(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return replay_batches(
@@ -297,7 +289,7 @@ def replay(
             spark,
             trace_path,
             configs,
-            grid=grid,
+            grid=config_grid(spark, configs),
             partitions=partitions,
             balance=balance,
             engine=engine,
@@ -326,39 +318,83 @@ def replay(
                     "ended_at",
                     (F.col("ended_at") - F.col("watched_at")).alias("wait"),
                 ).write.parquet(f"{staging}/operations")
-            schema = write_summary(spark, summary_rows(found, by_id), result, grid, staging)
+            write_summary(spark, summary_rows(found, by_id), staging)
     finally:
         if operations:
             result.unpersist()
     if tasks is not None:
         tasks(_tasks(found))
-    return read_summary(spark, out, schema)
+    return read_summary(spark, out)
 
 
-def write_summary(
-    spark: SparkSession,
-    rows: Sequence[tuple[Any, ...]],
-    groups: DataFrame,
-    grid: DataFrame,
-    staging: str,
-) -> T.StructType:
-    """Write the summary `rows` (`summary_rows`) to ``staging/summary`` as one file, in the
-    schema `_summary` gives the job's rows (`groups`: analysed, no job run); return it."""
-    schema = _summary(groups, grid).schema
-    spark.createDataFrame(list(rows), schema).coalesce(1).write.parquet(f"{staging}/summary")
-    return schema
+def write_summary(spark: SparkSession, rows: Sequence[tuple[Any, ...]], staging: str) -> None:
+    """Write the summary `rows` (`summary_rows`) to ``staging/summary`` as one file, in
+    `SUMMARY_SCHEMA` (the schema `_summary` gives, without asking Spark's analyser for it)."""
+    frame = spark.createDataFrame(list(rows), SUMMARY_SCHEMA)
+    frame.coalesce(1).write.parquet(f"{staging}/summary")
 
 
-def read_summary(spark: SparkSession, out: str, schema: T.StructType) -> DataFrame:
+def read_summary(spark: SparkSession, out: str) -> DataFrame:
     """The summary written to `out`, read back lazily: its schema given (nullable, as Spark
     reads Parquet), so no Spark job infers it; read only when the caller uses it.
 
     Ordered by purgatory and configuration in one partition (a row per group: small), so
     that its first use is one Spark job, not a sort's sampling and shuffle (three).
     """
-    nullable = T.StructType([T.StructField(f.name, f.dataType, True) for f in schema.fields])
+    nullable = T.StructType([T.StructField(f.name, f.dataType, True) for f in SUMMARY_SCHEMA])
     frame = read_parquet(spark, f"{out}/summary", nullable)
     return frame.coalesce(1).sortWithinPartitions("purgatory", "config_id")
+
+
+#: The configurations' table (`config_grid`): what `_summary` joins each group's row with.
+GRID_SCHEMA: Final = T.StructType(
+    [
+        T.StructField("config_id", T.IntegerType()),
+        T.StructField("tick", T.DoubleType()),
+        T.StructField("wheel_size", T.IntegerType()),
+        T.StructField("purge_interval", T.IntegerType()),
+        T.StructField("timeout_scale", T.DoubleType()),
+        T.StructField("rate_scale", T.DoubleType()),
+        T.StructField("trigger", T.StringType()),
+    ]
+)
+
+
+def _summary_schema() -> T.StructType:
+    """`_summary`'s schema as Spark's analyser gives it (the tests compare them): the group's
+    key never null, the outcomes no replay gives a literal 0, every other column nullable."""
+    types = {f.name: f.dataType for f in [*spark_schema(OUTPUT_SCHEMA).fields, *GRID_SCHEMA]}
+    renamed = {
+        "busy_seconds": "busy",
+        "pass_lateness_p50": "pass_late_p50",
+        "pass_lateness_p99": "pass_late_p99",
+        "pass_lateness_max": "pass_late_max",
+    }
+    fields = []
+    for name in REPLAY_SUMMARY_COLUMNS:
+        if name in COUNTS[3:]:
+            fields.append(T.StructField(name, T.LongType(), False))
+        elif name in ("expired_share", "missed_share", "utilisation"):
+            fields.append(T.StructField(name, T.DoubleType(), True))
+        else:
+            key = name in ("purgatory", "config_id")
+            fields.append(T.StructField(name, types[renamed.get(name, name)], not key))
+    return T.StructType(fields)
+
+
+#: The summary's schema (`REPLAY_SUMMARY_COLUMNS`), as `_summary` computes it.
+SUMMARY_SCHEMA: Final = _summary_schema()
+
+
+def config_grid(spark: SparkSession, configs: Sequence[ReplayConfig]) -> DataFrame:
+    """The configurations as a table, one row each by ``config_id`` (`GRID_SCHEMA`)."""
+    return spark.createDataFrame(
+        [
+            (i, c.tick, c.wheel_size, c.purge_interval, c.timeout_scale, c.rate_scale, c.trigger)
+            for i, c in enumerate(configs)
+        ],
+        GRID_SCHEMA,
+    )
 
 
 def _through_spark(

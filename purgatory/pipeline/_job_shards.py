@@ -64,7 +64,7 @@ from ._job_replay import (
 from ._job_trace import load_trace
 from ._load import CostProfile
 from ._purge_carry import carry, trace_columns
-from ._replay import OUTPUT_SCHEMA, ReplayConfig
+from ._replay import ReplayConfig
 from ._shards import (
     SHARD_SCHEMA,
     Boundary,
@@ -137,14 +137,6 @@ def replay_split(
     trace, (ranges, longest, counts) = _plan(
         spark, trace_path, files, configs, shards, carried=carried, timed=timed
     )
-    grid = spark.createDataFrame(
-        [
-            (i, c.tick, c.wheel_size, c.purge_interval, c.timeout_scale, c.rate_scale, c.trigger)
-            for i, c in by_id.items()
-        ],
-        "config_id int, tick double, wheel_size int, purge_interval int, timeout_scale double, "
-        "rate_scale double, trigger string",
-    )
     n_tasks = partitions or max(1, min(_parallelism(spark), len(ranges)))
     rounds: list[tuple[DataFrame, set[Key]]] = []
 
@@ -183,15 +175,14 @@ def replay_split(
             merged = [
                 merge_shards(group_rows, costs is not None) for group_rows in by_group.values()
             ]
-        with timed("write"):
-            groups = spark.createDataFrame([], spark_schema(OUTPUT_SCHEMA))  # (its schema only)
-            with (
-                atomic_output(spark, out, overwrite=overwrite) as staging,
-                read_errors("trace file", trace_path),
-            ):
-                if operations:
-                    _operations(spark, rounds, set(final)).write.parquet(f"{staging}/operations")
-                schema = write_summary(spark, summary_rows(merged, by_id), groups, grid, staging)
+        with (
+            timed("write"),
+            atomic_output(spark, out, overwrite=overwrite) as staging,
+            read_errors("trace file", trace_path),
+        ):
+            if operations:
+                _operations(spark, rounds, set(final)).write.parquet(f"{staging}/operations")
+            write_summary(spark, summary_rows(merged, by_id), staging)
     finally:
         for result, _ in rounds:
             result.unpersist()
@@ -201,7 +192,7 @@ def replay_split(
         tasks(_tasks([rows[key] for key in sorted(final)]))
     if phases is not None:
         phases(timed.done)
-    return read_summary(spark, out, schema)
+    return read_summary(spark, out)
 
 
 Plan = tuple[dict[Key, ShardRange], dict[str, float], dict[str, int]]
