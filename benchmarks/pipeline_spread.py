@@ -15,14 +15,19 @@ fresh driver process, alternated:
 - with ``--shards N`` instead: one purgatory, unsplit on ``local[1]`` and split into N time
   shards on ``local[2]``, both with the direct read (the unsplit job's best), at each
   ``--purge-interval``; the split job's driver also says where its time went (`Phase`:
-  reading and checking the columns, planning, the Spark job, merging, writing).
+  reading and checking the columns, planning, the Spark job, merging, writing); with
+  ``--cluster`` too, the same unsplit on a standalone cluster of one one-core worker and split
+  on one of two (``--no-local``: those only).
 
-Per run: the job's wall seconds; the CPU seconds of its processes (``/proc``: the driver's
-Python, the JVM, Spark's Python workers; on the cluster, each worker's tree: its executor JVM and
-Python workers); the JVM's own view from the web UI's REST API (this benchmark's sessions only
-turn the UI on): per stage, tasks, run time and the task threads' CPU; and each replay task's
-report (`purgatory.pipeline._job_replay.ReplayTask`): its groups, operations, its Python worker's
-wall and CPU seconds, of which reading its input batches. ``--write`` puts the section in
+Per run: the job's wall seconds (on a cluster, from the moment its executors have
+registered: their JVMs' start is the cluster's, as the local session's JVM is up before a
+local run's clock starts; the seconds waited are in the JSON, ``executors_seconds``); the CPU
+seconds of its processes (``/proc``: the driver's Python, the JVM, Spark's Python workers; on
+the cluster, each worker's tree: its executor JVM and Python workers); the JVM's own view from
+the web UI's REST API (this benchmark's sessions only turn the UI on): per stage, tasks, run
+time and the task threads' CPU; and each replay task's report
+(`purgatory.pipeline._job_replay.ReplayTask`): its groups, operations, its Python worker's wall
+and CPU seconds, of which reading its input batches. ``--write`` puts the section in
 PIPELINE_RESULTS.md between its markers (the other sections kept). The machine is shared: the
 load average is taken before and after each run.
 """
@@ -128,6 +133,23 @@ def _stages(spark: Any) -> list[dict[str, Any]]:
     return found
 
 
+#: The child's environment variable: how many executors its cluster starts (0: local).
+_WORKERS = "PURGATORY_SPREAD_WORKERS"
+
+
+def _executors_up(spark: Any, workers: int, seconds: float = 180.0) -> float:
+    """Wait until `workers` executors have registered with the driver (a cluster's session
+    returns before its executors have started: their JVMs' start is the cluster's, as the
+    local session's JVM is up before a local run's clock starts); return the seconds waited."""
+    started = time.perf_counter()
+    context = spark.sparkContext._jsc.sc()
+    while workers and context.getExecutorMemoryStatus().size() - 1 < workers:  # (the driver's)
+        if time.perf_counter() - started > seconds:
+            raise SystemExit(f"{workers} executors did not register in {seconds:.0f} s")
+        time.sleep(0.1)
+    return time.perf_counter() - started
+
+
 def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, Any]:
     """In a fresh process: one summary-only replay; wall, CPU by process, stages, tasks.
 
@@ -145,6 +167,7 @@ def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, An
             "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         }
     spark = get_session(master, f"purgatory-spread-{partitioning}", conf, ui=True)
+    executors = _executors_up(spark, int(os.environ.get(_WORKERS, "0")))
     cpu = _process_cpu(os.getpid())
     reported: list[Any] = []
     boundaries: list[Any] = []
@@ -179,6 +202,7 @@ def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, An
         "master": master,
         "partitioning": partitioning,
         "seconds": seconds,
+        "executors_seconds": executors,
         "operations": operations,
         "cpu": {kind: after[kind] - cpu[kind] for kind in after},
         "stages": stages,
@@ -209,6 +233,7 @@ def _run(
     load = load_average()
     worker_cpu = [_tree_cpu_seconds(pid) for pid in workers]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    env[_WORKERS] = str(len(workers))
     done = subprocess.run(
         [
             sys.executable,
@@ -238,7 +263,8 @@ def _run(
     print(
         f"{label}: {run['seconds']:.1f} s, CPU "
         + ", ".join(f"{k} {v:.1f}" for k, v in run["cpu"].items())
-        + f" (load {load} -> {run['load_after']})",
+        + f" (load {load} -> {run['load_after']})"
+        + (f"; executors up {run['executors_seconds']:.1f} s before" if workers else ""),
         flush=True,
     )
     if run["phases"]:
@@ -390,7 +416,23 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             runs.append(
                 _run(trace, str(work / "out"), master, partitioning, label=label, workers=[])
             )
-    if args.cluster:
+    if args.cluster and args.shards:
+        for workers in (1, 2):
+            with _standalone(work / f"cluster-{workers}", workers) as (url, pids):
+                for _ in range(args.repetitions):
+                    for interval in args.purge_interval:
+                        count = 1 if workers == 1 else args.shards
+                        runs.append(
+                            _run(
+                                trace,
+                                str(work / "out"),
+                                url,
+                                f"shards:{count}:{interval}",
+                                label=_shards_label(interval, workers, args.shards),
+                                workers=pids,
+                            )
+                        )
+    elif args.cluster:
         for workers in (1, 2):
             with _standalone(work / f"cluster-{workers}", workers) as (url, pids):
                 for _ in range(args.repetitions):
@@ -408,8 +450,19 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "purgatories": w1.purgatories,
         "shards": args.shards,
         "purge_interval": args.purge_interval,
+        "cluster": bool(args.cluster),
         "runs": runs,
     }
+
+
+def _shards_label(interval: int, workers: int, shards: int) -> str:
+    """A ``--shards --cluster`` run's label: the unsplit job on one worker, the split one on
+    two (as the local runs: local[1] unsplit, local[2] split)."""
+    if workers == 1:
+        return f"purge interval {interval}: standalone, 1 one-core worker, unsplit (direct read)"
+    return (
+        f"purge interval {interval}: standalone, {workers} one-core workers, {shards} time shards"
+    )
 
 
 def render(f: dict[str, Any]) -> str:
@@ -430,7 +483,9 @@ def render(f: dict[str, Any]) -> str:
         "--write` (see its docstring): a W1 trace of "
         f"**{f['operations']:,} operations** over {f['purgatories']} purgatories "
         f"({f['purgatories']} independent groups under one configuration), summary only, each "
-        "run a driver process of its own, alternated. The direct read: each task reads its "
+        "run a driver process of its own, alternated (on the cluster, timed from the moment its "
+        "executors have registered, as a local run from its session's start). The direct read: "
+        "each task reads its "
         "groups' rows from the trace's Parquet files itself (the default); Spark read: the JVM "
         "reads, checks, shuffles and sorts them (the job before). CPU seconds from `/proc`; the "
         "JVM's stages from the web UI's REST API (task run time and the task threads' CPU); per "
@@ -520,6 +575,7 @@ def render(f: dict[str, Any]) -> str:
 def render_shards(f: dict[str, Any]) -> str:
     """The Markdown section of a ``--shards`` run."""
     env = f["environment"]
+    cluster = f.get("cluster", False)
     by_label: dict[str, list[dict[str, Any]]] = {}
     for run in f["runs"]:
         by_label.setdefault(run["label"], []).append(run)
@@ -528,10 +584,24 @@ def render_shards(f: dict[str, Any]) -> str:
         "## One group split by time",
         "",
         f"`python -m benchmarks.pipeline_spread --shards {f['shards']} --purge-interval "
-        f"{' '.join(map(str, f['purge_interval']))} --operations {f['operations']} --write`: one "
+        f"{' '.join(map(str, f['purge_interval']))} --operations {f['operations']}"
+        f"{' --cluster' if cluster else ''} --write`: one "
         f"W1 purgatory of **{f['operations']:,} operations** under one configuration per purge "
         f"interval, summary only, unsplit on `local[1]` and in {f['shards']} time shards on "
-        "`local[2]`, each run a driver process of its own, alternated. Both read the trace "
+        "`local[2]`"
+        + (
+            " (and unsplit on a standalone cluster of one one-core worker on loopback, in "
+            f"{f['shards']} time shards on one of two: as the tests' cluster)"
+            if cluster
+            else ""
+        )
+        + ", each run a driver process of its own, alternated"
+        + (
+            " (on the cluster, timed from the moment its executors have registered)"
+            if cluster
+            else ""
+        )
+        + ". Both read the trace "
         "directly (the default): the unsplit job is the groups job's direct read, its one task "
         "reading the purgatory's rows from the Parquet files itself, the best a user has "
         "without the split; the split job's driver reads the columns it plans from and its "
@@ -545,7 +615,9 @@ def render_shards(f: dict[str, Any]) -> str:
         "(shared: the load average before and after each run, its own Spark processes included, "
         f"is in the table); {env['git']}.",
         "",
-        "| run | wall s | CPU s: driver / JVM / Python workers | tasks: shards, operations "
+        "| run | wall s | CPU s: driver / JVM / Python workers"
+        + (" (/ cluster workers)" if cluster else "")
+        + " | tasks: shards, operations "
         "replayed (warm-ups included), Python wall s (CPU s) | the driver's phases: wall s "
         "(its CPU s) | boundaries matched | load before -> after |",
         "|---|---:|---|---|---|---|---|",
@@ -569,14 +641,23 @@ def render_shards(f: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "Speed-ups, unsplit on local[1] -> split on local[2] (the fastest run of each):",
+        "Speed-ups, unsplit on local[1] -> split on local[2]"
+        + (", and unsplit on one standalone worker -> split on two" if cluster else "")
+        + " (the fastest run of each):",
         "",
     ]
     for interval in f["purge_interval"]:
-        mine = [label for label in by_label if label.startswith(f"purge interval {interval}:")]
-        if len(mine) == 2:
-            slow, fast = (min(r["seconds"] for r in by_label[label]) for label in mine)
-            lines.append(f"- purge interval {interval}: **{slow / fast:.2f}x** (wall)")
+        for where, unsplit, split in (
+            ("", "local[1], unsplit", "local[2], "),
+            (", standalone 1 -> 2 workers", "standalone, 1 one-core", "standalone, 2 one-core"),
+        ):
+            mine = [
+                [label for label in by_label if label.startswith(f"purge interval {interval}: {s}")]
+                for s in (unsplit, split)
+            ]
+            if all(len(found) == 1 for found in mine):
+                slow, fast = (min(r["seconds"] for r in by_label[found[0]]) for found in mine)
+                lines.append(f"- purge interval {interval}{where}: **{slow / fast:.2f}x** (wall)")
     return "\n".join([*lines, "", SHARDS_END, ""])
 
 

@@ -83,3 +83,56 @@ def test_the_spread_section_says_the_speed_ups_of_the_fastest_runs() -> None:
     assert "hash" not in text
     assert "standalone" not in text
     assert "| local[2], direct read | 16.0 | 1.0 / 2.0 / 3.0 | p0: 1, 10, 1.0 (0.5; 0.1) |" in text
+
+
+def test_the_shards_section_says_each_speed_up_local_and_on_the_cluster() -> None:
+    """``--shards N --cluster``: unsplit on local[1] -> split on local[2], and unsplit on one
+    standalone worker -> split on two, each pair from its fastest runs; without ``--cluster``
+    no standalone line."""
+    from benchmarks.pipeline_spread import SHARDS_BEGIN, SHARDS_END, _shards_label, render_shards
+
+    def run(label: str, seconds: float, cpu: dict[str, float]) -> dict[str, object]:
+        task = {"partition": 0, "groups": ["p0000@0/0"], "operations": 10}
+        return {
+            "label": label,
+            "seconds": seconds,
+            "cpu": cpu,
+            "tasks": [{**task, "seconds": 1.0, "cpu_seconds": 0.5}],
+            "boundaries": ["p0000@0 boundary before shard 1 at 1 s: ... matched"],
+            "phases": [{"name": "tasks", "seconds": 1.0, "cpu_seconds": 0.0}],
+            "load_before": "1.00/1.00/1.00",
+            "load_after": "2.00/1.00/1.00",
+        }
+
+    local = {"driver": 1.0, "jvm": 2.0, "python workers": 3.0}
+    cluster = {**local, "cluster workers (executor JVMs, Python workers)": 4.0}
+    runs = [
+        run("purge interval 0: local[1], unsplit (direct read)", 30.0, local),
+        run("purge interval 0: local[2], 2 time shards", 20.0, local),
+        run(_shards_label(0, 1, 2), 40.0, cluster),
+        run(_shards_label(0, 2, 2), 25.0, cluster),
+        run(_shards_label(0, 2, 2), 32.0, cluster),
+    ]
+    environment = {"date": "d", "python": "3", "cpu_model": "c", "cpu_count": 2, "git": "g"}
+    figures = {
+        "environment": environment,
+        "operations": 80,
+        "shards": 2,
+        "purge_interval": [0],
+        "cluster": True,
+        "runs": runs,
+    }
+    text = render_shards(figures)
+    assert text.startswith(SHARDS_BEGIN)
+    assert text.rstrip().endswith(SHARDS_END)
+    assert "--operations 80 --cluster --write" in text
+    assert "- purge interval 0: **1.50x** (wall)" in text
+    assert "- purge interval 0, standalone 1 -> 2 workers: **1.60x** (wall)" in text
+    assert (
+        "| purge interval 0: standalone, 2 one-core workers, 2 time shards | 25.0 | "
+        "1.0 / 2.0 / 3.0 / 4.0 | p0: 1, 10, 1.0 (0.5) | tasks 1.0 (0.0) | 1 of 1 |"
+    ) in text
+    figures = {**figures, "cluster": False, "runs": runs[:2]}
+    text = render_shards(figures)
+    assert "standalone" not in text
+    assert "- purge interval 0: **1.50x** (wall)" in text

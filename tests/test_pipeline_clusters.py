@@ -128,6 +128,15 @@ def test_generate_replay_and_analyze_give_the_local_result(
         assert done.returncode == 0, done.stderr[-3000:]
         said = done.stdout
         assert "purgatory.zip" in said  # the driver imported the zipped package (--verbose)
+        # Each of the replay's two tasks (4 groups over the 2 workers' cores) says where it ran
+        # (on the driver's stderr, which spark-submit merges into its stdout).
+        ran = [
+            line.split(": ", 1)[1]
+            for line in said.splitlines()
+            if line.startswith("replay: task of partition")
+        ]
+        assert [line.split()[3] for line in ran] == ["0", "1"], said[-3000:]
+        assert all("(Python worker " in line and "2 groups (" in line for line in ran)
     assert "replay in replay: 6,000 operations replayed" in said
     assert "analysis in analysis (" in said
 

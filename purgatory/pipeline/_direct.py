@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -45,7 +47,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from ._checks import trace_schema_problem
+from ._checks import local_path, trace_schema_problem
 from ._frames import TraceError, as_given, file_cause, first_line
 from ._generate import TRACE_SCHEMA
 from ._tracefile import bad_rows
@@ -60,6 +62,7 @@ __all__ = (
     "driver_columns",
     "duplicate_message",
     "first_duplicate",
+    "listed_files",
     "purgatory_counts",
     "shard_input",
     "task_input",
@@ -208,6 +211,83 @@ def direct_read_problem(files: Sequence[str]) -> str | None:
                 "directories' names)"
             )
     return None
+
+
+#: Paths whose URI Hadoop writes as they are (``file://`` and the path): others are listed by Spark.
+_PLAIN_PATH: Final = re.compile(r"[A-Za-z0-9/._~+-]+")
+#: Parquet summary files, which Spark's listing keeps and its schema inference reads first.
+_SUMMARY_FILES: Final = ("_metadata", "_common_metadata")
+
+
+def listed_files(path: str) -> list[str] | None:
+    """The trace's files as Spark lists them (its ``inputFiles``, sorted), found by the driver
+    itself where that is certain and their schema is one Spark's read takes as it is; else
+    ``None``: Spark reads the trace's schema (a Spark job) and says what is wrong with it.
+
+    Spark's read infers the schema with a job over the first file's footer: on a cluster, the
+    executors' first work (their Python workers started too), seconds before the replay's own
+    job. Here: a local path (`local_path`), one Parquet file or a directory of files and no
+    subdirectory (no partition columns), no Parquet summary files, names Hadoop writes as they
+    are in a URI; every file's footer read, their schemas the same (metadata aside), a trace's
+    (`trace_schema_problem`), and of types that Spark reads as the same kinds (strings, signed
+    integers, floating point, lists of those): so the read finds the same columns that Spark's
+    would, and anything else is left to Spark's read and its errors.
+    """
+    local = local_path(path)
+    found = _listing(os.path.abspath(local)) if local is not None else None
+    if not found:
+        return None
+    schemas = []
+    for file in found:
+        try:
+            schemas.append(pq.read_schema(file))
+        except (OSError, ValueError, pa.ArrowException):
+            return None
+    first = schemas[0]
+    same = all(schema.equals(first, check_metadata=False) for schema in schemas)
+    if not same or trace_schema_problem(first) is not None:
+        return None
+    if not all(_plain_type(first.field(name).type) for name in first.names):
+        return None
+    return [f"file://{file}" for file in found]
+
+
+def _listing(top: str) -> list[str] | None:
+    """The files Spark would list at `top` (an absolute path), if that is certain (see
+    `listed_files`), else ``None``."""
+    if not _PLAIN_PATH.fullmatch(top):
+        return None
+    if os.path.isfile(top):
+        return [] if os.path.basename(top).startswith(("_", ".")) else [top]
+    if not os.path.isdir(top):
+        return None
+    found = []
+    for name in sorted(os.listdir(top)):
+        if name in _SUMMARY_FILES:
+            return None
+        if name.startswith(("_", ".")):
+            continue
+        full = os.path.join(top, name)
+        if not _PLAIN_PATH.fullmatch(name) or not os.path.isfile(full):
+            return None
+        found.append(full)
+    return found
+
+
+def _plain_type(kind: pa.DataType) -> bool:
+    """A type Spark reads from Parquet as the same kind: a string, a signed integer, a float or
+    a double, a list of strings or of signed integers (no unsigned, decimal or dictionary)."""
+    t = pa.types
+    if t.is_list(kind) or t.is_large_list(kind):
+        kind = kind.value_type
+        return bool(t.is_string(kind) or t.is_large_string(kind) or t.is_signed_integer(kind))
+    return bool(
+        t.is_string(kind)
+        or t.is_large_string(kind)
+        or t.is_signed_integer(kind)
+        or t.is_float32(kind)
+        or t.is_float64(kind)
+    )
 
 
 def _unreadable(uri: str, root: str, exc: BaseException) -> TraceError:

@@ -2,16 +2,21 @@
 
 Each (purgatory, configuration) is one group. The driver counts each purgatory's operations and
 assigns the groups to the job's partitions, balanced by operation count (`_balance.assign`).
-Then, by default (the direct read, `purgatory.pipeline._direct`), the plan itself, a row per
-group, is placed a partition per task, and each task reads its groups' rows from the trace's
-Parquet files with pyarrow, checks and sorts them, and streams them through the replay engine
-(`purgatory.pipeline._replay.replay_batches`) inside ``mapInArrow``: the JVM carries only the
-plan and the engine's rows. With Spark's read (``read="spark"``, the job before), the trace,
-checked by `load_trace` and joined with the plan (which also crosses it with the
+Then, by default (the direct read, `purgatory.pipeline._direct`), each task, one per partition
+of a ``range`` (`task_slots`), looks its groups up in the plan by its partition's id, reads their
+rows from the trace's Parquet files with pyarrow, checks and sorts them, and streams them
+through the replay engine (`purgatory.pipeline._replay.replay_batches`) inside ``mapInArrow``:
+the JVM carries only the engine's rows. With Spark's read (``read="spark"``, the job before),
+the trace, checked by `load_trace` and joined with the plan (which also crosses it with the
 configurations), is repartitioned so that each partition holds exactly its groups, sorted by
 arrival inside each partition, and the engine streams each partition's batches. Each group's
 summary comes from its own task, so the job needs no aggregation over every operation; writing
 every operation's row is optional.
+
+On a cluster each Spark job costs seconds of scheduling, so the job runs as few as it can: with
+the direct read of a trace the driver can list (`listed_files`), two: the replay, whose groups'
+rows the driver collects (their problems, the summary: `summary_rows`, and the tasks' report
+come from them), and the summary's write. The summary returned is read back only when used.
 
 Each task also says what it did: its partition, where it ran (host, Python worker), its groups,
 and the wall and CPU seconds of its Python worker, of which getting its input (reading, checking
@@ -22,6 +27,7 @@ or hands them to `tasks`.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -35,6 +41,7 @@ import pyarrow as pa
 from pyspark import StorageLevel, TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from ._balance import assign, partition_keys
 from ._checks import horizon_limits
@@ -43,6 +50,7 @@ from ._direct import (
     decode_problems,
     direct_read_problem,
     encode_problems,
+    listed_files,
     purgatory_counts,
     task_input,
     trace_problem,
@@ -235,7 +243,7 @@ def replay(
             nothing.
 
     Returns:
-        The summary, read back from `out`.
+        The summary, read back from `out` when it is used (by purgatory, then configuration).
     """
     if not configs:
         raise ValueError("replay needs at least one configuration")
@@ -268,14 +276,6 @@ def replay(
         )
     by_id = dict(enumerate(configs))
     files = _direct_files(spark, trace_path, read) if balance and read != "spark" else None
-    grid = spark.createDataFrame(
-        [
-            (i, c.tick, c.wheel_size, c.purge_interval, c.timeout_scale, c.rate_scale, c.trigger)
-            for i, c in by_id.items()
-        ],
-        "config_id int, tick double, wheel_size int, purge_interval int, timeout_scale double, "
-        "rate_scale double, trigger string",
-    )
 
     def engine(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return replay_batches(
@@ -289,19 +289,20 @@ def replay(
             spark,
             trace_path,
             configs,
-            grid=grid,
+            grid=config_grid(spark, configs),
             partitions=partitions,
             balance=balance,
             engine=engine,
         )
-    if operations:  # read twice: the operations, then the groups' rows
+    if operations:  # read twice: the groups' rows, then the operations'
         result = result.persist(StorageLevel.MEMORY_AND_DISK)
-    # The groups' rows, read twice too: the summary, then the tasks' report.
-    groups = result.where(F.col("op_id").isNull()).persist(StorageLevel.MEMORY_AND_DISK)
     try:
+        # The groups' rows, a few per task: the problems, the summary and the tasks' report,
+        # all from this one job (the summary computed here, not by Spark jobs of its own).
+        with task_errors(), read_errors("trace file", trace_path):
+            found = result.where(F.col("op_id").isNull()).toArrow().to_pylist()
         if files is not None:
-            _raise_problems(groups, trace_path)
-        summary = _summary(groups, grid)
+            _raise_problems(found, trace_path)
         with (
             atomic_output(spark, out, overwrite=overwrite) as staging,
             read_errors("trace file", trace_path),
@@ -317,15 +318,83 @@ def replay(
                     "ended_at",
                     (F.col("ended_at") - F.col("watched_at")).alias("wait"),
                 ).write.parquet(f"{staging}/operations")
-            summary.coalesce(1).write.parquet(f"{staging}/summary")
-            done = _tasks(groups) if tasks is not None else []
+            write_summary(spark, summary_rows(found, by_id), staging)
     finally:
-        groups.unpersist()
         if operations:
             result.unpersist()
     if tasks is not None:
-        tasks(done)
-    return read_parquet(spark, f"{out}/summary").orderBy("purgatory", "config_id")
+        tasks(_tasks(found))
+    return read_summary(spark, out)
+
+
+def write_summary(spark: SparkSession, rows: Sequence[tuple[Any, ...]], staging: str) -> None:
+    """Write the summary `rows` (`summary_rows`) to ``staging/summary`` as one file, in
+    `SUMMARY_SCHEMA` (the schema `_summary` gives, without asking Spark's analyser for it)."""
+    frame = spark.createDataFrame(list(rows), SUMMARY_SCHEMA)
+    frame.coalesce(1).write.parquet(f"{staging}/summary")
+
+
+def read_summary(spark: SparkSession, out: str) -> DataFrame:
+    """The summary written to `out`, read back lazily: its schema given (nullable, as Spark
+    reads Parquet), so no Spark job infers it; read only when the caller uses it.
+
+    Ordered by purgatory and configuration in one partition (a row per group: small), so
+    that its first use is one Spark job, not a sort's sampling and shuffle (three).
+    """
+    nullable = T.StructType([T.StructField(f.name, f.dataType, True) for f in SUMMARY_SCHEMA])
+    frame = read_parquet(spark, f"{out}/summary", nullable)
+    return frame.coalesce(1).sortWithinPartitions("purgatory", "config_id")
+
+
+#: The configurations' table (`config_grid`): what `_summary` joins each group's row with.
+GRID_SCHEMA: Final = T.StructType(
+    [
+        T.StructField("config_id", T.IntegerType()),
+        T.StructField("tick", T.DoubleType()),
+        T.StructField("wheel_size", T.IntegerType()),
+        T.StructField("purge_interval", T.IntegerType()),
+        T.StructField("timeout_scale", T.DoubleType()),
+        T.StructField("rate_scale", T.DoubleType()),
+        T.StructField("trigger", T.StringType()),
+    ]
+)
+
+
+def _summary_schema() -> T.StructType:
+    """`_summary`'s schema as Spark's analyser gives it (the tests compare them): the group's
+    key never null, the outcomes no replay gives a literal 0, every other column nullable."""
+    types = {f.name: f.dataType for f in [*spark_schema(OUTPUT_SCHEMA).fields, *GRID_SCHEMA]}
+    renamed = {
+        "busy_seconds": "busy",
+        "pass_lateness_p50": "pass_late_p50",
+        "pass_lateness_p99": "pass_late_p99",
+        "pass_lateness_max": "pass_late_max",
+    }
+    fields = []
+    for name in REPLAY_SUMMARY_COLUMNS:
+        if name in COUNTS[3:]:
+            fields.append(T.StructField(name, T.LongType(), False))
+        elif name in ("expired_share", "missed_share", "utilisation"):
+            fields.append(T.StructField(name, T.DoubleType(), True))
+        else:
+            key = name in ("purgatory", "config_id")
+            fields.append(T.StructField(name, types[renamed.get(name, name)], not key))
+    return T.StructType(fields)
+
+
+#: The summary's schema (`REPLAY_SUMMARY_COLUMNS`), as `_summary` computes it.
+SUMMARY_SCHEMA: Final = _summary_schema()
+
+
+def config_grid(spark: SparkSession, configs: Sequence[ReplayConfig]) -> DataFrame:
+    """The configurations as a table, one row each by ``config_id`` (`GRID_SCHEMA`)."""
+    return spark.createDataFrame(
+        [
+            (i, c.tick, c.wheel_size, c.purge_interval, c.timeout_scale, c.rate_scale, c.trigger)
+            for i, c in enumerate(configs)
+        ],
+        GRID_SCHEMA,
+    )
 
 
 def _through_spark(
@@ -364,10 +433,14 @@ def _direct_files(spark: SparkSession, trace_path: str, read: str) -> list[str] 
     """The trace's files for the direct read (as Spark lists them), or ``None``: read through
     Spark, said on stderr (``read="auto"`` where the tasks cannot read them: `direct_read_problem`).
 
-    The trace's schema is checked here as `load_trace` checks it (Spark's inference), so a
-    missing or a mistyped column is reported in the same words on both paths.
+    The driver lists the files and reads their footers itself where it can be sure to find
+    what Spark's read would (`listed_files`: a local trace, on a session of its own JVM): no
+    Spark job. Otherwise the trace's schema is checked as `load_trace` checks it (Spark's
+    inference, a job), so a missing or a mistyped column is reported in the same words on
+    both paths.
     """
-    files = sorted(_read_trace(spark, trace_path).inputFiles())
+    found = None if is_connect(spark) else listed_files(trace_path)
+    files = found if found is not None else sorted(_read_trace(spark, trace_path).inputFiles())
     why = direct_read_problem(files)
     if why is None:
         return files
@@ -389,39 +462,43 @@ def _direct(
     """The job's rows, each task reading its groups' rows from the trace's files itself.
 
     The driver counts each purgatory's rows (that column alone) and assigns the groups to the
-    partitions (`assign`); the plan, a row per group, is placed a partition per task
-    (`partition_keys`), and ``mapInArrow`` over it runs `task_input` into the engine. The JVM
-    carries only the plan and the rows the engine emits. Rows without a purgatory are checked
+    partitions (`assign`); the plan, each partition's groups, is closed over by the tasks, one
+    per partition of `task_slots`, and ``mapInArrow`` over those runs `task_input` into the
+    engine. The JVM carries only the rows the engine emits. Rows without a purgatory are checked
     by the first task (they are all bad: the job fails naming the first).
     """
     counts = purgatory_counts(files, trace_path)
     by_id = dict(enumerate(configs))
     weights = {(name, i): n for name, n in counts.items() if name is not None for i in by_id}
     n = partitions if partitions is not None else max(1, min(_parallelism(spark), len(weights)))
-    keys = partition_keys(n)
-    rows: list[tuple[str | None, int | None, int]] = [
-        (name, config_id, keys[p]) for (name, config_id), p in sorted(assign(weights, n).items())
-    ]
+    plan: list[dict[str | None, list[int]]] = [{} for _ in range(n)]
+    for (name, config_id), p in sorted(assign(weights, n).items()):
+        plan[p].setdefault(name, []).append(config_id)
     if None in counts:
-        rows.append((None, None, keys[0]))
-    plan = spark.createDataFrame(
-        rows, "purgatory string, config_id int, _partition_key int"
-    ).repartition(n, "_partition_key")
+        plan[0].setdefault(None, [])
     limits = horizon_limits(configs)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         mine: dict[str | None, list[int]] = {}
         for batch in batches:
-            names, ids = batch.column("purgatory").to_pylist(), batch.column("config_id")
-            for name, config_id in zip(names, ids.to_pylist(), strict=True):
-                group = mine.setdefault(name, [])
-                if config_id is not None:
-                    group.append(config_id)
+            for slot in batch.column("id").to_pylist():
+                for name, config_ids in plan[slot].items():
+                    mine.setdefault(name, []).extend(config_ids)
         problems: list[dict[str, Any]] = []
         source = task_input(files, trace_path, mine, limits, problems)
         return with_problems(_reported(source, engine), problems, _DIRECT_SCHEMA)
 
-    return plan.mapInArrow(run, spark_schema(_DIRECT_SCHEMA))
+    return task_slots(spark, n).mapInArrow(run, spark_schema(_DIRECT_SCHEMA))
+
+
+def task_slots(spark: SparkSession, n: int) -> DataFrame:
+    """`n` partitions of one row each, partition p holding ``id`` p: a task per partition of a
+    plan that the tasks look up by that id (the plan closed over), placed without a shuffle.
+
+    (A plan of a row per group, repartitioned by `partition_keys`, was a shuffle: a Spark job
+    of its own before the replay's, seconds on a cluster.)
+    """
+    return spark.range(0, n, 1, n)
 
 
 def with_problems(
@@ -446,15 +523,11 @@ def with_problems(
         )
 
 
-def _raise_problems(groups: DataFrame, trace_path: str) -> None:
-    """Raise what the direct read's tasks found in the trace (`trace_problem`), if anything.
-
-    The first action on the job's rows; a `TraceError` that a task raises all the same is
-    raised as itself (`task_errors`).
-    """
-    with task_errors():
-        found = groups.where(F.col(PROBLEM).isNotNull()).select(PROBLEM).collect()
-    problems = [problem for row in found for problem in decode_problems(row[0])]
+def _raise_problems(found: Sequence[Mapping[str, Any]], trace_path: str) -> None:
+    """Raise what the direct read's tasks found in the trace (`trace_problem`), if anything,
+    from the job's groups' rows (`found`; a task's problems in a row of their own)."""
+    said = [row[PROBLEM] for row in found if row[PROBLEM] is not None]
+    problems = [problem for text in said for problem in decode_problems(text)]
     error = trace_problem(problems, trace_path)
     if error is not None:
         raise error
@@ -551,12 +624,12 @@ def _reported(
         yield pa.RecordBatch.from_arrays([*batch.columns, *extra], schema=schema)
 
 
-def _tasks(groups: DataFrame) -> list[ReplayTask]:
+def _tasks(found: Sequence[Mapping[str, Any]]) -> list[ReplayTask]:
     """Each task's `ReplayTask`, from its groups' rows (in the order it replayed them)."""
-    rows = groups.select("purgatory", "config_id", "operations", *TASK_SCHEMA.names).collect()
-    by_partition: dict[int, list[dict[str, Any]]] = {}
-    for row in sorted(rows, key=lambda r: (r["purgatory"], r["config_id"])):
-        by_partition.setdefault(row["task_partition"], []).append(row.asDict())
+    by_partition: dict[int, list[Mapping[str, Any]]] = {}
+    for row in sorted(found, key=lambda r: (r["purgatory"], r["config_id"])):
+        if row.get(PROBLEM) is None:
+            by_partition.setdefault(row["task_partition"], []).append(row)
     return [
         ReplayTask(
             partition=partition,
@@ -571,6 +644,54 @@ def _tasks(groups: DataFrame) -> list[ReplayTask]:
         )
         for partition, mine in sorted(by_partition.items())
     ]
+
+
+def summary_rows(
+    groups: Sequence[Mapping[str, Any]], by_id: Mapping[int, ReplayConfig]
+) -> list[tuple[Any, ...]]:
+    """The summary's rows (`REPLAY_SUMMARY_COLUMNS`, by purgatory then configuration) from
+    each group's own row (its task's, or its shards' merged): `_summary`'s columns, computed
+    here as Spark computes them (a share and the utilisation are IEEE divisions of the same
+    doubles), without a Spark job per step."""
+
+    def share(count: int | None, operations: int | None) -> float | None:
+        if count is None or operations is None:
+            return None
+        return count / max(operations, 1)
+
+    def utilisation(busy: float | None, span: float | None) -> float | None:
+        if span is None or not (span > 0 or math.isnan(span)):  # (Spark: NaN > 0)
+            return 0.0
+        return None if busy is None else busy / span
+
+    rows = []
+    for g in sorted(groups, key=lambda r: (r["purgatory"], r["config_id"])):
+        if g.get(PROBLEM) is not None:
+            continue
+        c = by_id[g["config_id"]]
+        values = {
+            "purgatory": g["purgatory"],
+            "config_id": g["config_id"],
+            "tick": c.tick,
+            "wheel_size": c.wheel_size,
+            "purge_interval": c.purge_interval,
+            "timeout_scale": c.timeout_scale,
+            "rate_scale": c.rate_scale,
+            "trigger": c.trigger,
+            **{name: g[name] for name in COUNTS[:3]},
+            **dict.fromkeys(COUNTS[3:], 0),
+            "expired_share": share(g["expired"], g["operations"]),
+            "missed": g["missed"],
+            "missed_share": share(g["missed"], g["operations"]),
+            **{name: g[name] for name in (*STATS, "peak_delayed", *GAUGES)},
+            "busy_seconds": g["busy"],
+            "utilisation": utilisation(g["busy"], g["span"]),
+            "pass_lateness_p50": g["pass_late_p50"],
+            "pass_lateness_p99": g["pass_late_p99"],
+            "pass_lateness_max": g["pass_late_max"],
+        }
+        rows.append(tuple(values[name] for name in REPLAY_SUMMARY_COLUMNS))
+    return rows
 
 
 def _summary(groups: DataFrame, grid: DataFrame) -> DataFrame:

@@ -9,7 +9,10 @@ operation counts, and under a purge interval above 0 the unsplit replay's purges
 carried into each shard's warm-up (`purgatory.pipeline._purge_carry`). Each shard's task needs
 its warm-up, its own range and the first operation of the next shard, and reads them itself
 (`shard_input`: the row groups outside the range skipped, checked as the groups job's tasks
-check theirs, sorted in the task); the JVM only deals the small plan out. What the tasks find
+check theirs, sorted in the task); the tasks, one per partition of a ``range``, look their
+shards up in the plan by their partition's id (no shuffle), and the summary is computed from the
+shards' rows the driver collects: two Spark jobs in all, the replay and the summary's write
+(and a second replay for boundaries that fall back). What the tasks find
 wrong comes back as the groups job's tasks say it, and is raised as `load_trace`'s error.
 
 With Spark's read (``read="spark"``, or where the tasks cannot read the files), `load_trace`
@@ -52,13 +55,16 @@ from ._job_replay import (
     _direct_files,
     _parallelism,
     _reported,
-    _summary,
+    read_summary,
+    summary_rows,
+    task_slots,
     with_problems,
+    write_summary,
 )
-from ._job_trace import load_trace, read_parquet
+from ._job_trace import load_trace
 from ._load import CostProfile
 from ._purge_carry import carry, trace_columns
-from ._replay import OUTPUT_SCHEMA, ReplayConfig
+from ._replay import ReplayConfig
 from ._shards import (
     SHARD_SCHEMA,
     Boundary,
@@ -131,14 +137,6 @@ def replay_split(
     trace, (ranges, longest, counts) = _plan(
         spark, trace_path, files, configs, shards, carried=carried, timed=timed
     )
-    grid = spark.createDataFrame(
-        [
-            (i, c.tick, c.wheel_size, c.purge_interval, c.timeout_scale, c.rate_scale, c.trigger)
-            for i, c in by_id.items()
-        ],
-        "config_id int, tick double, wheel_size int, purge_interval int, timeout_scale double, "
-        "rate_scale double, trigger string",
-    )
     n_tasks = partitions or max(1, min(_parallelism(spark), len(ranges)))
     rounds: list[tuple[DataFrame, set[Key]]] = []
 
@@ -177,19 +175,14 @@ def replay_split(
             merged = [
                 merge_shards(group_rows, costs is not None) for group_rows in by_group.values()
             ]
-        with timed("write"):
-            groups = spark.createDataFrame(
-                [tuple(m[name] for name in OUTPUT_SCHEMA.names) for m in merged],
-                spark_schema(OUTPUT_SCHEMA),
-            )
-            summary = _summary(groups, grid)
-            with (
-                atomic_output(spark, out, overwrite=overwrite) as staging,
-                read_errors("trace file", trace_path),
-            ):
-                if operations:
-                    _operations(spark, rounds, set(final)).write.parquet(f"{staging}/operations")
-                summary.coalesce(1).write.parquet(f"{staging}/summary")
+        with (
+            timed("write"),
+            atomic_output(spark, out, overwrite=overwrite) as staging,
+            read_errors("trace file", trace_path),
+        ):
+            if operations:
+                _operations(spark, rounds, set(final)).write.parquet(f"{staging}/operations")
+            write_summary(spark, summary_rows(merged, by_id), staging)
     finally:
         for result, _ in rounds:
             result.unpersist()
@@ -199,7 +192,7 @@ def replay_split(
         tasks(_tasks([rows[key] for key in sorted(final)]))
     if phases is not None:
         phases(timed.done)
-    return read_parquet(spark, f"{out}/summary").orderBy("purgatory", "config_id")
+    return read_summary(spark, out)
 
 
 Plan = tuple[dict[Key, ShardRange], dict[str, float], dict[str, int]]
@@ -335,8 +328,46 @@ def _run(
     weights = {key: counts[key[0]] // per_group[(key[0], key[1])] + 1 for key in todo}
     n = max(1, min(n_tasks, len(todo)))
     plan = assign(weights, n)
-    part_keys = partition_keys(n)
     reporting = min(by_id)  # (one configuration's shards report the bad rows: see shard_input)
+    ranges = dict(todo)
+    configs = dict(by_id)
+    schema = spark_schema(_JOB_SCHEMA)
+
+    def replay(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return _reported(
+            batches,
+            lambda timed: replay_shards(timed, configs, ranges, costs=costs, operations=operations),
+            _TASK_SCHEMA,
+        )
+
+    if files is not None:  # each task reads its shards' rows itself: no scan, shuffle or sort
+        paths, root = files
+        limits = horizon_limits(list(by_id.values()))
+        slots: list[list[ShardRead]] = [[] for _ in range(n)]
+        for (name, config_id, _), shard in sorted(todo.items()):
+            slots[plan[(name, config_id, shard.index)]].append(
+                ShardRead(
+                    purgatory=name,
+                    config_id=config_id,
+                    shard=shard.index,
+                    lo=shard.warmup_start(warmup_seconds(longest[name], by_id[config_id], warmup)),
+                    hi=shard.end,
+                    start=shard.start,
+                    end=shard.end,  # (its input ends at its end: the next shard's first arrival)
+                    report=config_id == reporting,
+                )
+            )
+
+        def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            ids = [slot for batch in batches for slot in batch.column("id").to_pylist()]
+            mine = [shard for slot in ids for shard in slots[slot]]
+            problems: list[dict[str, Any]] = []
+            source = shard_input(paths, root, mine, limits, problems)
+            return with_problems(replay(source), problems, _JOB_SCHEMA)
+
+        return task_slots(spark, n).mapInArrow(read, schema)
+    assert trace is not None
+    part_keys = partition_keys(n)
     shard_plan = spark.createDataFrame(
         [
             (
@@ -354,43 +385,6 @@ def _run(
         "purgatory string, config_id int, shard int, lo double, hi double, start double, "
         "report boolean, _partition_key int",
     )
-    ranges = dict(todo)
-    configs = dict(by_id)
-    schema = spark_schema(_JOB_SCHEMA)
-
-    def replay(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return _reported(
-            batches,
-            lambda timed: replay_shards(timed, configs, ranges, costs=costs, operations=operations),
-            _TASK_SCHEMA,
-        )
-
-    if files is not None:  # each task reads its shards' rows itself: no scan, shuffle or sort
-        paths, root = files
-        limits = horizon_limits(list(by_id.values()))
-
-        def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            mine = [
-                ShardRead(
-                    purgatory=r["purgatory"],
-                    config_id=r["config_id"],
-                    shard=r["shard"],
-                    lo=r["lo"],
-                    hi=r["hi"],
-                    start=r["start"],
-                    end=r["hi"],  # (its input ends at its end: the next shard's first arrival)
-                    report=r["report"],
-                )
-                for batch in batches
-                for r in batch.to_pylist()
-            ]
-            problems: list[dict[str, Any]] = []
-            source = shard_input(paths, root, mine, limits, problems)
-            return with_problems(replay(source), problems, _JOB_SCHEMA)
-
-        planned = shard_plan.repartition(n, "_partition_key")
-        return planned.mapInArrow(read, schema)
-    assert trace is not None
     plan_b = F.broadcast(shard_plan.withColumnRenamed("purgatory", "_p"))
     joined = trace.join(
         plan_b,

@@ -55,10 +55,12 @@ _NUMERIC = (*_INTEGRAL, T.FloatType, T.DoubleType, T.DecimalType)
 _ROW: Final = ("_file", "purgatory", "op_id", "arrival", "timeout", "condition_at")
 
 
-def read_parquet(spark: SparkSession, path: str) -> DataFrame:
+def read_parquet(spark: SparkSession, path: str, schema: T.StructType | None = None) -> DataFrame:
     """Read Parquet with page checksums verified (a read option: Spark passes it to the
-    reader's Hadoop configuration, on a classic session and on Spark Connect alike)."""
-    return spark.read.option(_VERIFY_PAGES, "true").parquet(path)
+    reader's Hadoop configuration, on a classic session and on Spark Connect alike). With
+    `schema` (the files' own), Spark infers none: no job until the frame is used."""
+    reader = spark.read.option(_VERIFY_PAGES, "true")
+    return (reader.schema(schema) if schema is not None else reader).parquet(path)
 
 
 def generate(spark: SparkSession, w1: W1, out: str, *, overwrite: bool = False) -> int:
