@@ -618,9 +618,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
 #: times they came, instead of the profile's drawn stalls: what the model predicts knowing
 #: when other processes took the loop's CPU, which no profile can know in advance.
 RUN_HELD: Final = "the run's hold-offs"
-#: The variant whose costs are all scaled by one factor so that the replay's busy CPU is the
-#: run's measured thread CPU (`given_cpu`): the model's tail given the right mean cost.
-RUN_CPU: Final = "the run's CPU (costs x factor)"
+#: The `RUN_HELD` variant with its costs all scaled by one factor so that the replay's busy
+#: CPU is the run's measured thread CPU (`given_cpu`): the model's tail given the right mean
+#: cost, and the hold-offs the run had.
+RUN_CPU: Final = "the run's hold-offs and CPU (costs x factor)"
 #: The shortest hold-off the `RUN_HELD` variant replays: shorter ones are a wake-up's
 #: scheduling latency, which the profile's ``wake_latency`` already draws.
 HELD: Final = 0.001
@@ -739,32 +740,31 @@ def _loop_cpu(sections: list[dict[str, Any]]) -> str:
         below = [row["factor"] for row in rows if edge is None or row["rate"] < edge]
         first, last = rows[0], rows[-1]
         factors = (
-            f"x{min(below):.2f} to x{max(below):.2f} of the replay's below the knee"
-            if below
-            else "no row below the knee"
+            f"x{min(below):.2f} to x{max(below):.2f} below the knee" if below else "no row below"
         )
         parts.append(
-            f"{section['workload'].name}: {factors}, past it x{last['factor']:.2f} at the "
-            f"highest rate; the application {first['application'] * 1e6:.1f} us an operation "
-            f"at {first['rate']:,.0f}/s, {last['application'] * 1e6:.1f} at "
+            f"{section['workload'].name}: {factors}, x{last['factor']:.2f} at the highest "
+            f"rate, the application {first['application'] * 1e6:.1f} us an operation at "
+            f"{first['rate']:,.0f}/s and {last['application'] * 1e6:.1f} at "
             f"{last['rate']:,.0f}/s"
         )
     return (
         "- **The loop's CPU below the knee** is more than the model charges (the "
         "utilisation column; said per section where it is more than 10 %), and that, more "
-        "than any distribution, is what puts the measured tail before the model's: in this "
-        "run the real loop's thread CPU was ("
+        "than any distribution, is what puts the measured tail before the model's. In this "
+        "run, for the replay's busy time to be the real loop's thread CPU, the model's costs "
+        "took a factor of ("
         + "; ".join(parts)
-        + "), the application's cost measured at each rate already in the replay; the "
-        "column given the run's CPU shows the tail with the costs scaled to it. Instrumented "
-        "on 2026-11-29 on a shared machine, the rest has parts the profile's means do not "
-        "hold: a condition's `check_and_complete` on a list of about 50 watchers cost 11 us "
-        "of CPU against the 4 us charged (its tries on operations out of the caches), a "
-        "wake-up with its callbacks 60 to 100 us against the profile's `wake` of 35 to 46, "
-        "and a purge pass of about 1,000 finished operations 0.4 to 1.5 ms (0.8 to 1.6 us an "
-        "entry removed) against 0.06 us an entry charged. None of these is in the profile: "
-        "each is a cost of cold caches that depends on the working set, which a calibration "
-        "on a small purgatory does not reproduce."
+        + "), the application's cost already measured at each rate (the tail tables' column "
+        "given the run's hold-offs and CPU). "
+        "Instrumented on 2026-11-29 on a shared machine, the rest has parts the profile's "
+        "means do not hold: a condition's `check_and_complete` on a list of about 50 watchers"
+        " cost 11 us of CPU against the 4 us charged (its tries on operations out of the "
+        "caches), a wake-up with its callbacks 60 to 100 us against the profile's `wake` of "
+        "35 to 46, and a purge pass of about 1,000 finished operations 0.4 to 1.5 ms (0.8 to "
+        "1.6 us an entry removed) against 0.06 us an entry charged. None of these is in the "
+        "profile: each is a cost of cold caches that depends on the working set, which a "
+        "calibration on a small purgatory does not reproduce."
     )
 
 
@@ -882,9 +882,9 @@ def _section(section: dict[str, Any]) -> list[str]:
         "of the drawn stalls: what the model predicts knowing when other processes took the "
         "loop's CPU, which no profile can know in advance; where the real loop fell far "
         "behind, its hold-offs came when the model's had caught up, and change little), and "
-        "given the run's CPU (the full profile with every cost scaled by one factor, shown, so "
-        "that the replay's busy time is the real loop's thread CPU: the model's tail given "
-        "the right mean cost at that rate, the stalls and latencies as measured); a **bold** "
+        "given the run's hold-offs and its CPU (the same, with every cost scaled by one "
+        "factor, shown, so that the replay's busy time is the real loop's thread CPU: the "
+        "model's tail given the right mean cost at that rate); a **bold** "
         "prediction misses the target below the knee. Every row's profile has the "
         "application's cost measured at its rate (the last but one column, us per "
         "operation).",
@@ -1037,10 +1037,12 @@ def validate(workload: Workload, profile: CostProfile, args: argparse.Namespace)
             for name, changes in VARIANTS.items()
         }
         held = tuple((start, h) for start, h in measured["holdoffs"] if h >= HELD)
-        variants[RUN_HELD] = predict(trace, replace(at_rate, stall=(), holdoffs=held))["late_p99"]
-        # And with the costs scaled to the run's own CPU: the model's tail given the right
-        # mean cost at this rate.
-        factor, matched = given_cpu(trace, at_rate, measured["cpu"], predicted)
+        run_held = replace(at_rate, stall=(), holdoffs=held)
+        first = predict(trace, run_held)
+        variants[RUN_HELD] = first["late_p99"]
+        # And besides, every cost scaled so that the replay's CPU is the run's: the model's
+        # tail given the right mean cost at this rate (and when the loop was held off).
+        factor, matched = given_cpu(trace, run_held, measured["cpu"], first)
         variants[RUN_CPU] = matched["late_p99"]
         rows.append(
             {
@@ -1056,7 +1058,7 @@ def validate(workload: Workload, profile: CostProfile, args: argparse.Namespace)
         print(
             f"{rate:9,.0f}/s application {application * 1e6:.2f} us (utilisation with the "
             f"profile's {profile.application * 1e6:.2f}: {100 * fixed:.2f} %); given the run's "
-            f"CPU: costs x{factor:.3f}, late p99 {matched['late_p99'] * 1e3:.2f} ms"
+            f"CPU and hold-offs: costs x{factor:.3f}, late p99 {matched['late_p99'] * 1e3:.2f} ms"
         )
         print(
             f"{rate:9,.0f}/s load {load} waited {100 * measured['waited']:.1f} % "
