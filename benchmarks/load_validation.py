@@ -19,7 +19,12 @@ pyarrow; no Spark). In one run, on this machine:
    events cost their kind's mean times a drawn factor and are held off the core by drawn
    stalls, and run at the speed of its window (the core's speed over time, as measured); and,
    for the expiry lateness's tail, with the profile's stalls left out, at one speed, and with
-   constant costs (`VARIANTS`), to show what each distribution changes.
+   constant costs (`VARIANTS`), to show what each distribution changes; with the run's own
+   hold-offs (`RUN_HELD`); and with those and every cost scaled by one factor so that the
+   replay's CPU is the run's (`RUN_CPU`, `given_cpu`): the tail given the right mean cost.
+   Each rate's profile has the application's cost at that rate: the same trace played first
+   without the purgatory (`application_overhead`); the saturation probe's, the one at
+   60,000/s, where the loop never idles.
 4. **Compare** per rate: expired share, wait p50/p99 (end minus watch), p99 expiry lateness
    (end minus deadline) and utilisation; and the saturation rate, on both sides the same two
    ways: from the overload (operations per CPU second in the most overloaded run, where the
