@@ -744,8 +744,10 @@ def _loop_cpu(sections: list[dict[str, Any]]) -> str:
         rows = section["rows"]
         below = [row["factor"] for row in rows if edge is None or row["rate"] < edge]
         first, last = rows[0], rows[-1]
-        span = f"x{min(below):.2f}" + (f" to x{max(below):.2f}" if len(below) > 1 else "")
-        factors = f"{span} below the knee" if below else "no row below the knee"
+        factors = "no row below the knee"
+        if below:
+            span = f" to x{max(below):.2f}" if len(below) > 1 else ""
+            factors = f"x{min(below):.2f}{span} below the knee"
         parts.append(
             f"{section['workload'].name}: {factors}, x{last['factor']:.2f} at the highest "
             f"rate, the application {first['application'] * 1e6:.1f} us an operation at "
