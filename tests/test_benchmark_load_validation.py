@@ -277,3 +277,15 @@ def test_the_loop_s_turns_and_its_sleeps_are_counted_at_its_selector() -> None:
         loop.run_until_complete(play())
     finally:
         loop.close()
+
+
+def test_a_section_with_no_row_below_the_knee_says_so_in_the_caveat_on_the_loop_s_cpu() -> None:
+    early = section(0)
+    early["saturation"]["knee"]["measured"] = 500.0
+    text = render(
+        [early, section(1)],
+        CostProfile(*(1e-6,) * 9),
+        {"environment": "a machine", "took": 10.0, "seconds": 2.0},
+    )
+    assert "(W1: no row below the knee, x1.02 at the highest rate, " in text
+    assert "; several timeouts: x1.10 to x1.25 below the knee, " in text
