@@ -803,9 +803,16 @@ def _caveats(
         row["measured"]["cpu"] / row["predicted"]["cpu"] for row in below if row["predicted"]["cpu"]
     )
     if ratios and statistics.median(ratios) > 1 + BUSIER:
+        low, high = 100 * (ratios[0] - 1), 100 * (ratios[-1] - 1)
+        # (A row below the knee can have used less CPU than the replay: its sign is said.)
+        span = (
+            f"{low:.0f} to {high:.0f} % more than"
+            if low >= 0
+            else f"{low:+.0f} to {high:+.0f} % off"
+        )
         said.append(
             f"- **The real loop is busier below the knee than the model**: its thread's CPU "
-            f"was {100 * (ratios[0] - 1):.0f} to {100 * (ratios[-1] - 1):.0f} % more than "
+            f"was {span} "
             "the replay's busy time in the rows below the knee (the utilisation column): the "
             "real loop works nearer its knee than the model's, so a spell of a slower core "
             "or a hold-off sends it further behind, and its expiry-lateness tail there is "

@@ -153,6 +153,14 @@ def test_the_report_says_when_the_machine_was_shared_or_the_profile_ran_under_an
     assert text.count("operations per CPU second at overload are -33.3 % from") == 1
     assert text.count("**The real loop is busier below the knee than the model**") == 1
     assert "its thread's CPU was 20 to 30 % more than the replay's busy time" in text
+    # A row below the knee that used less CPU than the replay is said with its sign.
+    busy["rows"][0]["measured"]["cpu"] = 0.95
+    text = render(
+        [busy, section(1)],
+        CostProfile(*(1e-6,) * 9),
+        {"environment": "a machine", "took": 10.0, "seconds": 2.0},
+    )
+    assert "its thread's CPU was -5 to +30 % off the replay's busy time" in text
     # (Said once for the section, and what is known of where it goes once for the report.)
     assert text.count("**The loop's CPU below the knee**") == 1
 
