@@ -19,7 +19,12 @@ pyarrow; no Spark). In one run, on this machine:
    events cost their kind's mean times a drawn factor and are held off the core by drawn
    stalls, and run at the speed of its window (the core's speed over time, as measured); and,
    for the expiry lateness's tail, with the profile's stalls left out, at one speed, and with
-   constant costs (`VARIANTS`), to show what each distribution changes.
+   constant costs (`VARIANTS`), to show what each distribution changes; with the run's own
+   hold-offs (`RUN_HELD`); and with those and every cost scaled by one factor so that the
+   replay's CPU is the run's (`RUN_CPU`, `given_cpu`): the tail given the right mean cost.
+   Each rate's profile has the application's cost at that rate: the same trace played first
+   without the purgatory (`application_overhead`); the saturation probe's, the one at
+   60,000/s, where the loop never idles.
 4. **Compare** per rate: expired share, wait p50/p99 (end minus watch), p99 expiry lateness
    (end minus deadline) and utilisation; and the saturation rate, on both sides the same two
    ways: from the overload (operations per CPU second in the most overloaded run, where the
@@ -61,7 +66,7 @@ from purgatory.pipeline import W1, ReplayConfig, replay_table
 from purgatory.pipeline._calibrate import FlagOp, calibrate
 from purgatory.pipeline._chart import saturation_mark, saturation_rate
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
-from purgatory.pipeline._load import CostProfile
+from purgatory.pipeline._load import COST_KINDS, CostProfile
 
 from .environment import describe_environment, load_average
 
@@ -427,23 +432,109 @@ def measure(trace: pa.Table, iterations: int) -> dict[str, Any]:
     }
 
 
-def application_overhead(trace: pa.Table, iterations: int, dispatch: float) -> float:
-    """The application's own CPU seconds per operation, beyond the loop's dispatch of its
-    arrival and condition callbacks: `trace` played (past saturation, so the loop never
-    idles) with the purgatory taken out.
+class _Turns:
+    """The loop's turns during a run, counted at its selector: every turn of asyncio's loop
+    calls ``select`` once, with a timeout of 0 when work is ready, and a longer one (or
+    none) when it goes to sleep until its next timer (a wake-up, in the model's terms)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.selector: Any = getattr(loop, "_selector", None)
+        self.select: Any = None
+        self.turns = 0
+        self.sleeps = 0
+
+    def __call__(self, timeout: float | None = None) -> Any:
+        self.turns += 1
+        if timeout is None or timeout > 0:
+            self.sleeps += 1
+        return self.select(timeout)
+
+    def __enter__(self) -> _Turns:
+        if self.selector is not None:
+            self.select = self.selector.select
+            self.selector.select = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.selector is not None:
+            del self.selector.select
+
+
+def application_overhead(trace: pa.Table, iterations: int, profile: CostProfile) -> float:
+    """The application's own CPU seconds per operation: `trace` played with the purgatory
+    taken out, less what the model charges the loop for it (`profile`'s ``dispatch`` of each
+    arrival and condition callback, ``iteration`` of each of the loop's turns, and ``wake``
+    of each turn that slept, counted at the selector).
 
     What the harness does around the purgatory (the busy loop, reading the clock, creating the
     operation, scheduling its condition as a timer, popping timers from a heap holding every
     arrival of the run, noting each operation's end) is the application's work here, to be
-    charged per arrival.
+    charged per arrival. Its cost per operation depends on the rate (measured on a shared
+    machine: 23 to 25 us at 10,000/s of W1, 17.6 at 60,000/s), cold caches between arrivals
+    far apart: the load validation measures it at each rate it plays, on that rate's trace.
     """
 
-    async def main() -> tuple[_Run, dict[str, float]]:
+    async def main() -> tuple[_Run, dict[str, float], _Turns]:
         run = _Run(trace, iterations, stub=True)
-        return run, await run.play()
+        with _Turns(run.loop) as turns:
+            cpu = await run.play()
+        return run, cpu, turns
 
-    run, cpu = asyncio.run(main())
-    return cpu["cpu"] / run.n - dispatch * (1 + run.triggers / run.n)
+    run, cpu, turns = asyncio.run(main())
+    loop = (
+        profile.dispatch * (run.n + run.triggers)
+        + profile.iteration * turns.turns
+        + profile.wake * turns.sleeps
+    )
+    return max(0.0, cpu["cpu"] - loop) / run.n
+
+
+def scale_costs(profile: CostProfile, factor: float) -> CostProfile:
+    """`profile` with every cost of `COST_KINDS` (the per-event costs, ``wake``,
+    ``iteration``, ``application``, ``timer_pass``...) multiplied by `factor`: the same work
+    dearer or cheaper on average. What is not CPU stays as measured: the stalls and hold-offs
+    (durations), the wake-up latency, the selector's resolution; so do the shapes (factors
+    over the mean) and the core's speed over time, and ``stall_basis`` (a dearer event is
+    held off proportionally more often, as per CPU second)."""
+    if not factor > 0:
+        raise ValueError(f"a cost factor must be positive, got {factor!r}")
+    return replace(profile, **{kind: getattr(profile, kind) * factor for kind in COST_KINDS})
+
+
+#: How many replays `given_cpu` makes to find its factor: the replay's busy time is
+#: near-linear in the costs, less so where a dearer loop batches more events per wake-up.
+MATCH_ROUNDS: Final = 3
+
+
+def given_cpu(
+    trace: pa.Table, profile: CostProfile, cpu: float, first: dict[str, Any] | None = None
+) -> tuple[float, dict[str, Any]]:
+    """The replay of `trace` with `profile`'s costs scaled by one factor so that its busy CPU
+    is `cpu` (the real loop's thread CPU over the same trace): the factor and the replay.
+
+    `first` is the replay with `profile` as it is, if already made. The first step scales by
+    the ratio of `cpu` to its busy time; the next ones go along the secant of the last two
+    (the busy time grows less than the costs where a dearer loop wakes less often), for
+    `MATCH_ROUNDS` replays in all.
+    """
+    predicted = first if first is not None else predict(trace, profile)
+    if not predicted["cpu"] > 0 or not cpu > 0:
+        return 1.0, predicted
+    # (factor, its replay's busy time): the last two replayed.
+    last, last_cpu = 1.0, predicted["cpu"]
+    factor = cpu / last_cpu
+    for i in range(MATCH_ROUNDS):
+        if i:
+            busy = predicted["cpu"]
+            step = (
+                factor + (cpu - busy) * (factor - last) / (busy - last_cpu)
+                if busy != last_cpu
+                else factor * cpu / busy
+            )
+            last, last_cpu = factor, busy
+            factor = step if step > 0 else factor * cpu / busy
+        predicted = predict(trace, scale_costs(profile, factor))
+    return factor, predicted
 
 
 def predict(trace: pa.Table, profile: CostProfile) -> dict[str, Any]:
@@ -532,6 +623,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
 #: times they came, instead of the profile's drawn stalls: what the model predicts knowing
 #: when other processes took the loop's CPU, which no profile can know in advance.
 RUN_HELD: Final = "the run's hold-offs"
+#: The `RUN_HELD` variant with its costs all scaled by one factor so that the replay's busy
+#: CPU is the run's measured thread CPU (`given_cpu`): the model's tail given the right mean
+#: cost, and the hold-offs the run had.
+RUN_CPU: Final = "the run's hold-offs and CPU (costs x factor)"
 #: The shortest hold-off the `RUN_HELD` variant replays: shorter ones are a wake-up's
 #: scheduling latency, which the profile's ``wake_latency`` already draws.
 HELD: Final = 0.001
@@ -551,11 +646,14 @@ def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, 
         "",
         f"- Machine: {run['environment']}; run took {run['took']:.0f} s.",
         f"- Profile: {profile.describe()}.",
-        f"- {run['seconds']:g} s of arrivals per rate. Application work per arrival, in the "
-        f"profile: {profile.application * 1e6:.1f} us, measured by playing a trace at 60,000/s "
-        "with the purgatory taken out (a busy loop, reading the clock, creating the operation, "
-        "scheduling its condition as a timer, and timers popped from a heap holding every "
-        "arrival of the run), minus the loop's dispatch of its callbacks.",
+        f"- {run['seconds']:g} s of arrivals per rate. Application work per arrival: each "
+        "row's trace played first with the purgatory taken out (a busy loop, reading the "
+        "clock, creating the operation, scheduling its condition as a timer, and timers "
+        "popped from a heap holding every arrival of the run), minus what the model charges "
+        "the loop for it (the dispatch of its callbacks, its turns and wake-ups, counted at "
+        "the selector); the row's profile has that row's (the tail tables' column). The "
+        f"saturation probe's profile has {profile.application * 1e6:.1f} us, measured so at "
+        "60,000/s, where the loop never idles.",
         "- The last three columns are measured only: the share of the run the loop's thread "
         "was runnable but waiting for a CPU held by another process (Linux schedstat), the "
         "share it had work due but neither ran nor waited (a virtual machine's CPU taken by "
@@ -613,24 +711,7 @@ def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, 
         "whether one came, and when: the tail replayed with the run's own hold-offs, at the "
         "times they came, shows what the model makes of them. The overload's rate is "
         "compared in operations per CPU second, which that wait does not change.",
-        "- **The loop's CPU below the knee** is more than the model charges (the "
-        "utilisation column; said per section where it is more than 10 %), and that, more "
-        "than any distribution, is what puts the measured tail before the model's: at W1's "
-        "31,464/s (a run with no hold-off over 0.7 ms) the real loop was 84 % busy against "
-        "the replay's 63 %, and its lateness p99 24 ms against 6. Instrumented (this "
-        "session, a shared machine), the gap has parts the profile's means do not hold: a "
-        "condition's `check_and_complete` on a list of about 50 watchers cost 11 us of CPU "
-        "(a counter in each try included) against the 4 us charged (its tries on "
-        "operations out of the caches: `calibrate`'s "
-        "`attempt` came out 0.07 to 0.17 us a try from one round to the next, 0.5 us with "
-        "the caches emptied between checks); the harness alone (the purgatory taken out) "
-        "cost 23 to 25 us an operation at 10,000/s against 17.6 at 60,000/s, a wake-up "
-        "with its callbacks 60 to 100 us against the profile's `wake` of 35 to 46 (measured "
-        "with lighter ones); and a purge pass of about 1,000 finished operations took 0.4 "
-        "to 1.5 ms (0.8 to 1.6 us an entry removed, most of the queue's operations already "
-        "off their lists) against 0.06 us an entry charged. None of these is in the profile "
-        "yet: each is a cost of cold caches that depends on the working set, which a "
-        "calibration on a small purgatory does not reproduce.",
+        _loop_cpu(sections),
         "- **The cyclic garbage collector** runs no pass during these runs (the column): on "
         "CPython before 3.13 a pass is triggered by the tracked objects' growth (allocations "
         "minus deallocations) by 700, and here every arrival frees its timer handle, made "
@@ -643,6 +724,54 @@ def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, 
         "",
     ]
     return "\n".join(lines)
+
+
+def _edge(section: dict[str, Any]) -> float | None:
+    """Where a section's rows stop being scored: the measured knee (or, without one in the
+    range, the overload's rate)."""
+    saturation = section["saturation"]
+    edge: float | None = saturation["knee"]["measured"] or saturation["overload"]["measured"]
+    return edge
+
+
+def _loop_cpu(sections: list[dict[str, Any]]) -> str:
+    """The caveat on the loop's CPU below the knee: this run's own figures (the factor the
+    costs took to match each row's CPU, the application's cost at each rate), and the parts
+    instrumented once."""
+    parts = []
+    for section in sections:
+        edge = _edge(section)
+        rows = section["rows"]
+        below = [row["factor"] for row in rows if edge is None or row["rate"] < edge]
+        first, last = rows[0], rows[-1]
+        factors = "no row below the knee"
+        if below:
+            span = f" to x{max(below):.2f}" if len(below) > 1 else ""
+            factors = f"x{min(below):.2f}{span} below the knee"
+        parts.append(
+            f"{section['workload'].name}: {factors}, x{last['factor']:.2f} at the highest "
+            f"rate, the application {first['application'] * 1e6:.1f} us an operation at "
+            f"{first['rate']:,.0f}/s and {last['application'] * 1e6:.1f} at "
+            f"{last['rate']:,.0f}/s"
+        )
+    return (
+        "- **The loop's CPU below the knee** is more than the model charges (the "
+        "utilisation column; said per section where it is more than 10 %), and that, more "
+        "than any distribution, is what puts the measured tail before the model's. In this "
+        "run, for the replay's busy time to be the real loop's thread CPU, the model's costs "
+        "took a factor of ("
+        + "; ".join(parts)
+        + "), the application's cost already measured at each rate (the tail tables' column "
+        "given the run's hold-offs and CPU). "
+        "Instrumented on 2026-11-29 on a shared machine, the rest has parts the profile's "
+        "means do not hold: a condition's `check_and_complete` on a list of about 50 watchers"
+        " cost 11 us of CPU against the 4 us charged (its tries on operations out of the "
+        "caches), a wake-up with its callbacks 60 to 100 us against the profile's `wake` of "
+        "35 to 46, and a purge pass of about 1,000 finished operations 0.4 to 1.5 ms (0.8 to "
+        "1.6 us an entry removed) against 0.06 us an entry charged. None of these is in the "
+        "profile: each is a cost of cold caches that depends on the working set, which a "
+        "calibration on a small purgatory does not reproduce."
+    )
 
 
 #: A run whose loop waited for a CPU longer than this share of it (the median of the rows)
@@ -674,9 +803,16 @@ def _caveats(
         row["measured"]["cpu"] / row["predicted"]["cpu"] for row in below if row["predicted"]["cpu"]
     )
     if ratios and statistics.median(ratios) > 1 + BUSIER:
+        low, high = 100 * (ratios[0] - 1), 100 * (ratios[-1] - 1)
+        # (A row below the knee can have used less CPU than the replay: its sign is said.)
+        span = (
+            f"{low:.0f} to {high:.0f} % more than"
+            if low >= 0
+            else f"{low:+.0f} to {high:+.0f} % off"
+        )
         said.append(
             f"- **The real loop is busier below the knee than the model**: its thread's CPU "
-            f"was {100 * (ratios[0] - 1):.0f} to {100 * (ratios[-1] - 1):.0f} % more than "
+            f"was {span} "
             "the replay's busy time in the rows below the knee (the utilisation column): the "
             "real loop works nearer its knee than the model's, so a spell of a slower core "
             "or a hold-off sends it further behind, and its expiry-lateness tail there is "
@@ -702,7 +838,7 @@ def _section(section: dict[str, Any]) -> list[str]:
     over, knee = section["saturation"]["overload"], section["saturation"]["knee"]
     # Rows are scored below where the measured loop becomes fully busy (or, without a knee in
     # the range, below the overload's rate).
-    edge = knee["measured"] or over["measured"]
+    edge = _edge(section)
     lines = [
         "",
         f"## {workload.name}",
@@ -758,26 +894,32 @@ def _section(section: dict[str, Any]) -> list[str]:
         f"{HELD * 1e3:g} ms or more its loop waited for a CPU, at the times they came, instead "
         "of the drawn stalls: what the model predicts knowing when other processes took the "
         "loop's CPU, which no profile can know in advance; where the real loop fell far "
-        "behind, its hold-offs came when the model's had caught up, and change little); a "
-        "**bold** prediction misses the target below the knee.",
+        "behind, its hold-offs came when the model's had caught up, and change little), and "
+        "given the run's hold-offs and its CPU (the same, with every cost scaled by one "
+        "factor, shown, so that the replay's busy time is the real loop's thread CPU: the "
+        "model's tail given the right mean cost at that rate); a **bold** "
+        "prediction misses the target below the knee. Every row's profile has the "
+        "application's cost measured at its rate (the last but one column, us per "
+        "operation).",
         "",
         "| offered /s | measured | "
-        + " | ".join(["full profile", *VARIANTS, RUN_HELD])
-        + " | load average |",
-        "|---:|---:|" + "---:|" * (2 + len(VARIANTS)) + "---:|",
+        + " | ".join(["full profile", *VARIANTS, RUN_HELD, RUN_CPU])
+        + " | application us | load average |",
+        "|---:|---:|" + "---:|" * (4 + len(VARIANTS)) + "---:|",
     ]
     for row in rows:
         below = edge is not None and row["rate"] < edge
         measured = row["measured"]["late_p99"]
         cells = []
-        names = [*VARIANTS, RUN_HELD]
+        names = [*VARIANTS, RUN_HELD, RUN_CPU]
         for value in (row["predicted"]["late_p99"], *(row["variants"][n] for n in names)):
             text = f"{value * 1000:.2f}"
             cells.append(f"**{text}**" if below and not within(value, measured, 0.002) else text)
+        cells[-1] += f" (x{row['factor']:.2f})"
         tail.append(
             f"| {row['rate']:,.0f}{'' if below else ' (past)'} | {measured * 1000:.2f} | "
             + " | ".join(cells)
-            + f" | {row['load']} |"
+            + f" | {row['application'] * 1e6:.1f} | {row['load']} |"
         )
     return [
         *lines,
@@ -894,24 +1036,42 @@ def validate(workload: Workload, profile: CostProfile, args: argparse.Namespace)
         rate = share * guess
         trace = workload.trace(rate, max(200, int(rate * args.seconds)))
         load = load_average()
+        # The application's cost at this rate (the same trace without the purgatory), in
+        # place of the one measured past saturation.
+        application = application_overhead(trace, args.app_iterations, profile)
+        at_rate = replace(profile, application=application)
         measured = measure(trace, args.app_iterations)
-        predicted = predict(trace, profile)
+        predicted = predict(trace, at_rate)
+        fixed = predict(trace, profile)["utilisation"]
         # What the distributions change: the same replay without the stalls, and with neither
         # (constant costs, as a profile of version 3 replays).
         variants = {
-            name: predict(trace, replace(profile, **changes))["late_p99"]
+            name: predict(trace, replace(at_rate, **changes))["late_p99"]
             for name, changes in VARIANTS.items()
         }
         held = tuple((start, h) for start, h in measured["holdoffs"] if h >= HELD)
-        variants[RUN_HELD] = predict(trace, replace(profile, stall=(), holdoffs=held))["late_p99"]
+        run_held = replace(at_rate, stall=(), holdoffs=held)
+        first = predict(trace, run_held)
+        variants[RUN_HELD] = first["late_p99"]
+        # And besides, every cost scaled so that the replay's CPU is the run's: the model's
+        # tail given the right mean cost at this rate (and when the loop was held off).
+        factor, matched = given_cpu(trace, run_held, measured["cpu"], first)
+        variants[RUN_CPU] = matched["late_p99"]
         rows.append(
             {
                 "rate": rate,
                 "measured": measured,
                 "predicted": predicted,
                 "variants": variants,
+                "factor": factor,
+                "application": application,
                 "load": load,
             }
+        )
+        print(
+            f"{rate:9,.0f}/s application {application * 1e6:.2f} us (utilisation with the "
+            f"profile's {profile.application * 1e6:.2f}: {100 * fixed:.2f} %); given the run's "
+            f"CPU and hold-offs: costs x{factor:.3f}, late p99 {matched['late_p99'] * 1e3:.2f} ms"
         )
         print(
             f"{rate:9,.0f}/s load {load} waited {100 * measured['waited']:.1f} % "
@@ -961,7 +1121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile = calibrate("asyncio", quick=args.quick)
     busy = application_cost(args.app_iterations)
     stub = WORKLOADS[0].trace(60_000.0, int(60_000 * 0.6 * args.seconds))
-    app = application_overhead(stub, args.app_iterations, profile.dispatch)
+    app = application_overhead(stub, args.app_iterations, profile)
     print(f"application: {app * 1e6:.2f} us per arrival, of which the busy loop {busy * 1e6:.2f}")
     profile = replace(profile, application=app)
     print(profile.describe(), flush=True)

@@ -3,14 +3,32 @@ themselves are wall-clock measurements, not tested here)."""
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
 import pytest
 
-from benchmarks.load_validation import RUN_HELD, VARIANTS, WORKLOADS, HoldOffs, render
-from purgatory.pipeline._load import CostProfile
+from benchmarks.load_validation import (
+    RUN_CPU,
+    RUN_HELD,
+    VARIANTS,
+    WORKLOADS,
+    HoldOffs,
+    _Turns,
+    given_cpu,
+    predict,
+    render,
+    scale_costs,
+)
+from purgatory.pipeline._load import (
+    COST_KINDS,
+    LATENCY_QUANTILES,
+    SHAPE_QUANTILES,
+    CostProfile,
+)
 
 
 def test_the_several_timeouts_workload_draws_each_timeout_seeded() -> None:
@@ -51,13 +69,16 @@ def section(index: int) -> dict[str, Any]:
             "rate": rate,
             "measured": stats(measured, utilisation) | {"waited": 0.05},
             "predicted": stats(predicted, utilisation),
-            "variants": dict.fromkeys([*VARIANTS, RUN_HELD], 0.002) | {RUN_HELD: measured},
+            "variants": dict.fromkeys([*VARIANTS, RUN_HELD], 0.002)
+            | {RUN_HELD: measured, RUN_CPU: cpu_late},
+            "factor": factor,
+            "application": application,
             "load": "1.00/1.00/1.00",
         }
-        for rate, measured, predicted, utilisation in (
-            (1000.0, 0.003, 0.0031, 0.2),
-            (2000.0, 0.010, 0.0095, 0.9),
-            (3000.0, 0.050, 0.0200, 0.95),
+        for rate, measured, predicted, utilisation, cpu_late, factor, application in (
+            (1000.0, 0.003, 0.0031, 0.2, 0.0032, 1.25, 24e-6),
+            (2000.0, 0.010, 0.0095, 0.9, 0.0070, 1.1, 20e-6),
+            (3000.0, 0.050, 0.0200, 0.95, 0.0500, 1.02, 17.5e-6),
         )
     ]
     return {
@@ -87,12 +108,25 @@ def test_the_report_has_a_section_per_workload_and_scores_the_tail_by_variant() 
     # Below the knee (2,500/s) the full profile is within the target; the no-stall, constant-costs
     # and one-speed variants (2 ms against 10 ms measured at 2,000/s) are not, and are marked.
     # The variant given the run's hold-offs is scored as the others.
+    # The variant given the run's CPU is scored too, and says its factor; each row says the
+    # application's cost at its rate.
     assert (
-        "| 2,000 | 10.00 | 9.50 | **2.00** | **2.00** | **2.00** | 10.00 | 1.00/1.00/1.00 |" in text
+        "| 2,000 | 10.00 | 9.50 | **2.00** | **2.00** | **2.00** | 10.00 | **7.00** (x1.10) "
+        "| 20.0 | 1.00/1.00/1.00 |" in text
     )
-    assert "| 1,000 | 3.00 | 3.10 | 2.00 | 2.00 | 2.00 | 3.00 | 1.00/1.00/1.00 |" in text
+    assert (
+        "| 1,000 | 3.00 | 3.10 | 2.00 | 2.00 | 2.00 | 3.00 | 3.20 (x1.25) | 24.0 "
+        "| 1.00/1.00/1.00 |" in text
+    )
     # Past the knee nothing is scored.
-    assert "| 3,000 (past) | 50.00 | 20.00 | 2.00 | 2.00 | 2.00 | 50.00 | 1.00/1.00/1.00 |" in text
+    assert (
+        "| 3,000 (past) | 50.00 | 20.00 | 2.00 | 2.00 | 2.00 | 50.00 | 50.00 (x1.02) | 17.5 "
+        "| 1.00/1.00/1.00 |" in text
+    )
+    # The caveat on the loop's CPU gives this run's factors below the knee and the
+    # application's cost at the lowest and highest rates, per section.
+    assert text.count("(W1: x1.10 to x1.25 below the knee, x1.02 at the highest rate, ") == 1
+    assert text.count("the application 24.0 us an operation at 1,000/s and 17.5 at 3,000/s") == 2
     # Each row says how long its loop was held off at most, and the collector's passes.
     assert "| 5.0, 1.0, 12.5 | 0, 0.0 | 1.00/1.00/1.00 |" in text
     assert text.count("Below the knee: 0 cell(s) outside the target.") == 2
@@ -119,6 +153,14 @@ def test_the_report_says_when_the_machine_was_shared_or_the_profile_ran_under_an
     assert text.count("operations per CPU second at overload are -33.3 % from") == 1
     assert text.count("**The real loop is busier below the knee than the model**") == 1
     assert "its thread's CPU was 20 to 30 % more than the replay's busy time" in text
+    # A row below the knee that used less CPU than the replay is said with its sign.
+    busy["rows"][0]["measured"]["cpu"] = 0.95
+    text = render(
+        [busy, section(1)],
+        CostProfile(*(1e-6,) * 9),
+        {"environment": "a machine", "took": 10.0, "seconds": 2.0},
+    )
+    assert "its thread's CPU was -5 to +30 % off the replay's busy time" in text
     # (Said once for the section, and what is known of where it goes once for the report.)
     assert text.count("**The loop's CPU below the knee**") == 1
 
@@ -164,3 +206,94 @@ def test_a_hold_off_is_a_wait_for_a_cpu_or_time_off_it_while_work_was_due() -> N
     assert held.spells == [pytest.approx((0.014, 0.006)), pytest.approx((0.028, 0.002))]
     assert held.unaccounted == pytest.approx(0.001)
     assert held.longest() == pytest.approx(0.006)
+
+
+def tiny_profile() -> CostProfile:
+    """Constant costs (no shape, stall or speed), the selector's millisecond."""
+    return CostProfile(
+        dispatch=2e-6,
+        wake=30e-6,
+        watch=1e-6,
+        watch_key=0.1e-6,
+        attempt=0.1e-6,
+        completion=0.5e-6,
+        expiry=0.4e-6,
+        timer_pass=10e-6,
+        purged_entry=0.1e-6,
+        application=15e-6,
+        iteration=0.7e-6,
+        wake_resolution=0.001,
+        wake_latency=(50e-6,) * len(LATENCY_QUANTILES),
+        stall=tuple(1e-5 * p for p in SHAPE_QUANTILES),
+        stall_basis=5e-6,
+    )
+
+
+def test_scaling_the_costs_scales_every_cost_and_nothing_else() -> None:
+    profile = tiny_profile()
+    doubled = scale_costs(profile, 2.0)
+    for kind in COST_KINDS:
+        assert getattr(doubled, kind) == pytest.approx(2 * getattr(profile, kind))
+    # Durations and what is not CPU stay as measured.
+    assert doubled.stall == profile.stall
+    assert doubled.wake_latency == profile.wake_latency
+    assert doubled.wake_resolution == profile.wake_resolution
+    assert doubled.stall_basis == profile.stall_basis
+    with pytest.raises(ValueError, match="positive"):
+        scale_costs(profile, 0.0)
+
+
+def test_the_replay_given_a_cpu_has_that_busy_time() -> None:
+    # A tiny trace at a low rate, waking exactly on time: every event finds the loop idle
+    # (none is due while another runs, at 50/s with events of tens of us), wakes it and pays
+    # for it, so the busy time is linear in the costs. (No stall: it adds no CPU.)
+    trace = WORKLOADS[0].trace(50.0, 300)
+    profile = replace(tiny_profile(), stall=(), wake_resolution=0.0, wake_latency=())
+    plain = predict(trace, profile)
+    assert predict(trace, profile)["cpu"] == plain["cpu"]  # (deterministic)
+    assert predict(trace, scale_costs(profile, 1.5))["cpu"] == pytest.approx(
+        1.5 * plain["cpu"], rel=1e-6
+    )
+    factor, matched = given_cpu(trace, profile, 1.3 * plain["cpu"], plain)
+    assert factor == pytest.approx(1.3, rel=1e-6)
+    assert matched["cpu"] == pytest.approx(1.3 * plain["cpu"], rel=1e-6)
+    # At a rate where a dearer loop batches more events per wake-up, its busy time grows
+    # less than its costs: the factor is refined until the busy time is the one asked for.
+    busy = WORKLOADS[0].trace(20_000.0, 4_000)
+    first = predict(busy, profile)
+    assert predict(busy, scale_costs(profile, 1.4))["cpu"] < 1.3 * first["cpu"]
+    factor, matched = given_cpu(busy, profile, 1.3 * first["cpu"])
+    assert matched["cpu"] == pytest.approx(1.3 * first["cpu"], rel=0.01)
+    assert factor > 1.4
+
+
+def test_the_loop_s_turns_and_its_sleeps_are_counted_at_its_selector() -> None:
+    # (The stock asyncio loop, as the load validation runs: uvloop has no selector to count.)
+    loop = asyncio.SelectorEventLoop()
+
+    async def play() -> None:
+        with _Turns(loop) as turns:
+            for _ in range(3):  # a task yielding: turns with work ready, no sleep
+                await asyncio.sleep(0)
+            assert (turns.turns, turns.sleeps) == (3, 0)
+            await asyncio.sleep(0.001)  # nothing ready until a timer: the loop sleeps
+            assert turns.sleeps >= 1
+            assert turns.turns >= 3 + turns.sleeps
+        assert "select" not in vars(turns.selector)  # (the selector's own again)
+
+    try:
+        loop.run_until_complete(play())
+    finally:
+        loop.close()
+
+
+def test_a_section_with_no_row_below_the_knee_says_so_in_the_caveat_on_the_loop_s_cpu() -> None:
+    early = section(0)
+    early["saturation"]["knee"]["measured"] = 500.0
+    text = render(
+        [early, section(1)],
+        CostProfile(*(1e-6,) * 9),
+        {"environment": "a machine", "took": 10.0, "seconds": 2.0},
+    )
+    assert "(W1: no row below the knee, x1.02 at the highest rate, " in text
+    assert "; several timeouts: x1.10 to x1.25 below the knee, " in text
