@@ -26,8 +26,7 @@ pyarrow; no Spark). In one run, on this machine:
    without the purgatory, `application_overhead`) and shown, not given to the model: every
    row's profile has the one figure measured at 60,000/s, where the loop never idles. (Given
    to the model row by row, on 2026-11-29, the per-rate figure moved from row to row by more
-   than its effect, 18.2 us at 70,000/s against the real loop's 16.8 us for the whole of an
-   operation, purgatory included, and put the overload's rate 21-23 % off.)
+   than its effect: 21.2 us at 10,000/s, 25.9 at 20,000/s, 18.6 at 30,000/s in one run.)
 4. **Compare** per rate: expired share, wait p50/p99 (end minus watch), p99 expiry lateness
    (end minus deadline) and utilisation; and the saturation rate, on both sides the same two
    ways: from the overload (operations per CPU second in the most overloaded run, where the
