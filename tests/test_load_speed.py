@@ -18,10 +18,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from load_support import gauges, w1_trace
 
-from purgatory.pipeline import W1, ReplayConfig, replay_table
+from purgatory.pipeline import ReplayConfig, replay_table
 from purgatory.pipeline._calibrate import speed_of
-from purgatory.pipeline._generate import chunk_plan, generate_chunk
 from purgatory.pipeline._load import COST_KINDS, CostProfile, load_profile, profile_from_json
 from purgatory.pipeline._shards import split_table
 
@@ -49,24 +49,6 @@ CONFIG = {0: ReplayConfig(tick=MS)}
 #: (20 ms windows), as the validation's machine was slowed: a spell lands in any 0.5 s of a
 #: trace, wherever the group lays the sequence.
 SPELLS = (1.0,) * 20 + (1.8,) * 5
-
-
-def w1_trace(rate: float, seconds: float = 1.5, purgatories: int = 1) -> pa.Table:
-    """The validation's workload: 100 keys, 3 keys per operation, 200 ms timeouts."""
-    w1 = W1(
-        purgatories=purgatories,
-        operations=int(rate * seconds),
-        rate=rate,
-        keys=100,
-        keys_per_op=3,
-        never=0.05,
-        seed=7,
-    )
-    return pa.Table.from_batches([generate_chunk(w1, chunk) for chunk in chunk_plan(w1)])
-
-
-def gauges(table: pa.Table) -> dict[str, dict[str, float]]:
-    return {r["purgatory"]: r for r in table.filter(pc.is_null(table["op_id"])).to_pylist()}
 
 
 def test_one_speed_throughout_replays_as_no_speed_at_all() -> None:

@@ -20,10 +20,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from load_support import gauges, w1_trace
 
-from purgatory.pipeline import W1, ReplayConfig, replay_table
+from purgatory.pipeline import ReplayConfig, replay_table
 from purgatory.pipeline._calibrate import shape_and_stall
-from purgatory.pipeline._generate import chunk_plan, generate_chunk
 from purgatory.pipeline._load import (
     COST_KINDS,
     SHAPE_QUANTILES,
@@ -59,24 +59,6 @@ WIDE = (0.4, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.5, 2.0, 30.0, 60.0, 100.0, 150.0)
 #: preempting process.
 STALLS = (0.0,) * 9 + (1 * MS, 2 * MS, 4 * MS, 6 * MS)
 CONFIG = {0: ReplayConfig(tick=MS)}
-
-
-def w1_trace(rate: float, seconds: float = 1.5, purgatories: int = 1) -> pa.Table:
-    """The validation's workload: 100 keys, 3 keys per operation, 200 ms timeouts."""
-    w1 = W1(
-        purgatories=purgatories,
-        operations=int(rate * seconds),
-        rate=rate,
-        keys=100,
-        keys_per_op=3,
-        never=0.05,
-        seed=7,
-    )
-    return pa.Table.from_batches([generate_chunk(w1, chunk) for chunk in chunk_plan(w1)])
-
-
-def gauges(table: pa.Table) -> dict[str, dict[str, float]]:
-    return {r["purgatory"]: r for r in table.filter(pc.is_null(table["op_id"])).to_pylist()}
 
 
 def test_a_wide_cost_distribution_gives_a_longer_tail_than_a_constant_one_of_its_mean() -> None:
