@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from spark_support import CONFIGS, small_w1, write_trace
 
 from purgatory.pipeline import ReplayConfig, generate, replay, replay_table
@@ -30,13 +31,13 @@ from purgatory.pipeline._direct import listed_files
 from purgatory.pipeline._frames import spark_schema
 from purgatory.pipeline._job_replay import (
     SUMMARY_SCHEMA,
-    _summary,
     config_grid,
     read_summary,
     summary_rows,
 )
 from purgatory.pipeline._replay import OUTPUT_SCHEMA
 from purgatory.pipeline._shards import Boundary
+from purgatory.pipeline._summary import COUNTS, GAUGES, REPLAY_SUMMARY_COLUMNS, STATS, share
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,37 @@ def trace(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path
     path = tmp_path_factory.mktemp("jobs") / "trace"
     generate(spark, small_w1(1500, seed=4, chunk=500), str(path))
     return path
+
+
+def _summary(groups: DataFrame, grid: DataFrame) -> DataFrame:
+    """The summary as Spark computes it from each group's own row (what the replay computed so
+    before `summary_rows`): the reference `summary_rows` and `SUMMARY_SCHEMA` are held to."""
+    return (
+        groups.select(
+            "purgatory",
+            "config_id",
+            "operations",
+            "completed",
+            "expired",
+            *(F.lit(0).cast("long").alias(name) for name in COUNTS[3:]),
+            share("expired"),
+            "missed",
+            share("missed"),
+            *STATS,
+            "peak_delayed",
+            *GAUGES,
+            F.col("busy").alias("busy_seconds"),
+            F.when(F.col("span") > 0, F.col("busy") / F.col("span"))
+            .otherwise(0.0)
+            .alias("utilisation"),
+            F.col("pass_late_p50").alias("pass_lateness_p50"),
+            F.col("pass_late_p99").alias("pass_lateness_p99"),
+            F.col("pass_late_max").alias("pass_lateness_max"),
+        )
+        .join(grid, "config_id")
+        .select(*REPLAY_SUMMARY_COLUMNS)
+        .orderBy("purgatory", "config_id")
+    )
 
 
 def test_the_driver_lists_the_files_spark_lists(spark: SparkSession, trace: Path) -> None:

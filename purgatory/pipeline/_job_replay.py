@@ -60,7 +60,7 @@ from ._job_trace import _read_trace, load_trace, read_parquet
 from ._load import CostProfile
 from ._replay import OUTPUT_SCHEMA, ReplayConfig, replay_batches
 from ._spark import atomic_output, is_connect
-from ._summary import COUNTS, GAUGES, REPLAY_SUMMARY_COLUMNS, STATS, share
+from ._summary import COUNTS, GAUGES, REPLAY_SUMMARY_COLUMNS, STATS
 
 if TYPE_CHECKING:
     from ._shards import Boundary
@@ -329,7 +329,8 @@ def replay(
 
 def write_summary(spark: SparkSession, rows: Sequence[tuple[Any, ...]], staging: str) -> None:
     """Write the summary `rows` (`summary_rows`) to ``staging/summary`` as one file, in
-    `SUMMARY_SCHEMA` (the schema `_summary` gives, without asking Spark's analyser for it)."""
+    `SUMMARY_SCHEMA` (the schema Spark's own summary query gives, without asking Spark's
+    analyser for it)."""
     frame = spark.createDataFrame(list(rows), SUMMARY_SCHEMA)
     frame.coalesce(1).write.parquet(f"{staging}/summary")
 
@@ -346,7 +347,7 @@ def read_summary(spark: SparkSession, out: str) -> DataFrame:
     return frame.coalesce(1).sortWithinPartitions("purgatory", "config_id")
 
 
-#: The configurations' table (`config_grid`): what `_summary` joins each group's row with.
+#: The configurations' table (`config_grid`): what a Spark summary joins each group's row with.
 GRID_SCHEMA: Final = T.StructType(
     [
         T.StructField("config_id", T.IntegerType()),
@@ -361,7 +362,8 @@ GRID_SCHEMA: Final = T.StructType(
 
 
 def _summary_schema() -> T.StructType:
-    """`_summary`'s schema as Spark's analyser gives it (the tests compare them): the group's
+    """The schema Spark's analyser gives a summary query of the groups' rows (the tests compare
+    them): the group's
     key never null, the outcomes no replay gives a literal 0, every other column nullable."""
     types = {f.name: f.dataType for f in [*spark_schema(OUTPUT_SCHEMA).fields, *GRID_SCHEMA]}
     renamed = {
@@ -382,7 +384,7 @@ def _summary_schema() -> T.StructType:
     return T.StructType(fields)
 
 
-#: The summary's schema (`REPLAY_SUMMARY_COLUMNS`), as `_summary` computes it.
+#: The summary's schema (`REPLAY_SUMMARY_COLUMNS`), as a Spark summary query computes it.
 SUMMARY_SCHEMA: Final = _summary_schema()
 
 
@@ -650,7 +652,7 @@ def summary_rows(
     groups: Sequence[Mapping[str, Any]], by_id: Mapping[int, ReplayConfig]
 ) -> list[tuple[Any, ...]]:
     """The summary's rows (`REPLAY_SUMMARY_COLUMNS`, by purgatory then configuration) from
-    each group's own row (its task's, or its shards' merged): `_summary`'s columns, computed
+    each group's own row (its task's, or its shards' merged): the columns a Spark summary query gives, computed
     here as Spark computes them (a share and the utilisation are IEEE divisions of the same
     doubles), without a Spark job per step."""
 
@@ -692,33 +694,3 @@ def summary_rows(
         }
         rows.append(tuple(values[name] for name in REPLAY_SUMMARY_COLUMNS))
     return rows
-
-
-def _summary(groups: DataFrame, grid: DataFrame) -> DataFrame:
-    """The summary rows of `REPLAY_SUMMARY_COLUMNS` from each group's own row (its task's)."""
-    return (
-        groups.select(
-            "purgatory",
-            "config_id",
-            "operations",
-            "completed",
-            "expired",
-            *(F.lit(0).cast("long").alias(name) for name in COUNTS[3:]),
-            share("expired"),
-            "missed",
-            share("missed"),
-            *STATS,
-            "peak_delayed",
-            *GAUGES,
-            F.col("busy").alias("busy_seconds"),
-            F.when(F.col("span") > 0, F.col("busy") / F.col("span"))
-            .otherwise(0.0)
-            .alias("utilisation"),
-            F.col("pass_late_p50").alias("pass_lateness_p50"),
-            F.col("pass_late_p99").alias("pass_lateness_p99"),
-            F.col("pass_late_max").alias("pass_lateness_max"),
-        )
-        .join(grid, "config_id")
-        .select(*REPLAY_SUMMARY_COLUMNS)
-        .orderBy("purgatory", "config_id")
-    )
