@@ -652,9 +652,9 @@ def summary_rows(
     groups: Sequence[Mapping[str, Any]], by_id: Mapping[int, ReplayConfig]
 ) -> list[tuple[Any, ...]]:
     """The summary's rows (`REPLAY_SUMMARY_COLUMNS`, by purgatory then configuration) from
-    each group's own row (its task's, or its shards' merged): the columns a Spark summary query gives, computed
-    here as Spark computes them (a share and the utilisation are IEEE divisions of the same
-    doubles), without a Spark job per step."""
+    each group's own row (its task's, or its shards' merged): the columns a Spark summary
+    query gives, computed here as Spark computes them (a share and the utilisation are IEEE
+    divisions of the same doubles), without a Spark job per step."""
 
     def share(count: int | None, operations: int | None) -> float | None:
         if count is None or operations is None:
