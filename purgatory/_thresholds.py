@@ -139,9 +139,10 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
 
     The reference, whole, is `_PyThresholdWatchers`. Where the core is built, `ThresholdWatchers`
     is its twin over the C core, which has its own queue (a C ring and a C heap, sifted as
-    `heapq` sifts) and its own `add`, `release`, `pop`, `push`, `unpush`, `clear` and `compact`;
-    the cold reads (``len``, iteration, ``repr``, `holds`, `check_orders`, `_check`) are these
-    functions, which read ``run`` and ``heap`` as copies there.
+    `heapq` sifts) and its own `add`, `release`, `pop_head`, `pop`, `push`, `unpush`,
+    `recount`, `clear` and `compact`; the cold reads (``len``, iteration, ``repr``, `holds`,
+    `check_orders`, `_check`) are these functions, which read ``run`` and ``heap`` as copies
+    there.
     """
 
     __slots__ = ()
@@ -263,7 +264,7 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
                         break
                     if not heap or heap[0] is not threshold:
                         continue
-                    _heappop(heap)
+                    self.pop_head(threshold, lists)
                 else:
                     if not threshold <= reached:
                         break
@@ -276,7 +277,7 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
                     break
                 if not heap or heap[0] is not threshold:
                     continue
-                _heappop(heap)
+                self.pop_head(threshold, lists)
             else:
                 break
             waiting = at.pop(threshold, None)
@@ -293,14 +294,45 @@ class ThresholdWatchers(_ThresholdCore, Generic[Op]):
             else:
                 plain[waiting] = None
 
+    def pop_head(self, threshold: Any, lists: _Lists) -> None:
+        """Pop `threshold`, the heap's head, for a release. If the pop's sift raises (a
+        threshold's comparison), the head is off the heap already: its operations are released
+        all the same before the error propagates, or nothing would release them again (a lost
+        wake-up), the heap is ordered again, and the dead entries are counted again (the
+        sift's comparison may have cancelled or triggered the key)."""
+        try:
+            _heappop(self.heap)
+        except BaseException:
+            try:
+                waiting = self.at.pop(threshold, [])
+                for op in waiting if type(waiting) is list else [waiting]:
+                    if op._state & FINISHED:
+                        lists.left(op)
+                    else:
+                        self.plain[op] = None
+                heapq.heapify(self.heap)  # (the sift stopped half way)
+            finally:
+                self.recount()
+            raise
+
     def push(self, threshold: Any) -> None:
         """Queue an out-of-order `threshold` in the heap (``TypeError`` if it does not compare:
-        then nothing is queued)."""
+        then nothing is queued). A comparison in the push's sift may trigger the key, whose
+        release can pop `threshold` before it is in ``at``: the dead entries are counted again
+        when the push fails."""
         try:
             heapq.heappush(self.heap, threshold)
         except BaseException:
-            self.unpush(threshold)
+            try:
+                self.unpush(threshold)
+            finally:
+                self.recount()
             raise
+
+    def recount(self) -> None:
+        """Count the dead entries again from the queue and ``at`` (every threshold in ``at``
+        is queued), after a sift that user code interrupted."""
+        self.dead = len(self.run) + len(self.heap) - len(self.at)
 
     def unpush(self, threshold: Any) -> None:
         """Undo a push of `threshold` that raised, which may have left it anywhere in the

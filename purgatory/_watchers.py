@@ -55,7 +55,6 @@ list), so a compaction costs O(1) per entry dropped.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
@@ -79,7 +78,6 @@ _MISSING: Any = object()
 # (one class on the pure build); a type test accepts either, a container is made by `_Thresholds`.
 _THRESHOLDS = (_PyThresholdWatchers, ThresholdWatchers)
 _COLLECTIONS = (dict, *_THRESHOLDS)
-_heappush = heapq.heappush
 
 
 class _ListsCore:
@@ -215,11 +213,7 @@ class WatcherLists(_ListsCore, Generic[Op]):
                         if not heap and (not run or run[-1] <= threshold):
                             run.append(threshold)
                         else:
-                            try:
-                                _heappush(heap, threshold)
-                            except BaseException:
-                                ops.unpush(threshold)
-                                raise
+                            ops.push(threshold)
                         at[threshold] = op
                     elif waiting is op:
                         listed -= 1

@@ -209,8 +209,34 @@ marks_unpush(ThresholdObject *t, PyObject *threshold)
     return marks_heapify(t);
 }
 
+/* ThresholdWatchers.recount(): the dead entries counted again from the queue and `at` (every
+ * threshold in `at` is queued), after a sift that user code interrupted. */
+static void
+threshold_recount(ThresholdObject *t)
+{
+    t->dead = t->run_len + t->heap_len - (t->at != NULL ? PyDict_GET_SIZE(t->at) : 0);
+}
+
+/* Raise `exc` (taken), or, if `failed` (-1), the error raised since with `exc` as its context
+ * (what Python shows for an error in an `except` block). Always -1. */
+static int
+raise_after(PyObject *exc, int failed)
+{
+    if (failed < 0) {
+        PyObject *later = fetch_exception();
+        PyException_SetContext(later, exc); /* (steals exc) */
+        restore_exception(later);
+    }
+    else {
+        restore_exception(exc);
+    }
+    return -1;
+}
+
 /* ThresholdWatchers.push(threshold): into the heap, taken out again if the push raised (its
- * sift may have left it anywhere). 0, or -1 with nothing queued. */
+ * sift may have left it anywhere), and the dead entries counted again: a comparison in the
+ * sift may have triggered the key, whose release can pop `threshold` before it is in `at`.
+ * 0, or -1 with nothing queued. */
 static int
 threshold_push(ThresholdObject *t, PyObject *threshold)
 {
@@ -218,12 +244,9 @@ threshold_push(ThresholdObject *t, PyObject *threshold)
         return 0;
     }
     PyObject *exc = fetch_exception();
-    if (marks_unpush(t, threshold) < 0) {
-        Py_DECREF(exc);
-        return -1;
-    }
-    restore_exception(exc);
-    return -1;
+    int err = marks_unpush(t, threshold);
+    threshold_recount(t);
+    return raise_after(exc, err);
 }
 
 /* Queue a new `threshold`: the run's tail if the heap is empty and it is at least the run's
@@ -443,6 +466,41 @@ release_head(ThresholdObject *t, PyObject *reached, PyObject **head, int *from_h
     return 1;
 }
 
+/* The heap's pop of `threshold` for a release raised (its sift, a threshold's comparison): the
+ * head is off the heap already, so its operations are released all the same, or nothing would
+ * release them again (a lost wake-up); then the heap is ordered again and the dead entries
+ * counted again (`ThresholdWatchers.pop_head`). Always -1, the pop's error raised. */
+static int
+threshold_pop_failed(NativeState *st, ThresholdObject *t, PyObject *lists, PyObject *threshold)
+{
+    PyObject *exc = fetch_exception();
+    int err = release_at(st, t, lists, threshold);
+    if (err == 0) {
+        err = marks_heapify(t);
+    }
+    threshold_recount(t);
+    return raise_after(exc, err);
+}
+
+/* ThresholdWatchers.pop_head(threshold, lists): the heap's head, `threshold` (held by the
+ * caller), popped for a release; if the pop raises, `threshold_pop_failed`. 0 or -1. */
+static int
+threshold_pop_head(NativeState *st, ThresholdObject *t, PyObject *threshold, PyObject *lists)
+{
+    PyObject *taken = NULL;
+    if (t->heap_len) {
+        taken = marks_pop(t);
+    }
+    else {
+        PyErr_SetString(PyExc_IndexError, "index out of range"); /* (heapq's, on an empty list) */
+    }
+    if (taken == NULL) {
+        return threshold_pop_failed(st, t, lists, threshold);
+    }
+    Py_DECREF(taken);
+    return 0;
+}
+
 /* ThresholdWatchers.release(reached, lists): every threshold <= reached, in order, its
  * operations into `plain` (finished ones leave: `lists.left`). `t` is held by the caller. */
 static int
@@ -463,12 +521,13 @@ threshold_release(NativeState *st, ThresholdObject *t, PyObject *reached, PyObje
             Py_DECREF(threshold);
             continue;
         }
-        PyObject *taken = from_heap ? marks_pop(t) : marks_run_popleft(t);
-        if (taken == NULL) {
+        if (!from_heap) {
+            Py_DECREF(marks_run_popleft(t)); /* (`threshold` is the same object, still held) */
+        }
+        else if (threshold_pop_head(st, t, threshold, lists) < 0) {
             Py_DECREF(threshold);
             return -1;
         }
-        Py_DECREF(taken); /* (`threshold` is the same object, still held) */
         int err = release_at(st, t, lists, threshold);
         Py_DECREF(threshold);
         if (err < 0) {
@@ -863,6 +922,30 @@ threshold_release_method(PyObject *self, PyTypeObject *defining_class, PyObject 
     return threshold_done(self, threshold_release(st, t, given[0], given[1]), Py_None);
 }
 
+/* pop_head(threshold, lists), each by position or by name. */
+static PyObject *
+threshold_pop_head_method(PyObject *self, PyTypeObject *defining_class, PyObject *const *args,
+                          Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"threshold", "lists"};
+    PyObject *given[2];
+    THRESHOLD_SELF(self)
+    THRESHOLD_STATE(defining_class)
+    if (threshold_args("pop_head", names, 2, args, nargs, kwnames, given) < 0) {
+        return NULL;
+    }
+    Py_INCREF(self);
+    return threshold_done(self, threshold_pop_head(st, t, given[0], given[1]), Py_None);
+}
+
+static PyObject *
+threshold_recount_method(PyObject *self, PyObject *unused)
+{
+    THRESHOLD_SELF(self)
+    threshold_recount(t);
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 threshold_push_method(PyObject *self, PyObject *threshold)
 {
@@ -918,6 +1001,12 @@ static PyMethodDef threshold_methods[] = {
     {"release", (PyCFunction)(void (*)(void))threshold_release_method,
      METH_METHOD | METH_FASTCALL | METH_KEYWORDS,
      "release(reached, lists)\n--\n\nRelease every threshold <= reached, in order."},
+    {"pop_head", (PyCFunction)(void (*)(void))threshold_pop_head_method,
+     METH_METHOD | METH_FASTCALL | METH_KEYWORDS,
+     "pop_head(threshold, lists)\n--\n\nPop `threshold`, the heap's head, for a release (its "
+     "operations released even if the pop's sift raises)."},
+    {"recount", threshold_recount_method, METH_NOARGS,
+     "recount()\n--\n\nCount the dead entries again from the queue and `at`."},
     {"push", threshold_push_method, METH_O,
      "push(threshold)\n--\n\nQueue an out-of-order `threshold` in the heap."},
     {"unpush", threshold_unpush_method, METH_O,
