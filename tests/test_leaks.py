@@ -5,9 +5,10 @@ time the path runs; the pure-Python modules cannot, so these tests run on both a
 native one. Two kinds of work:
 
 - scenarios, one path each, the hot ones and the error ones: watch and force, watch and expire,
-  triggers, thresholds (one, mixed, released and left waiting), cancel_for_key, purge, drain,
-  shutdown, an awaited watch, an event log; a try_complete, on_complete or on_expiration that
-  raises, a key whose __hash__ or __eq__ raises, refused arguments, a closed purgatory;
+  triggers, thresholds (one, mixed, released and left waiting, a comparison that raises in a
+  sift), cancel_for_key, purge, drain, shutdown, an awaited watch, an event log; a
+  try_complete, on_complete or on_expiration that raises, a key whose __hash__ or __eq__
+  raises, refused arguments, a closed purgatory;
 - the differential test's programs (tests/differential_worker.py: every kind of operation,
   raising and re-entrant callbacks, async attempts, drains, shutdowns, bad arguments), drawn from
   fixed seeds.
@@ -251,6 +252,46 @@ async def threshold_float_and_tuple(w: World) -> None:
     assert w.p.check_and_complete("f", 3.0) == 1
 
 
+class Fragile(int):
+    """An int threshold whose `countdown`-th comparison, once armed, raises ``TypeError``."""
+
+    countdown = 0
+
+    def _compared(self) -> None:
+        if Fragile.countdown > 0:
+            Fragile.countdown -= 1
+            if Fragile.countdown == 0:
+                raise TypeError("no order")
+
+    def __lt__(self, other: object) -> bool:
+        self._compared()
+        return int(self) < other  # type: ignore[operator]
+
+    def __le__(self, other: object) -> bool:
+        self._compared()
+        return int(self) <= other  # type: ignore[operator]
+
+    __hash__ = int.__hash__
+
+
+async def threshold_comparison_raises(w: World) -> None:
+    """A threshold's comparison raises in the heap's sift: as a watch pushes it (the 12th
+    comparison: 10 of the order check, the run's tail, then the sift) and as a release pops
+    the head (the 3rd: the heads, the reach, then the sift); what was taken is released."""
+    ops = [Op() for _ in range(6)]
+    for op, at in zip(ops[:5], (100, 50, 40, 30, 20), strict=True):
+        w.watch(op, ("s",), threshold=Fragile(at))
+    Fragile.countdown = 12
+    raises(lambda: w.watch(ops[5], ("s",), threshold=Fragile(10)), TypeError)
+    Fragile.countdown = 3
+    raises(lambda: w.p.check_and_complete("s", 35), TypeError)
+    Fragile.countdown = 0
+    for op in ops[:5]:
+        op.ready = True
+    assert w.p.check_and_complete("s", 1000) == 5
+    ops[5].force_complete()
+
+
 async def cancel_for_key(w: World) -> None:
     ops = [Op(), Op(), Op()]
     w.watch(ops[0], ("a",))
@@ -380,6 +421,7 @@ SCENARIOS: dict[str, Callable[[World], Awaitable[None]]] = {
         threshold,
         thresholds_mixed,
         threshold_float_and_tuple,
+        threshold_comparison_raises,
         cancel_for_key,
         purge,
         drain,
