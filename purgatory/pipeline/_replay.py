@@ -594,8 +594,11 @@ class _LoadedGroup(_Group):
         self.load.set(start)
         costs = self.costs
         event = 4 * op.op_id + _CONDITION
+        # (The application's work for the callback: scheduled when its operation began to
+        # wait, and run whatever the purgatory then finds.)
+        base = costs.dispatch + costs.application_condition
         if op.ended:  # expired or completed already: the event finds nothing to do
-            self._served(start, costs.dispatch, False, event)
+            self._served(start, base, False, event)
             return
         op.ready = True
         attempts = self.attempts
@@ -606,7 +609,7 @@ class _LoadedGroup(_Group):
             self.purgatory.check_and_complete(op.keys[0])
         done = len(self.waits) - finished
         tries = self.attempts - attempts - done
-        cost = costs.dispatch + tries * costs.attempt + done * costs.completion
+        cost = base + tries * costs.attempt + done * costs.completion
         self._served(start, cost, False, event)
 
     def prepare(self, t: float) -> None:
