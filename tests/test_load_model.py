@@ -480,7 +480,10 @@ def test_calibrate_quick_writes_a_profile_that_loads(
     medians of paired rounds, never negative, with their spread (test_pipeline_calibrate.py
     tests the estimator with fake timings)."""
     out = tmp_path / "profile.json"
-    argv = ["calibrate", "--out", str(out), "--quick", "--application-cost", "0.00002"]
+    argv = [
+        *("calibrate", "--out", str(out), "--quick", "--application-cost", "0.00002"),
+        *("--application-condition-cost", "0.000004"),
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     profile = load_profile(str(out))
     data = json.loads(out.read_text())
@@ -498,6 +501,7 @@ def test_calibrate_quick_writes_a_profile_that_loads(
     assert data["loop"] == "asyncio"
     assert data["python"].startswith("CPython") or data["python"]
     assert profile.application == 0.00002
+    assert profile.application_condition == 0.000004
     # Every cost measured directly is a real, positive CPU time; a solved one (a difference
     # of runs) is never negative, and every measured cost has its spread.
     for kind in ("dispatch", "attempt", "completion", "purged_entry"):

@@ -419,7 +419,9 @@ class _LoadedGroup(_Group):
     arrival), each from ``busy_until``. The reaper's timer only wakes the reaper's task: its
     pass runs first in the next iteration, after every callback collected with its timer. What
     an event costs is counted from the work it did: the tries (``attempts``), the operations it
-    finished, the expiries of a pass and the entries it purged; an iteration costs the
+    finished, the expiries of a pass and the entries it purged (and a condition callback the
+    application's own work for it, ``application_condition``, whatever it finds: none is
+    scheduled for an operation completed at its watch); an iteration costs the
     profile's ``iteration``, plus ``wake`` when it followed a sleep; with the core's speed over
     time in the profile (``speed``), every cost times the factor of the window it starts in.
     """
