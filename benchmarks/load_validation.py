@@ -527,11 +527,13 @@ def application_overhead(
 
     Apart, because they are not done as often: a loop that is behind completes an operation
     whose condition has already come at its watch and schedules no callback for it. Measured
-    past saturation (W1 at 64,135/s on 2026-11-29) the real loop ran 0.10 to 0.15 condition
-    callbacks an operation, the stub playing the same trace 0.91: one figure per operation
-    from the stub charged the model's overloaded loop for about 0.8 callbacks an operation
-    it does not run (3.3 us each, beside 11.7 us for the rest of an operation, in the same
-    minute), and put the overload's rate 16 to 22 % low.
+    past saturation on 2026-11-29 (W1 at 64,000/s, a load average of 1.5 to 1.7), the real
+    loop ran 0.10 to 0.15 condition callbacks an operation, the stub playing the same trace
+    0.91; and 3.3 us a callback beside 11.7 us for the rest of an operation, in the same
+    minute. One figure per operation from the stub charged the model's overloaded loop for
+    about 0.8 callbacks an operation that it does not run either: replayed with the quiet
+    run's means (19f2110's file), the overload's rate came out 16 to 22 % low with one figure
+    and 2 to 6 % with two.
 
     The costs depend on the rate (cold caches between arrivals far apart: on a shared
     machine, 23 to 25 us an operation at 10,000/s of W1 with its conditions, 17.6 at
