@@ -532,8 +532,9 @@ def application_overhead(
     0.91; and 3.3 us a callback beside 11.7 us for the rest of an operation, in the same
     minute. One figure per operation from the stub charged the model's overloaded loop for
     about 0.8 callbacks an operation that it does not run either: replayed with the quiet
-    run's means (19f2110's file), the overload's rate came out 16 to 22 % low with one figure
-    and 2 to 6 % with two.
+    run's means (19f2110's file, constant costs), the overload's rate came out 16 to 22 % low
+    with its one figure of 18.2 us and 2 to 6 % low with it split in the proportions measured
+    here (14.4 us an operation, 4.2 a callback).
 
     The costs depend on the rate (cold caches between arrivals far apart: on a shared
     machine, 23 to 25 us an operation at 10,000/s of W1 with its conditions, 17.6 at
