@@ -24,7 +24,9 @@ pyarrow; no Spark). In one run, on this machine:
    replay's CPU is the run's (`RUN_CPU`, `given_cpu`): the tail given the right mean cost.
    The application's cost alone is measured at each rate too (the same trace played first
    without the purgatory, `application_overhead`) and shown, not given to the model: every
-   row's profile has the one figure measured at 60,000/s, where the loop never idles. (Given
+   row's profile has the figures measured at `STUB_RATE`, where the loop never idles, one
+   per operation and one per condition callback (a loop that is behind schedules none for
+   an operation whose condition has come by its watch, so that part is not per operation). (Given
    to the model row by row, on 2026-11-29, the per-rate figure moved from row to row by more
    than its effect: 21.2 us at 10,000/s, 25.9 at 20,000/s, 18.6 at 30,000/s in one run.)
 4. **Compare** per rate: expired share, wait p50/p99 (end minus watch), p99 expiry lateness
@@ -315,12 +317,17 @@ class Collections:
 class _Run:
     """One trace played on the running loop: every operation's watch, end and outcome."""
 
-    def __init__(self, trace: pa.Table, iterations: int, stub: bool = False) -> None:
+    def __init__(
+        self, trace: pa.Table, iterations: int, stub: bool = False, conditions: bool = True
+    ) -> None:
         self.arrivals: list[float] = trace.column("arrival").to_pylist()
         self.keys: list[list[str]] = trace.column("keys").to_pylist()
         self.timeouts: list[float] = trace.column("timeout").to_pylist()
-        self.conditions: list[float | None] = trace.column("condition_at").to_pylist()
         n = len(self.arrivals)
+        # (Without `conditions`, no operation has one: none schedules a condition callback.)
+        self.conditions: list[float | None] = (
+            trace.column("condition_at").to_pylist() if conditions else [None] * n
+        )
         self.n = n
         self.iterations = iterations
         self.watched = [0.0] * n
@@ -462,22 +469,39 @@ class _Turns:
             del self.selector.select
 
 
-def application_overhead(trace: pa.Table, iterations: int, profile: CostProfile) -> float:
-    """The application's own CPU seconds per operation: `trace` played with the purgatory
-    taken out, less what the model charges the loop for it (`profile`'s ``dispatch`` of each
-    arrival and condition callback, ``iteration`` of each of the loop's turns, and ``wake``
-    of each turn that slept, counted at the selector).
+@dataclass(frozen=True)
+class Application:
+    """The application's own CPU seconds (the harness's work around the purgatory), as the
+    model charges them: per operation (its profile's ``application``) and per condition
+    callback (``application_condition``)."""
 
-    What the harness does around the purgatory (the busy loop, reading the clock, creating the
-    operation, scheduling its condition as a timer, popping timers from a heap holding every
-    arrival of the run, noting each operation's end) is the application's work here, to be
-    charged per arrival. Its cost per operation depends on the rate (measured on a shared
-    machine: 23 to 25 us at 10,000/s of W1, 17.6 at 60,000/s), cold caches between arrivals
-    far apart: the load validation measures it at each rate it plays, on that rate's trace.
-    """
+    #: Per operation: the busy loop, reading the clock, creating the operation, popping its
+    #: arrival's timer from a heap holding every arrival of the run, noting its end.
+    operation: float
+    #: Per condition callback, beyond the loop's dispatch: scheduling it as a timer when its
+    #: operation waits, and serving it.
+    condition: float
+
+
+#: How many pairs of stub runs `application_overhead` takes the medians of by default.
+STUB_ROUNDS: Final = 3
+#: The rate of W1 at which the profile's application figures are measured: past saturation
+#: with and without the conditions (about 1.7 and 1.2 times what the stub's loop sustains,
+#: measured on 2026-11-29), so that neither run's loop idles.
+STUB_RATE: Final = 90_000.0
+
+
+def _stub_work(
+    trace: pa.Table, iterations: int, profile: CostProfile, conditions: bool
+) -> tuple[float, int, int]:
+    """`trace` played with the purgatory taken out (and, without `conditions`, with none
+    scheduled): the CPU seconds of the loop's thread less what the model charges the loop for
+    it (`profile`'s ``dispatch`` of each arrival and condition callback, ``iteration`` of each
+    of the loop's turns, and ``wake`` of each turn that slept, counted at the selector), the
+    operations and the condition callbacks run."""
 
     async def main() -> tuple[_Run, dict[str, float], _Turns]:
-        run = _Run(trace, iterations, stub=True)
+        run = _Run(trace, iterations, stub=True, conditions=conditions)
         with _Turns(run.loop) as turns:
             cpu = await run.play()
         return run, cpu, turns
@@ -488,7 +512,45 @@ def application_overhead(trace: pa.Table, iterations: int, profile: CostProfile)
         + profile.iteration * turns.turns
         + profile.wake * turns.sleeps
     )
-    return max(0.0, cpu["cpu"] - loop) / run.n
+    return cpu["cpu"] - loop, run.n, run.triggers
+
+
+def application_overhead(
+    trace: pa.Table, iterations: int, profile: CostProfile, rounds: int = STUB_ROUNDS
+) -> Application:
+    """The application's own CPU seconds per operation and per condition callback: `trace`
+    played with the purgatory taken out, once as it is and once with no condition scheduled
+    (every operation ends at its arrival), `rounds` times in turn; each less what the model
+    charges the loop for it (`_stub_work`). Per operation: the medians of the runs without
+    conditions; per condition callback: the medians of each pair's difference over the
+    callbacks run.
+
+    Apart, because they are not done as often: a loop that is behind completes an operation
+    whose condition has already come at its watch and schedules no callback for it. Measured
+    past saturation on 2026-11-29 (W1 at 64,000/s, a load average of 1.5 to 1.7), the real
+    loop ran 0.10 to 0.15 condition callbacks an operation, the stub playing the same trace
+    0.91; and 3.3 us a callback beside 11.7 us for the rest of an operation, in the same
+    minute. One figure per operation from the stub charged the model's overloaded loop for
+    about 0.8 callbacks an operation that it does not run either: replayed with the quiet
+    run's means (19f2110's file, constant costs), the overload's rate came out 16 to 22 % low
+    with its one figure of 18.2 us and 2 to 6 % low with it split in the proportions measured
+    here (14.4 us an operation, 4.2 a callback).
+
+    The costs depend on the rate (cold caches between arrivals far apart: on a shared
+    machine, 23 to 25 us an operation at 10,000/s of W1 with its conditions, 17.6 at
+    60,000/s): the profile's figures are measured past saturation, where the loop never
+    idles, and the load validation shows them at each rate it plays, on that rate's trace.
+    """
+    per_operation, per_condition = [], []
+    for _ in range(rounds):
+        scheduled, n, triggers = _stub_work(trace, iterations, profile, conditions=True)
+        alone, _, _ = _stub_work(trace, iterations, profile, conditions=False)
+        per_operation.append(alone / n)
+        per_condition.append((scheduled - alone) / triggers if triggers else 0.0)
+    return Application(
+        operation=max(0.0, statistics.median(per_operation)),
+        condition=max(0.0, statistics.median(per_condition)),
+    )
 
 
 def scale_costs(profile: CostProfile, factor: float) -> CostProfile:
@@ -649,12 +711,16 @@ def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, 
         f"- Machine: {run['environment']}; run took {run['took']:.0f} s.",
         f"- Profile: {profile.describe()}.",
         f"- {run['seconds']:g} s of arrivals per rate. Application work per arrival, in the "
-        f"profile: {profile.application * 1e6:.1f} us, measured by playing a trace at "
-        "60,000/s, where the loop never idles, with the purgatory taken out (a busy loop, "
-        "reading the clock, creating the operation, scheduling its condition as a timer, and "
-        "timers popped from a heap holding every arrival of the run), minus what the model "
-        "charges the loop for it (the dispatch of its callbacks, its turns and wake-ups, "
-        "counted at the selector). The same is measured on each row's trace and shown in the "
+        f"profile: {profile.application * 1e6:.1f} us an operation, and "
+        f"{profile.application_condition * 1e6:.1f} us a condition callback, measured by "
+        f"playing a trace at {STUB_RATE:,.0f}/s, where the loop never idles, with the "
+        "purgatory taken out (a busy loop, reading the clock, creating the operation, timers "
+        "popped from a heap holding every arrival of the run), once as it is and once with no "
+        "condition scheduled, minus what the model charges the loop for it (the dispatch of "
+        "its callbacks, its turns and wake-ups, counted at the selector): a condition "
+        "callback's part (scheduling it as a timer and serving it) is charged per callback, "
+        "since a loop that is behind completes an operation whose condition has come at its "
+        "watch and schedules none. The same is measured on each row's trace and shown in the "
         "tail tables, not given to the model: row by row it moved by more than its effect.",
         "- The last three columns are measured only: the share of the run the loop's thread "
         "was runnable but waiting for a CPU held by another process (Linux schedstat), the "
@@ -901,13 +967,13 @@ def _section(section: dict[str, Any]) -> list[str]:
         "factor, shown, so that the replay's busy time is the real loop's thread CPU: the "
         "model's tail given the right mean cost at that rate); a **bold** "
         "prediction misses the target below the knee. The last but one column: the "
-        "application's cost alone at that rate (us per operation, its trace played without "
-        "the purgatory), shown, not given to the model (whose profile has the one figure "
-        "measured at 60,000/s).",
+        "application's cost alone at that rate (us per operation and per condition callback, "
+        "its trace played without the purgatory), shown, not given to the model (whose "
+        f"profile has the figures measured at {STUB_RATE:,.0f}/s).",
         "",
         "| offered /s | measured | "
         + " | ".join(["full profile", *VARIANTS, RUN_HELD, RUN_CPU])
-        + " | application us | load average |",
+        + " | application us, per operation / condition | load average |",
         "|---:|---:|" + "---:|" * (4 + len(VARIANTS)) + "---:|",
     ]
     for row in rows:
@@ -922,7 +988,8 @@ def _section(section: dict[str, Any]) -> list[str]:
         tail.append(
             f"| {row['rate']:,.0f}{'' if below else ' (past)'} | {measured * 1000:.2f} | "
             + " | ".join(cells)
-            + f" | {row['application'] * 1e6:.1f} | {row['load']} |"
+            + f" | {row['application'] * 1e6:.1f} / {row['application_condition'] * 1e6:.1f} "
+            f"| {row['load']} |"
         )
     return [
         *lines,
@@ -1041,7 +1108,7 @@ def validate(workload: Workload, profile: CostProfile, args: argparse.Namespace)
         load = load_average()
         # The application's cost alone at this rate (the same trace without the purgatory):
         # shown beside the model's one figure, measured past saturation.
-        application = application_overhead(trace, args.app_iterations, profile)
+        application = application_overhead(trace, args.app_iterations, profile, rounds=1)
         measured = measure(trace, args.app_iterations)
         predicted = predict(trace, profile)
         # What the distributions change: the same replay without the stalls, and with neither
@@ -1065,13 +1132,16 @@ def validate(workload: Workload, profile: CostProfile, args: argparse.Namespace)
                 "predicted": predicted,
                 "variants": variants,
                 "factor": factor,
-                "application": application,
+                "application": application.operation,
+                "application_condition": application.condition,
                 "load": load,
             }
         )
         print(
-            f"{rate:9,.0f}/s application alone {application * 1e6:.2f} us (the model's "
-            f"{profile.application * 1e6:.2f}); given the run's "
+            f"{rate:9,.0f}/s application alone {application.operation * 1e6:.2f} us an "
+            f"operation and {application.condition * 1e6:.2f} a condition (the model's "
+            f"{profile.application * 1e6:.2f} and {profile.application_condition * 1e6:.2f}); "
+            "given the run's "
             f"CPU and hold-offs: costs x{factor:.3f}, late p99 {matched['late_p99'] * 1e3:.2f} ms"
         )
         print(
@@ -1121,10 +1191,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("calibrating ...", flush=True)
     profile = calibrate("asyncio", quick=args.quick)
     busy = application_cost(args.app_iterations)
-    stub = WORKLOADS[0].trace(60_000.0, int(60_000 * 0.6 * args.seconds))
+    stub = WORKLOADS[0].trace(STUB_RATE, int(60_000 * 0.6 * args.seconds))
     app = application_overhead(stub, args.app_iterations, profile)
-    print(f"application: {app * 1e6:.2f} us per arrival, of which the busy loop {busy * 1e6:.2f}")
-    profile = replace(profile, application=app)
+    print(
+        f"application: {app.operation * 1e6:.2f} us per operation, of which the busy loop "
+        f"{busy * 1e6:.2f}, and {app.condition * 1e6:.2f} per condition callback"
+    )
+    profile = replace(profile, application=app.operation, application_condition=app.condition)
     print(profile.describe(), flush=True)
     sections = []
     for i, workload in enumerate(WORKLOADS):

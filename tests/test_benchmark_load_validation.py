@@ -11,13 +11,16 @@ from typing import Any
 import pyarrow.compute as pc
 import pytest
 
+from benchmarks import load_validation
 from benchmarks.load_validation import (
     RUN_CPU,
     RUN_HELD,
     VARIANTS,
     WORKLOADS,
     HoldOffs,
+    _Run,
     _Turns,
+    application_overhead,
     given_cpu,
     predict,
     render,
@@ -73,6 +76,7 @@ def section(index: int) -> dict[str, Any]:
             | {RUN_HELD: measured, RUN_CPU: cpu_late},
             "factor": factor,
             "application": application,
+            "application_condition": 3e-6,
             "load": "1.00/1.00/1.00",
         }
         for rate, measured, predicted, utilisation, cpu_late, factor, application in (
@@ -112,16 +116,16 @@ def test_the_report_has_a_section_per_workload_and_scores_the_tail_by_variant() 
     # application's cost at its rate.
     assert (
         "| 2,000 | 10.00 | 9.50 | **2.00** | **2.00** | **2.00** | 10.00 | **7.00** (x1.10) "
-        "| 20.0 | 1.00/1.00/1.00 |" in text
+        "| 20.0 / 3.0 | 1.00/1.00/1.00 |" in text
     )
     assert (
-        "| 1,000 | 3.00 | 3.10 | 2.00 | 2.00 | 2.00 | 3.00 | 3.20 (x1.25) | 24.0 "
+        "| 1,000 | 3.00 | 3.10 | 2.00 | 2.00 | 2.00 | 3.00 | 3.20 (x1.25) | 24.0 / 3.0 "
         "| 1.00/1.00/1.00 |" in text
     )
     # Past the knee nothing is scored.
     assert (
-        "| 3,000 (past) | 50.00 | 20.00 | 2.00 | 2.00 | 2.00 | 50.00 | 50.00 (x1.02) | 17.5 "
-        "| 1.00/1.00/1.00 |" in text
+        "| 3,000 (past) | 50.00 | 20.00 | 2.00 | 2.00 | 2.00 | 50.00 | 50.00 (x1.02) "
+        "| 17.5 / 3.0 | 1.00/1.00/1.00 |" in text
     )
     # The caveat on the loop's CPU gives this run's factors below the knee and the
     # application's cost at the lowest and highest rates, per section.
@@ -297,3 +301,52 @@ def test_a_section_with_no_row_below_the_knee_says_so_in_the_caveat_on_the_loop_
     )
     assert "(W1: no row below the knee, x1.02 at the highest rate, " in text
     assert "; several timeouts: x1.10 to x1.25 below the knee, " in text
+
+
+def test_the_application_is_measured_per_operation_and_per_condition_callback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each round plays the stub with its conditions and without (the CPU less the loop's
+    # charges, scripted here): per operation, the medians without; per condition callback,
+    # the medians of each round's difference over its callbacks. One figure per operation
+    # from the run with conditions (19 us) would charge every operation for a callback.
+    runs = iter(
+        [
+            (19e-3, 1000, 900),
+            (12e-3, 1000, 0),
+            (18e-3, 1000, 900),
+            (11e-3, 1000, 0),
+            (25e-3, 1000, 900),
+            (12.5e-3, 1000, 0),
+        ]
+    )
+    asked: list[bool] = []
+
+    def scripted(
+        trace: Any, iterations: int, profile: CostProfile, conditions: bool
+    ) -> tuple[float, int, int]:
+        asked.append(conditions)
+        return next(runs)
+
+    monkeypatch.setattr(load_validation, "_stub_work", scripted)
+    app = application_overhead(WORKLOADS[0].trace(1000.0, 10), 1, tiny_profile(), rounds=3)
+    assert asked == [True, False] * 3
+    assert app.operation == pytest.approx(12e-6)
+    assert app.condition == pytest.approx(7e-3 / 900)
+
+
+def test_a_stub_without_conditions_schedules_no_condition_callback() -> None:
+    # (A run of a few tens of milliseconds on a real loop: what it does, not what it costs.)
+    trace = WORKLOADS[0].trace(5_000.0, 100)
+
+    async def play(conditions: bool) -> _Run:
+        run = _Run(trace, 1, stub=True, conditions=conditions)
+        await run.play()
+        return run
+
+    without = asyncio.run(play(False))
+    assert without.triggers == 0
+    # Every operation ended in its own arrival's callback, before the next one's.
+    watched, end = without.watched, without.end
+    assert all(watched[i] <= end[i] <= watched[i + 1] for i in range(len(end) - 1))
+    assert asyncio.run(play(True)).triggers > 0

@@ -31,12 +31,14 @@ from purgatory.pipeline._cli import main
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
 from purgatory.pipeline._load import (
     COST_KINDS,
+    GIVEN_KINDS,
     LATENCY_QUANTILES,
     PROFILE_VERSION,
     SHAPE_QUANTILES,
     CostProfile,
     load_profile,
     profile_from_json,
+    save_profile,
 )
 
 MS = 0.001
@@ -173,6 +175,34 @@ def test_an_event_that_finds_the_core_idle_pays_the_wake_up() -> None:
     assert stats["p"]["busy"] == pytest.approx(11 * MS)
     _, asleep = split(replay_table(trace, config, costs=costs(watch=2 * MS)))
     assert asleep["p"]["busy"] == pytest.approx(6 * MS)
+
+
+def test_the_application_s_condition_work_is_charged_per_condition_callback() -> None:
+    """The application's work for a condition (``application_condition``, 1 ms here) is
+    charged where a callback runs, not per operation: an operation whose condition has come
+    by its watch completes inside it and has no callback. Op 0 is watched at 0 (2 ms, busy to
+    2). Op 1 arrives at 0.1 ms, queues, and is watched at 2 with its condition (0.2 ms) met:
+    it completes inside the watch, at no cost here, and schedules nothing. Op 0's condition
+    (0.5 ms) is served at 2: the application's 1 ms, busy to 3. Op 2 arrives at 2.5 ms and is
+    watched at 3 (busy to 5). 5 ms in all; 1 ms an operation would have made it 7."""
+    trace = trace_table(
+        [
+            ("p", 0, 0.0, 100 * MS, 0.5 * MS),
+            ("p", 1, 0.1 * MS, 100 * MS, 0.2 * MS),
+            ("p", 2, 2.5 * MS, 100 * MS, None),
+        ]
+    )
+    config = {0: ReplayConfig(tick=MS)}
+    profile = costs(watch=2 * MS, application_condition=1 * MS)
+    ops, stats = split(replay_table(trace, config, costs=profile, check=True))
+    assert ops["p", 1]["outcome"] == "completed"
+    assert ops["p", 1]["watched_at"] == ops["p", 1]["ended_at"] == pytest.approx(2 * MS)
+    assert ops["p", 0]["ended_at"] == pytest.approx(2 * MS)
+    assert ops["p", 2]["watched_at"] == pytest.approx(3 * MS)
+    assert stats["p"]["busy"] == pytest.approx(5 * MS)
+    # The same work charged per operation (``application``) costs every arrival.
+    _, per_operation = split(replay_table(trace, config, costs=costs(watch=2 * MS, application=MS)))
+    assert per_operation["p"]["busy"] == pytest.approx(7 * MS)
 
 
 def test_an_idle_loop_sleeps_to_its_next_timer_rounded_up_to_the_millisecond() -> None:
@@ -355,7 +385,7 @@ def write(tmp_path: Path, content: Any) -> str:
     return str(path)
 
 
-GOOD_COSTS = {kind: 1e-6 for kind in COST_KINDS if kind != "application"}
+GOOD_COSTS = {kind: 1e-6 for kind in COST_KINDS if kind not in GIVEN_KINDS}
 GOOD: dict[str, Any] = {"version": 3, "loop": "asyncio", "costs": GOOD_COSTS}
 
 
@@ -432,6 +462,17 @@ def test_a_bad_profile_ends_the_command_before_spark(
     assert f"cost profile {profile}: {said}" in err
 
 
+def test_the_application_s_costs_may_be_left_out_of_a_profile_file(tmp_path: Path) -> None:
+    # `calibrate` does not measure them: a file without them has 0 for both, and a profile
+    # given both keeps them through its file.
+    read = load_profile(write(tmp_path, GOOD))
+    assert read.application == read.application_condition == 0.0
+    given = replace(read, application=12e-6, application_condition=4e-6)
+    path = str(tmp_path / "given.json")
+    save_profile(given, path)
+    assert load_profile(path) == given
+
+
 def test_calibrate_quick_writes_a_profile_that_loads(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -439,7 +480,10 @@ def test_calibrate_quick_writes_a_profile_that_loads(
     medians of paired rounds, never negative, with their spread (test_pipeline_calibrate.py
     tests the estimator with fake timings)."""
     out = tmp_path / "profile.json"
-    argv = ["calibrate", "--out", str(out), "--quick", "--application-cost", "0.00002"]
+    argv = [
+        *("calibrate", "--out", str(out), "--quick", "--application-cost", "0.00002"),
+        *("--application-condition-cost", "0.000004"),
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     profile = load_profile(str(out))
     data = json.loads(out.read_text())
@@ -457,13 +501,14 @@ def test_calibrate_quick_writes_a_profile_that_loads(
     assert data["loop"] == "asyncio"
     assert data["python"].startswith("CPython") or data["python"]
     assert profile.application == 0.00002
+    assert profile.application_condition == 0.000004
     # Every cost measured directly is a real, positive CPU time; a solved one (a difference
     # of runs) is never negative, and every measured cost has its spread.
     for kind in ("dispatch", "attempt", "completion", "purged_entry"):
         assert 0 < getattr(profile, kind) < 0.01, kind
     for kind in ("watch", "watch_key", "expiry", "timer_pass", "wake"):
         assert 0 <= getattr(profile, kind) < 0.01, kind
-    assert set(data["spread"]) == set(COST_KINDS) - {"application"}
+    assert set(data["spread"]) == set(COST_KINDS) - set(GIVEN_KINDS)
     assert _QUICK.min_rounds <= data["rounds"] <= _QUICK.max_rounds
     assert not any(p.name.endswith(".part") for p in tmp_path.iterdir())
     assert "written to" in capsys.readouterr().out

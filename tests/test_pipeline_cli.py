@@ -557,6 +557,11 @@ def test_an_event_log_directory_inside_the_output_or_the_trace(
         (["--application-cost", "nan"], "profile.json", "--application-cost must be a number"),
         (["--application-cost", "-1"], "profile.json", "in [0, 1], got -1.0"),
         (["--application-cost", "1e300"], "profile.json", "in [0, 1], got 1e+300"),
+        (
+            ["--application-condition-cost", "-1"],
+            "profile.json",
+            "--application-condition-cost must be a number of seconds in [0, 1], got -1.0",
+        ),
         ([], "missing/profile.json", "no directory"),
         ([], "a-directory", "is a directory; give the profile file's name"),
         ([], "/proc/self/profile.json", "cannot write in /proc/self (permission denied)"),

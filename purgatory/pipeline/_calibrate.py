@@ -709,6 +709,7 @@ def calibrate(
     *,
     quick: bool = False,
     application: float = 0.0,
+    application_condition: float = 0.0,
     progress: Callable[[str], None] | None = None,
 ) -> CostProfile:
     """Measure every cost of a profile on a loop of kind `loop` (``asyncio`` or ``uvloop``).
@@ -717,6 +718,8 @@ def calibrate(
         quick: Smaller runs and fewer rounds (a few seconds instead of about half a minute on
             a quiet machine): a rough profile.
         application: The application's own CPU seconds per operation, put in as given.
+        application_condition: The application's own CPU seconds per condition callback
+            (scheduling it and serving it), put in as given.
         progress: Told what is measured as it starts.
 
     Returns:
@@ -775,6 +778,7 @@ def calibrate(
     return CostProfile(
         **{kind: cost.value for kind, cost in costs.items()},
         application=application,
+        application_condition=application_condition,
         wake_resolution=resolution,
         wake_latency=latency,
         cost_shape=shape,

@@ -588,6 +588,15 @@ def _calibrate_options(parser: argparse.ArgumentParser) -> None:
         help=f"the application's own CPU seconds per operation, added to every arrival "
         f"(at most {MAX_COST:g})",
     )
+    parser.add_argument(
+        "--application-condition-cost",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="the application's own CPU seconds per condition callback (scheduling it while "
+        "its operation waits, and serving it), added to every condition that fires "
+        f"(at most {MAX_COST:g})",
+    )
 
 
 def check_profile_output(path: str) -> None:
@@ -614,11 +623,14 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from ._load import save_profile
 
     # What can fail after half a minute of measuring is checked before it.
-    if not 0 <= args.application_cost <= MAX_COST:
-        raise InputError(
-            f"--application-cost must be a number of seconds in [0, {MAX_COST:g}], "
-            f"got {args.application_cost!r}"
-        )
+    for flag, value in (
+        ("--application-cost", args.application_cost),
+        ("--application-condition-cost", args.application_condition_cost),
+    ):
+        if not 0 <= value <= MAX_COST:
+            raise InputError(
+                f"{flag} must be a number of seconds in [0, {MAX_COST:g}], got {value!r}"
+            )
     if args.loop == "uvloop" and missing_extra(("uvloop",)):
         raise InputError("--loop uvloop needs uvloop: pip install 'asyncio-purgatory[uvloop]'")
     check_profile_output(args.out)
@@ -627,6 +639,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         args.loop,
         quick=args.quick,
         application=args.application_cost,
+        application_condition=args.application_condition_cost,
         progress=lambda name: print(f"measuring {name} ...", flush=True),
     )
     save_profile(profile, args.out)

@@ -55,6 +55,7 @@ from .._clock import Timer
 
 __all__ = (
     "COST_KINDS",
+    "GIVEN_KINDS",
     "LATENCY_QUANTILES",
     "MAX_COST",
     "PROFILE_VERSION",
@@ -101,6 +102,10 @@ MAX_SHAPE: Final = 1e5
 #: also carry the model's clock past what a double counts in nanoseconds).
 MAX_COST: Final = 1.0
 
+#: The costs `calibrate` does not measure (the application's, given by its caller): a
+#: profile file may leave them out (0).
+GIVEN_KINDS: Final = ("application", "application_condition")
+
 #: A measured cost whose spread between rounds (its interquartile range) is wider than this
 #: share of it is called noisy in the profile's description.
 NOISY_SHARE: Final = 0.25
@@ -118,6 +123,8 @@ COST_KINDS: Final = {
     "timer_pass": "one wake-up of the reaper: the timer handle, the task step, the wheel",
     "purged_entry": "one watcher-list entry removed by a purge",
     "application": "the application's own work per operation (0 unless given)",
+    "application_condition": "the application's own work per condition callback, beyond the "
+    "dispatch: scheduling it when its operation waits, and serving it (0 unless given)",
     "iteration": "one turn of the loop beyond its callbacks: a selector call that finds work "
     "due, collecting the timers due, the ready queue",
 }
@@ -138,6 +145,11 @@ class CostProfile:
     purged_entry: float
     application: float = 0.0
     iteration: float = 0.0
+    #: The application's own work per condition callback (`COST_KINDS`): charged apart from
+    #: `application`, per condition event, because a loop that is behind completes an operation
+    #: whose condition has already come at its watch and schedules no callback for it, so
+    #: this work is not done once per operation. 0 unless given.
+    application_condition: float = 0.0
     #: The granularity of the loop's sleep in its selector: an idle loop sleeps until its next
     #: timer rounded up to this (epoll's and libuv's timeouts are whole milliseconds), then runs
     #: every event due by then for one wake-up. 0: it wakes exactly on time.
@@ -499,7 +511,7 @@ def profile_from_json(data: Any, where: str) -> CostProfile:
             f"cost profile {where}: unknown cost {unknown[0]!r:.40} "
             f"(known: {', '.join(COST_KINDS)})"
         )
-    missing = [kind for kind in COST_KINDS if kind not in costs and kind != "application"]
+    missing = [kind for kind in COST_KINDS if kind not in costs and kind not in GIVEN_KINDS]
     if missing:
         raise ValueError(f"cost profile {where}: missing cost {missing[0]!r}")
     meta: dict[str, Any] = {

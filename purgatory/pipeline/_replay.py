@@ -419,7 +419,9 @@ class _LoadedGroup(_Group):
     arrival), each from ``busy_until``. The reaper's timer only wakes the reaper's task: its
     pass runs first in the next iteration, after every callback collected with its timer. What
     an event costs is counted from the work it did: the tries (``attempts``), the operations it
-    finished, the expiries of a pass and the entries it purged; an iteration costs the
+    finished, the expiries of a pass and the entries it purged (and a condition callback the
+    application's own work for it, ``application_condition``, whatever it finds: none is
+    scheduled for an operation completed at its watch); an iteration costs the
     profile's ``iteration``, plus ``wake`` when it followed a sleep; with the core's speed over
     time in the profile (``speed``), every cost times the factor of the window it starts in.
     """
@@ -594,8 +596,11 @@ class _LoadedGroup(_Group):
         self.load.set(start)
         costs = self.costs
         event = 4 * op.op_id + _CONDITION
+        # (The application's work for the callback: scheduled when its operation began to
+        # wait, and run whatever the purgatory then finds.)
+        base = costs.dispatch + costs.application_condition
         if op.ended:  # expired or completed already: the event finds nothing to do
-            self._served(start, costs.dispatch, False, event)
+            self._served(start, base, False, event)
             return
         op.ready = True
         attempts = self.attempts
@@ -606,7 +611,7 @@ class _LoadedGroup(_Group):
             self.purgatory.check_and_complete(op.keys[0])
         done = len(self.waits) - finished
         tries = self.attempts - attempts - done
-        cost = costs.dispatch + tries * costs.attempt + done * costs.completion
+        cost = base + tries * costs.attempt + done * costs.completion
         self._served(start, cost, False, event)
 
     def prepare(self, t: float) -> None:
