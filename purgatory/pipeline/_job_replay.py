@@ -31,6 +31,7 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -59,7 +60,7 @@ from ._frames import read_errors, spark_schema, task_errors
 from ._job_trace import _read_trace, load_trace, read_parquet
 from ._load import CostProfile
 from ._replay import OUTPUT_SCHEMA, ReplayConfig, replay_batches
-from ._spark import atomic_output, is_connect
+from ._spark import atomic_output, is_connect, is_local_master
 from ._summary import COUNTS, GAUGES, REPLAY_SUMMARY_COLUMNS, STATS
 
 if TYPE_CHECKING:
@@ -501,6 +502,69 @@ def task_slots(spark: SparkSession, n: int) -> DataFrame:
     of its own before the replay's, seconds on a cluster.)
     """
     return spark.range(0, n, 1, n)
+
+
+#: What a warm-up task imports: the modules a replay task's function needs (`warmed`).
+WARM_MODULES: Final = (
+    "numpy",
+    "pyarrow.compute",
+    "pyarrow.parquet",
+    "purgatory.pipeline._direct",
+    "purgatory.pipeline._job_shards",
+)
+
+
+@contextmanager
+def warmed(spark: SparkSession, n: int) -> Iterator[Callable[[], None] | None]:
+    """Run the body while a trivial Spark job of `n` tasks does the executors' first work, on
+    a cluster (a classic session whose master is not ``local[...]``; `n` above 0); elsewhere
+    just the body. Yields a function that waits for that job (``None`` without one): call it
+    before the body's first Spark job.
+
+    A cluster's executors do their first task's work cold: the executor JVM deserialises its
+    first task (1.4-1.9 s in a job timeline at 2 M operations, load about 3), starts its Python
+    daemon and forks a worker (1.3 s), and takes 3.0 s more before the task's function gets
+    its first batch (the Arrow path's first use and the imports); the driver JVM plans its
+    first ``mapInArrow`` query (2.9 s). The split job's driver first reads the trace's columns
+    and plans its shards (seconds at 20 M operations), with the executors idle. Started here,
+    in a thread, a ``mapInArrow`` job of one task per core over a ``range`` (as `task_slots`)
+    does that cold work meanwhile, importing `WARM_MODULES` into the Python workers, which
+    Spark keeps for the replay's tasks (``spark.python.worker.reuse``, on by default). It
+    computes nothing the replay uses; its failure is ignored (the replay then pays the cold
+    start itself). Waited for before the replay's job (submitted first, that job's tasks would
+    take the cores and leave the warm-up's queued behind them), and at the body's end, so no
+    job of it outlives the call. Not on ``local[...]``, where the driver's JVM is the
+    executor's and the replay's two Spark jobs are all the job runs
+    (tests/test_pipeline_jobs.py).
+    """
+    if n < 1 or is_connect(spark) or is_local_master(spark.sparkContext.master):
+        yield None
+        return
+    thread = threading.Thread(target=_warm, args=(spark, n), name="purgatory-warm", daemon=True)
+    thread.start()
+    try:
+        yield thread.join
+    finally:
+        thread.join()
+
+
+def _warm(spark: SparkSession, n: int) -> None:
+    """`warmed`'s job: each task imports `WARM_MODULES` and returns one row."""
+    modules = WARM_MODULES
+
+    def warm(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import importlib
+
+        for module in modules:
+            importlib.import_module(module)
+        rows = sum(batch.num_rows for batch in batches)
+        yield pa.RecordBatch.from_pydict({"rows": [rows]})
+
+    try:
+        spark.sparkContext.setJobDescription("purgatory: the executors' first work (warm-up)")
+        task_slots(spark, n).mapInArrow(warm, "rows long").collect()
+    except Exception:  # noqa: BLE001 (an optimisation only: the replay pays the cold start)
+        pass
 
 
 def with_problems(
