@@ -33,6 +33,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ from ._frames import read_errors, spark_schema, task_errors
 from ._job_trace import _read_trace, load_trace, read_parquet
 from ._load import CostProfile
 from ._replay import OUTPUT_SCHEMA, ReplayConfig, replay_batches
-from ._spark import atomic_output, is_connect, is_local_master
+from ._spark import _files_of, atomic_output, is_connect, is_local_master
 from ._summary import COUNTS, GAUGES, REPLAY_SUMMARY_COLUMNS, STATS
 
 if TYPE_CHECKING:
@@ -515,7 +516,9 @@ WARM_MODULES: Final = (
 
 
 @contextmanager
-def warmed(spark: SparkSession, n: int) -> Iterator[Callable[[], None] | None]:
+def warmed(
+    spark: SparkSession, n: int, out: str | None = None
+) -> Iterator[Callable[[], None] | None]:
     """Run the body while a trivial Spark job of `n` tasks does the executors' first work, on
     a cluster (a classic session whose master is not ``local[...]``; `n` above 0); elsewhere
     just the body. Yields a function that waits for that job (``None`` without one): call it
@@ -529,18 +532,22 @@ def warmed(spark: SparkSession, n: int) -> Iterator[Callable[[], None] | None]:
     and plans its shards (seconds at 20 M operations), with the executors idle. Started here,
     in a thread, a ``mapInArrow`` job of one task per core over a ``range`` (as `task_slots`)
     does that cold work meanwhile, importing `WARM_MODULES` into the Python workers, which
-    Spark keeps for the replay's tasks (``spark.python.worker.reuse``, on by default). It
-    computes nothing the replay uses; its failure is ignored (the replay then pays the cold
-    start itself). Waited for before the replay's job (submitted first, that job's tasks would
-    take the cores and leave the warm-up's queued behind them), and at the body's end, so no
-    job of it outlives the call. Not on ``local[...]``, where the driver's JVM is the
-    executor's and the replay's two Spark jobs are all the job runs
+    Spark keeps for the replay's tasks (``spark.python.worker.reuse``, on by default); with
+    `out`, it also writes its rows as Parquet beside it, deleted at once (the summary's write
+    is otherwise the executors' first Parquet write: 1.7-3.1 s of run for a few rows in the
+    same timeline). It computes nothing the replay uses; its failure is ignored (the replay
+    then pays the cold start itself). It is waited for before the replay's job (submitted
+    first, that job's tasks would take the cores and leave the warm-up's queued behind them)
+    and at the body's end, so no job of it outlives the call. Not on ``local[...]``, where the
+    driver's JVM is the executor's and the replay's two Spark jobs are all the job runs
     (tests/test_pipeline_jobs.py).
     """
     if n < 1 or is_connect(spark) or is_local_master(spark.sparkContext.master):
         yield None
         return
-    thread = threading.Thread(target=_warm, args=(spark, n), name="purgatory-warm", daemon=True)
+    thread = threading.Thread(
+        target=_warm, args=(spark, n, out), name="purgatory-warm", daemon=True
+    )
     thread.start()
     try:
         yield thread.join
@@ -548,8 +555,9 @@ def warmed(spark: SparkSession, n: int) -> Iterator[Callable[[], None] | None]:
         thread.join()
 
 
-def _warm(spark: SparkSession, n: int) -> None:
-    """`warmed`'s job: each task imports `WARM_MODULES` and returns one row."""
+def _warm(spark: SparkSession, n: int, out: str | None) -> None:
+    """`warmed`'s job: each task imports `WARM_MODULES` and returns one row (with `out`,
+    written beside it as Parquet and deleted)."""
     modules = WARM_MODULES
 
     def warm(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -562,7 +570,15 @@ def _warm(spark: SparkSession, n: int) -> None:
 
     try:
         spark.sparkContext.setJobDescription("purgatory: the executors' first work (warm-up)")
-        task_slots(spark, n).mapInArrow(warm, "rows long").collect()
+        frame = task_slots(spark, n).mapInArrow(warm, "rows long")
+        if out is None:
+            frame.collect()
+            return
+        scratch = f"{out.rstrip('/')}.warm-{uuid.uuid4().hex[:8]}"
+        try:
+            frame.write.parquet(scratch)
+        finally:
+            _files_of(spark)("delete", scratch)
     except Exception:  # noqa: BLE001 (an optimisation only: the replay pays the cold start)
         pass
 
