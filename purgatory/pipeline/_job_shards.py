@@ -137,7 +137,7 @@ def replay_split(
         files = _direct_files(spark, trace_path, read) if read != "spark" else None
     # (With the direct read the driver reads and plans before any Spark job: the executors'
     # first work meanwhile, waited for before the replay's job.)
-    with warmed(spark, _parallelism(spark) if files is not None else 0) as ready:
+    with warmed(spark, _parallelism(spark) if files is not None else 0, out) as ready:
         return _replay_planned(
             spark,
             trace_path,
