@@ -56,6 +56,31 @@ def job_lines(jobs: Sequence[dict[str, Any]], start: float) -> list[str]:
     return lines
 
 
+def task_lines(stage: int, tasks: Sequence[dict[str, Any]], start: float) -> list[str]:
+    """One line per task of `stage`, by launch: when it was launched (seconds after `start`),
+    its executor, and where its seconds went as its executor counts them: deserialising the
+    task, running it (of which the JVM's CPU and garbage collection), serialising its result,
+    its result's size, the driver's fetch of a large result (``gettingResultTime``) and the
+    scheduler's delay (what is left of its duration)."""
+    lines = []
+    for task in sorted(tasks, key=lambda t: (t["launchTime"], t["taskId"])):
+        launched = timestamp(task["launchTime"]) - start
+        m = task.get("taskMetrics", {})
+        lines.append(
+            f"stage {stage} task {task['index']} executor {task['executorId']}: "
+            f"launched {launched:6.2f}, {task.get('duration', 0) / 1e3:5.2f} s: "
+            f"deserialise {m.get('executorDeserializeTime', 0) / 1e3:.2f}, "
+            f"run {m.get('executorRunTime', 0) / 1e3:.2f} "
+            f"(JVM CPU {m.get('executorCpuTime', 0) / 1e9:.2f}, "
+            f"GC {m.get('jvmGcTime', 0) / 1e3:.2f}), "
+            f"result {m.get('resultSize', 0) / 1e6:.1f} MB "
+            f"(serialise {m.get('resultSerializationTime', 0) / 1e3:.2f}, "
+            f"fetch {task.get('gettingResultTime', 0) / 1e3:.2f}), "
+            f"scheduler {task.get('schedulerDelay', 0) / 1e3:.2f}"
+        )
+    return lines
+
+
 def _get(base: str, path: str) -> Any:
     with urllib.request.urlopen(base + path, timeout=30) as response:
         return json.load(response)
@@ -117,6 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{collected - returned:.1f} s; {operations:,} operations"
         )
         print("\n".join(job_lines(_get(base, "/jobs"), start)))
+        for stage in sorted(_get(base, "/stages"), key=lambda s: s["stageId"]):
+            tasks = _get(base, f"/stages/{stage['stageId']}/{stage['attemptId']}/taskList")
+            print("\n".join(task_lines(stage["stageId"], tasks, start)))
         for line in (*reported, *phases):
             print(" ", line.describe())
         spark.stop()

@@ -17,7 +17,8 @@ fresh driver process, alternated:
   ``--purge-interval``; the split job's driver also says where its time went (`Phase`:
   reading and checking the columns, planning, the Spark job, merging, writing); with
   ``--cluster`` too, the same unsplit on a standalone cluster of one one-core worker and split
-  on one of two (``--no-local``: those only).
+  on one of two (``--no-local``: those only; ``--local-from JSON`` then takes the local runs
+  from an earlier ``--json`` for the section ``--write`` gives).
 
 Per run: the job's wall seconds (on a cluster, from the moment its executors have
 registered: their JVMs' start is the cluster's, as the local session's JVM is up before a
@@ -661,6 +662,23 @@ def render_shards(f: dict[str, Any]) -> str:
     return "\n".join([*lines, "", SHARDS_END, ""])
 
 
+def with_local_runs(figures: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+    """`figures` with the local runs (``local[N]`` masters) of an `earlier` run of the same
+    benchmark before its own (the same options: the same trace), the dates and commits of both
+    said where they differ."""
+    for key in ("operations", "purgatories", "shards", "purge_interval"):
+        if earlier.get(key) != figures.get(key):
+            raise SystemExit(f"--local-from: {key} {earlier.get(key)!r}, not {figures.get(key)!r}")
+    local = [r for r in earlier["runs"] if str(r.get("master", "")).startswith("local")]
+    if not local:
+        raise SystemExit("--local-from: no local run in that file")
+    environment = dict(figures["environment"])
+    for key in ("date", "git"):
+        before, now = earlier["environment"][key], environment[key]
+        environment[key] = now if before == now else f"{before} (local runs), {now} (cluster runs)"
+    return {**figures, "environment": environment, "runs": [*local, *figures["runs"]]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline_spread")
     parser.add_argument("--operations", type=int, default=3_000_000)
@@ -688,6 +706,13 @@ def main(argv: list[str] | None = None) -> int:
         help="with --shards: the configuration's purge intervals, a pair of runs each (0: purge "
         "at every pass, where a warm-up rebuilds the state; Kafka's 1000: the count carried)",
     )
+    parser.add_argument(
+        "--local-from",
+        default=None,
+        metavar="JSON",
+        help="with --no-local: take the local runs from this earlier --json of the same "
+        "benchmark (so that --write gives the whole section from the cluster runs alone)",
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -695,6 +720,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work = Path(args.work or tempfile.mkdtemp(prefix="purgatory-spread-"))
     figures = measure(args, work)
+    if args.local_from:
+        figures = with_local_runs(figures, json.loads(Path(args.local_from).read_text()))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
     text = render_shards(figures) if args.shards else render(figures)

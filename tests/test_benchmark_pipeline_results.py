@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from benchmarks.pipeline import HAND_WRITTEN, _hand_written_part
 
@@ -136,3 +139,27 @@ def test_the_shards_section_says_each_speed_up_local_and_on_the_cluster() -> Non
     text = render_shards(figures)
     assert "standalone" not in text
     assert "- purge interval 0: **1.50x** (wall)" in text
+
+
+def test_the_cluster_runs_alone_take_the_local_runs_of_an_earlier_file() -> None:
+    """``--no-local --local-from JSON``: the earlier run's local rows first, then the cluster
+    rows; both dates and commits said; another trace's file refused."""
+    from benchmarks.pipeline_spread import with_local_runs
+
+    def figures(date: str, git: str, runs: list[dict[str, str]]) -> dict[str, Any]:
+        environment = {"date": date, "python": "3", "cpu_model": "c", "cpu_count": 2, "git": git}
+        options = {"operations": 80, "purgatories": 1, "shards": 2, "purge_interval": [1000]}
+        return {"environment": environment, **options, "cluster": True, "runs": runs}
+
+    local = [{"master": "local[1]", "label": "a"}, {"master": "local[2]", "label": "b"}]
+    old_cluster = {"master": "spark://127.0.0.1:1", "label": "old"}
+    new_cluster = {"master": "spark://127.0.0.1:2", "label": "new"}
+    earlier = figures("d1", "g1", [*local, old_cluster])
+    merged = with_local_runs(figures("d2", "g1", [new_cluster]), earlier)
+    assert [r["label"] for r in merged["runs"]] == ["a", "b", "new"]
+    assert merged["environment"]["date"] == "d1 (local runs), d2 (cluster runs)"
+    assert merged["environment"]["git"] == "g1"
+    with pytest.raises(SystemExit, match="operations"):
+        with_local_runs({**figures("d2", "g1", [new_cluster]), "operations": 40}, earlier)
+    with pytest.raises(SystemExit, match="no local run"):
+        with_local_runs(figures("d2", "g1", []), figures("d1", "g1", [old_cluster]))

@@ -115,11 +115,16 @@ def test_generate_replay_and_analyze_give_the_local_result(
         # (--verbose also says where the driver found the package.)
         ["replay", "--trace", str(local.trace), "--out", "replay", "--verbose"],
         ["analyze", "--log", str(local.logs), "--out", "analysis", "--window", "1"],
+        # (Each purgatory in 2 time shards; on the standalone cluster with the executors'
+        # first work done by a warm-up job while the driver plans: `_job_replay.warmed`.)
+        ["replay", "--trace", str(local.trace), "--out", "split", "--shards", "2"],
     ]
     commands[1][5:5] = ["--tick", ",".join(TICKS)]
+    commands[3][5:5] = ["--tick", ",".join(TICKS)]
     if master.startswith("sc://"):
         said = ""
-        for command, flag in zip(commands, ("--master", "--remote", "--master"), strict=True):
+        flags = ("--master", "--remote", "--master", "--master")
+        for command, flag in zip(commands, flags, strict=True):
             done = pipeline(*command, flag, master, cwd=tmp_path)
             assert done.returncode == 0, done.stderr[-3000:]
             said += done.stdout
@@ -130,9 +135,10 @@ def test_generate_replay_and_analyze_give_the_local_result(
         assert "purgatory.zip" in said  # the driver imported the zipped package (--verbose)
         # Each of the replay's two tasks (4 groups over the 2 workers' cores) says where it ran
         # (on the driver's stderr, which spark-submit merges into its stdout).
+        first = said[: said.index("replay in replay: ")]  # (the split replay's tasks follow)
         ran = [
             line.split(": ", 1)[1]
-            for line in said.splitlines()
+            for line in first.splitlines()
             if line.startswith("replay: task of partition")
         ]
         assert [line.split()[3] for line in ran] == ["0", "1"], said[-3000:]
@@ -145,6 +151,8 @@ def test_generate_replay_and_analyze_give_the_local_result(
 
     assertDataFrameEqual(frame(tmp_path / "trace"), frame(local.trace), rtol=0, atol=0)
     assert pq.read_table(tmp_path / "replay" / "summary").to_pylist() == local.replayed.to_pylist()
+    assert pq.read_table(tmp_path / "split" / "summary").to_pylist() == local.replayed.to_pylist()
+    assert not [*tmp_path.glob("*.warm-*"), *tmp_path.glob("*.staging-*")]  # (none left)
     for name in ANALYSES:
         mine, theirs = (
             frame(tmp_path / "analysis" / name),

@@ -31,9 +31,11 @@ from purgatory.pipeline._direct import listed_files
 from purgatory.pipeline._frames import spark_schema
 from purgatory.pipeline._job_replay import (
     SUMMARY_SCHEMA,
+    WARM_SETTING,
     config_grid,
     read_summary,
     summary_rows,
+    warmed,
 )
 from purgatory.pipeline._replay import OUTPUT_SCHEMA
 from purgatory.pipeline._shards import Boundary
@@ -229,3 +231,41 @@ def test_two_spark_jobs_the_replay_and_the_summarys_write(
         (p, c) for p in ("p0000", "p0001") for c in (0, 1)
     ]
     assert read_summary(spark, str(tmp_path / "out")).schema == written.schema
+
+
+class _StubContext:
+    master = "spark://127.0.0.1:7077"
+
+    def setJobDescription(self, value: str) -> None:
+        pass
+
+
+class _StubSession:
+    """A classic session on a cluster, as `warmed` sees one: its warm-up job fails at once."""
+
+    def __init__(self) -> None:
+        self.sparkContext = _StubContext()
+        self.asked: list[int] = []
+
+    def range(self, start: int, end: int, step: int, partitions: int) -> DataFrame:
+        self.asked.append(partitions)
+        raise RuntimeError("no cluster here")
+
+
+def test_the_warm_up_runs_on_a_cluster_only_and_its_failure_is_ignored(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a cluster `warmed` starts one task per core and yields the wait for it; its job
+    failing costs the replay nothing. Not on local[N], nor with PURGATORY_SPARK_WARMUP=off."""
+    cluster: Any = _StubSession()
+    monkeypatch.delenv(WARM_SETTING, raising=False)
+    with warmed(cluster, 3, "out") as ready:
+        assert ready is not None
+        ready()
+    assert cluster.asked == [3]
+    with warmed(spark, 2, "out") as ready:
+        assert ready is None
+    monkeypatch.setenv(WARM_SETTING, "off")
+    with warmed(cluster, 3, "out") as ready:
+        assert ready is None
+    assert cluster.asked == [3]

@@ -31,7 +31,9 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,7 +61,7 @@ from ._frames import read_errors, spark_schema, task_errors
 from ._job_trace import _read_trace, load_trace, read_parquet
 from ._load import CostProfile
 from ._replay import OUTPUT_SCHEMA, ReplayConfig, replay_batches
-from ._spark import atomic_output, is_connect
+from ._spark import _files_of, atomic_output, is_connect, is_local_master
 from ._summary import COUNTS, GAUGES, REPLAY_SUMMARY_COLUMNS, STATS
 
 if TYPE_CHECKING:
@@ -501,6 +503,93 @@ def task_slots(spark: SparkSession, n: int) -> DataFrame:
     of its own before the replay's, seconds on a cluster.)
     """
     return spark.range(0, n, 1, n)
+
+
+#: The variable that turns `warmed`'s warm-up job off (``off``), to compare with and without.
+WARM_SETTING: Final = "PURGATORY_SPARK_WARMUP"
+#: What a warm-up task imports: the modules a replay task's function needs (`warmed`).
+WARM_MODULES: Final = (
+    "numpy",
+    "pyarrow.compute",
+    "pyarrow.parquet",
+    "purgatory.pipeline._direct",
+    "purgatory.pipeline._job_shards",
+)
+
+
+@contextmanager
+def warmed(
+    spark: SparkSession, n: int, out: str | None = None
+) -> Iterator[Callable[[], None] | None]:
+    """Run the body while a trivial Spark job of `n` tasks does the executors' first work, on
+    a cluster (a classic session whose master is not ``local[...]``; `n` above 0); elsewhere
+    just the body. Yields a function that waits for that job (``None`` without one): call it
+    before the body's first Spark job.
+
+    A cluster's executors do their first task's work cold: the executor JVM deserialises its
+    first task (1.4-1.9 s in a job timeline at 2 M operations, load about 3), starts its Python
+    daemon and forks a worker (1.3 s), and takes 3.0 s more before the task's function gets
+    its first batch (the Arrow path's first use and the imports); the driver JVM plans its
+    first ``mapInArrow`` query (2.9 s). The split job's driver first reads the trace's columns
+    and plans its shards (seconds at 20 M operations), with the executors idle. Started here,
+    in a thread, a ``mapInArrow`` job of one task per core over a ``range`` (as `task_slots`)
+    does that cold work meanwhile, importing `WARM_MODULES` into the Python workers, which
+    Spark keeps for the replay's tasks (``spark.python.worker.reuse``, on by default); with
+    `out`, it also writes its rows as Parquet beside it, deleted at once (the summary's write
+    is otherwise the executors' first Parquet write: 1.7-3.1 s of run for a few rows in the
+    same timeline). It computes nothing the replay uses; its failure is ignored (the replay
+    then pays the cold start itself). It is waited for before the replay's job (submitted
+    first, that job's tasks would take the cores and leave the warm-up's queued behind them)
+    and at the body's end, so no job of it outlives the call. Not on ``local[...]``, where the
+    driver's JVM is the executor's and the replay's two Spark jobs are all the job runs
+    (tests/test_pipeline_jobs.py), nor with ``PURGATORY_SPARK_WARMUP=off``.
+
+    It pays where the driver's own work before the replay's job lasts about as long as the
+    warm-up job (7 s at 20 M operations: none of it was left to wait for); on a short trace
+    the cold start is moved rather than hidden, and on the tests' cluster (its executors on
+    the driver's 2 CPUs) the warm-up job also takes CPU from the driver's read.
+    """
+    setting = os.environ.get(WARM_SETTING, "").strip().lower()
+    off = setting in {"off", "0", "no", "false"}
+    if off or n < 1 or is_connect(spark) or is_local_master(spark.sparkContext.master):
+        yield None
+        return
+    thread = threading.Thread(
+        target=_warm, args=(spark, n, out), name="purgatory-warm", daemon=True
+    )
+    thread.start()
+    try:
+        yield thread.join
+    finally:
+        thread.join()
+
+
+def _warm(spark: SparkSession, n: int, out: str | None) -> None:
+    """`warmed`'s job: each task imports `WARM_MODULES` and returns one row (with `out`,
+    written beside it as Parquet and deleted)."""
+    modules = WARM_MODULES
+
+    def warm(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import importlib
+
+        for module in modules:
+            importlib.import_module(module)
+        rows = sum(batch.num_rows for batch in batches)
+        yield pa.RecordBatch.from_pydict({"rows": [rows]})
+
+    try:
+        spark.sparkContext.setJobDescription("purgatory: the executors' first work (warm-up)")
+        frame = task_slots(spark, n).mapInArrow(warm, "rows long")
+        if out is None:
+            frame.collect()
+            return
+        scratch = f"{out.rstrip('/')}.warm-{uuid.uuid4().hex[:8]}"
+        try:
+            frame.write.parquet(scratch)
+        finally:
+            _files_of(spark)("delete", scratch)
+    except Exception:  # noqa: BLE001 (an optimisation only: the replay pays the cold start)
+        pass
 
 
 def with_problems(

@@ -58,6 +58,7 @@ from ._job_replay import (
     read_summary,
     summary_rows,
     task_slots,
+    warmed,
     with_problems,
     write_summary,
 )
@@ -134,6 +135,54 @@ def replay_split(
     carried = costs is None and shards > 1 and any(c.purge_interval > 0 for c in configs)
     with timed("files"):
         files = _direct_files(spark, trace_path, read) if read != "spark" else None
+    # (With the direct read the driver reads and plans before any Spark job: the executors'
+    # first work meanwhile, waited for before the replay's job.)
+    with warmed(spark, _parallelism(spark) if files is not None else 0, out) as ready:
+        return _replay_planned(
+            spark,
+            trace_path,
+            out,
+            files=files,
+            by_id=by_id,
+            shards=shards,
+            warmup=warmup,
+            partitions=partitions,
+            overwrite=overwrite,
+            costs=costs,
+            operations=operations,
+            tasks=tasks,
+            boundaries=boundaries,
+            phases=phases,
+            carried=carried,
+            timed=timed,
+            ready=ready,
+        )
+
+
+def _replay_planned(
+    spark: SparkSession,
+    trace_path: str,
+    out: str,
+    *,
+    files: Sequence[str] | None,
+    by_id: Mapping[int, ReplayConfig],
+    shards: int,
+    warmup: float,
+    partitions: int | None,
+    overwrite: bool,
+    costs: CostProfile | None,
+    operations: bool,
+    tasks: Callable[[Sequence[ReplayTask]], object] | None,
+    boundaries: Callable[[Sequence[Boundary]], object] | None,
+    phases: Callable[[Sequence[Phase]], object] | None,
+    carried: bool,
+    timed: Phases,
+    ready: Callable[[], None] | None,
+) -> DataFrame:
+    """`replay_split` from its plan on: `ready` (if any) is waited for before its first Spark
+    job."""
+    warming = ready
+    configs = list(by_id.values())
     trace, (ranges, longest, counts) = _plan(
         spark, trace_path, files, configs, shards, carried=carried, timed=timed
     )
@@ -157,6 +206,11 @@ def replay_split(
         if operations:  # read twice: the shards' rows, then the operations'
             result = result.persist(StorageLevel.MEMORY_AND_DISK)
         rounds.append((result, set(todo)))
+        nonlocal warming
+        if warming is not None:  # (the executors' first work: see `warmed`)
+            with timed("warm"):
+                warming()
+            warming = None
         with timed("tasks"), task_errors():
             # (Arrow: the shards' waits, 8 bytes per operation, as one buffer each.)
             found = result.where(F.col("op_id").isNull()).toArrow().to_pylist()
