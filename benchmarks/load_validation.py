@@ -538,18 +538,19 @@ def application_overhead(
 
     The figures at a lower rate come out higher (on a shared machine, 23 to 25 us an
     operation at 10,000/s of W1 with its conditions, 17.6 at 60,000/s), and not because an
-    operation's own work is dearer: instrumented on 2026-11-29 (a load average of 1.4 to 3.2),
+    operation's own work is dearer: instrumented on 2026-11-29 (a load average of 1.2 to 3.2),
     the harness's callbacks cost the same CPU per operation at 9,000/s as at 36,000/s (20.1
     and 19.3 us, and 19.4 at 9,000/s with the loop kept from sleeping: medians of 3). What
     grows is the wake-up: an idle loop's selector call, and its batch's first callbacks
-    after the sleep (+9, +2, +1 us for the first three), and more the longer the batch and
-    the busier the machine (other processes' use of the caches while the loop slept). Less
-    the figures measured here, the stub's CPU per sleep came to 33 to 38 us at 2,000 and
-    4,000/s beside the profile's ``wake`` of 33.5 in the same minute (a load average of about
-    2), but to 35 to 57 at 2,000/s and 47 to 190 at 9,000 and 18,000/s beside a ``wake``
-    of 28.8 in another (about 3). ``wake`` is timed with one small callback a wake-up, so
-    the profile charges the wake-up of a short batch: the load validation shows the figures
-    at each rate it plays, on that rate's trace, and does not give them to the model.
+    after the sleep (+8 to 13, +1 to 2, +0.5 to 1 us for the first three), and more the
+    longer the batch and the busier the machine (other processes' use of the caches while
+    the loop slept). Less the figures measured here, the stub's CPU per sleep came to 33 to
+    38 us at 2,000 and 4,000/s beside the profile's ``wake`` of 33.5 in the same minute (a
+    load average of about 2), but to 35 to 57 at 2,000/s and 47 to 190 at 9,000 and
+    18,000/s beside a ``wake`` of 28.8 in another (about 3). ``wake`` is timed with one
+    small callback a wake-up, so the profile charges the wake-up of a short batch: the load
+    validation shows the figures at each rate it plays, on that rate's trace, and does not
+    give them to the model.
     """
     per_operation, per_condition = [], []
     for _ in range(rounds):
@@ -846,12 +847,12 @@ def _loop_cpu(sections: list[dict[str, Any]]) -> str:
         + "; ".join(parts)
         + "; the application's cost alone at each rate is in the tail tables' last but one "
         "column). "
-        "Instrumented on 2026-11-29 on a shared machine (W1, a load average of 1.4 to 3.2), "
+        "Instrumented on 2026-11-29 on a shared machine (W1, a load average of 1.2 to 3.2), "
         "an operation's own work is not what grows at lower rates: the harness's callbacks "
         "cost 20.1 us of CPU an operation at 9,000/s and 19.3 at 36,000/s (19.4 at 9,000/s "
         "with the loop kept from sleeping). The rest has parts the profile's means do not "
         "hold, each larger the less busy the loop: a wake-up with the batch after it (the "
-        "first four arrivals after a sleep +21, +4, +1.5 and +1 us over the rest; "
+        "first four arrivals after a sleep +21, +4 to 5, +2 and +1.5 us over the rest; "
         "`calibrate` times one small callback a wake-up, and the application's own loop paid "
         "33 to 190 us a sleep, the more the longer its batch and the busier the machine, "
         "against a `wake` of 29 to 34 measured in the same minutes); a condition's "
