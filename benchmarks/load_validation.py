@@ -536,10 +536,21 @@ def application_overhead(
     with its one figure of 18.2 us and 2 to 6 % low with it split in the proportions measured
     here (14.4 us an operation, 4.2 a callback).
 
-    The costs depend on the rate (cold caches between arrivals far apart: on a shared
-    machine, 23 to 25 us an operation at 10,000/s of W1 with its conditions, 17.6 at
-    60,000/s): the profile's figures are measured past saturation, where the loop never
-    idles, and the load validation shows them at each rate it plays, on that rate's trace.
+    The figures at a lower rate come out higher (on a shared machine, 23 to 25 us an
+    operation at 10,000/s of W1 with its conditions, 17.6 at 60,000/s), and not because an
+    operation's own work is dearer: instrumented on 2026-11-29 (a load average of 1.2 to 3.2),
+    the harness's callbacks cost the same CPU per operation at 9,000/s as at 36,000/s (20.1
+    and 19.3 us, and 19.4 at 9,000/s with the loop kept from sleeping: medians of 3). What
+    grows is the wake-up: an idle loop's selector call, and its batch's first callbacks
+    after the sleep (+8 to 13, +1 to 2, +0.5 to 1 us for the first three), and more the
+    longer the batch and the busier the machine (other processes' use of the caches while
+    the loop slept). Less the figures measured here, the stub's CPU per sleep came to 33 to
+    38 us at 2,000 and 4,000/s beside the profile's ``wake`` of 33.5 in the same minute (a
+    load average of about 2), but to 35 to 57 at 2,000/s and 47 to 190 at 9,000 and
+    18,000/s beside a ``wake`` of 28.8 in another (about 3). ``wake`` is timed with one
+    small callback a wake-up, so the profile charges the wake-up of a short batch: the load
+    validation shows the figures at each rate it plays, on that rate's trace, and does not
+    give them to the model.
     """
     per_operation, per_condition = [], []
     for _ in range(rounds):
@@ -769,7 +780,12 @@ def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, 
         + "), and the model multiplies every event's cost by the factor of the window it "
         "starts in, the measured sequence laid along the trace's time from an offset drawn "
         "per group. Whether a spell meets a busy moment of a 2 s run is chance, in the model "
-        "as on the machine: a row's p99 near the knee is one draw of it.",
+        "as on the machine: a row's p99 near the knee is one draw of it. (Played 22 times "
+        "within three minutes of 2026-11-29, a load average of 0.9 to 2.5, the same trace of "
+        "W1 at 32,068/s gave an expiry lateness p99 of 2.8 to 96 ms; each run over 10 ms that "
+        "did not wait for a CPU either had its arrivals cost 1.27 to 1.43 times its median "
+        "CPU in the 150 ms before it was furthest behind, or cost 18 to 20 us an arrival "
+        "throughout, against 14 in the runs under 10 ms.)",
         "- **Other processes.** The stalls are drawn from one calibration's minute; the "
         "machine's load changes from minute to minute (the load averages above), so on a "
         "shared machine the measured and predicted tails agree only as well as the load "
@@ -831,14 +847,24 @@ def _loop_cpu(sections: list[dict[str, Any]]) -> str:
         + "; ".join(parts)
         + "; the application's cost alone at each rate is in the tail tables' last but one "
         "column). "
-        "Instrumented on 2026-11-29 on a shared machine, the rest has parts the profile's "
-        "means do not hold: a condition's `check_and_complete` on a list of about 50 watchers"
-        " cost 11 us of CPU against the 4 us charged (its tries on operations out of the "
-        "caches), a wake-up with its callbacks 60 to 100 us against the profile's `wake` of "
-        "35 to 46, and a purge pass of about 1,000 finished operations 0.4 to 1.5 ms (0.8 to "
-        "1.6 us an entry removed) against 0.06 us an entry charged. None of these is in the "
-        "profile: each is a cost of cold caches that depends on the working set, which a "
-        "calibration on a small purgatory does not reproduce."
+        "Instrumented on 2026-11-29 on a shared machine (W1, a load average of 1.2 to 3.2), "
+        "an operation's own work is not what grows at lower rates: the harness's callbacks "
+        "cost 20.1 us of CPU an operation at 9,000/s and 19.3 at 36,000/s (19.4 at 9,000/s "
+        "with the loop kept from sleeping). The rest has parts the profile's means do not "
+        "hold, each larger the less busy the loop: a wake-up with the batch after it (the "
+        "first four arrivals after a sleep +21, +4 to 5, +2 and +1.5 us over the rest; "
+        "`calibrate` times one small callback a wake-up, and the application's own loop paid "
+        "33 to 190 us a sleep, the more the longer its batch and the busier the machine, "
+        "against a `wake` of 29 to 34 measured in the same minutes); a condition's "
+        "`check_and_complete`, about 3.4 us a call at 9,000/s (15 tries a call) and 3.8 at "
+        "32,000/s (49 tries), against the 1.3 and 3.3 charged (a completion and a cost per "
+        "try: what the call costs beyond its tries is not in the profile); the reaper's "
+        "work (the real loop's CPU outside the harness's callbacks less the stub's on the "
+        "same trace: its passes, expiries and purges) 2.4 us an operation at 9,000/s against "
+        "1.5 charged, 0.7 against 0.6 at 32,000/s; and a purge pass of about 1,000 "
+        "finished operations 0.4 to 1.5 ms (0.8 to 1.6 us an entry removed) against 0.06 "
+        "us an entry charged. Each is a cost of cold caches that depends on the working set, "
+        "which a calibration on a small purgatory does not reproduce."
     )
 
 
