@@ -29,6 +29,9 @@ pyarrow; no Spark). In one run, on this machine:
    an operation whose condition has come by its watch, so that part is not per operation). (Given
    to the model row by row, on 2026-11-29, the per-rate figure moved from row to row by more
    than its effect: 21.2 us at 10,000/s, 25.9 at 20,000/s, 18.6 at 30,000/s in one run.)
+   Each rate is played `RUNS` times and replayed as many times, each replay drawing afresh
+   (`drawn_again`); the median run of each side by expiry lateness p99 is the row (near the
+   knee a 2 s run's p99 is one draw of the host's spells of a slower core).
 4. **Compare** per rate: expired share, wait p50/p99 (end minus watch), p99 expiry lateness
    (end minus deadline) and utilisation; and the saturation rate, on both sides the same two
    ways: from the overload (operations per CPU second in the most overloaded run, where the
@@ -705,6 +708,31 @@ RUN_CPU: Final = "the run's hold-offs and CPU (costs x factor)"
 #: The shortest hold-off the `RUN_HELD` variant replays: shorter ones are a wake-up's
 #: scheduling latency, which the profile's ``wake_latency`` already draws.
 HELD: Final = 0.001
+#: Runs of each rate, on each side (`--runs`). Near the knee a 2 s run's expiry lateness p99
+#: is one draw of the host's spells of a slower core (the same W1 trace at 32,068/s gave 2.8 to
+#: 96 ms over 22 runs within three minutes), and the model's is one draw of the spells it
+#: replays: one run against one replay compares two draws. A row is the median run of these
+#: many, measured, against the median of as many replays drawing their spells afresh.
+RUNS: Final = 3
+
+
+def median_index(runs: Sequence[dict[str, Any]]) -> int:
+    """Which of `runs` has the median expiry lateness p99 (the lower middle one of an even
+    count): the row shows that run whole, so that its figures are one run's, not medians
+    taken one by one from different runs."""
+    order = sorted(range(len(runs)), key=lambda i: runs[i]["late_p99"])
+    return order[(len(order) - 1) // 2]
+
+
+def drawn_again(trace: pa.Table, draw: int) -> pa.Table:
+    """`trace` for the model's `draw`-th replay: the same operations under another purgatory
+    name after the first (``#draw`` appended), since the replay seeds a group's draws (its
+    offset in the speed sequence, its costs' and stalls' factors) from the group's name."""
+    if not draw:
+        return trace
+    index = trace.schema.get_field_index("purgatory")
+    names = [f"{name}#{draw}" for name in trace.column(index).to_pylist()]
+    return trace.set_column(index, "purgatory", pa.array(names, pa.string()))
 
 
 def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, Any]) -> str:
@@ -721,7 +749,15 @@ def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, 
         "",
         f"- Machine: {run['environment']}; run took {run['took']:.0f} s.",
         f"- Profile: {profile.describe()}.",
-        f"- {run['seconds']:g} s of arrivals per rate. Application work per arrival, in the "
+        f"- {run['seconds']:g} s of arrivals per rate, played {run['runs']} times on the "
+        f"loop and replayed {run['runs']} times by the model, each replay drawing its spells "
+        "of a slower core, its costs and its stalls afresh (the trace under another "
+        "purgatory name: the replay seeds its draws from the name): a row is the median "
+        "run of each side by expiry lateness p99, whole (every figure of the row is that "
+        "run's), and the column after the table's figures lists every run's p99, since near "
+        "the knee it is one draw of the host's spells (`RUNS`). The variants of the tail "
+        "table replay the median draw, and take the hold-offs and CPU of the median run. "
+        "Application work per arrival, in the "
         f"profile: {profile.application * 1e6:.1f} us an operation, and "
         f"{profile.application_condition * 1e6:.1f} us a condition callback, measured by "
         f"playing a trace at {STUB_RATE:,.0f}/s, where the loop never idles, with the "
@@ -780,7 +816,8 @@ def render(sections: list[dict[str, Any]], profile: CostProfile, run: dict[str, 
         + "), and the model multiplies every event's cost by the factor of the window it "
         "starts in, the measured sequence laid along the trace's time from an offset drawn "
         "per group. Whether a spell meets a busy moment of a 2 s run is chance, in the model "
-        "as on the machine: a row's p99 near the knee is one draw of it. (Played 22 times "
+        "as on the machine: a run's p99 near the knee is one draw of it, so each row is the "
+        "median of several runs on each side, every run's p99 listed. (Played 22 times "
         "within three minutes of 2026-11-29, a load average of 0.9 to 2.5, the same trace of "
         "W1 at 32,068/s gave an expiry lateness p99 of 2.8 to 96 ms; each run over 10 ms that "
         "did not wait for a CPU either had its arrivals cost 1.27 to 1.43 times its median "
@@ -948,9 +985,10 @@ def _section(section: dict[str, Any]) -> list[str]:
         "",
         "| offered /s | ops | "
         + " | ".join(header for _, header, _, _ in METRICS)
-        + " | loop waited for a CPU %, off it otherwise %, longest hold-off ms "
+        + " | expiry late p99 ms of each run "
+        "| loop waited for a CPU %, off it otherwise %, longest hold-off ms "
         "| collections, longest ms | load average |",
-        "|---:|---:|" + "---:|" * len(METRICS) + "---:|---:|---:|",
+        "|---:|---:|" + "---:|" * len(METRICS) + "---:|---:|---:|---:|",
     ]
     for row in rows:
         below = edge is not None and row["rate"] < edge
@@ -963,10 +1001,14 @@ def _section(section: dict[str, Any]) -> list[str]:
             cells.append(text)
         marker = "" if below else " (past)"
         seen = row["measured"]
+        each = " / ".join(
+            ", ".join(f"{late * 1e3:.1f}" for late in row["late_runs"][side])
+            for side in ("predicted", "measured")
+        )
         lines.append(
             f"| {row['rate']:,.0f}{marker} | {row['measured']['operations']:,} | "
             + " | ".join(cells)
-            + f" | {100 * seen['waited']:.1f}, {100 * seen['unaccounted']:.1f}, "
+            + f" | {each} | {100 * seen['waited']:.1f}, {100 * seen['unaccounted']:.1f}, "
             f"{1e3 * seen['held_longest']:.1f} | "
             f"{seen['collections']}, {1e3 * seen['collection_longest']:.1f} | {row['load']} |"
         )
@@ -1135,10 +1177,14 @@ def validate(workload: Workload, profile: CostProfile, args: argparse.Namespace)
         # The application's cost alone at this rate (the same trace without the purgatory):
         # shown beside the model's one figure, measured past saturation.
         application = application_overhead(trace, args.app_iterations, profile, rounds=1)
-        measured = measure(trace, args.app_iterations)
-        predicted = predict(trace, profile)
-        # What the distributions change: the same replay without the stalls, and with neither
-        # (constant costs, as a profile of version 3 replays).
+        # `RUNS` runs of the trace, and as many replays drawing afresh: the median of each.
+        runs = [measure(trace, args.app_iterations) for _ in range(args.runs)]
+        measured = runs[median_index(runs)]
+        draws = [predict(drawn_again(trace, k), profile) for k in range(args.runs)]
+        drawn = median_index(draws)
+        predicted, trace = draws[drawn], drawn_again(trace, drawn)
+        # What the distributions change (on the median replay's draw): the same replay without
+        # the stalls, and with neither (constant costs, as a profile of version 3 replays).
         variants = {
             name: predict(trace, replace(profile, **changes))["late_p99"]
             for name, changes in VARIANTS.items()
@@ -1156,6 +1202,10 @@ def validate(workload: Workload, profile: CostProfile, args: argparse.Namespace)
                 "rate": rate,
                 "measured": measured,
                 "predicted": predicted,
+                "late_runs": {
+                    "measured": sorted(run["late_p99"] for run in runs),
+                    "predicted": sorted(draw["late_p99"] for draw in draws),
+                },
                 "variants": variants,
                 "factor": factor,
                 "application": application.operation,
@@ -1174,7 +1224,11 @@ def validate(workload: Workload, profile: CostProfile, args: argparse.Namespace)
             f"{rate:9,.0f}/s load {load} waited {100 * measured['waited']:.1f} % "
             f"(otherwise off {100 * measured['unaccounted']:.1f} %, longest hold-off "
             f"{measured['held_longest'] * 1e3:.1f} ms), "
-            f"{measured['collections']} collections; with the run's hold-offs: late p99 "
+            f"{measured['collections']} collections; late p99 of each run (ms): predicted "
+            + ", ".join(f"{draw['late_p99'] * 1e3:.2f}" for draw in draws)
+            + ", measured "
+            + ", ".join(f"{run['late_p99'] * 1e3:.2f}" for run in runs)
+            + "; the median's, with the run's hold-offs: late p99 "
             f"{variants[RUN_HELD] * 1e3:.2f} ms  "
             + "  ".join(
                 f"{header} {predicted[key] * scale:.2f}/{measured[key] * scale:.2f}"
@@ -1210,8 +1264,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=2.0, help="arrivals per rate (seconds)")
     parser.add_argument("--app-iterations", type=int, default=400, help="busy-loop steps")
     parser.add_argument("--quick", action="store_true", help="quick calibration, fewer rates")
+    parser.add_argument(
+        "--runs", type=int, default=RUNS, help="runs of each rate on each side (the median's)"
+    )
     parser.add_argument("--write", action="store_true", help="write the table and the charts")
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     started = time.perf_counter()
     load_at_start = load_average()
     print("calibrating ...", flush=True)
@@ -1240,7 +1299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = render(
         sections,
         profile,
-        {"environment": environment, "took": took, "seconds": args.seconds},
+        {"environment": environment, "took": took, "seconds": args.seconds, "runs": args.runs},
     )
     if args.write:
         TABLE.write_text(text)

@@ -21,7 +21,9 @@ from benchmarks.load_validation import (
     _Run,
     _Turns,
     application_overhead,
+    drawn_again,
     given_cpu,
+    median_index,
     predict,
     render,
     scale_costs,
@@ -72,6 +74,10 @@ def section(index: int) -> dict[str, Any]:
             "rate": rate,
             "measured": stats(measured, utilisation) | {"waited": 0.05},
             "predicted": stats(predicted, utilisation),
+            "late_runs": {
+                "measured": [measured / 2, measured, measured * 3],
+                "predicted": [predicted, predicted, predicted * 2],
+            },
             "variants": dict.fromkeys([*VARIANTS, RUN_HELD], 0.002)
             | {RUN_HELD: measured, RUN_CPU: cpu_late},
             "factor": factor,
@@ -101,7 +107,7 @@ def test_the_report_has_a_section_per_workload_and_scores_the_tail_by_variant() 
     text = render(
         [section(0), section(1)],
         profile,
-        {"environment": "a machine", "took": 10.0, "seconds": 2.0},
+        {"environment": "a machine", "took": 10.0, "seconds": 2.0, "runs": 3},
     )
     assert text.count("\n## ") == 2
     assert "## W1" in text
@@ -131,8 +137,13 @@ def test_the_report_has_a_section_per_workload_and_scores_the_tail_by_variant() 
     # application's cost at the lowest and highest rates, per section.
     assert text.count("(W1: x1.10 to x1.25 below the knee, x1.02 at the highest rate, ") == 1
     assert text.count("the application 24.0 us an operation at 1,000/s and 17.5 at 3,000/s") == 2
-    # Each row says how long its loop was held off at most, and the collector's passes.
-    assert "| 5.0, 1.0, 12.5 | 0, 0.0 | 1.00/1.00/1.00 |" in text
+    # Each row says how long its loop was held off at most, and the collector's passes; and
+    # before them every run's expiry lateness p99, predicted / measured, the row's the median.
+    assert (
+        "| 20.00 / 20.00 | 3.1, 3.1, 6.2 / 1.5, 3.0, 9.0 | 5.0, 1.0, 12.5 | 0, 0.0 "
+        "| 1.00/1.00/1.00 |" in text
+    )
+    assert "played 3 times on the loop and replayed 3 times by the model" in text
     assert text.count("Below the knee: 0 cell(s) outside the target.") == 2
     assert "Not a quiet machine" not in text
     assert "The profile's CPU is not the runs'" not in text
@@ -151,7 +162,7 @@ def test_the_report_says_when_the_machine_was_shared_or_the_profile_ran_under_an
     text = render(
         [busy, section(1)],
         CostProfile(*(1e-6,) * 9),
-        {"environment": "a machine", "took": 10.0, "seconds": 2.0},
+        {"environment": "a machine", "took": 10.0, "seconds": 2.0, "runs": 3},
     )
     assert text.count("**Not a quiet machine**: the loop waited for a CPU 60% of a run's") == 1
     assert text.count("operations per CPU second at overload are -33.3 % from") == 1
@@ -162,7 +173,7 @@ def test_the_report_says_when_the_machine_was_shared_or_the_profile_ran_under_an
     text = render(
         [busy, section(1)],
         CostProfile(*(1e-6,) * 9),
-        {"environment": "a machine", "took": 10.0, "seconds": 2.0},
+        {"environment": "a machine", "took": 10.0, "seconds": 2.0, "runs": 3},
     )
     assert "its thread's CPU was -5 to +30 % off the replay's busy time" in text
     # (Said once for the section, and what is known of where it goes once for the report.)
@@ -297,7 +308,7 @@ def test_a_section_with_no_row_below_the_knee_says_so_in_the_caveat_on_the_loop_
     text = render(
         [early, section(1)],
         CostProfile(*(1e-6,) * 9),
-        {"environment": "a machine", "took": 10.0, "seconds": 2.0},
+        {"environment": "a machine", "took": 10.0, "seconds": 2.0, "runs": 3},
     )
     assert "(W1: no row below the knee, x1.02 at the highest rate, " in text
     assert "; several timeouts: x1.10 to x1.25 below the knee, " in text
@@ -350,3 +361,23 @@ def test_a_stub_without_conditions_schedules_no_condition_callback() -> None:
     watched, end = without.watched, without.end
     assert all(watched[i] <= end[i] <= watched[i + 1] for i in range(len(end) - 1))
     assert asyncio.run(play(True)).triggers > 0
+
+
+def test_a_row_is_the_median_run_whole_and_each_replay_draws_afresh() -> None:
+    """The row is the run whose expiry lateness p99 is the median (the lower middle of an even
+    count), and the model's further replays are the same operations under another purgatory
+    name, which the replay seeds its draws from: another draw of the same profile."""
+    runs = [{"late_p99": late, "run": i} for i, late in enumerate([0.030, 0.004, 0.016])]
+    assert median_index(runs) == 2
+    assert median_index(runs[:2]) == 1  # (0.004 is the lower middle of two)
+    assert median_index(runs[:1]) == 0
+    trace = WORKLOADS[0].trace(20_000.0, 2_000)
+    assert drawn_again(trace, 0) is trace
+    again = drawn_again(trace, 2)
+    assert set(again["purgatory"].to_pylist()) == {f"{trace['purgatory'][0]}#2"}
+    assert again.drop_columns(["purgatory"]).equals(trace.drop_columns(["purgatory"]))
+    profile = replace(tiny_profile(), speed=(0.5, 1.0, 2.0, 1.0) * 25, speed_window=0.02)
+    first, second = predict(trace, profile), predict(again, profile)
+    assert first["operations"] == second["operations"] == 2_000
+    assert first["cpu"] != second["cpu"]  # (another offset in the speed sequence)
+    assert predict(drawn_again(trace, 2), profile) == second
