@@ -144,7 +144,7 @@ def test_the_report_has_a_section_per_workload_and_scores_the_tail_by_variant() 
         "| 1.00/1.00/1.00 |" in text
     )
     assert "played 3 times on the loop and replayed 3 times by the model" in text
-    assert text.count("Below the knee: 0 cell(s) outside the target.") == 2
+    assert text.count("Scored rows (below the knee and 90% busy): 0 cell(s) outside") == 2
     assert "Not a quiet machine" not in text
     assert "The profile's CPU is not the runs'" not in text
 
@@ -381,3 +381,27 @@ def test_a_row_is_the_median_run_whole_and_each_replay_draws_afresh() -> None:
     assert first["operations"] == second["operations"] == 2_000
     assert first["cpu"] != second["cpu"]  # (another offset in the speed sequence)
     assert predict(drawn_again(trace, 2), profile) == second
+
+
+def test_rows_are_scored_below_the_knee_and_below_90_percent_of_the_overload_s_rate() -> None:
+    """A loop can fall behind while its utilisation, over a run ending with the drain of its
+    last timeouts, stays under the knee's level: rows at or past 90 % of the rate the
+    overloaded loop sustained are not scored either."""
+    late = section(0)
+    late["saturation"]["overload"]["measured"] = 2000.0  # (scored up to 1,800/s)
+    text = render(
+        [late],
+        CostProfile(*(1e-6,) * 9),
+        {"environment": "a machine", "took": 10.0, "seconds": 2.0, "runs": 3},
+    )
+    assert "| 1,000 | 1,000 |" in text
+    assert "| 2,000 (past) | 1,000 |" in text
+    assert "| 3,000 (past) | 1,000 |" in text
+    # Without an overload's rate the knee decides alone, as before.
+    alone = section(0)
+    alone["saturation"]["overload"]["measured"] = None
+    assert "| 2,000 | 1,000 |" in render(
+        [alone],
+        CostProfile(*(1e-6,) * 9),
+        {"environment": "a machine", "took": 10.0, "seconds": 2.0, "runs": 3},
+    )
