@@ -911,7 +911,11 @@ def _loop_cpu(sections: list[dict[str, Any]]) -> str:
         "1.5 charged, 0.7 against 0.6 at 32,000/s; and a purge pass of about 1,000 "
         "finished operations 0.4 to 1.5 ms (0.8 to 1.6 us an entry removed) against 0.06 "
         "us an entry charged. Each is a cost of cold caches that depends on the working set, "
-        "which a calibration on a small purgatory does not reproduce."
+        "which a calibration on a small purgatory does not reproduce. What would close the "
+        "gap: these costs measured where they arise, on a purgatory of the workload's size (a "
+        "`check_and_complete` on a cold key, a wake-up with its batch, a purge pass over a "
+        "long queue), as costs of their own; the per-sleep cost moved 2 to 4 times between "
+        "identical runs here, too much for one calibration point."
     )
 
 
