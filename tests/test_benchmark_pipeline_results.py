@@ -108,7 +108,7 @@ def test_the_shards_section_says_each_speed_up_local_and_on_the_cluster() -> Non
         }
 
     local = {"driver": 1.0, "jvm": 2.0, "python workers": 3.0}
-    cluster = {**local, "cluster workers (executor JVMs, Python workers)": 4.0}
+    cluster = {**local, "cluster workers (executor JVMs)": 4.0}
     runs = [
         run("purge interval 0: local[1], unsplit (direct read)", 30.0, local),
         run("purge interval 0: local[2], 2 time shards", 20.0, local),
