@@ -722,10 +722,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(_child(*args.child)))
         return 0
+    earlier = None
+    if args.local_from:  # (checked before the runs: they take minutes)
+        if args.local:
+            parser.error("--local-from goes with --no-local")
+        earlier = json.loads(Path(args.local_from).read_text())
+        purgatories = 1 if args.shards else args.purgatories
+        planned = {
+            "operations": purgatories * (args.operations // purgatories),
+            "purgatories": purgatories,
+            "shards": args.shards,
+            "purge_interval": args.purge_interval,
+            "environment": {"date": "", "git": ""},
+            "runs": [],
+        }
+        with_local_runs(planned, earlier)
     work = Path(args.work or tempfile.mkdtemp(prefix="purgatory-spread-"))
     figures = measure(args, work)
-    if args.local_from:
-        figures = with_local_runs(figures, json.loads(Path(args.local_from).read_text()))
+    if earlier is not None:
+        figures = with_local_runs(figures, earlier)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
     text = render_shards(figures) if args.shards else render(figures)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +164,37 @@ def test_the_cluster_runs_alone_take_the_local_runs_of_an_earlier_file() -> None
         with_local_runs({**figures("d2", "g1", [new_cluster]), "operations": 40}, earlier)
     with pytest.raises(SystemExit, match="no local run"):
         with_local_runs(figures("d2", "g1", []), figures("d1", "g1", [old_cluster]))
+
+
+def test_an_earlier_file_of_another_trace_is_refused_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--local-from`` is checked before the runs (minutes each), and only with --no-local:
+    refused, `measure` is never called; matching, it is."""
+    from benchmarks import pipeline_spread
+
+    def measured(*_: object) -> dict[str, Any]:
+        raise AssertionError("measure was called")
+
+    monkeypatch.setattr(pipeline_spread, "measure", measured)
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(
+        json.dumps(
+            {
+                "environment": {"date": "d1", "git": "g1"},
+                "operations": 80,
+                "purgatories": 1,
+                "shards": 2,
+                "purge_interval": [1000],
+                "runs": [{"master": "local[1]", "label": "a"}],
+            }
+        )
+    )
+    common = ["--shards", "2", "--purge-interval", "1000", "--local-from", str(earlier)]
+    with pytest.raises(SystemExit, match="operations"):
+        pipeline_spread.main(["--operations", "40", "--no-local", *common])
+    with pytest.raises(SystemExit) as refused:
+        pipeline_spread.main(["--operations", "80", *common])
+    assert refused.value.code == 2  # (argparse's error: --local-from without --no-local)
+    with pytest.raises(AssertionError, match="measure was called"):  # (checked, then measured)
+        pipeline_spread.main(["--operations", "80", "--no-local", *common])
