@@ -13,6 +13,7 @@ import math
 import random
 import re
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,9 @@ from purgatory.pipeline._direct import (
     driver_columns,
     encode_problems,
     first_duplicate,
+    in_system_pool,
     purgatory_counts,
+    system_pool,
     task_input,
     trace_problem,
 )
@@ -402,3 +405,29 @@ def test_ids_increasing_file_after_file_are_unique_and_others_are_checked(
         return
     with pytest.raises(TraceError, match=f"duplicate op_id {duplicate} in purgatory 'p'"):
         driver_columns(files, str(tmp_path / "t"), limits, conditions=False)
+
+
+def test_a_task_reads_on_the_system_allocator_and_gives_the_default_back() -> None:
+    """The read allocates from the C library's allocator (pyarrow's default, mimalloc, served
+    a trace's large buffers far slower: `system_pool`), only while it runs: the default pool is
+    the caller's again once the block ends, the task's batches are all read, or the task is
+    closed early; buffers made inside keep working after."""
+    default = pa.default_memory_pool()
+    system = pa.system_memory_pool().backend_name
+    with system_pool():
+        assert pa.default_memory_pool().backend_name == system
+        kept = pa.array(range(1000))
+    assert pa.default_memory_pool().backend_name == default.backend_name
+    assert kept.to_pylist()[-1] == 999
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for i in range(3):
+            assert pa.default_memory_pool().backend_name == system  # (each batch made inside)
+            yield pa.record_batch({"i": [i]})
+
+    assert [b["i"][0].as_py() for b in in_system_pool(batches())] == [0, 1, 2]
+    assert pa.default_memory_pool().backend_name == default.backend_name
+    early = in_system_pool(batches())
+    next(early)
+    early.close()
+    assert pa.default_memory_pool().backend_name == default.backend_name

@@ -52,6 +52,7 @@ from ._direct import (
     decode_problems,
     direct_read_problem,
     encode_problems,
+    in_system_pool,
     listed_files,
     purgatory_counts,
     task_input,
@@ -490,7 +491,7 @@ def _direct(
                     mine.setdefault(name, []).extend(config_ids)
         problems: list[dict[str, Any]] = []
         source = task_input(files, trace_path, mine, limits, problems)
-        return with_problems(_reported(source, engine), problems, _DIRECT_SCHEMA)
+        return in_system_pool(with_problems(_reported(source, engine), problems, _DIRECT_SCHEMA))
 
     return task_slots(spark, n).mapInArrow(run, spark_schema(_DIRECT_SCHEMA))
 

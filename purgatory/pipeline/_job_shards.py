@@ -44,7 +44,14 @@ from pyspark.sql import functions as F
 
 from ._balance import assign, partition_keys
 from ._checks import horizon_limits, local_path
-from ._direct import ShardRead, decode_problems, driver_columns, shard_input, trace_problem
+from ._direct import (
+    ShardRead,
+    decode_problems,
+    driver_columns,
+    in_system_pool,
+    shard_input,
+    trace_problem,
+)
 from ._frames import read_errors, spark_schema, task_errors
 from ._job_replay import (
     PROBLEM,
@@ -417,7 +424,7 @@ def _run(
             mine = [shard for slot in ids for shard in slots[slot]]
             problems: list[dict[str, Any]] = []
             source = shard_input(paths, root, mine, limits, problems)
-            return with_problems(replay(source), problems, _JOB_SCHEMA)
+            return in_system_pool(with_problems(replay(source), problems, _JOB_SCHEMA))
 
         return task_slots(spark, n).mapInArrow(read, schema)
     assert trace is not None
