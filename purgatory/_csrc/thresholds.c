@@ -224,7 +224,12 @@ raise_after(PyObject *exc, int failed)
 {
     if (failed < 0) {
         PyObject *later = fetch_exception();
-        PyException_SetContext(later, exc); /* (steals exc) */
+        if (later != exc) { /* (the same error raised again: no context of itself, as Python) */
+            PyException_SetContext(later, exc); /* (steals exc) */
+        }
+        else {
+            Py_DECREF(exc);
+        }
         restore_exception(later);
     }
     else {
