@@ -220,8 +220,8 @@ def scenario(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> S
         host.end(5, 4.0)  # 2.95 s after its deadline: past the grace, read before the report
         host.log.flush()
         advance(events, BASE + 10)
-        said = io.StringIO()
-        with contextlib.redirect_stdout(said):
+        said, complained = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(complained):
             code = main(
                 [
                     *("analyze", "--follow", "--once", "--stuck", "--grace", str(GRACE)),
@@ -231,6 +231,10 @@ def scenario(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> S
                 ]
             )
         assert code == 0, said.getvalue()
+        # Nothing else on stderr: not the stateful query's driver worker's start-up lines.
+        assert complained.getvalue().splitlines() == [
+            "purgatory.pipeline: --master local[2] ignored: spark-submit chose the master"
+        ]  # (the tests' session runs already)
         first = reports(spark, out)
         commits = sorted(
             (p for p in (checkpoint / "stuck" / "commits").iterdir() if p.name.isdigit()),

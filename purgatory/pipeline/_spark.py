@@ -40,6 +40,7 @@ from ._checks import (
     connect_url,
 )
 from ._checks import check_java as _check_java
+from ._relay import StderrRelay
 
 __all__ = (
     "JavaMissing",
@@ -305,7 +306,7 @@ def _classic(app: str, settings: Mapping[str, str], quiet_start: bool) -> SparkS
         conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
         launch: Any = launch_gateway  # (untyped)
         read, write = os.pipe()
-        relay = _StartFilter(os.fdopen(read, "rb"))
+        relay = StderrRelay(os.fdopen(read, "rb", buffering=0))
         try:
             gateway = launch(conf, popen_kwargs={"stderr": write})
         except PySparkRuntimeError as exc:
@@ -384,92 +385,6 @@ def _forget_gateway() -> None:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
-
-
-#: What a driver's JVM says while it starts that a user has no use for: the JVM's note on
-#: Spark's incubator module, log4j's profile, the default log level, the native Hadoop library.
-_START_NOISE: Final = re.compile(
-    rb"^(WARNING: Using incubator modules: |Using Spark's default log4j profile: |Setting "
-    rb"default log level to |To adjust logging level use sc\.setLogLevel|\S+ \S+ WARN "
-    rb"NativeCodeLoader: Unable to load native-hadoop library)"
-)
-
-
-class _StartFilter:
-    """Passes a JVM's stderr on to ours, except the start-up lines (`_START_NOISE`); what it
-    says before `started` is held back, and written then, or given by `failed` (a JVM that
-    died at its start). A daemon thread reads it for the JVM's life."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-        self._starting = threading.Event()
-        self._starting.set()
-        self._lock = threading.Lock()
-        self._held: list[bytes] = []
-        self._thread = threading.Thread(target=self._run, name="purgatory-jvm-stderr", daemon=True)
-        self._thread.start()
-
-    def started(self) -> None:
-        with self._lock:
-            self._starting.clear()
-            held, self._held = self._held, []
-        if held:
-            _write(b"".join(held))
-
-    def failed(self, seconds: float = 10.0) -> list[str]:
-        """What the JVM said (less its start-up lines), once it closed its stderr."""
-        self._thread.join(seconds)
-        with self._lock:
-            self._starting.clear()
-            held, self._held = self._held, []
-        return b"".join(held).decode("utf-8", errors="replace").splitlines()
-
-    def _run(self) -> None:
-        pending = b""
-        while True:
-            data = self._stream.read1(65536) if hasattr(self._stream, "read1") else b""
-            if not data:
-                break
-            lines = (pending + data).split(b"\n")
-            pending = lines.pop()
-            with self._lock:
-                starting = self._starting.is_set()
-                kept = [line + b"\n" for line in lines if not _noise(line, starting)]
-                if starting:
-                    self._held += kept
-                    continue
-            if pending and not (pending.startswith(_PREFIX) or _PREFIX.startswith(pending)):
-                kept.append(pending)  # (a line in progress: a progress bar's)
-                pending = b""
-            if kept:
-                _write(b"".join(kept))
-        with self._lock:
-            if pending and self._starting.is_set():
-                self._held.append(pending)
-                pending = b""
-        if pending and not _ALWAYS_NOISE.match(pending):
-            _write(pending)
-
-
-#: What the JVM of a Spark Connect server started here relays from pyspark's foreachBatch
-#: worker: a line per micro-batch, and its server's URL with the token in it.
-_ALWAYS_NOISE: Final = re.compile(rb"^Streaming (ForeachBatch|query listener) worker ")
-_PREFIX: Final = b"Streaming "
-
-
-def _noise(line: bytes, starting: bool) -> bool:
-    return bool(_ALWAYS_NOISE.match(line) or (starting and _START_NOISE.match(line)))
-
-
-def _write(data: bytes) -> None:
-    stream: Any = sys.stderr
-    try:
-        stream.buffer.write(data)
-        stream.buffer.flush()
-    except (AttributeError, OSError, ValueError):
-        with contextlib.suppress(OSError, ValueError):
-            stream.write(data.decode("utf-8", errors="replace"))
-            stream.flush()
 
 
 #: A local driver's JVM: C1 only and one collector thread (see `_local_settings`).
