@@ -578,6 +578,35 @@ def test_a_local_session_binds_loopback_and_starts_no_ui(spark: SparkSession) ->
     assert conf.get("spark.sql.shuffle.partitions") == "2"
 
 
+def test_a_master_not_taken_is_said_with_who_chose_the_one_that_runs(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a process whose Spark session runs already (a notebook's, these tests'), a command's
+    ``--master`` cannot be taken: said so naming the one that runs, nothing said if it is the
+    same; under spark-submit, spark-submit chose it."""
+    from purgatory.pipeline._spark import get_session, quiet
+
+    def said() -> list[str]:  # (less the JVM's warning that the session exists)
+        err = capsys.readouterr().err
+        return [line for line in err.splitlines() if line.startswith("purgatory.pipeline")]
+
+    try:
+        assert get_session("local[2]", "same") is spark
+        assert said() == []
+        assert get_session("local[1]", "other") is spark
+        assert said() == [
+            "purgatory.pipeline: --master local[1] ignored: this process's Spark session runs "
+            "on local[2]"
+        ]
+        monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")
+        assert get_session("local[1]", "submitted") is spark
+        assert said() == [
+            "purgatory.pipeline: --master local[1] ignored: spark-submit chose the master"
+        ]
+    finally:
+        quiet(spark, "ERROR")  # (get_session set WARN: the tests' session logs errors only)
+
+
 def test_a_rerun_group_publishes_its_event_log_once(tmp_path: Path) -> None:
     """Spark re-runs a failed task whole: the group's earlier files are replaced, not doubled."""
     w1 = W1(purgatories=1, operations=500, chunk=500)

@@ -192,11 +192,9 @@ def _driver_settings(master: str | None, app: str, *, ui: bool, submitted: bool)
     the rest); else the master, the app's name, the web UI and progress bar, and for a
     ``local[...]`` master loopback only (`_local_settings`)."""
     if submitted:
-        if master is not None:
-            print(
-                f"purgatory.pipeline: --master {master} ignored: spark-submit chose the master",
-                file=sys.stderr,
-            )
+        chosen = _master_chosen(master)
+        if chosen is not None:
+            print(f"purgatory.pipeline: --master {master} ignored: {chosen}", file=sys.stderr)
         return {"spark.ui.enabled": "true"} if ui else {}
     settings = {
         "spark.master": master or "local[*]",
@@ -208,6 +206,17 @@ def _driver_settings(master: str | None, app: str, *, ui: bool, submitted: bool)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         settings.update(_local_settings(master))
     return settings
+
+
+def _master_chosen(master: str | None) -> str | None:
+    """Who chose the master that runs instead of `master` (``None``: no other one): spark-submit,
+    or the Spark session already running in this process (a notebook's, a test's)."""
+    running = SparkContext._active_spark_context
+    if master is None or (running is not None and running.master == master):
+        return None
+    if os.environ.get("PYSPARK_GATEWAY_PORT") or running is None:
+        return "spark-submit chose the master"
+    return f"this process's Spark session runs on {running.master}"
 
 
 def _remote(settings: Mapping[str, str], url: str) -> SparkSession:
