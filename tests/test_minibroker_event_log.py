@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from minibroker_support import RawClient, batch, fetch, produce, produce_errors, run
 
 from purgatory.pipeline._eventfile import event_batches
@@ -23,22 +24,27 @@ from purgatory.pipeline._eventfile import event_batches
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def operations(directory: Path) -> pa.Table:
-    """Every operation of the published files, as the ``purgatory-events`` source reads them."""
+def operations(directory: Path, *, watches: bool = False) -> pa.Table:
+    """Every operation of the published files, as the ``purgatory-events`` source reads them
+    (`watches`: with the watch records, as its ``watchRecords`` option)."""
     batches = []
     for file in sorted(directory.glob("*.jsonl")):
         with file.open("rb") as source:
-            batches += list(event_batches(file.name, source, require_utc=True))
+            batches += list(event_batches(file.name, source, require_utc=True, watches=watches))
     return pa.Table.from_batches(batches) if batches else pa.table({"purgatory": []})
 
 
+@pytest.mark.parametrize("watches", [False, True], ids=["ends", "watches-too"])
 def test_serve_records_what_its_purgatories_park_and_publishes_it_as_it_runs(
-    tmp_path: Path,
+    tmp_path: Path, watches: bool
 ) -> None:
+    """With ``--event-log-watches`` each operation is also recorded as it is watched, which
+    ``analyze --follow --stuck`` needs (without, a job over these logs can report nothing)."""
     events = tmp_path / "events"
     command = [sys.executable, "-m", "examples.minibroker", "serve", "--port", "0"]
     command += ["--no-metrics", "--followers", "0", "--min-insync-replicas", "1"]
     command += ["--topics", "t:1", "--event-log", str(events), "--event-log-interval", "0.2"]
+    command += ["--event-log-watches"] if watches else []
     with subprocess.Popen(
         command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
     ) as process:
@@ -73,3 +79,11 @@ def test_serve_records_what_its_purgatories_park_and_publishes_it_as_it_runs(
     assert fetches[0]["outcome"] == "expired"
     assert fetches[0]["keys"] == ["('t', 0)"]
     assert all(row["watched_utc"] is not None for row in recorded)  # anchored: UTC times
+    outcomes = [
+        (row["purgatory"], row["id"], row["outcome"])
+        for row in operations(events, watches=True).to_pylist()
+        if row["purgatory"] == "fetch"
+    ]
+    first = fetches[0]["id"]
+    expected = [("fetch", first, "watched")] if watches else []
+    assert [o for o in outcomes if o[1] == first] == [*expected, ("fetch", first, "expired")]

@@ -262,15 +262,18 @@ def scenario(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> S
         )
     rows = reports(spark, out)
     written = sorted((row["purgatory"], row["id"], row["status"]) for row in rows)
-    analyze(
-        spark,
-        str(events),
-        str(work / "batch"),
-        window=WINDOW,
-        stuck=True,
-        grace=GRACE,
-        watermark=WATERMARK,
-    )
+    complained = io.StringIO()
+    with contextlib.redirect_stderr(complained):
+        analyze(
+            spark,
+            str(events),
+            str(work / "batch"),
+            window=WINDOW,
+            stuck=True,
+            grace=GRACE,
+            watermark=WATERMARK,
+        )
+    assert complained.getvalue() == ""  # (watch records were read)
     batch = reports(spark, work / "batch")
     return Scenario(said.getvalue(), first, second, written, rows, batch)
 
@@ -400,3 +403,43 @@ def test_a_batch_analysis_reports_what_the_follow_job_reported(scenario: Scenari
     assert ordered(scenario.batch) == ordered(scenario.rows)
     for row in scenario.batch:
         assert row["overdue_seconds"] >= GRACE
+
+
+def test_logs_without_watch_records_are_said_to_report_nothing(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Recorders made without ``watch_records=True`` (the default): no operation can be
+    reported stuck, which a job must say rather than report nothing, which reads as "none
+    stuck". Batch and follow, once each (each job's own count of what it read)."""
+    events = tmp_path / "events"
+    record_at(events, "fetch", BASE, 12)
+    said = [
+        "purgatory.pipeline: --stuck: 12 records read, none of them a watch record: no "
+        "operation can be reported stuck (the recorders need watch_records=True)"
+    ]
+    capsys.readouterr()
+    analyze(
+        spark,
+        str(events),
+        str(tmp_path / "batch"),
+        window=WINDOW,
+        stuck=True,
+        grace=GRACE,
+        watermark=WATERMARK,
+    )
+    assert capsys.readouterr().err.splitlines() == said
+    assert reports(spark, tmp_path / "batch") == []
+    record_at(events, "fetch", BASE + 60, 12)  # (the follow job reads both recordings)
+    follow(
+        spark,
+        str(events),
+        str(tmp_path / "live"),
+        str(tmp_path / "checkpoint"),
+        window=WINDOW,
+        watermark=WATERMARK,
+        once=True,
+        poll=0.2,
+        stuck=True,
+        grace=GRACE,
+    )
+    assert capsys.readouterr().err.splitlines() == [said[0].replace("12 records", "24 records")]

@@ -132,6 +132,7 @@ def _broker_settings(args: argparse.Namespace) -> dict[str, Any]:
         "metrics_port": args.metrics_port,
         "event_log": args.event_log,
         "event_log_interval": args.event_log_interval,
+        "event_log_watches": args.event_log_watches,
     }
 
 
@@ -157,6 +158,12 @@ def _event_log_options(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="publish the current event-log file every S seconds, for "
         "'analyze --follow' (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--event-log-watches",
+        action="store_true",
+        help="also record each operation as it is watched, for 'analyze --follow --stuck', "
+        "which reports the operations whose end never came (twice the records)",
     )
 
 
@@ -274,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
                     metrics_port=args.metrics_port,
                     event_log=args.event_log,
                     event_log_interval=args.event_log_interval,
+                    event_log_watches=args.event_log_watches,
                 )
             )
             if summary["lost"] or not summary["group_ok"]:

@@ -115,6 +115,7 @@ class Cluster:
             *(() if c.event_log is None else ("--event-log", os.path.abspath(c.event_log))),
             "--event-log-interval",
             str(c.event_log_interval),
+            *(("--event-log-watches",) if c.event_log_watches else ()),
             "--control-stdin",
             cwd=REPO_ROOT,
             stdin=asyncio.subprocess.PIPE,

@@ -65,7 +65,11 @@ class Leader:
         self.event_log = (
             None
             if config.event_log is None
-            else JsonLinesEventLog(config.event_log, prefix=f"minibroker-{config.broker_id}")
+            else JsonLinesEventLog(
+                config.event_log,
+                prefix=f"minibroker-{config.broker_id}",
+                watch_records=config.event_log_watches,
+            )
         )
         self._publishing: asyncio.Task[None] | None = None
         self.replicas = ReplicaManager(

@@ -32,3 +32,7 @@ class BrokerSettings:
     event_log_interval: float = 10.0
     """Seconds between publications of the event log's current file: what a follower of the
     directory (``analyze --follow``) sees lags the broker by at most this (plus its own)."""
+    event_log_watches: bool = False
+    """Also record each operation as it is watched (``watch_records=True``): what
+    ``analyze --follow --stuck`` needs to know of an operation whose end never comes (a
+    broker killed with requests waiting). Twice the records."""

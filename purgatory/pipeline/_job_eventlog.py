@@ -20,8 +20,8 @@ from pyspark.sql import functions as F
 from ._datasource import EVENTS_FORMAT, register_data_sources
 from ._eventfile import LOG_VERSIONS, OUTCOMES
 from ._frames import task_errors
-from ._job_stuck import grace_from_lateness, stuck_now
-from ._spark import atomic_output, utc_timestamps
+from ._job_stuck import grace_from_lateness, input_counts, stuck_now, warn_without_watch_records
+from ._spark import atomic_output, observation, utc_timestamps
 from ._summary import SHARED_SUMMARY_COLUMNS, outcome_summary
 
 __all__ = (
@@ -197,8 +197,11 @@ def analyze(
                 with task_errors():
                     grace, _ = grace_from_lateness(log, tick)
             records = spark.read.format(EVENTS_FORMAT).option("requireUtc", "true")
+            read = observation(spark, "purgatory_stuck_input")
             tables["stuck"] = stuck_now(
-                records.option("watchRecords", "true").load(log_path),
+                records.option("watchRecords", "true")
+                .load(log_path)
+                .observe(read, *input_counts()),
                 grace=grace,
                 watermark=watermark,
                 window=window,
@@ -210,6 +213,8 @@ def analyze(
         ):
             for name, table in tables.items():
                 table.write.parquet(f"{staging}/{name}")
+        if stuck:
+            warn_without_watch_records(read.get)
     finally:
         cached.unpersist()
     return spark.read.parquet(f"{out}/summary").orderBy("purgatory")

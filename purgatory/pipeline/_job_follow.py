@@ -28,7 +28,7 @@ import json
 import math
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import pyarrow as pa
@@ -40,7 +40,14 @@ from pyspark.sql import functions as F
 from ._datasource import EVENTS_FORMAT, register_data_sources
 from ._frames import task_errors
 from ._job_eventlog import WINDOW_KINDS, window_counts, window_events
-from ._job_stuck import ROCKSDB, STUCK_SCHEMA, grace_from_lateness, stuck_operations
+from ._job_stuck import (
+    ROCKSDB,
+    STUCK_SCHEMA,
+    grace_from_lateness,
+    input_counts,
+    stuck_operations,
+    warn_without_watch_records,
+)
 
 __all__ = ("STATE_PARTITIONS", "WINDOWS_SCHEMA", "follow", "stuck_file", "window_file")
 
@@ -61,6 +68,7 @@ STATE_PARTITIONS: Final = 8
 #: The name of the metrics each micro-batch reports: the windows (reports) it wrote.
 _OBSERVED: Final = "purgatory_windows"
 _OBSERVED_STUCK: Final = "purgatory_stuck"
+_OBSERVED_STUCK_INPUT: Final = "purgatory_stuck_input"
 #: Where the grace of a checkpoint's stuck query is kept (a restart keeps its timers' grace).
 _GRACE_FILE: Final = "stuck/grace.json"
 
@@ -247,7 +255,9 @@ class _Watched:
         where: Callable[[str, int], str],
         observed: str = _OBSERVED,
         order: tuple[str, ...] = ("purgatory", "window_start"),
+        inputs: str | None = None,
     ) -> None:
+        """`inputs`: the name under which a stuck query counts its input (`input_counts`)."""
         self.query = query
         self.report = report
         self.written = written
@@ -256,6 +266,18 @@ class _Watched:
         self.order = order
         self.seen = -1
         self.ended = False
+        self.inputs = inputs
+        self.counted = {"records": 0, "watches": 0}
+        self.warned = False
+
+    def count(self, observed: Mapping[str, Any]) -> None:
+        """Add a micro-batch's input counts; say once if no watch record came with records."""
+        if self.inputs is None or self.warned:
+            return
+        for name, value in observed.get(self.inputs, {}).items():
+            if name in self.counted:
+                self.counted[name] += int(value or 0)
+        self.warned = warn_without_watch_records(self.counted)
 
 
 def _start_stuck(
@@ -278,6 +300,7 @@ def _start_stuck(
         .option("requireUtc", "true")
         .option("watchRecords", "true")
         .load(log_path)
+        .observe(_OBSERVED_STUCK_INPUT, *input_counts())
     )
     reports = stuck_operations(records, grace=grace, watermark=watermark, window=window).observe(
         _OBSERVED_STUCK, F.count(F.lit(1)).alias("rows")
@@ -311,6 +334,7 @@ def _start_stuck(
         where=stuck_file,
         observed=_OBSERVED_STUCK,
         order=order,
+        inputs=_OBSERVED_STUCK_INPUT,
     )
 
 
@@ -349,7 +373,9 @@ def _watch(spark: SparkSession, watched: list[_Watched], out: str, *, poll: floa
                 if data["batchId"] <= one.seen:
                     continue
                 one.seen = data["batchId"]
-                rows = data.get("observedMetrics", {}).get(one.observed, {}).get("rows", 0)
+                observed = data.get("observedMetrics", {})
+                one.count(observed)
+                rows = observed.get(one.observed, {}).get("rows", 0)
                 if one.report is not None:
                     one.report(data, _written(spark, out, one.seen, one) if rows else None)
         if all(one.ended for one in watched):

@@ -39,11 +39,12 @@ operation reported. Raise ``--watermark`` above how late a recorder publishes.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
@@ -288,6 +289,31 @@ def stuck_operations(
         "EventTime",
     )
     return _reports(reports, grace, window)
+
+
+def input_counts() -> tuple[Column, Column]:
+    """What a stuck job counts of the records it reads (observed, no pass of its own): all of
+    them, and the watch records among them."""
+    return (
+        F.count(F.lit(1)).alias("records"),
+        F.count_if(F.col("outcome") == "watched").alias("watches"),
+    )
+
+
+def warn_without_watch_records(counts: Mapping[str, Any]) -> bool:
+    """Say on stderr that no operation can be reported stuck if the records read (`counts`, as
+    `input_counts` names them) hold no watch record: else a job over a recorder made without
+    them reports nothing, which reads as "nothing stuck". Whether it said so."""
+    records, watches = int(counts.get("records") or 0), int(counts.get("watches") or 0)
+    if records == 0 or watches:
+        return False
+    print(
+        f"purgatory.pipeline: --stuck: {records} records read, none of them a watch record: no "
+        "operation can be reported stuck (the recorders need watch_records=True)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return True
 
 
 def grace_from_lateness(records: DataFrame, tick: float) -> tuple[float, float | None]:
