@@ -198,6 +198,38 @@ class Scenario:
     """What a batch ``analyze --stuck`` of the same files reports."""
 
 
+def batch_stuck(spark: SparkSession, events: Path, out: Path) -> list[dict[str, Any]]:
+    """``analyze --stuck`` of `events` into `out` with this module's settings: its reports."""
+    analyze(
+        spark, str(events), str(out), window=WINDOW, stuck=True, grace=GRACE, watermark=WATERMARK
+    )
+    return reports(spark, out)
+
+
+def follow_stuck(
+    spark: SparkSession,
+    events: Path,
+    out: Path,
+    checkpoint: Path,
+    reported: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> None:
+    """A ``--once`` follow job of `events` with ``--stuck`` and this module's settings, each
+    micro-batch's reports given to `reported`."""
+    follow(
+        spark,
+        str(events),
+        str(out),
+        str(checkpoint),
+        window=WINDOW,
+        watermark=WATERMARK,
+        once=True,
+        poll=0.2,
+        stuck=True,
+        grace=GRACE,
+        report_stuck=None if reported is None else lambda _progress, rows: reported(rows or []),
+    )
+
+
 def reports(spark: SparkSession, out: Path) -> list[dict[str, Any]]:
     if not (out / "stuck").exists():
         return []
@@ -247,34 +279,13 @@ def scenario(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> S
         host.log.flush()
         advance(events, BASE + 30)
         second: list[dict[str, Any]] = []
-        follow(
-            spark,
-            str(events),
-            str(out),
-            str(checkpoint),
-            window=WINDOW,
-            watermark=WATERMARK,
-            once=True,
-            poll=0.2,
-            stuck=True,
-            grace=GRACE,
-            report_stuck=lambda _progress, rows: second.extend(rows or []),
-        )
+        follow_stuck(spark, events, out, checkpoint, second.extend)
     rows = reports(spark, out)
     written = sorted((row["purgatory"], row["id"], row["status"]) for row in rows)
     complained = io.StringIO()
     with contextlib.redirect_stderr(complained):
-        analyze(
-            spark,
-            str(events),
-            str(work / "batch"),
-            window=WINDOW,
-            stuck=True,
-            grace=GRACE,
-            watermark=WATERMARK,
-        )
+        batch = batch_stuck(spark, events, work / "batch")
     assert complained.getvalue() == ""  # (watch records were read)
-    batch = reports(spark, work / "batch")
     return Scenario(said.getvalue(), first, second, written, rows, batch)
 
 
@@ -418,28 +429,8 @@ def test_logs_without_watch_records_are_said_to_report_nothing(
         "operation can be reported stuck (the recorders need watch_records=True)"
     ]
     capsys.readouterr()
-    analyze(
-        spark,
-        str(events),
-        str(tmp_path / "batch"),
-        window=WINDOW,
-        stuck=True,
-        grace=GRACE,
-        watermark=WATERMARK,
-    )
+    assert batch_stuck(spark, events, tmp_path / "batch") == []
     assert capsys.readouterr().err.splitlines() == said
-    assert reports(spark, tmp_path / "batch") == []
     record_at(events, "fetch", BASE + 60, 12)  # (the follow job reads both recordings)
-    follow(
-        spark,
-        str(events),
-        str(tmp_path / "live"),
-        str(tmp_path / "checkpoint"),
-        window=WINDOW,
-        watermark=WATERMARK,
-        once=True,
-        poll=0.2,
-        stuck=True,
-        grace=GRACE,
-    )
+    follow_stuck(spark, events, tmp_path / "live", tmp_path / "checkpoint")
     assert capsys.readouterr().err.splitlines() == [said[0].replace("12 records", "24 records")]
