@@ -18,37 +18,21 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from load_support import gauges, w1_trace
+from load_support import MS, base_profile, gauges, w1_trace
 
 from purgatory.pipeline import ReplayConfig, replay_table
 from purgatory.pipeline._calibrate import speed_of
-from purgatory.pipeline._load import COST_KINDS, CostProfile, load_profile, profile_from_json
+from purgatory.pipeline._load import COST_KINDS, load_profile, profile_from_json
 from purgatory.pipeline._shards import split_table
 
-US = 1e-6
-MS = 1e-3
-
-#: Costs of the order the validation's calibration measures (as `tests.test_load_tail`'s).
-BASE = CostProfile(
-    dispatch=1 * US,
-    wake=25 * US,
-    watch=0.6 * US,
-    watch_key=0.1 * US,
-    attempt=0.05 * US,
-    completion=0.4 * US,
-    expiry=0.4 * US,
-    timer_pass=14 * US,
-    purged_entry=0.05 * US,
-    application=12 * US,
-    iteration=0.4 * US,
-    wake_resolution=MS,
-    wake_latency=(0, 40e-6, 60e-6, 90e-6, 120e-6, 160e-6, 190e-6, 240e-6, 300e-6, 500e-6, 1e-3),
-)
 CONFIG = {0: ReplayConfig(tick=MS)}
 #: Every half second, a spell of 100 ms in which work costs 1.8 times what it costs around it
 #: (20 ms windows), as the validation's machine was slowed: a spell lands in any 0.5 s of a
 #: trace, wherever the group lays the sequence.
 SPELLS = (1.0,) * 20 + (1.8,) * 5
+
+#: Costs of the order the validation measures (one per module: see `base_profile`).
+BASE = base_profile()
 
 
 def test_one_speed_throughout_replays_as_no_speed_at_all() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from load_support import gauges, w1_trace
+from load_support import MS, US, base_profile, gauges, w1_trace
 
 from purgatory.pipeline import ReplayConfig, replay_table
 from purgatory.pipeline._calibrate import shape_and_stall
@@ -33,32 +33,15 @@ from purgatory.pipeline._load import (
 )
 from purgatory.pipeline._replay import _unit
 
-US = 1e-6
-MS = 1e-3
-
-#: Costs of the order the validation's calibration measures (a W1 arrival about 15 us of CPU
-#: with its application work), with a wake-up's latency.
-BASE = CostProfile(
-    dispatch=1 * US,
-    wake=25 * US,
-    watch=0.6 * US,
-    watch_key=0.1 * US,
-    attempt=0.05 * US,
-    completion=0.4 * US,
-    expiry=0.4 * US,
-    timer_pass=14 * US,
-    purged_entry=0.05 * US,
-    application=12 * US,
-    iteration=0.4 * US,
-    wake_resolution=MS,
-    wake_latency=(0, 40e-6, 60e-6, 90e-6, 120e-6, 160e-6, 190e-6, 240e-6, 300e-6, 500e-6, 1e-3),
-)
 #: Most events a little under the mean, one in a thousand 30 to 100 times it.
 WIDE = (0.4, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.5, 2.0, 30.0, 60.0, 100.0, 150.0)
 #: One event in two hundred held off the core (one in a thousand for 1 to 6 ms), as by a
 #: preempting process.
 STALLS = (0.0,) * 9 + (1 * MS, 2 * MS, 4 * MS, 6 * MS)
 CONFIG = {0: ReplayConfig(tick=MS)}
+
+#: Costs of the order the validation measures (one per module: see `base_profile`).
+BASE = base_profile()
 
 
 def test_a_wide_cost_distribution_gives_a_longer_tail_than_a_constant_one_of_its_mean() -> None:
