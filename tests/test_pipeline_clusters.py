@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -231,6 +232,29 @@ def test_follow_killed_and_restarted_gives_the_batch_windows(
         for side in ("driver", "executor"):
             where += ["--conf", f"spark.{side}.extraJavaOptions={QUICK_JVM}"]
     follow_killed_and_restarted(spark, where, tmp_path)
+
+
+def test_follow_prints_what_each_batch_read_and_the_windows_it_wrote(
+    master: str, tmp_path: Path
+) -> None:
+    """The follow job's lines as a user reads them: on Spark Connect the progress reports come
+    in another form (`_job_follow.progress_of`), and once said "0 operations read" of every
+    batch and never printed a window."""
+    events = tmp_path / "events"
+    follow_logs(events, 0)  # (80 operations)
+    command = ["analyze", "--follow", "--once", "--log", str(events), "--out", "live"]
+    command += ["--checkpoint", "checkpoint", "--window", "1", "--watermark", "0"]
+    if master.startswith("sc://"):
+        done = pipeline(*command, "--remote", master, cwd=tmp_path)
+    else:
+        done = spark_submit(master, [command], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = done.stdout
+    read = re.findall(r"^batch \d+: ([\d,]+) operations read", said, re.M)
+    assert sum(int(n.replace(",", "")) for n in read) == 80, said
+    written = re.findall(r"^batch \d+: .*, (\d+) windows written", said, re.M)
+    assert sum(map(int, written)) >= 10, said  # (10 s of operations, 1 s windows)
+    assert said.count("purgatory         window (UTC)  watched") == len(written), said
 
 
 @pytest.mark.parametrize("where", [["--master", "local[2]"], ["--remote", "local[2]"]])

@@ -42,7 +42,7 @@ from purgatory.pipeline import (
 )
 from purgatory.pipeline._eventfile import event_batches
 from purgatory.pipeline._frames import task_errors
-from purgatory.pipeline._job_follow import follow
+from purgatory.pipeline._job_follow import follow, progress_of
 from purgatory.pipeline._tracefile import trace_batches
 from purgatory.testing import ManualClock
 
@@ -351,6 +351,27 @@ def test_follow_killed_mid_stream_and_restarted_loses_and_doubles_nothing(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     follow_killed_and_restarted(spark, ["--master", "local[2]"], tmp_path)
+
+
+def test_a_spark_connect_progress_reads_as_a_classic_one() -> None:
+    """A Spark Connect client's progress of a micro-batch: no ``numInputRows`` of its own, its
+    observed metrics as values and a schema. Read as the classic form, it says what was read
+    and what was observed by name (a classic progress passes unchanged)."""
+    fields = [{"name": "records", "type": "long"}, {"name": "watches", "type": "long"}]
+    schema = {"type": "struct", "fields": fields}
+    connect = {
+        "batchId": 0,
+        "sources": [{"numInputRows": 12}, {"numInputRows": 3}],
+        "observedMetrics": {"input": {"values": [12, 0], "schema": schema}},
+    }
+    classic = {
+        "batchId": 0,
+        "numInputRows": 15,
+        "sources": connect["sources"],
+        "observedMetrics": {"input": {"records": 12, "watches": 0}},
+    }
+    assert progress_of(connect) == classic
+    assert progress_of(classic) == classic
 
 
 def test_follow_refuses_a_log_without_a_utc_anchor(spark: SparkSession, tmp_path: Path) -> None:

@@ -369,7 +369,7 @@ def _watch(spark: SparkSession, watched: list[_Watched], out: str, *, poll: floa
                 continue
             one.ended = one.query.awaitTermination(poll / len(watched))
             for progress in one.query.recentProgress:
-                data = json.loads(progress.json)
+                data = progress_of(json.loads(progress.json))
                 if data["batchId"] <= one.seen:
                     continue
                 one.seen = data["batchId"]
@@ -380,6 +380,28 @@ def _watch(spark: SparkSession, watched: list[_Watched], out: str, *, poll: floa
                     one.report(data, _written(spark, out, one.seen, one) if rows else None)
         if all(one.ended for one in watched):
             return
+
+
+def progress_of(data: dict[str, Any]) -> dict[str, Any]:
+    """A micro-batch's progress (Spark's JSON) in the classic session's form, whichever
+    session gave it: a Spark Connect client's lacks the batch's ``numInputRows`` (its sources
+    have theirs) and gives each observed metric as ``{"values": [...], "schema": {...}}``
+    instead of by name. Read as they come, a follow job on Spark Connect said "0 operations
+    read" of every batch and never printed a window it wrote."""
+    data = dict(data)
+    if "numInputRows" not in data:
+        data["numInputRows"] = sum(s.get("numInputRows") or 0 for s in data.get("sources", []))
+    data["observedMetrics"] = {
+        name: _by_name(metric) for name, metric in (data.get("observedMetrics") or {}).items()
+    }
+    return data
+
+
+def _by_name(metric: Mapping[str, Any]) -> dict[str, Any]:
+    if set(metric) != {"values", "schema"}:
+        return dict(metric)
+    names = [field["name"] for field in metric["schema"].get("fields", [])]
+    return dict(zip(names, metric["values"], strict=True))
 
 
 def _written(spark: SparkSession, out: str, batch_id: int, one: _Watched) -> list[dict[str, Any]]:
