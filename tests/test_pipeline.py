@@ -583,28 +583,31 @@ def test_a_master_not_taken_is_said_with_who_chose_the_one_that_runs(
 ) -> None:
     """In a process whose Spark session runs already (a notebook's, these tests'), a command's
     ``--master`` cannot be taken: said so naming the one that runs, nothing said if it is the
-    same; under spark-submit, spark-submit chose it."""
+    same; under spark-submit, spark-submit chose it. The session keeps its log level (it was
+    set to WARN, which let the JVM's warnings through to a user who had quieted it)."""
     from purgatory.pipeline._spark import get_session, quiet
 
-    def said() -> list[str]:  # (less the JVM's warning that the session exists)
-        err = capsys.readouterr().err
-        return [line for line in err.splitlines() if line.startswith("purgatory.pipeline")]
+    def level() -> str:
+        log4j: Any = spark.sparkContext._jvm.org.apache.logging.log4j  # type: ignore[union-attr]
+        return str(log4j.LogManager.getRootLogger().getLevel())
 
-    try:
-        assert get_session("local[2]", "same") is spark
-        assert said() == []
-        assert get_session("local[1]", "other") is spark
-        assert said() == [
-            "purgatory.pipeline: --master local[1] ignored: this process's Spark session runs "
-            "on local[2]"
-        ]
-        monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")
-        assert get_session("local[1]", "submitted") is spark
-        assert said() == [
-            "purgatory.pipeline: --master local[1] ignored: spark-submit chose the master"
-        ]
-    finally:
-        quiet(spark, "ERROR")  # (get_session set WARN: the tests' session logs errors only)
+    def said() -> list[str]:
+        return capsys.readouterr().err.splitlines()
+
+    quiet(spark, "ERROR")  # (the tests' level: the CLI's tests set FATAL)
+    assert get_session("local[2]", "same") is spark
+    assert said() == []
+    assert get_session("local[1]", "other") is spark
+    assert said() == [
+        "purgatory.pipeline: --master local[1] ignored: this process's Spark session runs "
+        "on local[2]"
+    ]
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")
+    assert get_session("local[1]", "submitted") is spark
+    assert said() == [
+        "purgatory.pipeline: --master local[1] ignored: spark-submit chose the master"
+    ]
+    assert level() == "ERROR"  # (a session that ran already keeps its log level)
 
 
 def test_a_rerun_group_publishes_its_event_log_once(tmp_path: Path) -> None:

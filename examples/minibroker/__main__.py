@@ -141,8 +141,9 @@ def _directory(text: str) -> str:
     return os.path.abspath(text)
 
 
-def _event_log_options(parser: argparse.ArgumentParser) -> None:
-    """``--event-log DIR``: the leader's purgatories record there."""
+def _event_log_options(parser: argparse.ArgumentParser, *, watches: bool = True) -> None:
+    """``--event-log DIR``: the leader's purgatories record there (with `watches`, also
+    ``--event-log-watches``: not the demo's, a scripted run that ends cleanly)."""
     parser.add_argument(
         "--event-log",
         type=_directory,
@@ -159,6 +160,8 @@ def _event_log_options(parser: argparse.ArgumentParser) -> None:
         help="publish the current event-log file every S seconds, for "
         "'analyze --follow' (default: %(default)s)",
     )
+    if not watches:
+        return
     parser.add_argument(
         "--event-log-watches",
         action="store_true",
@@ -229,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     demo.add_argument("--broker-log", metavar="PATH", help="keep the brokers' logs in this file")
     _metrics_options(demo, default=0)
-    _event_log_options(demo)
+    _event_log_options(demo, watches=False)
 
     leader = command("leader", "one leader process (serve starts it)")
     leader.add_argument("--port", type=int, default=0)
@@ -281,7 +284,6 @@ def main(argv: list[str] | None = None) -> None:
                     metrics_port=args.metrics_port,
                     event_log=args.event_log,
                     event_log_interval=args.event_log_interval,
-                    event_log_watches=args.event_log_watches,
                 )
             )
             if summary["lost"] or not summary["group_ok"]:

@@ -355,7 +355,6 @@ async def run_demo(
     metrics_port: int | None = 0,
     event_log: str | None = None,
     event_log_interval: float = 10.0,
-    event_log_watches: bool = False,
 ) -> dict[str, Any]:
     """Run the demo, print progress and the summary; return the figures (for a test).
 
@@ -363,7 +362,7 @@ async def run_demo(
     if given (kept), else to an anonymous temporary file that vanishes with the demo. The
     leader serves ``/metrics`` on `metrics_port` (0: any free port; ``None``: not at all), and
     its purgatories record their event logs in `event_log` if given (published every
-    `event_log_interval` seconds; with watch records if `event_log_watches`).
+    `event_log_interval` seconds).
     """
     rng = random.Random(seed)
     config = ClusterConfig(
@@ -374,7 +373,6 @@ async def run_demo(
         metrics_port=metrics_port,
         event_log=event_log,
         event_log_interval=event_log_interval,
-        event_log_watches=event_log_watches,
     )
     tally = Tally()
     view = GroupView()

@@ -155,6 +155,7 @@ def get_session(
         print(f"purgatory.pipeline: --master {master}: SPARK_REMOTE ignored", file=sys.stderr)
         del os.environ["SPARK_REMOTE"]
     submitted = running_under_spark_submit()
+    existing = SparkContext._active_spark_context is not None
     if not submitted:  # (else spark-submit's JVM runs, with its master)
         check_master(master)
         check_java()
@@ -181,7 +182,8 @@ def get_session(
         session = _classic(app, settings, quiet_start and not submitted)
     if archive is not None:
         _check_archive(archive)
-    quiet(session, "WARN")
+    if not existing:  # (a session that ran already, a notebook's, keeps its user's log level)
+        quiet(session, "WARN")
     if server is not None:
         return _connect_to_server(session, settings)
     return session
