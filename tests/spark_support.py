@@ -481,8 +481,6 @@ def follow_killed_and_restarted(
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     assert "late" not in again.stdout, again.stdout
     assert again.stderr == "", again.stderr
-    # What each batch read and the windows it wrote, printed (on Spark Connect too, whose
-    # progress reports come in another form: `_job_follow.progress_of`).
     # What the batches read, printed by one run or the other (on Spark Connect too, whose
     # progress reports come in another form: `progress_of`).
     printed = before + again.stdout
