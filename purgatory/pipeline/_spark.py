@@ -27,7 +27,7 @@ import pyarrow as pa
 from pyspark import SparkConf, SparkContext
 from pyspark.errors import PySparkRuntimeError
 from pyspark.java_gateway import launch_gateway
-from pyspark.sql import Observation, SparkSession
+from pyspark.sql import SparkSession
 
 from . import _class_archive as class_archive
 from ._checks import (
@@ -419,16 +419,6 @@ def _local_settings(master: str | None) -> dict[str, str]:
 def is_connect(spark: SparkSession) -> bool:
     """Whether `spark` is a Spark Connect session (no JVM, no SparkContext in this process)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def observation(spark: SparkSession, name: str) -> Any:
-    """A named `Observation` of `spark`'s kind (pyspark picks the kind by the environment,
-    which says nothing of a Spark Connect session made by ``builder.remote``)."""
-    if is_connect(spark):
-        from pyspark.sql.connect.observation import Observation as Connect
-
-        return Connect(name)
-    return Observation(name)
 
 
 def quiet(spark: SparkSession, level: str) -> None:
