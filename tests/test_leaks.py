@@ -32,6 +32,7 @@ import math
 import os
 import random
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
@@ -50,6 +51,8 @@ ROUNDS = 5
 ITERATIONS = int(os.environ.get("PURGATORY_LEAK_ITERATIONS", "1000"))
 WARM_UP = 200
 ALLOWED_PER_ITERATION = 0.05
+#: Measures of a scenario that must all grow for it to fail (see its test).
+MEASURES = 3
 
 #: What is counted (see the module's docstring).
 DEBUG_BUILD = hasattr(sys, "gettotalrefcount")
@@ -455,11 +458,24 @@ async def grown(scenario: Callable[[World], Awaitable[None]], iterations: int) -
 
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_a_path_run_again_and_again_leaves_memory_as_it_was(name: str) -> None:
-    growth = asyncio.run(grown(SCENARIOS[name], ITERATIONS))
+    """A leak grows the count in every measure; another thread of the process (a Spark test's
+    JVM log relay in the same pytest worker, say) allocating during one measure does not, so a
+    scenario is measured again when it grew, and fails only if every measure grew (one CI run
+    saw 124 blocks in one measure of a scenario that measures -15 to +32 over 1,000 to 20,000
+    iterations alone)."""
+    measures = []
+    for _ in range(MEASURES):
+        measures.append(asyncio.run(grown(SCENARIOS[name], ITERATIONS)))
+        if measures[-1] <= ITERATIONS * ALLOWED_PER_ITERATION:
+            return
     unit = "references" if DEBUG_BUILD else "allocated blocks"
-    assert growth <= ITERATIONS * ALLOWED_PER_ITERATION, (
-        f"{name}: {growth} {unit} more after {ITERATIONS} iterations "
-        f"({growth / ITERATIONS:.3f} per iteration)"
+    others = [
+        thread.name for thread in threading.enumerate() if thread is not threading.main_thread()
+    ]
+    pytest.fail(
+        f"{name}: {measures} {unit} more after {ITERATIONS} iterations, in each of "
+        f"{MEASURES} measures ({min(measures) / ITERATIONS:.3f} per iteration at least); "
+        f"other threads: {others or 'none'}"
     )
 
 
