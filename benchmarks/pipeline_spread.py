@@ -138,6 +138,8 @@ def _stages(spark: Any) -> list[dict[str, Any]]:
 
 #: The child's environment variable: how many executors its cluster starts (0: local).
 _WORKERS = "PURGATORY_SPREAD_WORKERS"
+#: The cluster's executor memory, from `--executor-memory` (the child's environment).
+_EXECUTOR_MEMORY = "PURGATORY_SPREAD_EXECUTOR_MEMORY"
 
 
 def _executors_up(spark: Any, workers: int, seconds: float = 180.0) -> float:
@@ -165,7 +167,7 @@ def _child(trace: str, out: str, master: str, partitioning: str) -> dict[str, An
     conf = {"spark.driver.memory": "2g"}
     if master.startswith("spark://"):
         conf |= {
-            "spark.executor.memory": "768m",
+            "spark.executor.memory": os.environ.get(_EXECUTOR_MEMORY, "768m"),
             "spark.executorEnv.PYTHONPATH": str(ROOT),
             "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         }
@@ -355,7 +357,7 @@ def _standalone(work: Path, workers: int) -> Iterator[tuple[str, list[int]]]:
                     "--cores",
                     "1",
                     "--memory",
-                    "1g",
+                    "4g",  # (what executors it may start: up to --executor-memory 4g)
                     "--webui-port",
                     str(port()),
                     "--work-dir",
@@ -717,11 +719,18 @@ def main(argv: list[str] | None = None) -> int:
         help="with --no-local: take the local runs from this earlier --json of the same "
         "benchmark (so that --write gives the whole section from the cluster runs alone)",
     )
+    parser.add_argument(
+        "--executor-memory",
+        default="768m",
+        help="the standalone cluster's spark.executor.memory, up to 4g (a split's task returns "
+        "8 bytes per operation: tasks of 20 M operations ran 768m out of memory at times)",
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(_child(*args.child)))
         return 0
+    os.environ[_EXECUTOR_MEMORY] = args.executor_memory  # (the children's)
     earlier = None
     if args.local_from:  # (checked before the runs: they take minutes)
         if args.local:

@@ -13,10 +13,11 @@ shared session.
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import pyarrow as pa
@@ -35,10 +36,11 @@ from purgatory.pipeline import (
     _job_replay,
     _job_shards,
     _purge_carry,
+    _shards,
     replay,
     replay_table,
 )
-from purgatory.pipeline._checks import horizon_limits
+from purgatory.pipeline._checks import InputError, horizon_limits
 from purgatory.pipeline._direct import ShardRead
 from purgatory.pipeline._frames import TraceError
 from purgatory.pipeline._generate import chunk_plan, generate_chunk
@@ -50,6 +52,7 @@ from purgatory.pipeline._shards import (
     ShardRange,
     _kth,
     _merge_ranges,
+    gather_parts,
     plan_ranges,
     settle,
     shard_input,
@@ -218,6 +221,84 @@ def test_a_failed_check_falls_back_to_sequential_and_says_so() -> None:
     assert failed
     assert all("pending" in b.parts or "core" in b.parts for b in failed)
     assert "replayed sequentially" in failed[0].describe()
+
+
+def test_a_shards_values_in_parts_merge_as_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A shard's waits and lateness leave its task in rows of at most VALUES_PER_ROW each (an
+    # executor builds a row whole in its heap): with 50 per row, a shard of about 1,000
+    # operations sends about 20 rows, and the driver's merge is still the unsplit replay's.
+    monkeypatch.setattr(_shards, "VALUES_PER_ROW", 50)
+    sent: list[int] = []
+    gather = _shards.gather_parts
+
+    def counted(rows: Any) -> dict[Key, dict[str, Any]]:
+        rows = list(rows)
+        sent.extend(r["shard_part"] for r in rows if r["shard_part"] is not None)
+        return gather(rows)
+
+    monkeypatch.setattr(_shards, "gather_parts", counted)
+    trace = w1_trace(never=0.2)
+    boundaries = assert_split_is_exact(trace, {0: ReplayConfig(purge_interval=0)}, 4)
+    assert all(b.matched for b in boundaries), [b.describe() for b in boundaries]
+    assert sent.count(0) == 4
+    assert max(sent) >= 4000 // 4 // 50 - 2
+
+
+def test_a_shard_with_a_part_missing_is_an_error() -> None:
+    row = {"purgatory": "p", "config_id": 0, "shard": 1, "shard_waits": b"", "shard_lateness": b""}
+    parts = [{**row, "shard_part": 0}, {**row, "shard_part": 2}, {**row, "shard_part": None}]
+    with pytest.raises(ValueError, match=r"shard \('p', 0, 1\) came with the parts \[0, 2\]"):
+        gather_parts(parts)
+
+
+@pytest.mark.parametrize(
+    ("setting", "refused"),
+    [("1m", True), ("1048576", True), ("2m", False), ("0", False), ("1g", False), ("x", False)],
+)
+def test_a_split_whose_waits_pass_the_drivers_result_limit_is_refused_first(
+    setting: str, refused: bool
+) -> None:
+    # 8 bytes a wait: 150,000 operations under one configuration send 1.1 MiB at least, over
+    # 1m (Spark would abort the job once every task had replayed); 0 is no limit, and a value
+    # this check cannot read is left to Spark.
+    conf = types.SimpleNamespace(
+        get=lambda key, default: {"spark.driver.maxResultSize": setting}[key]
+    )
+    spark = cast(SparkSession, types.SimpleNamespace(conf=conf))
+    if refused:
+        with pytest.raises(
+            InputError,
+            match=r"150,000 operations replayed: 1 MiB at least\).*"
+            r"over spark.driver.maxResultSize \(1(m|048576)\): raise it",
+        ):
+            _job_shards._check_result_size(spark, 150_000)
+    else:
+        _job_shards._check_result_size(spark, 150_000)
+
+
+def test_an_executor_out_of_memory_in_a_split_is_said_with_its_cause() -> None:
+    # Spark names only a lost executor's exit code; the split says what its tasks hold.
+    todo = {("p", 0, k): ShardRange(k, float(k), float(k + 1)) for k in range(4)}
+    lost = RuntimeError(
+        "An error occurred while calling o81.collectAsArrowToPython.\n: org.apache.spark."
+        "SparkException: Job aborted due to stage failure: Task 1 in stage 1.0 failed 4 times"
+        ", most recent failure: ExecutorLostFailure (executor 4 exited caused by one of the "
+        "running tasks) Reason: Command exited with code 52\n\tat org.apache.spark..."
+    )
+    with (
+        pytest.raises(
+            RuntimeError,
+            match=r"ran out of memory \(org.apache.spark.SparkException: "
+            r"Job aborted .* code 52\)\. .*about 76 MiB a task here",
+        ) as raised,
+        _job_shards._out_of_memory_said(todo, {"p": 20_000_000}, 2),
+    ):
+        raise lost
+    assert raised.value.__cause__ is lost
+    other = RuntimeError("Job aborted due to stage failure: a task failed")
+    with pytest.raises(RuntimeError) as passed, _job_shards._out_of_memory_said(todo, {"p": 1}, 2):
+        raise other
+    assert passed.value is other
 
 
 @pytest.mark.parametrize(("interval", "operations"), [(3, 4000), (10, 4000), (1000, 12000)])

@@ -34,7 +34,8 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from contextlib import contextmanager
+from typing import Any, Final, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -43,7 +44,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ._balance import assign, partition_keys
-from ._checks import horizon_limits, local_path
+from ._checks import InputError, horizon_limits, local_path
 from ._direct import (
     ShardRead,
     decode_problems,
@@ -52,7 +53,7 @@ from ._direct import (
     shard_input,
     trace_problem,
 )
-from ._frames import read_errors, spark_schema, task_errors
+from ._frames import first_line, read_errors, spark_schema, task_errors
 from ._job_replay import (
     PROBLEM,
     TASK_SCHEMA,
@@ -78,6 +79,7 @@ from ._shards import (
     Boundary,
     Key,
     ShardRange,
+    gather_parts,
     merge_shards,
     plan_ranges,
     replay_shards,
@@ -193,6 +195,7 @@ def _replay_planned(
     trace, (ranges, longest, counts) = _plan(
         spark, trace_path, files, configs, shards, carried=carried, timed=timed
     )
+    _check_result_size(spark, sum(counts.values()) * len(configs))
     n_tasks = partitions or max(1, min(_parallelism(spark), len(ranges)))
     rounds: list[tuple[DataFrame, set[Key]]] = []
 
@@ -218,14 +221,14 @@ def _replay_planned(
             with timed("warm"):
                 warming()
             warming = None
-        with timed("tasks"), task_errors():
-            # (Arrow: the shards' waits, 8 bytes per operation, as one buffer each.)
+        with timed("tasks"), task_errors(), _out_of_memory_said(todo, counts, n_tasks):
+            # (Arrow: the shards' waits, 8 bytes per operation, in parts of 8 MiB.)
             found = result.where(F.col("op_id").isNull()).toArrow().to_pylist()
         problems = [p for r in found if r[PROBLEM] is not None for p in decode_problems(r[PROBLEM])]
         error = trace_problem(problems, trace_path)
         if error is not None:
             raise error
-        return {(r["purgatory"], r["config_id"], r["shard"]): r for r in found}
+        return dict(gather_parts(found))
 
     try:
         final, rows, checked = settle(ranges, run)
@@ -257,6 +260,65 @@ def _replay_planned(
 
 
 Plan = tuple[dict[Key, ShardRange], dict[str, float], dict[str, int]]
+
+#: What the driver receives per operation replayed, at least: its wait (a float64), since the
+#: merged summary's percentiles are exact (an expired operation's lateness adds 8 more).
+RESULT_BYTES_PER_OPERATION: Final = 8
+_UNITS: Final = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+
+#: How Spark tells of an executor that ran out of heap: its error, or its exit code (52).
+_OUT_OF_MEMORY: Final = ("java.lang.OutOfMemoryError", "exited with code 52")
+
+
+@contextmanager
+def _out_of_memory_said(
+    todo: Mapping[Key, ShardRange], counts: Mapping[str, int], n_tasks: int
+) -> Iterator[None]:
+    """Say why, where a split's job failed because an executor ran out of memory: each task
+    returns its shards' waits, which Spark's executor holds whole (the job's error names only
+    a lost executor's exit code)."""
+    try:
+        yield
+    except Exception as exc:
+        text = str(exc)
+        if not any(sign in text for sign in _OUT_OF_MEMORY):
+            raise
+        per_group: dict[tuple[str, int], int] = {}
+        for name, config_id, _ in todo:
+            per_group[(name, config_id)] = per_group.get((name, config_id), 0) + 1
+        replayed = sum(counts[name] for name, _ in per_group)
+        per_task = replayed * RESULT_BYTES_PER_OPERATION / max(1, min(n_tasks, len(todo)))
+        said = next((line for line in text.splitlines() if "Job aborted" in line), "")
+        raise RuntimeError(
+            f"the split replay's job failed: an executor ran out of memory ("
+            f"{(said.strip().lstrip(': ') or first_line(exc))[:300]}). Each task of a split replay "
+            "returns its shards' waits for the exact percentiles, 8 bytes per operation "
+            f"(about {per_task / (1 << 20):,.0f} MiB a task here), which the executor holds "
+            "whole with copies of it: raise spark.executor.memory (a task of 20 M operations "
+            "needed more than 768m once in two)"
+        ) from exc
+
+
+def _check_result_size(spark: SparkSession, replayed: int) -> None:
+    """Refuse, before any task runs, a split whose waits alone are more than
+    ``spark.driver.maxResultSize``: Spark would abort it only once its tasks had replayed
+    everything (minutes), and the limit is the user's to raise."""
+    setting = str(spark.conf.get("spark.driver.maxResultSize", "1g")).strip().lower()
+    number = setting.rstrip("kmgtpb")
+    unit = setting[len(number) :].removesuffix("b")
+    if not number.isdigit() or unit not in _UNITS:
+        return  # (a value Spark itself will judge)
+    limit = int(number) * _UNITS[unit]
+    need = replayed * RESULT_BYTES_PER_OPERATION
+    if limit and need > limit:
+        raise InputError(
+            f"a split replay sends the driver every operation's wait ({replayed:,} operations "
+            f"replayed: {need / (1 << 20):,.0f} MiB at least) for the summary's exact "
+            f"percentiles, over spark.driver.maxResultSize ({setting}): raise it (e.g. "
+            f"--conf spark.driver.maxResultSize={-(-2 * need // (1 << 30))}g, and the driver's "
+            "memory with it) or replay unsplit"
+        )
 
 
 def _plan(

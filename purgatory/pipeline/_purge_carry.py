@@ -154,7 +154,9 @@ def purge_points(
 
 def _tick_of(times: np.ndarray, tick: float) -> np.ndarray:
     """The timer's tick of each time (`SystemTimer`'s floor of ``time / tick + slack``)."""
-    return np.floor(times / tick + _TICK_SLACK)
+    ticks = times / tick
+    ticks += _TICK_SLACK
+    return np.floor(ticks, out=ticks)
 
 
 def _counter_hits(
@@ -239,13 +241,19 @@ def carry(
 
     out = dict(ranges)
     points: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
+    last_start: dict[str, float] = {}
+    for (name, _, _), shard in ranges.items():
+        last_start[name] = max(last_start.get(name, -math.inf), shard.start)
+    history: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for key, shard in ranges.items():
         name, config_id, _ = key
         config = configs[config_id]
         if shard.index == 0 or config.purge_interval == 0 or name not in columns:
             continue
+        if name not in history:
+            history[name] = _before(columns[name], last_start[name])
         if (name, config_id) not in points:
-            times, kinds, clean = purge_points(*columns[name], config)
+            times, kinds, clean = purge_points(*history[name], config)
             points[(name, config_id)] = (times[clean], kinds[clean])
         times, kinds = points[(name, config_id)]
         rate = config.rate_scale
@@ -257,6 +265,20 @@ def carry(
         at = float(times[k])
         out[key] = replace(shard, warmup_from=(at - reach) * rate, reenact=(int(kinds[k]), at))
     return out
+
+
+def _before(
+    columns: tuple[np.ndarray, np.ndarray, np.ndarray], start: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The operations that arrived before `start` (trace seconds), the last shard's: a purge
+    point before a shard's start comes of completions and expiries of operations that arrived
+    before it, so the history after the last start would only lengthen `purge_points` (by
+    half for two shards)."""
+    arrival = columns[0]
+    keep = arrival < start
+    if bool(keep.all()):
+        return columns
+    return (arrival[keep], columns[1][keep], columns[2][keep])
 
 
 def trace_columns(

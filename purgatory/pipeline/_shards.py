@@ -69,6 +69,7 @@ __all__ = (
     "SHARD_SCHEMA",
     "ShardRange",
     "fingerprint",
+    "gather_parts",
     "merge_shards",
     "replay_shards",
     "shard_bounds",
@@ -87,8 +88,17 @@ SHARD_FIELDS: Final = [
     pa.field("shard_began", pa.float64()),  # the loaded core's first work (span start), or NaN
     pa.field("shard_free", pa.float64()),  # the loaded core's last work's end (span end)
     pa.field("shard_warmup_ops", pa.int64()),  # operations replayed as the warm-up
+    # 0 on a shard's row; 1, 2, ... on the rows that carry the rest of its values (and nothing
+    # else but its key): see `VALUES_PER_ROW` and `gather_parts`.
+    pa.field("shard_part", pa.int32()),
 ]
 SHARD_SCHEMA: Final = pa.schema([*OUTPUT_SCHEMA, *SHARD_FIELDS])
+
+#: Values (float64) of one kind on one of a shard's rows: a shard's waits and lateness reach the
+#: driver in rows of at most this many each (8 MiB), since an executor builds a row whole in its
+#: heap (one row of a 20 M-operation shard's waits, 160 MB, ran the benchmark's 768 MB
+#: executors out of memory) and an Arrow binary value holds at most 2 GiB.
+VALUES_PER_ROW: Final = 1 << 20
 
 #: Seconds (scaled) added to a warm-up beyond the longest timeout: a deadline is served at its
 #: tick, rounded up, and a condition up to a tick past it is still queued.
@@ -292,22 +302,55 @@ class _Shard:
             self.shard.index,
             self.start_print,
             self.end_print,
-            _sorted_bytes(group.waits),
-            _sorted_bytes(group.lateness),
+            None,  # (the values: below)
+            None,
             late,
             busy_units,
             began,
             free,
             self.warmup_ops,
+            0,
         ]
-        return pa.RecordBatch.from_arrays(
-            [pa.array([v], f.type) for v, f in zip(values, SHARD_SCHEMA, strict=True)],
-            schema=SHARD_SCHEMA,
-        )
+        waits, lateness = _sorted(group.waits), _sorted(group.lateness)
+        parts = max(1, -(-max(len(waits), len(lateness)) // VALUES_PER_ROW))
+        keyed = {"purgatory", "config_id", "shard"}
+        columns = []
+        for value, field in zip(values, SHARD_SCHEMA, strict=True):
+            if field.name in ("shard_waits", "shard_lateness"):
+                run = waits if field.name == "shard_waits" else lateness
+                chunks = [run[k * VALUES_PER_ROW : (k + 1) * VALUES_PER_ROW] for k in range(parts)]
+                columns.append(pa.array([c.tobytes() for c in chunks], field.type))
+            elif field.name == "shard_part":
+                columns.append(pa.array(range(parts), field.type))
+            elif field.name in keyed:
+                columns.append(pa.array([value] * parts, field.type))
+            else:  # (the parts after the first carry only the key and their values)
+                columns.append(pa.array([value] + [None] * (parts - 1), field.type))
+        return pa.RecordBatch.from_arrays(columns, schema=SHARD_SCHEMA)
 
 
-def _sorted_bytes(values: Any) -> bytes:
-    return bytes(np.sort(np.frombuffer(values, dtype=np.float64)).tobytes())
+def _sorted(values: Any) -> np.ndarray:
+    return np.sort(np.frombuffer(values, dtype=np.float64))
+
+
+def gather_parts(rows: Iterable[Mapping[str, Any]]) -> dict[Key, dict[str, Any]]:
+    """Each shard's row, with the waits and lateness of its parts (`VALUES_PER_ROW`) joined in
+    order, from a task's rows that are shards' (``shard_part`` set); the rest are skipped."""
+    parts: dict[Key, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if row.get("shard_part") is not None:
+            parts.setdefault((row["purgatory"], row["config_id"], row["shard"]), []).append(row)
+    whole: dict[Key, dict[str, Any]] = {}
+    for key, mine in parts.items():
+        mine.sort(key=lambda r: int(r["shard_part"]))
+        numbers = [r["shard_part"] for r in mine]
+        if numbers != list(range(len(mine))):
+            raise ValueError(f"shard {key} came with the parts {numbers}")
+        row = dict(mine[0])
+        for name in ("shard_waits", "shard_lateness"):
+            row[name] = b"".join(r[name] for r in mine)
+        whole[key] = row
+    return whole
 
 
 def _with_shard(batch: pa.RecordBatch, index: int) -> pa.RecordBatch:
@@ -783,7 +826,7 @@ def split_table(
     ops: dict[Key, list[dict[str, Any]]] = {}
 
     def run(todo: Mapping[Key, ShardRange]) -> dict[Key, Mapping[str, Any]]:
-        found: dict[Key, Mapping[str, Any]] = {}
+        found: list[Mapping[str, Any]] = []
         for config_id, config in sorted(configs.items()):
             if not any(k[1] == config_id for k in todo):
                 continue
@@ -797,10 +840,10 @@ def split_table(
                 for row in batch.to_pylist():
                     key = (row["purgatory"], row["config_id"], row["shard"])
                     if row["op_id"] is None:
-                        found[key] = row
+                        found.append(row)
                     else:
                         ops.setdefault(key, []).append(row)
-        return found
+        return dict(gather_parts(found))
 
     final, rows, boundaries = settle(ranges, run)
     out_rows: list[dict[str, Any]] = []
