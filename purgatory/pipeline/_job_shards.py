@@ -284,10 +284,7 @@ def _out_of_memory_said(
         text = str(exc)
         if not any(sign in text for sign in _OUT_OF_MEMORY):
             raise
-        per_group: dict[tuple[str, int], int] = {}
-        for name, config_id, _ in todo:
-            per_group[(name, config_id)] = per_group.get((name, config_id), 0) + 1
-        replayed = sum(counts[name] for name, _ in per_group)
+        replayed = sum(counts[name] for name, _ in {(name, c) for name, c, _ in todo})
         per_task = replayed * RESULT_BYTES_PER_OPERATION / max(1, min(n_tasks, len(todo)))
         said = next((line for line in text.splitlines() if "Job aborted" in line), "")
         raise RuntimeError(
@@ -295,8 +292,8 @@ def _out_of_memory_said(
             f"{(said.strip().lstrip(': ') or first_line(exc))[:300]}). Each task of a split replay "
             "returns its shards' waits for the exact percentiles, 8 bytes per operation "
             f"(about {per_task / (1 << 20):,.0f} MiB a task here), which the executor holds "
-            "whole with copies of it: raise spark.executor.memory (a task of 20 M operations "
-            "needed more than 768m once in two)"
+            "whole with copies of it: raise spark.executor.memory (tasks of 20 M operations "
+            "ran 768m executors out of memory in 2 of 6 tries)"
         ) from exc
 
 

@@ -335,7 +335,7 @@ def _sorted(values: Any) -> np.ndarray:
 
 def gather_parts(rows: Iterable[Mapping[str, Any]]) -> dict[Key, dict[str, Any]]:
     """Each shard's row, with the waits and lateness of its parts (`VALUES_PER_ROW`) joined in
-    order, from a task's rows that are shards' (``shard_part`` set); the rest are skipped."""
+    order, from the replay's rows that are shards' (``shard_part`` set; the rest skipped)."""
     parts: dict[Key, list[Mapping[str, Any]]] = {}
     for row in rows:
         if row.get("shard_part") is not None:
