@@ -94,6 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--shards", type=int, default=1, help="time shards of one purgatory (1: 8 purgatories)"
     )
     parser.add_argument("--work", default=None, help="directory for the trace (default: temp)")
+    parser.add_argument(
+        "--executor-memory",
+        default="768m",
+        help="spark.executor.memory, up to 4g (a split's task of 20 M operations wants 1g)",
+    )
     args = parser.parse_args(argv)
 
     from purgatory.pipeline import W1, ReplayConfig, generate, get_session, replay
@@ -110,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with _standalone(work / "cluster", args.workers) as (url, _):
         conf = {
             "spark.driver.memory": "2g",
-            "spark.executor.memory": "768m",
+            "spark.executor.memory": args.executor_memory,
             "spark.executorEnv.PYTHONPATH": str(ROOT),
             "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         }
