@@ -449,21 +449,73 @@ def stop_on_interrupt(spark: SparkSession) -> None:
     Connect: interrupts the session's operations), drops what Py4J logs from then on, and
     raises `KeyboardInterrupt` in the main thread. A second Ctrl-C raises it again at once.
     Only for the main thread of a command line: a library leaves signals to its application.
+
+    On Spark Connect the `KeyboardInterrupt` waits until the main thread is out of the client's
+    call in flight, if any: raised inside one, it kills gRPC's channel thread (a ``KeyError`` in
+    ``channel_spin``), after which every call on the channel, the queries' stop among them,
+    waits forever (a follow job stopped so hung past the tests' 120 s). The interrupt is
+    delivered again every `_REDELIVER` seconds until it could be raised; meanwhile the
+    interrupted operations fail as cancelled, and the follow job checks `interrupted`.
     """
     if threading.current_thread() is not threading.main_thread():
         return
+    signal.signal(signal.SIGINT, _handler(spark, is_connect(spark)))
+
+
+#: Seconds between deliveries of a Ctrl-C that a Spark Connect call in flight held back.
+_REDELIVER: Final = 0.2
+#: The modules whose frames mean a Spark Connect call in flight.
+_CLIENT_MODULES: Final = ("grpc", "pyspark.sql.connect.client")
+
+
+def _handler(spark: SparkSession, connect: bool) -> Callable[[int, Any], None]:
+    """The SIGINT handler `stop_on_interrupt` installs (see there)."""
+    redelivered = threading.Event()
+    raised = threading.Event()
 
     def handler(signum: int, frame: Any) -> None:
         first = not _INTERRUPTED.is_set()
+        again = redelivered.is_set()
+        redelivered.clear()
         _INTERRUPTED.set()
         if first:
             _silence_py4j()
             threading.Thread(
                 target=_cancel, args=(spark,), name="purgatory-interrupt", daemon=True
             ).start()
+        if (first or again) and connect and _in_client_call(frame):
+            if first:
+                threading.Thread(
+                    target=_redeliver,
+                    args=(redelivered, raised),
+                    name="purgatory-interrupt-again",
+                    daemon=True,
+                ).start()
+            return
+        if again and raised.is_set():
+            return  # (already raised: the job is stopping)
+        raised.set()
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, handler)
+    return handler
+
+
+def _in_client_call(frame: Any) -> bool:
+    """Whether `frame` (the main thread's, where a signal came) is inside a Spark Connect call."""
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).startswith(_CLIENT_MODULES):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver(redelivered: threading.Event, raised: threading.Event) -> None:
+    """Deliver a held-back Ctrl-C to the main thread again until it has been raised there."""
+    import _thread
+
+    while not raised.wait(_REDELIVER):
+        redelivered.set()
+        _thread.interrupt_main(signal.SIGINT)
 
 
 def _silence_py4j() -> None:
