@@ -49,6 +49,8 @@ def in_module(name: str) -> Callable[[threading.Event], None]:
 @pytest.fixture
 def installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bool], Session]]:
     """Install the handler on the real SIGINT (connect or not); restore everything after."""
+    # (Signals reach only the main thread's handlers: elsewhere a SIGINT would stop the run.)
+    assert threading.current_thread() is threading.main_thread()
     monkeypatch.setattr(_spark, "_silence_py4j", lambda: None)
     monkeypatch.setattr(_spark, "is_connect", lambda spark: spark.connect)
     previous = signal.getsignal(signal.SIGINT)
