@@ -55,6 +55,7 @@ def installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bool], Sess
     monkeypatch.setattr(_spark, "is_connect", lambda spark: spark.connect)
     previous = signal.getsignal(signal.SIGINT)
     _spark._INTERRUPTED.clear()
+    _spark._ENDED.clear()
 
     def install(connect: bool) -> Session:
         session = Session()
@@ -71,6 +72,7 @@ def installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bool], Sess
         time.sleep(0.5)  # (a delivery in flight meets the handler, not Python's)
         signal.signal(signal.SIGINT, previous)
         _spark._INTERRUPTED.clear()
+        _spark._ENDED.clear()
 
 
 def test_a_client_call_holds_the_interrupt_until_it_returns(
@@ -96,6 +98,23 @@ def test_a_client_call_holds_the_interrupt_until_it_returns(
     assert held[0] >= 1.1
     assert _spark.interrupted()
     assert session.interrupted.wait(5)  # the session's operations were interrupted at once
+
+
+def test_a_ctrl_c_held_back_is_not_raised_once_the_command_ended(
+    installed: Callable[[bool], Session],
+) -> None:
+    # A call cancelled by the interrupt fails with Spark's error, which the command line
+    # catches and says; a held-back Ctrl-C raised after that would come out as a traceback.
+    installed(True)
+    done = threading.Event()
+    wait = in_module("grpc._channel")
+    threading.Timer(0.2, signal.raise_signal, (signal.SIGINT,)).start()
+    # (Ended while still in the call: a delivery in between would come in this test's frame.)
+    threading.Timer(0.6, _spark.command_ended).start()  # (as the command line does)
+    threading.Timer(0.7, done.set).start()
+    wait(done)  # the Ctrl-C comes in here and is held back
+    time.sleep(4 * _spark._REDELIVER)  # no KeyboardInterrupt here
+    assert _spark.interrupted()
 
 
 def test_a_ctrl_c_outside_a_client_call_raises_at_once(

@@ -61,13 +61,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = f"{PROG.split()[-1]} {args.command}: error:"
     run = next(command.run for command in COMMANDS if command.name == args.command)
     try:
-        return run(args)
+        code = run(args)
     except KeyboardInterrupt:
+        _ended()
         if args.verbose:
             raise
         print(f"{where} interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        _ended()
         if args.verbose:
             raise
         if _interrupted():  # a job cancelled by Ctrl-C fails with Spark's "cancelled" error
@@ -79,6 +81,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             text += " (--verbose shows the full trace)"
         print(f"{where} {text}", file=sys.stderr)
         return 2 if bad_input else 1
+    _ended()
+    return code
+
+
+def _ended() -> None:
+    """A Ctrl-C held back during a Spark Connect call is not raised past this point."""
+    spark = sys.modules.get(f"{__package__}._spark")
+    if spark is not None:
+        spark.command_ended()
 
 
 def _interrupted() -> bool:

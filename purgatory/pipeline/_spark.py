@@ -47,6 +47,7 @@ __all__ = (
     "JvmStartError",
     "atomic_output",
     "check_java",
+    "command_ended",
     "connect_url",
     "get_session",
     "interrupted",
@@ -432,12 +433,21 @@ def quiet(spark: SparkSession, level: str) -> None:
 
 #: Set by the handler `stop_on_interrupt` installs, at the first Ctrl-C.
 _INTERRUPTED: Final = threading.Event()
+#: Set by `command_ended`: a Ctrl-C held back is not delivered again.
+_ENDED: Final = threading.Event()
 
 
 def interrupted() -> bool:
     """Whether Ctrl-C was pressed since `stop_on_interrupt` (a long job checks it between its
     calls into Spark, to stop cleanly)."""
     return _INTERRUPTED.is_set()
+
+
+def command_ended() -> None:
+    """Tell the handler of `stop_on_interrupt` that the command has ended (returned, or caught
+    its error): a Ctrl-C it held back during a Spark Connect call is no longer raised (it would
+    come through the command line's own error handling as a traceback)."""
+    _ENDED.set()
 
 
 def stop_on_interrupt(spark: SparkSession) -> None:
@@ -454,8 +464,8 @@ def stop_on_interrupt(spark: SparkSession) -> None:
     call in flight, if any: raised inside one, it kills gRPC's channel thread (a ``KeyError`` in
     ``channel_spin``), after which every call on the channel, the queries' stop among them,
     waits forever (a follow job stopped so hung past the tests' 120 s). The interrupt is
-    delivered again every `_REDELIVER` seconds until it could be raised; meanwhile the
-    interrupted operations fail as cancelled, and the follow job checks `interrupted`.
+    delivered again every `_REDELIVER` seconds until it could be raised (meanwhile the
+    interrupted operations fail as cancelled) or the command has ended (`command_ended`).
     """
     if threading.current_thread() is not threading.main_thread():
         return
@@ -492,8 +502,8 @@ def _handler(spark: SparkSession, connect: bool) -> Callable[[int, Any], None]:
                     daemon=True,
                 ).start()
             return
-        if again and raised.is_set():
-            return  # (already raised: the job is stopping)
+        if again and (raised.is_set() or _ENDED.is_set()):
+            return  # (already raised, or the command ended: it is stopping)
         raised.set()
         raise KeyboardInterrupt
 
@@ -513,7 +523,7 @@ def _redeliver(redelivered: threading.Event, raised: threading.Event) -> None:
     """Deliver a held-back Ctrl-C to the main thread again until it has been raised there."""
     import _thread
 
-    while not raised.wait(_REDELIVER):
+    while not raised.wait(_REDELIVER) and not _ENDED.is_set():
         redelivered.set()
         _thread.interrupt_main(signal.SIGINT)
 
