@@ -286,7 +286,7 @@ def test_a_local_job_listens_on_loopback_only_and_stops_at_ctrl_c_in_one_line(
         try:
             until(lambda: any((out / "windows").glob("batch-*.parquet")), job, said)
             sockets = listening(job.pid)
-            java = [pid for pid in process_tree(job.pid) if b"java" in command_of(pid)]
+            java = [pid for pid in process_tree(job.pid) if is_jvm(pid)]
             tokens = [environment(pid).get("SPARK_CONNECT_AUTHENTICATE_TOKEN") for pid in java]
             job.send_signal(signal.SIGINT)
             job.wait(timeout=120)
@@ -315,6 +315,14 @@ def running(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def is_jvm(pid: int) -> bool:
+    """Whether process `pid` runs ``java`` itself: not the JDK's ``jspawnhelper``, through which
+    the JVM starts its Python workers (its path names the JDK, and as it becomes the worker its
+    environment is the worker's: a whole-suite run once read a Python worker's, without the
+    token, for a JVM's)."""
+    return Path(command_of(pid).split(b"\0")[0].decode(errors="replace")).name == "java"
 
 
 def command_of(pid: int) -> bytes:
